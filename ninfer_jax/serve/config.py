@@ -1,0 +1,67 @@
+"""Every `ninfer serve` option, resolved once at start-up into one frozen value.
+
+The Click command (cli/serve.py) builds a ServeConfig; the launcher, engine, app and adapters
+read it. Defaults follow the serving contract's option table.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingOverrides:
+    """Process-level sampling overrides (--temperature ... --greedy). None = not set.
+
+    Precedence: architecture/thinking-mode defaults < these flags < request fields, and
+    --greedy finally forces temperature 0."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    greedy: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeConfig:
+    artifact: str
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    model_id: str | None = None  # None -> artifact metadata name
+    cors: bool = False
+    # context and scheduling
+    max_context: int = 8192
+    kv_capacity: int | str | None = None  # tokens, "auto", or None (= max_context)
+    max_concurrency: int = 1
+    max_pending_requests: int = 16
+    pending_timeout_ms: int = 30000
+    prefill_chunk: int = 1024
+    decode_share: float = 0.25
+    default_max_tokens: int = 8192
+    max_request_mib: int = 384
+    no_prefix_reuse: bool = False
+    kv_dtype: str = "auto"  # auto: f32 on CPU, bf16 on GPU
+    # templates and reasoning
+    chat_template: str | None = None  # path of a Jinja file overriding the artifact's
+    default_thinking_budget: int | None = None
+    no_thinking: bool = False
+    preserve_thinking: bool = False
+    vision: bool = False
+    # Responses store
+    response_store_max_records: int = 1024
+    response_store_max_mib: int = 256
+    # observability
+    request_log_jsonl: str | None = None
+    capture_requests: str | None = None
+    log_stats_interval_ms: int = 5000
+    log_level: str = "info"
+    # sampling
+    sampling: SamplingOverrides = SamplingOverrides()
+    # gunicorn
+    http_threads: int = 32
+    # argv as typed, kept for the request log's server_start record (redacted there)
+    argv: tuple[str, ...] = ()
