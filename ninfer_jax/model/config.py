@@ -46,6 +46,11 @@ class ModelConfig:
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
 
+    def __hash__(self):
+        # Explicit because rope_scaling is a dict; the config is a static argument of jitted steps.
+        values = [getattr(self, f.name) for f in dataclasses.fields(self)]
+        return hash(tuple(tuple(sorted(v.items())) if isinstance(v, dict) else v for v in values))
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -1,0 +1,84 @@
+"""Building blocks of the dense transformer families: projections, norms, rotary embeddings, MLP.
+
+Pure jnp functions, no state. Two functions are seams for weight formats: `linear` (every
+projection, lm_head included) and `embed` (the token lookup). Today a weight leaf is a plain
+[in, out] array; quantized leaves (kernels/quant_matmul, added later) are dispatched there and
+nowhere else.
+Shape letters: N rows (tokens), H hidden, NH query heads, NK kv heads, D head dim, F ffn.
+"""
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def linear(x, w, *, out_dtype=None):
+    """x [..., in] @ w [in, out] -> [..., out]; `out_dtype` asks for a wider result (logits)."""
+    return jnp.matmul(x, w, preferred_element_type=out_dtype)
+
+
+def embed(table, tokens):
+    """Rows of the embedding table [V, H] for token ids [...] -> [..., H]."""
+    return jnp.take(table, tokens, axis=0)
+
+
+def rms_norm(x, weight, eps: float):
+    """RMSNorm over the last axis, computed in f32 and returned in x's dtype."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps))
+    return (normed * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def swiglu_mlp(x, layer):
+    """The gated MLP: down(silu(gate(x)) * up(x))."""
+    gate = linear(x, layer["w_gate"])
+    up = linear(x, layer["w_up"])
+    hidden = gate * jnp.reciprocal(1.0 + jnp.exp(-gate)) * up
+    return linear(hidden, layer["w_down"])
+
+
+# ----------------------------------------------------------------------------- rotary embedding
+
+
+def rope_inverse_frequencies(head_dim: int, theta: float, scaling: dict | None) -> np.ndarray:
+    """The D/2 rotary frequencies (host constant, f32), with llama3 frequency scaling applied
+    when `scaling` asks for it."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "llama3":
+        inv_freq = _llama3_scaled(inv_freq, scaling)
+    elif kind not in ("default", None):
+        raise ValueError(f"unsupported rope_scaling type {kind!r}")
+    return inv_freq.astype(np.float32)
+
+
+def _llama3_scaled(inv_freq: np.ndarray, scaling: dict) -> np.ndarray:
+    """Llama 3.1's band-wise stretch: long wavelengths are divided by `factor`, short ones kept,
+    and the band between is interpolated linearly in 1/wavelength."""
+    factor = float(scaling["factor"])
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    original_context = float(scaling["original_max_position_embeddings"])
+    wavelength = 2 * math.pi / inv_freq
+    stretched = inv_freq / factor
+    blend = np.clip((original_context / wavelength - low) / (high - low), 0.0, 1.0)
+    mixed = (1 - blend) * stretched + blend * inv_freq
+    return np.where(wavelength > original_context / low, stretched,
+                    np.where(wavelength < original_context / high, inv_freq, mixed))
+
+
+def rope_tables(positions, inv_freq: np.ndarray):
+    """cos and sin [N, D/2] (f32) for integer positions [N]."""
+    angles = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq)[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x, cos, sin):
+    """Rotate x [N, heads, D] in the rotate_half convention (first and second halves pair up)."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].astype(jnp.float32), x[..., half:].astype(jnp.float32)
+    cos, sin = cos[:, None, :], sin[:, None, :]
+    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return rotated.astype(x.dtype)
