@@ -1,0 +1,289 @@
+"""Parsers for one tool call written by the model, in the two formats our templates use.
+
+- hermes (Qwen3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
+- qwen_xml (Qwen3.5/3.6): `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>
+  \\n</function>\\n</tool_call>`, values typed by the tool schema (text/tool_values.py).
+
+`scan_call(text, pos, final)` reads the call that starts at `text[pos]` (the opener) and says
+whether it is complete (with its end offset and the parsed call), still incomplete (more text
+may complete it; only when not `final`), or invalid with a stable fallback reason:
+
+    malformed_structure  the markup does not follow the format
+    duplicate_parameter  one parameter written twice
+    invalid_tool_name    the name cannot be a tool identity
+    undeclared_tool      a well-formed name that is not an offered tool
+(trailing_content, text after the calls, is decided by the region scanner in tool_stream.py.)
+
+Both formats are parsed structurally, never by searching for the first closing tag: a string
+parameter may legitimately contain `</tool_call>` or balanced `<parameter=..>..</parameter>`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any, Mapping
+
+from ninfer_jax.text.conversation import ToolSpec
+from ninfer_jax.text.tool_values import OMIT, type_parameter
+
+OPENER = "<tool_call>"
+CLOSER = "</tool_call>"
+MALFORMED = "malformed_structure"
+DUPLICATE_PARAMETER = "duplicate_parameter"
+INVALID_TOOL_NAME = "invalid_tool_name"
+UNDECLARED_TOOL = "undeclared_tool"
+TRAILING_CONTENT = "trailing_content"
+FALLBACK_REASONS = (MALFORMED, DUPLICATE_PARAMETER, INVALID_TOOL_NAME, UNDECLARED_TOOL,
+                    TRAILING_CONTENT)
+INCOMPLETE, COMPLETE, INVALID = "incomplete", "complete", "invalid"
+_TOOL_NAME = re.compile(r"[\w.:\-]{1,256}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ParsedCall:
+    name: str  # the qualified name as written (namespace.function for namespaced tools)
+    arguments: str  # JSON object text, members in the order the model wrote them
+    omitted_empty: int = 0  # empty values of non-string parameters left out
+    schema_mismatches: int = 0  # values kept although their type is not the declared one
+
+
+@dataclasses.dataclass(frozen=True)
+class Scan:
+    status: str  # INCOMPLETE, COMPLETE or INVALID
+    end: int = 0
+    call: ParsedCall | None = None
+    reason: str | None = None
+
+
+_INCOMPLETE = Scan(INCOMPLETE)
+
+
+def _invalid(reason: str = MALFORMED) -> Scan:
+    return Scan(INVALID, reason=reason)
+
+
+def skip_ws(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _expect(text: str, pos: int, literal: str, final: bool) -> Scan | int:
+    """The position after `literal` at `pos`, or the Scan explaining why it is not there."""
+    if text.startswith(literal, pos):
+        return pos + len(literal)
+    if not final and literal.startswith(text[pos:]):
+        return _INCOMPLETE
+    return _invalid()
+
+
+def _identity_problem(name: str, tools: Mapping[str, ToolSpec]) -> str | None:
+    if not _TOOL_NAME.fullmatch(name):
+        return INVALID_TOOL_NAME
+    if name not in tools:
+        return UNDECLARED_TOOL
+    return None
+
+
+class _Format:
+    opener = OPENER
+    call_prefix = ""  # what a forced call writes before the tool name
+    name_terminator = ""  # what ends the name in that text
+
+    def __init__(self, tools: Mapping[str, ToolSpec]):
+        self.tools = dict(tools)
+
+    def scan_call(self, text: str, pos: int, final: bool) -> Scan:
+        raise NotImplementedError
+
+    def _close(self, text: str, pos: int, final: bool, call: ParsedCall) -> Scan:
+        after = _expect(text, skip_ws(text, pos), CLOSER, final)
+        if isinstance(after, Scan):
+            return after
+        problem = _identity_problem(call.name, self.tools)
+        return _invalid(problem) if problem else Scan(COMPLETE, after, call)
+
+
+# ----------------------------------------------------------------------------- hermes JSON
+
+
+class _JsonObject(dict):
+    has_duplicates = False
+
+
+def _object_hook(pairs):
+    obj = _JsonObject(pairs)
+    obj.has_duplicates = len(obj) != len(pairs)
+    return obj
+
+
+def _json_value_end(text: str, pos: int) -> int | None:
+    """End of the JSON object starting at text[pos] ('{'), None if not closed yet.
+    Raises ValueError when a tool-call closer appears outside a string before it closes."""
+    depth, in_string, escaped = 0, False, False
+    for index in range(pos, len(text)):
+        char = text[index]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "{[":
+            depth += 1
+        elif char in "}]":
+            depth -= 1
+            if depth == 0:
+                return index + 1
+        elif text.startswith(CLOSER, index):
+            raise ValueError("closer inside the JSON object")
+    return None
+
+
+class HermesFormat(_Format):
+    call_prefix = OPENER + '\n{"name": "'
+    name_terminator = '"'
+
+    def scan_call(self, text: str, pos: int, final: bool) -> Scan:
+        start = skip_ws(text, pos + len(OPENER))
+        if start >= len(text):
+            return _invalid() if final else _INCOMPLETE
+        if text[start] != "{":
+            return _invalid()
+        try:
+            end = _json_value_end(text, start)
+        except ValueError:
+            return _invalid()
+        if end is None:
+            return _invalid() if final else _INCOMPLETE
+        try:
+            obj = json.loads(text[start:end], object_pairs_hook=_object_hook)
+        except ValueError:
+            return _invalid()
+        call = self._call_from(obj)
+        return call if isinstance(call, Scan) else self._close(text, end, final, call)
+
+    @staticmethod
+    def _call_from(obj: Any) -> ParsedCall | Scan:
+        name = obj.get("name")
+        arguments = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments, object_pairs_hook=_object_hook)
+            except ValueError:
+                return _invalid()
+        if not isinstance(name, str) or not isinstance(arguments, dict):
+            return _invalid()
+        if obj.has_duplicates or getattr(arguments, "has_duplicates", False):
+            return _invalid(DUPLICATE_PARAMETER)
+        return ParsedCall(name, json.dumps(arguments, ensure_ascii=False))
+
+
+# ----------------------------------------------------------------------------- Qwen XML
+
+_FUNCTION_OPEN, _FUNCTION_CLOSE = "<function=", "</function>"
+_PARAM_OPEN, _PARAM_CLOSE = "<parameter=", "</parameter>"
+
+
+def _read_tag_name(text: str, pos: int, final: bool) -> tuple[str, int] | Scan:
+    """The NAME of `<tag=NAME>` whose '=' ends at pos, and the position after '>'."""
+    end = text.find(">", pos)
+    if end < 0:
+        partial = text[pos:]
+        return _invalid() if final or "\n" in partial or "<" in partial else _INCOMPLETE
+    return text[pos:end], end + 1
+
+
+def _parameter_value_end(text: str, pos: int, final: bool) -> tuple[int, int] | Scan:
+    """Value span end and position after its closing tag; nested tags must balance."""
+    depth, scan = 1, pos
+    while True:
+        close = text.find(_PARAM_CLOSE, scan)
+        if close < 0:
+            return _invalid() if final else _INCOMPLETE
+        nested = text.find(_PARAM_OPEN, scan)
+        if 0 <= nested < close:
+            depth, scan = depth + 1, nested + len(_PARAM_OPEN)
+            continue
+        depth -= 1
+        if depth == 0:
+            return close, close + len(_PARAM_CLOSE)
+        scan = close + len(_PARAM_CLOSE)
+
+
+def _trim_framing_newlines(value: str) -> str:
+    if value.startswith("\n"):
+        value = value[1:]
+    return value[:-1] if value.endswith("\n") else value
+
+
+class QwenXmlFormat(_Format):
+    call_prefix = OPENER + "\n" + _FUNCTION_OPEN
+    name_terminator = ">"
+
+    def scan_call(self, text: str, pos: int, final: bool) -> Scan:
+        pos = _expect(text, skip_ws(text, pos + len(OPENER)), _FUNCTION_OPEN, final)
+        if isinstance(pos, Scan):
+            return pos
+        named = _read_tag_name(text, pos, final)
+        if isinstance(named, Scan):
+            return named
+        name, pos = named
+        raw_params: list[tuple[str, str]] = []
+        while True:
+            pos = skip_ws(text, pos)
+            if text.startswith(_FUNCTION_CLOSE, pos):
+                pos += len(_FUNCTION_CLOSE)
+                break
+            if not text.startswith(_PARAM_OPEN, pos):
+                rest = text[pos:]
+                maybe = _PARAM_OPEN.startswith(rest) or _FUNCTION_CLOSE.startswith(rest)
+                return _INCOMPLETE if maybe and not final else _invalid()
+            param = _read_tag_name(text, pos + len(_PARAM_OPEN), final)
+            if isinstance(param, Scan):
+                return param
+            param_name, value_start = param
+            span = _parameter_value_end(text, value_start, final)
+            if isinstance(span, Scan):
+                return span
+            value_end, pos = span
+            raw_params.append((param_name, _trim_framing_newlines(text[value_start:value_end])))
+        after = _expect(text, skip_ws(text, pos), CLOSER, final)
+        if isinstance(after, Scan):
+            return after
+        problem = _identity_problem(name, self.tools)
+        if problem:
+            return _invalid(problem)
+        names = [param_name for param_name, _ in raw_params]
+        if len(set(names)) != len(names):
+            return _invalid(DUPLICATE_PARAMETER)
+        return Scan(COMPLETE, after, self._typed_call(name, raw_params))
+
+    def _typed_call(self, name: str, raw_params: list[tuple[str, str]]) -> ParsedCall:
+        properties = (self.tools[name].parameters or {}).get("properties") or {}
+        arguments: dict[str, Any] = {}
+        omitted = mismatched = 0
+        for param_name, text in raw_params:
+            typed = type_parameter(text, properties.get(param_name))
+            if typed.value is OMIT:
+                omitted += 1
+                continue
+            mismatched += typed.schema_mismatch
+            arguments[param_name] = typed.value
+        return ParsedCall(name, json.dumps(arguments, ensure_ascii=False), omitted, mismatched)
+
+
+FORMATS = {"hermes": HermesFormat, "qwen_xml": QwenXmlFormat}
+
+
+def tool_format(name: str, tools: list[ToolSpec]) -> _Format:
+    """The parser for an artifact's chat_format.tool_call_format over the offered tools."""
+    try:
+        cls = FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool call format {name!r}") from None
+    return cls({tool.qualified_name: tool for tool in tools})
