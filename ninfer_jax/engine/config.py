@@ -1,0 +1,73 @@
+"""EngineConfig: the scheduling limits the engine runs under, fixed at start-up.
+
+Built from the serve options (`from_serve_config`) or directly in tests. Sizes are in tokens
+here; the KV pool size in pages follows from the runner's page size (`num_pages`), which the
+launcher computes before it builds the runner so both agree on one pool.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+# Bounds of --max-concurrency (resident execution lanes), as the serving contract fixes them.
+MIN_LANES, MAX_LANES = 1, 8
+# Without --kv-capacity the pool follows --max-context; on CPU "auto" means this many tokens
+# (a bounded default: host memory is shared with everything else on the machine).
+CPU_AUTO_KV_TOKENS = 65536
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    max_concurrency: int = 1  # resident lanes; also the largest decode batch
+    max_pending: int = 16  # requests allowed to wait on top of the resident ones
+    pending_timeout: float = 30.0  # seconds from arrival until admission must have happened
+    prefill_chunk: int = 1024  # tokens per prefill unit
+    decode_share: float = 0.25  # decode time per unit of prefill time while both are pending
+    max_context: int = 8192  # per-sequence ceiling: prompt + output
+    kv_capacity: int | None = None  # pool size in tokens; None = max_context
+    prefix_reuse: bool = True
+    # How many later requests may overtake a waiting head that does not fit yet.
+    max_bypass: int = 4
+
+    def __post_init__(self):
+        if not MIN_LANES <= self.max_concurrency <= MAX_LANES:
+            raise ValueError(f"max_concurrency must be in {MIN_LANES}..{MAX_LANES}")
+        if self.max_pending < 0 or self.pending_timeout <= 0:
+            raise ValueError("max_pending must be >= 0 and pending_timeout > 0")
+        if self.prefill_chunk < 1 or self.max_context < 2:
+            raise ValueError("prefill_chunk must be >= 1 and max_context >= 2")
+        if self.decode_share < 0:
+            raise ValueError("decode_share must be >= 0")
+        if self.kv_capacity is not None and self.kv_capacity < 1:
+            raise ValueError("kv_capacity must be positive")
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_capacity if self.kv_capacity is not None else self.max_context
+
+    @property
+    def max_outstanding(self) -> int:
+        """Requests that may exist at once, resident or waiting (beyond: Overloaded)."""
+        return self.max_concurrency + self.max_pending
+
+    def num_pages(self, page_size: int) -> int:
+        """Pool size in pages for a runner with `page_size`, the dummy page included."""
+        return math.ceil(self.kv_tokens / page_size) + 1
+
+    @classmethod
+    def from_serve_config(cls, serve, *, auto_kv_tokens: int | None = None) -> "EngineConfig":
+        """From a serve.config.ServeConfig. `auto_kv_tokens` resolves --kv-capacity auto (the
+        launcher measures free device memory); without it, auto uses the CPU default."""
+        kv = serve.kv_capacity
+        if kv == "auto":
+            kv = auto_kv_tokens if auto_kv_tokens is not None else CPU_AUTO_KV_TOKENS
+        return cls(
+            max_concurrency=serve.max_concurrency,
+            max_pending=serve.max_pending_requests,
+            pending_timeout=serve.pending_timeout_ms / 1000.0,
+            prefill_chunk=serve.prefill_chunk,
+            decode_share=serve.decode_share,
+            max_context=serve.max_context,
+            kv_capacity=kv,
+            prefix_reuse=not serve.no_prefix_reuse,
+        )
