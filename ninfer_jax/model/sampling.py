@@ -1,0 +1,124 @@
+"""Per-row token selection on device, inside the same compiled step as the forward pass.
+
+Order of operations for one row, on the f32 logits [V]:
+  1. add `logit_bias` (the presence/frequency penalties, computed on the host from the row's
+     committed output: bias[t] = -(presence * [count_t > 0] + frequency * count_t));
+  2. greedy rows: exact argmax over the full vocabulary;
+  3. other rows: keep the TOP_K_CAP largest logits as candidates, divide by temperature, keep
+     the first top_k of them, then the smallest prefix whose probability mass reaches top_p,
+     then those with probability >= min_p * the largest probability, and draw one.
+The draw uses key = fold_in(key(seed), sample_index): it depends on the row's own seed and
+output position only, so a seeded request samples the same tokens alone or in any batch.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ninfer_jax.engine.request import TOP_K_CAP
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingBatch:
+    """Sampling inputs of a padded batch of B rows (a pytree of arrays)."""
+
+    temperature: jax.Array  # f32 [B]; ignored on greedy rows
+    top_k: jax.Array  # int32 [B], 1..TOP_K_CAP
+    top_p: jax.Array  # f32 [B], (0, 1]
+    min_p: jax.Array  # f32 [B], [0, 1]
+    seed_words: jax.Array  # uint32 [B, 2]: the 64-bit seed as (high word, low word)
+    sample_index: jax.Array  # int32 [B]: output tokens committed before this one
+    is_greedy: jax.Array  # bool [B]
+    logit_bias: jax.Array  # f32 [B, V]: penalties as an additive bias (zeros when none)
+
+
+jax.tree_util.register_dataclass(
+    SamplingBatch, data_fields=[f.name for f in dataclasses.fields(SamplingBatch)],
+    meta_fields=[])
+
+
+def sample(logits, batch: SamplingBatch):
+    """Pick one token per row: logits f32 [B, V] -> int32 [B]."""
+    logits = logits.astype(jnp.float32) + batch.logit_bias
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    candidates, candidate_ids = jax.lax.top_k(logits, TOP_K_CAP)  # [B, TOP_K_CAP], descending
+    keys = jax.vmap(row_key)(batch.seed_words, batch.sample_index)
+    temperature = jnp.where(batch.is_greedy, 1.0, batch.temperature)
+    picks = jax.vmap(_draw_candidate)(keys, candidates, temperature, batch.top_k, batch.top_p,
+                                      batch.min_p)
+    drawn = jnp.take_along_axis(candidate_ids, picks[:, None], axis=1)[:, 0].astype(jnp.int32)
+    return jnp.where(batch.is_greedy, greedy, drawn)
+
+
+def row_key(seed_words, sample_index):
+    """The random key of one row's draw: the seed's key folded with the output position."""
+    return jax.random.fold_in(jax.random.wrap_key_data(seed_words), sample_index)
+
+
+def filtered_candidates(candidates, temperature, top_k, top_p, min_p):
+    """Tempered candidate logits [TOP_K_CAP] (sorted descending) with the filtered-out ones at
+    -inf. The first candidate always survives."""
+    scaled = candidates / temperature
+    rank = jnp.arange(candidates.shape[-1])
+    keep = rank < top_k
+    probs = jax.nn.softmax(jnp.where(keep, scaled, -jnp.inf))
+    mass_before = jnp.cumsum(probs) - probs
+    keep &= (mass_before < top_p) | (top_p >= 1.0)
+    # p_i >= min_p * p_max  <=>  scaled_i - scaled_0 >= log(min_p); log(0) = -inf keeps all.
+    keep &= scaled - scaled[0] >= jnp.log(min_p)
+    return jnp.where(keep | (rank == 0), scaled, -jnp.inf)
+
+
+def _draw_candidate(key, candidates, temperature, top_k, top_p, min_p):
+    """Index (into the candidates) of one draw for one row."""
+    logits = filtered_candidates(candidates, temperature, top_k, top_p, min_p)
+    return jax.random.categorical(key, logits).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def seed_words(seed: int) -> tuple[int, int]:
+    """A signed or unsigned integer seed as its 64-bit two's complement (high, low) words."""
+    value = seed & 0xFFFF_FFFF_FFFF_FFFF
+    return value >> 32, value & 0xFFFF_FFFF
+
+
+def penalty_bias(output_ids, presence: float, frequency: float, vocab_size: int):
+    """The additive bias [V] (numpy f32) of presence/frequency penalties over committed output."""
+    counts = np.bincount(np.asarray(output_ids, np.int64), minlength=vocab_size)[:vocab_size]
+    return -(presence * (counts > 0) + frequency * counts).astype(np.float32)
+
+
+def needs_bias(spec) -> bool:
+    params = spec.params
+    return bool(spec.output_ids) and (params.presence_penalty or params.frequency_penalty)
+
+
+def host_batch(specs, num_rows: int, vocab_size: int, *, with_bias: bool) -> SamplingBatch:
+    """Numpy inputs for `num_rows` rows from SampleSpecs (engine/runner_api.py); rows past
+    len(specs) (and None specs) are greedy padding. Without `with_bias`, logit_bias is None
+    and the caller supplies a device-resident zero array."""
+    temperature = np.ones(num_rows, np.float32)
+    top_k = np.full(num_rows, TOP_K_CAP, np.int32)
+    top_p, min_p = np.ones(num_rows, np.float32), np.zeros(num_rows, np.float32)
+    words, index = np.zeros((num_rows, 2), np.uint32), np.zeros(num_rows, np.int32)
+    is_greedy = np.ones(num_rows, np.bool_)
+    bias = np.zeros((num_rows, vocab_size), np.float32) if with_bias else None
+    for row, spec in enumerate(specs):
+        if spec is None:
+            continue
+        params = spec.params
+        is_greedy[row] = params.is_greedy
+        temperature[row] = max(params.temperature, 0.0)
+        top_k[row] = TOP_K_CAP if params.top_k <= 0 else min(params.top_k, TOP_K_CAP)
+        top_p[row], min_p[row] = params.top_p, params.min_p
+        words[row] = seed_words(params.seed)
+        index[row] = spec.sample_index
+        if with_bias and needs_bias(spec):
+            bias[row] = penalty_bias(spec.output_ids, params.presence_penalty,
+                                     params.frequency_penalty, vocab_size)
+    return SamplingBatch(temperature, top_k, top_p, min_p, words, index, is_greedy, bias)
