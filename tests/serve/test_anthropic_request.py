@@ -1,0 +1,235 @@
+"""Anthropic Messages parsing: history lowering, thinking, tools, cache markers, errors."""
+import pytest
+
+from ninfer_jax.errors import InvalidRequest
+from ninfer_jax.serve.anthropic_request import parse_request
+
+DEFAULT_MAX = 8192
+TOOL = {"name": "get_weather", "description": "Weather",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
+
+
+def _parse(count_only=False, **body):
+    body.setdefault("model", "any-label")
+    body.setdefault("messages", [{"role": "user", "content": "Hi"}])
+    return parse_request(body, default_max_tokens=DEFAULT_MAX, count_only=count_only)
+
+
+def _error(**body):
+    with pytest.raises(InvalidRequest) as info:
+        _parse(**body)
+    return info.value.param, info.value.code
+
+
+def _roles(request):
+    return [(m.role, m.content) for m in request.conversation.messages]
+
+
+def test_plain_request_defaults():
+    request = _parse()
+    assert request.model == "any-label" and request.max_tokens is None
+    assert _roles(request) == [("user", "Hi")]
+    options = request.conversation.options
+    assert options.add_generation_prompt and not options.continue_final_message
+    assert options.enable_thinking is None and request.thinking_budget is None
+
+
+def test_system_blocks_and_billing_header_rule():
+    billing = {"type": "text", "text": "x-anthropic-billing-header: cc_version=1",
+               "cache_control": {"type": "ephemeral"}}
+    request = _parse(system=[billing, {"type": "text", "text": "Be "},
+                             {"type": "text", "text": "kind."}])
+    assert _roles(request)[0] == ("system", "Be kind.")
+    assert not request.conversation.messages[0].cache_breakpoint  # consumed, not moved
+    # Positional: a later block or a string system keeps the text.
+    request = _parse(system=[{"type": "text", "text": "A"}, billing])
+    assert _roles(request)[0][1] == "Ax-anthropic-billing-header: cc_version=1"
+    request = _parse(system="x-anthropic-billing-header: y")
+    assert _roles(request)[0] == ("system", "x-anthropic-billing-header: y")
+    # An inline system message is ordinary content too.
+    request = _parse(messages=[{"role": "user", "content": "q"},
+                               {"role": "system", "content": "x-anthropic-billing-header: z"},
+                               {"role": "user", "content": "r"}])
+    assert _roles(request) == [("user", "q"), ("system", "x-anthropic-billing-header: z"),
+                               ("user", "r")]
+
+
+def test_consecutive_same_role_messages_join_without_separator():
+    request = _parse(messages=[{"role": "user", "content": "a"},
+                               {"role": "user", "content": [{"type": "text", "text": "b"}]},
+                               {"role": "assistant", "content": "c"},
+                               {"role": "assistant", "content": "d"},
+                               {"role": "user", "content": "e"}])
+    assert _roles(request) == [("user", "ab"), ("assistant", "cd"), ("user", "e")]
+
+
+def test_assistant_prefill_and_its_limits():
+    request = _parse(messages=[{"role": "user", "content": "q"},
+                               {"role": "assistant", "content": "The answer is"}])
+    options = request.conversation.options
+    assert options.continue_final_message and not options.add_generation_prompt
+    assert _error(messages=[{"role": "user", "content": "q"},
+                            {"role": "assistant", "content": "x"}],
+                  thinking={"type": "adaptive"}) == ("thinking", "invalid_request")
+    assert _error(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": [
+        {"type": "thinking", "thinking": "t", "signature": "s"}]}])[0] == "messages[1].content[0].type"
+
+
+def test_thinking_history_and_tool_round_trip():
+    request = _parse(tools=[TOOL], messages=[
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": [
+            {"type": "thinking", "thinking": "need tool", "signature": "opaque"},
+            {"type": "text", "text": "Checking."},
+            {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+             "input": {"city": "Paris", "units": "c"}},
+            {"type": "tool_use", "id": "toolu_2", "name": "get_weather", "input": {"city": "Rome"}}]},
+        {"role": "user", "content": [
+            {"type": "tool_result", "tool_use_id": "toolu_2", "content": "hot"},
+            {"type": "tool_result", "tool_use_id": "toolu_1", "is_error": True,
+             "content": [{"type": "text", "text": "fail"}]},
+            {"type": "text", "text": "Thanks"}]}])
+    messages = request.conversation.messages
+    turn = messages[1]
+    assert turn.reasoning == "need tool" and turn.content == "Checking."
+    assert [(c.id, c.arguments) for c in turn.tool_calls] == [
+        ("toolu_1", '{"city": "Paris", "units": "c"}'), ("toolu_2", '{"city": "Rome"}')]
+    assert [(m.role, m.tool_call_id, m.content, m.is_error) for m in messages[2:]] == [
+        ("tool", "toolu_1", "fail", True), ("tool", "toolu_2", "hot", False),
+        ("user", None, "Thanks", False)]
+
+
+@pytest.mark.parametrize("messages, param", [
+    ([{"role": "user", "content": "q"},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+      {"role": "user", "content": "no results"}], "messages[2].content"),
+    ([{"role": "user", "content": "q"},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9"}]}],
+     "messages[2].content[0].tool_use_id"),
+    ([{"role": "user", "content": "q"},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+      {"role": "user", "content": [{"type": "text", "text": "x"},
+                                   {"type": "tool_result", "tool_use_id": "t1"}]}],
+     "messages[2].content[1]"),
+    ([{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]}],
+     "messages[2].content[0].tool_use_id"),
+])
+def test_tool_result_matching_rules(messages, param):
+    assert _error(messages=messages) == (param, "invalid_tool_history")
+
+
+def test_history_may_begin_with_results():
+    request = _parse(messages=[{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "old", "content": "r"},
+        {"type": "text", "text": "go on"}]}])
+    assert _roles(request) == [("tool", "r"), ("user", "go on")]
+
+
+def test_assistant_block_order():
+    assert _error(messages=[{"role": "user", "content": "q"}, {"role": "assistant", "content": [
+        {"type": "text", "text": "a"}, {"type": "thinking", "thinking": "t", "signature": ""}]},
+        {"role": "user", "content": "r"}]) == ("messages[1].content[1]", "invalid_assistant_history")
+
+
+@pytest.mark.parametrize("body, expected", [
+    ({"max_tokens": 0}, ("max_tokens", "invalid_request")),
+    ({"max_tokens": -3}, ("max_tokens", "invalid_request")),
+    ({"model": ""}, ("model", "invalid_request")),
+    ({"messages": []}, ("messages", "invalid_request")),
+    ({"messages": [{"role": "robot", "content": "x"}]}, ("messages[0].role", "invalid_request")),
+    ({"temperature": 1.5}, ("temperature", "invalid_request")),
+    ({"top_k": 50}, ("top_k", "invalid_request")),
+    ({"stop_sequences": ["ok", ""]}, ("stop_sequences[1]", "invalid_request")),
+    ({"thinking": {"type": "enabled", "budget_tokens": 512}, "max_tokens": 4000},
+     ("thinking.budget_tokens", "invalid_request")),
+    ({"thinking": {"type": "enabled", "budget_tokens": 2048}, "max_tokens": 2048},
+     ("thinking.budget_tokens", "invalid_request")),
+    ({"thinking": {"type": "enabled"}}, ("thinking.budget_tokens", "invalid_request")),
+    ({"thinking": {"type": "adaptive", "display": "omitted"}},
+     ("thinking.display", "unsupported_parameter")),
+    ({"thinking": {"type": "sometimes"}}, ("thinking.type", "invalid_request")),
+    ({"tool_choice": {"type": "any"}, "tools": [TOOL]}, ("tool_choice.type", "unsupported_parameter")),
+    ({"tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [TOOL]},
+     ("tool_choice.type", "unsupported_parameter")),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}, "tools": [TOOL]},
+     ("tool_choice.disable_parallel_tool_use", "unsupported_parameter")),
+    ({"tools": [{**TOOL, "strict": True}]}, ("tools[0].strict", "unsupported_parameter")),
+    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+     ("tools[0].type", "unsupported_parameter")),
+    ({"tools": [{**TOOL, "defer_loading": True}]}, ("tools[0].defer_loading", "unsupported_parameter")),
+    ({"tools": [{"name": "f"}]}, ("tools[0].input_schema", "invalid_request")),
+    ({"tools": [TOOL, TOOL]}, ("tools[1].name", "invalid_request")),
+    ({"container": "c"}, ("container", "unsupported_parameter")),
+    ({"mcp_servers": [{}]}, ("mcp_servers", "unsupported_parameter")),
+    ({"output_config": {"format": {"type": "json_schema"}}},
+     ("output_config.format", "unsupported_parameter")),
+    ({"output_config": {"effort": "huge"}}, ("output_config.effort", "invalid_request")),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+     ("messages[0].content[0]", "vision_disabled")),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+     ("messages[0].content[0].type", "unsupported_parameter")),
+    ({"messages": [{"role": "user", "content": [{"type": "search_result"}]}]},
+     ("messages[0].content[0].type", "unsupported_parameter")),
+    ({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": True}},
+     ("chat_template_kwargs.enable_thinking", "conflicting_template_option")),
+])
+def test_error_contracts(body, expected):
+    assert _error(**body) == expected
+
+
+def test_thinking_modes_and_effort():
+    request = _parse(thinking={"type": "enabled", "budget_tokens": 1024}, max_tokens=2000)
+    assert request.thinking_budget == 1024 and request.conversation.options.enable_thinking
+    assert _parse(thinking={"type": "disabled"}).conversation.options.enable_thinking is False
+    request = _parse(thinking={"type": "adaptive"}, output_config={"effort": "high"})
+    assert request.conversation.options.enable_thinking is True
+    assert request.conversation.options.reasoning_effort == "high"
+    # Budget checked against the server default when max_tokens is omitted.
+    assert _parse(thinking={"type": "enabled", "budget_tokens": 4096}).thinking_budget == 4096
+
+
+def test_advisory_fields_ignored_and_sampling_kept():
+    request = _parse(metadata={"user_id": "u"}, service_tier="auto", inference_geo="us",
+                     some_future_hint=True, temperature=0.5, top_p=0.9, top_k=10,
+                     stop_sequences=["END"], stream=True, max_tokens=64)
+    assert (request.temperature, request.top_p, request.top_k) == (0.5, 0.9, 10)
+    assert request.stop_sequences == ("END",) and request.stream and request.max_tokens == 64
+
+
+def test_tool_choice_none_hides_tools():
+    assert _parse(tools=[TOOL], tool_choice={"type": "none"}).tools == []
+    assert [t.name for t in _parse(tools=[TOOL]).conversation.tools] == ["get_weather"]
+
+
+def _marked(text, ttl="5m"):
+    return {"type": "text", "text": text, "cache_control": {"type": "ephemeral", "ttl": ttl}}
+
+
+def test_cache_control_counting_rules():
+    request = _parse(messages=[{"role": "user", "content": [_marked("a")]},
+                               {"role": "assistant", "content": "b"},
+                               {"role": "user", "content": [_marked("c"), {"type": "text", "text": "d"}]}])
+    assert [m.cache_breakpoint for m in request.conversation.messages] == [True, False, False]
+    five = [{"role": "user", "content": [_marked(str(n)) for n in range(5)]}]
+    assert _error(messages=five) == ("cache_control", "invalid_request")
+    four = [{"role": "user", "content": [_marked(str(n)) for n in range(4)]}]
+    _parse(messages=four)
+    # Request-level merges with a same-TTL marker on the last block, else needs a slot.
+    _parse(messages=four, cache_control={"type": "ephemeral"})
+    assert _error(messages=four, cache_control={"type": "ephemeral", "ttl": "1h"}) == (
+        "cache_control", "invalid_request")
+    four_then_plain = [{"role": "user", "content": [_marked(str(n)) for n in range(4)]
+                        + [{"type": "text", "text": "tail"}]}]
+    assert _error(messages=four_then_plain, cache_control={"type": "ephemeral"}) == (
+        "cache_control", "invalid_request")
+    request = _parse(cache_control={"type": "ephemeral"})
+    assert request.conversation.messages[-1].cache_breakpoint
+    assert _error(messages=[{"role": "user", "content": [_marked("a", ttl="2h")]}]) == (
+        "messages[0].content[0].cache_control.ttl", "invalid_request")
+
+
+def test_count_only_ignores_output_fields():
+    request = _parse(count_only=True, max_tokens=0, stream="not-a-bool", temperature=9)
+    assert request.max_tokens is None and request.stream is False
