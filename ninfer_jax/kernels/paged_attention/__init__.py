@@ -1,12 +1,44 @@
-"""Paged attention: the op's public entry points.
+"""Paged attention: the op's public entry points, dispatched at trace time.
 
-Today every call goes to the pure-jnp reference (reference.py). The GPU kernels (kernel.py)
-plug in here behind the same signatures; NINFER_FORCE_REFERENCE=1 forces the reference.
+On a GPU backend decode runs the Pallas kernel (kernel.py) and prefill runs cuDNN flash attention
+over gathered pages (prefill.py); everywhere else, and whenever NINFER_FORCE_REFERENCE=1, both run
+the pure-jnp reference (reference.py). All three share the signatures and the cache layout
+defined in reference.py. The choice is made while tracing, so it costs nothing per step.
 """
+from __future__ import annotations
+
+import logging
+
+from ninfer_jax.kernels.dispatch import use_kernels
+from ninfer_jax.kernels.paged_attention import reference
 from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     DUMMY_PAGE,
     get_kv_cache_shape,
-    paged_decode_attention,
-    paged_prefill_attention,
     write_kv,
 )
+
+log = logging.getLogger(__name__)
+
+
+def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float):
+    """One query token per row; see reference.paged_decode_attention."""
+    if use_kernels():
+        from ninfer_jax.kernels.paged_attention import kernel
+        return kernel.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
+                                             scale=scale)
+    return reference.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
+                                            scale=scale)
+
+
+def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: float):
+    """Causal attention for one sequence's chunk; see reference.paged_prefill_attention."""
+    if use_kernels():
+        from ninfer_jax.kernels.paged_attention import prefill
+        try:
+            return prefill.paged_prefill_attention(q, k_cache, v_cache, page_table, start,
+                                                   scale=scale)
+        except (NotImplementedError, ValueError) as err:
+            # cuDNN rejects some shapes (head dims, dtypes) while tracing; stay correct.
+            log.warning("cuDNN prefill attention unavailable (%s); using the reference", err)
+    return reference.paged_prefill_attention(q, k_cache, v_cache, page_table, start,
+                                             scale=scale)

@@ -1,0 +1,19 @@
+"""The one switch between GPU kernels and their pure-jnp references, read at trace time.
+
+Kernels run when the default JAX backend is a GPU, unless NINFER_FORCE_REFERENCE is set to
+anything but "" or "0" (for debugging a suspected kernel bug: the references are the oracle).
+"""
+from __future__ import annotations
+
+import os
+
+import jax
+
+FORCE_REFERENCE_ENV = "NINFER_FORCE_REFERENCE"
+
+
+def use_kernels() -> bool:
+    """True when the GPU kernels should run (GPU backend, not forced to the reference)."""
+    if os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+        return False
+    return jax.default_backend() == "gpu"

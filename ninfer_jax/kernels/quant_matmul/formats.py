@@ -1,0 +1,160 @@
+"""Weight formats for projections: quantize on the host (numpy), describe a stored leaf.
+
+A projection weight is stored [K, N] (in, out) so a matmul is `x @ w`. In the params pytree a
+bf16 weight is a plain array; a quantized weight is a dict whose one non-scale key names the
+format (so `format_of` needs no side channel and orbax stores it as an ordinary subtree):
+
+    int8   {"int8":  int8 [K, N],             "scale": f32 [N]}            w = q * scale[n]
+    fp8    {"fp8":   float8_e4m3fn [K, N],    "scale": f32 [N]}            w = q * scale[n]
+    int4   {"int4":  uint8 [Kp, N/2],         "scale": f16 [Kp/128, N]}    w = (u - 8) * scale
+    nvfp4  {"nvfp4": uint8 [Kp, N/2],         "scale": float8_e4m3fn [Kp/16, N],
+            "global_scale": f32 []}                                         w = e2m1(u) * scale * g
+
+4-bit codes pack two neighbouring OUTPUT columns per byte: the low nibble holds column 2j, the
+high nibble column 2j+1 (the order XLA uses for int4 arrays). int4 codes are offset by 8
+(u in 0..15 means q = u - 8); nvfp4 codes are e2m1 (bit 3 sign, bits 0-2 magnitude code, values
+0, 0.5, 1, 1.5, 2, 3, 4, 6). Group-scaled formats pad K with zero rows to a multiple of their
+group (Kp >= K); the matmul reads only the first K rows' worth of x.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+FORMATS = ("bf16", "int8", "fp8", "int4", "nvfp4")
+QUANTIZED_FORMATS = FORMATS[1:]
+INT4_GROUP = 128
+NVFP4_GROUP = 16
+INT4_OFFSET = 8
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+_E2M1_MIDPOINTS = (E2M1_VALUES[1:] + E2M1_VALUES[:-1]) / 2
+_TINY = 1e-12  # floor for scales of all-zero columns or groups
+
+
+def format_of(leaf) -> str:
+    """The format name of a weight leaf (a plain array is bf16, or whatever float it holds)."""
+    if not isinstance(leaf, dict):
+        return "bf16"
+    names = [k for k in leaf if k not in ("scale", "global_scale")]
+    if len(names) != 1 or names[0] not in QUANTIZED_FORMATS:
+        raise ValueError(f"not a quantized weight leaf: keys {sorted(leaf)}")
+    return names[0]
+
+
+def logical_shape(leaf) -> tuple[int, int]:
+    """(K rows as stored incl. group padding, N) of a weight leaf."""
+    fmt = format_of(leaf)
+    if fmt == "bf16":
+        return tuple(leaf.shape)
+    codes = leaf[fmt]
+    cols = codes.shape[1] * (2 if fmt in ("int4", "nvfp4") else 1)
+    return codes.shape[0], cols
+
+
+def stored_bytes(leaf) -> int:
+    """Bytes the leaf occupies (what a memory-bound matmul must read)."""
+    if not isinstance(leaf, dict):
+        return int(leaf.size * leaf.dtype.itemsize)
+    return sum(int(a.size * a.dtype.itemsize) for a in leaf.values())
+
+
+def describe(leaf) -> str:
+    """One line for inspect-artifact: format, logical shape, stored bytes."""
+    rows, cols = logical_shape(leaf)
+    return f"{format_of(leaf)} [{rows}, {cols}] {stored_bytes(leaf)} bytes"
+
+
+def quantize(w, fmt: str):
+    """Quantize a float weight [K, N] (numpy) into `fmt`'s leaf (see module docstring)."""
+    w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2:
+        raise ValueError(f"weights must be 2-D [in, out], got shape {w.shape}")
+    if fmt == "bf16":
+        return w.astype(ml_dtypes.bfloat16)
+    if fmt in ("int4", "nvfp4") and w.shape[1] % 2:
+        raise ValueError(f"{fmt} packs column pairs: N must be even, got {w.shape[1]}")
+    try:
+        return _QUANTIZERS[fmt](w)
+    except KeyError:
+        raise ValueError(f"unknown weight format {fmt!r}; expected one of {FORMATS}") from None
+
+
+def _per_channel_int8(w):
+    scale = np.maximum(np.abs(w).max(axis=0), _TINY) / 127.0
+    q = np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    return {"int8": q, "scale": scale.astype(np.float32)}
+
+
+def _per_channel_fp8(w):
+    scale = np.maximum(np.abs(w).max(axis=0), _TINY) / FP8_MAX
+    q = np.clip(w / scale, -FP8_MAX, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    return {"fp8": q, "scale": scale.astype(np.float32)}
+
+
+def _pad_rows(w, group: int):
+    pad = -w.shape[0] % group
+    return np.pad(w, ((0, pad), (0, 0))) if pad else w
+
+
+def pack_nibbles(codes):
+    """uint8 codes [K, N] in 0..15 -> bytes [K, N/2] (column 2j low, 2j+1 high)."""
+    codes = codes.astype(np.uint8)
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def unpack_nibbles(packed):
+    """Inverse of pack_nibbles (numpy)."""
+    out = np.empty((packed.shape[0], packed.shape[1] * 2), np.uint8)
+    out[:, 0::2], out[:, 1::2] = packed & 0xF, packed >> 4
+    return out
+
+
+def _grouped_int4(w):
+    w = _pad_rows(w, INT4_GROUP)
+    groups = w.reshape(-1, INT4_GROUP, w.shape[1])
+    scale = np.maximum(np.abs(groups).max(axis=1), _TINY) / 7.0  # [Kp/128, N]
+    scale = scale.astype(np.float16).astype(np.float32)  # quantize against the stored scale
+    q = np.clip(np.rint(groups / scale[:, None, :]), -8, 7).reshape(w.shape)
+    return {"int4": pack_nibbles(q + INT4_OFFSET), "scale": scale.astype(np.float16)}
+
+
+def _nvfp4(w):
+    w = _pad_rows(w, NVFP4_GROUP)
+    groups = w.reshape(-1, NVFP4_GROUP, w.shape[1])
+    # The global scale maps the largest block scale to the top of the fp8 range.
+    global_scale = max(float(np.abs(w).max()), _TINY) / (E2M1_VALUES[-1] * FP8_MAX)
+    block = np.abs(groups).max(axis=1) / E2M1_VALUES[-1] / global_scale  # [Kp/16, N]
+    block = np.clip(block, 0, FP8_MAX).astype(ml_dtypes.float8_e4m3fn)
+    step = block.astype(np.float32) * global_scale
+    scaled = groups / np.where(step > 0, step, 1.0)[:, None, :]
+    magnitude = np.searchsorted(_E2M1_MIDPOINTS, np.abs(scaled)).astype(np.uint8)
+    codes = magnitude | np.where(scaled < 0, 8, 0).astype(np.uint8)
+    return {"nvfp4": pack_nibbles(codes.reshape(w.shape)), "scale": block,
+            "global_scale": np.asarray(global_scale, np.float32)}
+
+
+_QUANTIZERS = {"int8": _per_channel_int8, "fp8": _per_channel_fp8, "int4": _grouped_int4,
+               "nvfp4": _nvfp4}
+
+
+def dequantize_numpy(leaf) -> np.ndarray:
+    """Float32 [Kp, N] weights a leaf stands for (host-side check of the formats)."""
+    fmt = format_of(leaf)
+    if fmt == "bf16":
+        return np.asarray(leaf, np.float32)
+    if fmt in ("int8", "fp8"):
+        return leaf[fmt].astype(np.float32) * leaf["scale"].astype(np.float32)[None, :]
+    codes = unpack_nibbles(np.asarray(leaf[fmt]))
+    if fmt == "int4":
+        values, group = codes.astype(np.float32) - INT4_OFFSET, INT4_GROUP
+        scale = leaf["scale"].astype(np.float32)
+    else:
+        values, group = _e2m1_numpy(codes), NVFP4_GROUP
+        scale = leaf["scale"].astype(np.float32) * float(leaf["global_scale"])
+    return values * np.repeat(scale, group, axis=0)
+
+
+def _e2m1_numpy(codes):
+    magnitude = E2M1_VALUES[codes & 7]
+    return np.where(codes & 8, -magnitude, magnitude)

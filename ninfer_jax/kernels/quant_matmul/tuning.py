@@ -1,0 +1,52 @@
+"""Tile sizes for the quantized decode matmul, chosen per (M, K, N, format) at trace time.
+
+The kernel is memory-bound: the grid is (column blocks, K splits) and we aim for a few programs
+per SM so that enough packed weight bytes are in flight. Every tile must be a power of two
+(Triton), the K tile must hold whole scale groups, and the tiles must divide the weight exactly
+(the kernel never pads weights: that would copy them). When no tiling fits, `matmul_tuning`
+returns None and the caller uses the XLA reference.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+TARGET_PROGRAMS = 528  # 4 per SM on an H200 (132 SMs)
+MIN_BLOCKS_PER_SPLIT = 2  # keep at least two K tiles per program so the loop can pipeline
+GROUP_SIZE = {"int8": 1, "fp8": 1, "int4": 128, "nvfp4": 16}
+
+
+@dataclasses.dataclass(frozen=True)
+class MatmulTuning:
+    block_n: int  # output columns per program
+    block_k: int  # K rows per loop iteration
+    num_splits: int  # programs along K (partial sums added by XLA)
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def _largest_power_of_2_divisor(n: int, candidates) -> int | None:
+    for c in candidates:
+        if n % c == 0:
+            return c
+    return None
+
+
+def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = None,
+                  block_k: int | None = None, num_splits: int | None = None,
+                  num_warps: int = 4, num_stages: int = 4) -> MatmulTuning | None:
+    """Tiles for x [rows, k] @ w [k, n] in `fmt`, or None when the shape does not tile."""
+    group = GROUP_SIZE[fmt]
+    block_n = block_n or _largest_power_of_2_divisor(n, (128, 64, 32))
+    block_k = block_k or _largest_power_of_2_divisor(
+        k, [c for c in (256, 128, 64, 32, 16) if c >= group])
+    if block_n is None or block_k is None or n % block_n or k % block_k or block_k % group:
+        return None
+    num_blocks = k // block_k
+    if num_splits is None:
+        wanted = max(1, -(-TARGET_PROGRAMS // (n // block_n)))
+        limit = max(1, num_blocks // MIN_BLOCKS_PER_SPLIT)
+        num_splits = max(d for d in range(1, min(wanted, limit) + 1) if num_blocks % d == 0)
+    if num_blocks % num_splits:
+        return None
+    return MatmulTuning(block_n=block_n, block_k=block_k, num_splits=num_splits,
+                        num_warps=num_warps, num_stages=num_stages)
