@@ -1,0 +1,277 @@
+"""The .ninfer v3 artifact: a directory written atomically and validated on every load.
+
+Layout (docs/artifact-format.md describes each field):
+    metadata.json        format_version 3, name, architecture, config, weight_formats,
+                         special_tokens, components, chat_format, source
+    tokenizer.json       a `tokenizers` tokenizer
+    chat_template.jinja  the default chat template
+    weights/             orbax checkpoint of the text model's params (weights_io.py)
+
+`load_artifact` checks every file and raises `ArtifactError(file, problem)` naming the file at
+fault. Nothing here imports jax unless weights are read or written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+from typing import Any
+
+import numpy as np
+
+from ninfer_jax.artifact import weights_io
+from ninfer_jax.errors import ArtifactError
+from ninfer_jax.model.config import ARCHITECTURES, ModelConfig
+
+FORMAT_VERSION = 3
+METADATA_FILE = "metadata.json"
+TOKENIZER_FILE = "tokenizer.json"
+TEMPLATE_FILE = "chat_template.jinja"
+WEIGHTS_DIR = "weights"
+COMPONENTS = ("text", "mtp", "dflash", "vision")
+FLOAT_FORMATS = {"f32": "float32", "bf16": "bfloat16"}
+# Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
+QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4")
+TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml")
+
+
+@dataclasses.dataclass
+class ArtifactContents:
+    """Everything a converter produces; `save_artifact` turns it into a directory."""
+
+    name: str
+    config: ModelConfig
+    params: dict
+    tokenizer_json: str
+    chat_template: str
+    special_tokens: dict[str, Any]
+    chat_format: dict[str, Any]
+    source: dict[str, Any]
+    weight_formats: dict[str, str]
+    components: dict[str, bool] = dataclasses.field(
+        default_factory=lambda: {"text": True, "mtp": False, "dflash": False, "vision": False})
+    notes: str | None = None
+
+    def metadata(self) -> dict[str, Any]:
+        metadata = {
+            "format_version": FORMAT_VERSION, "name": self.name,
+            "architecture": self.config.architecture, "config": self.config.to_dict(),
+            "weight_formats": dict(self.weight_formats),
+            "special_tokens": self.special_tokens, "components": dict(self.components),
+            "chat_format": self.chat_format, "source": self.source,
+        }
+        if self.notes:
+            metadata["notes"] = self.notes
+        return metadata
+
+
+@dataclasses.dataclass
+class Artifact:
+    path: pathlib.Path
+    metadata: dict[str, Any]
+    config: ModelConfig
+    params: dict | None
+    chat_template: str
+    tokenizer_path: pathlib.Path
+
+    @property
+    def name(self) -> str:
+        return self.metadata.get("name") or self.config.architecture
+
+    @property
+    def eos_ids(self) -> list[int]:
+        return list(self.metadata["special_tokens"]["eos_ids"])
+
+    @property
+    def bos_id(self) -> int | None:
+        return self.metadata["special_tokens"].get("bos_id")
+
+    @property
+    def chat_format(self) -> dict[str, Any]:
+        return self.metadata["chat_format"]
+
+    @property
+    def weight_formats(self) -> dict[str, str]:
+        return self.metadata["weight_formats"]
+
+    @property
+    def components(self) -> dict[str, bool]:
+        return self.metadata["components"]
+
+    def load_tokenizer(self):
+        from ninfer_jax.text.tokenizer import Tokenizer
+
+        return Tokenizer.from_artifact(self)
+
+
+# ----------------------------------------------------------------------------- tensor groups
+
+
+def tensor_group(name: str) -> str:
+    """The weight_formats group of a params name: embed, lm_head, layers or norms."""
+    if name.endswith("norm"):
+        return "norms"
+    return name.split(".", 1)[0]
+
+
+def expected_dtype(name: str, weight_formats: dict[str, str]) -> str | None:
+    """numpy dtype name a plain array must have, or None for a quantized group."""
+    group_format = weight_formats.get(tensor_group(name), "f32")
+    return FLOAT_FORMATS.get(group_format)
+
+
+# ----------------------------------------------------------------------------- save
+
+
+def save_artifact(out: str | os.PathLike, contents: ArtifactContents, *,
+                  overwrite: bool = False) -> pathlib.Path:
+    """Write an artifact directory atomically: everything goes to a temporary directory next to
+    OUT, which is renamed into place only once complete (no half artifact after a failure)."""
+    out = pathlib.Path(out).absolute()
+    if out.exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
+                                            dir=out.parent))
+    try:
+        _write_files(staging, contents)
+        _validate_directory(staging, weights=False, display=out)
+        if out.exists():
+            retired = out.with_name(f".{out.name}.{os.getpid()}.old")
+            os.rename(out, retired)
+            os.rename(staging, out)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.rename(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
+    (directory / TOKENIZER_FILE).write_text(contents.tokenizer_json, encoding="utf-8")
+    (directory / TEMPLATE_FILE).write_text(contents.chat_template, encoding="utf-8")
+    weights_io.save_weights(directory / WEIGHTS_DIR, contents.params)
+    # metadata last: a directory with metadata.json is complete by construction.
+    (directory / METADATA_FILE).write_text(
+        json.dumps(contents.metadata(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def load_artifact(path: str | os.PathLike, weights: bool = True) -> Artifact:
+    """Validate an artifact and return it; with weights=True the params are read (numpy)."""
+    directory = pathlib.Path(path)
+    return _validate_directory(directory, weights=weights, display=directory)
+
+
+def _validate_directory(directory: pathlib.Path, *, weights: bool,
+                        display: pathlib.Path) -> Artifact:
+    if not directory.is_dir():
+        raise ArtifactError(display, "not an artifact directory (missing or not a directory)")
+    metadata = read_metadata(directory / METADATA_FILE, display / METADATA_FILE)
+    config = _config_from_metadata(metadata, display / METADATA_FILE)
+    for required in (TOKENIZER_FILE, TEMPLATE_FILE, WEIGHTS_DIR):
+        if not (directory / required).exists():
+            raise ArtifactError(display / required, "missing")
+    template = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
+    params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR, config,
+                           metadata["weight_formats"]) if weights else None
+    return Artifact(path=directory, metadata=metadata, config=config, params=params,
+                    chat_template=template, tokenizer_path=directory / TOKENIZER_FILE)
+
+
+def read_metadata(file: pathlib.Path, display: pathlib.Path | None = None) -> dict[str, Any]:
+    display = display or file
+    if not file.is_file():
+        raise ArtifactError(display, "missing")
+    try:
+        metadata = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(display, f"not valid JSON ({exc})") from None
+    if not isinstance(metadata, dict):
+        raise ArtifactError(display, "must hold a JSON object")
+    version = metadata.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ArtifactError(display, f"format_version is {version!r}; this build reads "
+                                     f"version {FORMAT_VERSION} (re-convert the model)")
+    for key in ("architecture", "config", "weight_formats", "special_tokens", "components",
+                "chat_format"):
+        if key not in metadata:
+            raise ArtifactError(display, f"missing field {key!r}")
+    _check_fields(metadata, display)
+    return metadata
+
+
+def _check_fields(metadata: dict[str, Any], display: pathlib.Path) -> None:
+    if metadata["architecture"] not in ARCHITECTURES:
+        raise ArtifactError(display, f"unknown architecture {metadata['architecture']!r} "
+                                     f"(known: {', '.join(ARCHITECTURES)})")
+    known_formats = (*FLOAT_FORMATS, *QUANTIZED_FORMATS)
+    for group, fmt in metadata["weight_formats"].items():
+        if fmt not in known_formats:
+            raise ArtifactError(display, f"weight_formats.{group}: unknown format {fmt!r}")
+    eos_ids = metadata["special_tokens"].get("eos_ids")
+    if not isinstance(eos_ids, list) or not eos_ids or not all(isinstance(i, int) for i in eos_ids):
+        raise ArtifactError(display, "special_tokens.eos_ids must be a non-empty list of ids")
+    unknown = set(metadata["components"]) - set(COMPONENTS)
+    if unknown or not metadata["components"].get("text"):
+        raise ArtifactError(display, f"components must name only {COMPONENTS} and include text")
+    if metadata["chat_format"].get("tool_call_format") not in TOOL_CALL_FORMATS:
+        raise ArtifactError(display, "chat_format.tool_call_format must be hermes, qwen_xml or null")
+
+
+def _config_from_metadata(metadata: dict[str, Any], display: pathlib.Path) -> ModelConfig:
+    try:
+        config = ModelConfig.from_dict(metadata["config"])
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(display, f"invalid config: {exc}") from None
+    if config.architecture != metadata["architecture"]:
+        raise ArtifactError(display, "config.architecture differs from architecture")
+    for token_id in metadata["special_tokens"]["eos_ids"]:
+        if not 0 <= token_id < config.vocab_size:
+            raise ArtifactError(display, f"eos id {token_id} is outside the vocabulary")
+    return config
+
+
+def _read_weights(directory: pathlib.Path, display: pathlib.Path, config: ModelConfig,
+                  weight_formats: dict[str, str]) -> dict:
+    try:
+        structure = weights_io.stored_tree(directory)
+    except Exception as exc:  # orbax raises many types for a damaged checkpoint
+        raise ArtifactError(display, f"corrupt checkpoint (metadata unreadable: {exc})") from None
+    check_tensors(structure, config, weight_formats, display)
+    try:
+        return weights_io.restore_weights(directory, structure)
+    except Exception as exc:
+        raise ArtifactError(display, f"corrupt checkpoint ({type(exc).__name__}: {exc})") from None
+
+
+def check_tensors(structure: Any, config: ModelConfig, weight_formats: dict[str, str],
+                  display: pathlib.Path) -> None:
+    """Compare the stored tree (leaves with .shape and .dtype) with the config's tensors."""
+    expected = config.expected_shapes()
+    for name, shape in expected.items():
+        node = weights_io.subtree(structure, name)
+        if node is None:
+            raise ArtifactError(display, f"missing tensor {name} (expected shape {shape})")
+        if isinstance(node, dict):
+            if expected_dtype(name, weight_formats) is not None:
+                raise ArtifactError(display, f"tensor {name} is quantized but its group "
+                                             f"{tensor_group(name)} is declared as a float format")
+            continue
+        if tuple(node.shape) != tuple(shape):
+            raise ArtifactError(display, f"tensor {name} has shape {tuple(node.shape)}, "
+                                         f"the config needs {tuple(shape)}")
+        want = expected_dtype(name, weight_formats)
+        if want is not None and str(np.dtype(node.dtype)) != want:
+            raise ArtifactError(display, f"tensor {name} is {np.dtype(node.dtype)}, "
+                                         f"weight_formats says {want}")
+    for name, _ in weights_io.walk_tree(structure):
+        if not any(name == known or name.startswith(known + ".") for known in expected):
+            raise ArtifactError(display, f"unknown tensor {name}")

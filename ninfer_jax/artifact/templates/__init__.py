@@ -1,0 +1,15 @@
+"""Chat templates written for ninfer-jax: a plain ChatML fallback and Qwen-style templates
+for random-weight Qwen artifacts (`ninfer init-random`)."""
+from __future__ import annotations
+
+import pathlib
+
+TEMPLATES_DIR = pathlib.Path(__file__).parent
+
+
+def builtin_template(name: str) -> str:
+    """The text of templates/<name>.jinja (`chatml`, `qwen3`, `qwen3_5`)."""
+    path = TEMPLATES_DIR / f"{name}.jinja"
+    if not path.is_file():
+        raise KeyError(f"no built-in chat template named {name!r}")
+    return path.read_text(encoding="utf-8")

@@ -1,0 +1,122 @@
+"""Reading and writing the `weights/` subtree of an artifact (an orbax-checkpoint pytree).
+
+The pytree is the params layout of model/config.py: a dict of arrays plus `layers`, a list of
+per-layer dicts. A quantized weight is a dict of arrays in place of one array. Arrays are numpy
+(bf16 through ml_dtypes); restoring never places anything on a device.
+
+orbax (and therefore jax) is imported inside the functions so that code paths that only need
+metadata, the tokenizer or the chat template never import jax.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One stored array: dotted name (e.g. `layers.3.wq` or `layers.3.wq.scale`), shape, dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def num_bytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * _itemsize(self.dtype)
+
+
+def _itemsize(dtype: str) -> int:
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        import ml_dtypes  # bfloat16, float8_* and int4 are ml_dtypes names
+
+        return np.dtype(getattr(ml_dtypes, dtype)).itemsize
+
+
+def walk_tree(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Yield (dotted name, leaf) for every leaf of a nest of dicts and lists."""
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from walk_tree(value, f"{prefix}{key}.")
+    elif isinstance(tree, (list, tuple)):
+        for index, value in enumerate(tree):
+            yield from walk_tree(value, f"{prefix}{index}.")
+    else:
+        yield prefix[:-1], tree
+
+
+def subtree(tree: Any, name: str) -> Any:
+    """The node at a dotted name (`layers.0.wq`), or None when absent."""
+    node = tree
+    for part in name.split("."):
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, (list, tuple)) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+        if node is None:
+            return None
+    return node
+
+
+def _orbax():
+    import orbax.checkpoint as ocp
+
+    return ocp
+
+
+def save_weights(directory: pathlib.Path, params: dict) -> None:
+    """Write params (numpy leaves) as an orbax checkpoint at `directory` (must not exist)."""
+    ocp = _orbax()
+    params = _as_numpy_tree(params)
+    checkpointer = ocp.PyTreeCheckpointer()
+    checkpointer.save(pathlib.Path(directory).absolute(), params)
+
+
+def _as_numpy_tree(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {key: _as_numpy_tree(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_as_numpy_tree(value) for value in tree]
+    return np.asarray(tree)
+
+
+def stored_tree(directory: pathlib.Path) -> Any:
+    """The stored pytree's structure with one metadata object (shape, dtype) per array."""
+    ocp = _orbax()
+    metadata = ocp.PyTreeCheckpointer().metadata(pathlib.Path(directory).absolute())
+    # orbax versions differ: StepMetadata -> item_metadata -> TreeMetadata -> tree.
+    for attribute in ("item_metadata", "tree"):
+        metadata = getattr(metadata, attribute, metadata)
+    if not isinstance(metadata, dict):
+        raise ValueError(f"unexpected checkpoint metadata {type(metadata).__name__}")
+    return metadata
+
+
+def inventory(directory: pathlib.Path) -> list[TensorInfo]:
+    """Every stored array, in pytree order, without reading array data."""
+    return [TensorInfo(name, tuple(int(d) for d in leaf.shape), str(np.dtype(leaf.dtype)))
+            for name, leaf in walk_tree(stored_tree(directory))]
+
+
+def restore_weights(directory: pathlib.Path, structure: Any | None = None) -> dict:
+    """Read every array as numpy. `structure` is the tree returned by `stored_tree`."""
+    ocp = _orbax()
+    structure = structure if structure is not None else stored_tree(directory)
+    restore_args = _map_tree(structure, lambda _: ocp.RestoreArgs(restore_type=np.ndarray))
+    return ocp.PyTreeCheckpointer().restore(pathlib.Path(directory).absolute(),
+                                            restore_args=restore_args)
+
+
+def _map_tree(tree: Any, fn: Callable[[Any], Any]) -> Any:
+    if isinstance(tree, dict):
+        return {key: _map_tree(value, fn) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [_map_tree(value, fn) for value in tree]
+    return fn(tree)

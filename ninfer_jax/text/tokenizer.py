@@ -1,0 +1,167 @@
+"""Tokenizer wrapper over a `tokenizers.Tokenizer` loaded from an artifact's tokenizer.json.
+
+Two views of one vocabulary:
+  * trusted text (chat-template output, raw completion prompts): control-token spellings such
+    as `<|im_start|>` become their single control token;
+  * client text (message content, tool data): control spellings are ordinary characters and
+    are encoded byte-for-byte like any other text.
+`encode_segments` mixes both in one prompt. Text is split only at control tokens that come
+from trusted segments; every stretch in between (trusted and client text joined) is encoded
+in one piece, so a prompt without quoted control spellings gets exactly the ids a plain
+`encode` of the whole string gives (llama.cpp and Hugging Face split at control tokens too).
+
+Thread-safe: the underlying tokenizers are only read after construction. No jax import.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+from typing import Iterable, Sequence
+
+import tokenizers
+
+from ninfer_jax.artifact.tokenizer_build import byte_to_unicode
+from ninfer_jax.errors import ArtifactError
+
+# Non-special added tokens that look like markup are treated as control tokens as well
+# (Hugging Face Qwen tokenizers mark <think> and <tool_call> as non-special).
+_CONTROL_LOOKING = re.compile(r"^<[^\s<>]+>$|^<\|.*\|>$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    text: str
+    trusted: bool  # True: control-token spellings inside are parsed as control tokens
+
+
+class Tokenizer:
+    def __init__(self, tokenizer_json: str, *, eos_ids: Sequence[int] = (),
+                 bos_id: int | None = None, add_bos: bool = False, source: str = "tokenizer"):
+        self.source = source
+        self._full = tokenizers.Tokenizer.from_str(tokenizer_json)
+        self._plain = tokenizers.Tokenizer.from_str(_mark_controls_special(tokenizer_json))
+        # With this flag the plain view encodes special added tokens' spellings as text.
+        self._plain.encode_special_tokens = True
+        self.control_tokens: dict[str, int] = {
+            token.content: token_id for token_id, token in
+            self._full.get_added_tokens_decoder().items() if _is_control(token)}
+        self._control_pattern = _alternation(self.control_tokens)
+        self._added_spellings = {token_id: token.content.encode("utf-8") for token_id, token
+                                 in self._full.get_added_tokens_decoder().items()}
+        self._byte_of_char = {ch: b for b, ch in byte_to_unicode().items()}
+        self.eos_ids = tuple(eos_ids)
+        self.bos_id = bos_id
+        self.add_bos = add_bos
+
+    @classmethod
+    def from_file(cls, path: str | pathlib.Path, **kwargs) -> "Tokenizer":
+        path = pathlib.Path(path)
+        try:
+            return cls(path.read_text(encoding="utf-8"), source=str(path), **kwargs)
+        except FileNotFoundError:
+            raise ArtifactError(path, "missing") from None
+        except Exception as exc:  # tokenizers raises plain Exception on malformed JSON
+            raise ArtifactError(path, f"not a valid tokenizer ({exc})") from None
+
+    @classmethod
+    def from_artifact(cls, artifact) -> "Tokenizer":
+        special = artifact.metadata["special_tokens"]
+        return cls.from_file(artifact.tokenizer_path, eos_ids=special["eos_ids"],
+                             bos_id=special.get("bos_id"), add_bos=special.get("add_bos", False))
+
+    # ------------------------------------------------------------------ vocabulary
+
+    @property
+    def vocab_size(self) -> int:
+        return self._full.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._full.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self._full.id_to_token(token_id)
+
+    def is_control(self, token_id: int) -> bool:
+        return self.id_to_token(token_id) in self.control_tokens
+
+    # ------------------------------------------------------------------ encode / decode
+
+    def encode(self, text: str, *, special: bool = True) -> list[int]:
+        """Ids of `text`; special=False encodes control spellings as plain text. Never adds BOS
+        (callers that want it check `add_bos`)."""
+        view = self._full if special else self._plain
+        return view.encode(text, add_special_tokens=False).ids
+
+    def encode_segments(self, segments: Iterable[Segment]) -> list[int]:
+        """Ids of the concatenated segments; only trusted segments produce control tokens."""
+        return [token_id for chunk, control_id in self.split_segments(segments)
+                for token_id in ([control_id] if control_id is not None else self._plain_ids(chunk))]
+
+    def split_segments(self, segments: Iterable[Segment]) -> list[tuple[str, int | None]]:
+        """The prompt as pieces: (text, None) to encode as text, or (spelling, control id)."""
+        pieces: list[tuple[str, int | None]] = []
+        pending: list[str] = []
+        for segment in segments:
+            if not segment.trusted or self._control_pattern is None:
+                pending.append(segment.text)
+                continue
+            cursor = 0
+            for match in self._control_pattern.finditer(segment.text):
+                pending.append(segment.text[cursor:match.start()])
+                if "".join(pending):
+                    pieces.append(("".join(pending), None))
+                pending = []
+                pieces.append((match.group(), self.control_tokens[match.group()]))
+                cursor = match.end()
+            pending.append(segment.text[cursor:])
+        if "".join(pending):
+            pieces.append(("".join(pending), None))
+        return pieces
+
+    def _plain_ids(self, text: str) -> list[int]:
+        return self._plain.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
+        return self._full.decode(list(ids), skip_special_tokens=skip_special)
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        """The exact bytes of `ids` (byte-level tokens may hold part of a UTF-8 character)."""
+        return b"".join(self.token_bytes(token_id) for token_id in ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """One token's bytes: added tokens are their spelling, byte-level vocabulary entries map
+        back through the byte alphabet (possibly an incomplete UTF-8 sequence)."""
+        if token_id in self._added_spellings:
+            return self._added_spellings[token_id]
+        token = self.id_to_token(token_id)
+        if token is None:
+            raise ValueError(f"token id {token_id} is outside the vocabulary")
+        try:
+            return bytes(self._byte_of_char[ch] for ch in token)
+        except KeyError:
+            return self._full.decode([token_id]).encode("utf-8")
+
+    @property
+    def is_byte_level(self) -> bool:
+        """True when every token maps to exact bytes (`token_bytes` is exact)."""
+        return self._byte_of_char is not None and "ByteLevel" in type(self._full.decoder).__name__
+
+
+def _is_control(token: tokenizers.AddedToken) -> bool:
+    return token.special or bool(_CONTROL_LOOKING.match(token.content))
+
+
+def _mark_controls_special(tokenizer_json: str) -> str:
+    data = json.loads(tokenizer_json)
+    for token in data.get("added_tokens", []):
+        if _CONTROL_LOOKING.match(token["content"]):
+            token["special"] = True
+    return json.dumps(data, ensure_ascii=False)
+
+
+def _alternation(spellings: Iterable[str]) -> re.Pattern | None:
+    # Longest first, so "<|im_start|>" wins over any shorter spelling that is its prefix.
+    ordered = sorted(spellings, key=len, reverse=True)
+    return re.compile("|".join(re.escape(s) for s in ordered)) if ordered else None
