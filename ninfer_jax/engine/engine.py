@@ -1,0 +1,191 @@
+"""Engine: the one thread that owns the device and every scheduling structure.
+
+Threading model: HTTP threads call `submit()` (validation and admission capacity are checked
+synchronously there), `RequestHandle.cancel()/stop_at()` and `stats()`. They share only a
+small inbox and a counter with the engine thread, guarded by one condition variable; the
+engine thread sleeps on it when idle (no polling) and wakes on submit, cancel and stop_at.
+Each round the engine thread drains the inbox, applies controls, asks the scheduler for one
+unit of work, runs it on the runner and commits the results, then publishes a fresh
+immutable stats snapshot (read by other threads without locking).
+
+A runner exception is an engine-wide failure: every request in flight gets
+Failed(EngineUnavailable), `healthy` turns false and later submissions are refused.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.request import GenerationRequest, RequestHandle
+from ninfer_jax.engine.runner_api import StepRunner
+from ninfer_jax.engine.scheduler import Schedule, Scheduler
+from ninfer_jax.engine.stats import EngineStats, build_stats
+from ninfer_jax.errors import (
+    ContextLengthExceeded, EngineUnavailable, InvalidRequest, Overloaded,
+)
+
+log = logging.getLogger("ninfer_jax.engine")
+
+
+class Engine:
+    def __init__(self, runner: StepRunner, config: EngineConfig, eos_ids=()):
+        if config.max_concurrency > runner.max_batch:
+            raise ValueError(f"max_concurrency {config.max_concurrency} exceeds the runner's "
+                             f"largest decode batch {runner.max_batch}")
+        self.runner = runner
+        self.config = config
+        self.pool = PagePool(runner.num_pages)
+        self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
+                                   max_batch=runner.max_batch, eos_ids=eos_ids)
+        self.scheduler.life.on_terminal = self._on_terminal
+        self.ready = threading.Event()  # set once warm-up finished
+        self._cond = threading.Condition()
+        self._inbox: list[RequestHandle] = []  # guarded by _cond
+        self._outstanding = 0  # submitted, no terminal event yet; guarded by _cond
+        self._woken = False  # a control arrived since the last round; guarded by _cond
+        self._stopping = False
+        self._healthy = True
+        self._thread: threading.Thread | None = None
+        self._stats = EngineStats.empty(page_size=runner.page_size, capacity=self.pool.capacity,
+                                        max_concurrency=config.max_concurrency)
+
+    # ------------------------------------------------------------------ any thread
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    @property
+    def pool_tokens(self) -> int:
+        return self.pool.capacity * self.runner.page_size
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="ninfer-engine", daemon=True)
+        self._thread.start()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self.ready.wait(timeout)
+
+    def stats(self) -> EngineStats:
+        return self._stats  # an immutable snapshot, replaced whole by the engine thread
+
+    def add_scheduling_listener(self, listener) -> None:
+        """`listener(SchedulingEvent)` runs on the engine thread: it must only enqueue.
+        Register before start()."""
+        self.scheduler.life.listeners.append(listener)
+
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue a request. Raises InvalidRequest / ContextLengthExceeded for a request that
+        can never run, Overloaded when max_concurrency + max_pending are outstanding, and
+        EngineUnavailable after a failure or during shutdown."""
+        self._validate(request)
+        handle = RequestHandle(request, on_control=self._on_control)
+        with self._cond:
+            if not self._healthy or self._stopping:
+                raise EngineUnavailable("the engine is not available")
+            if self._outstanding >= self.config.max_outstanding:
+                raise Overloaded(f"the server is at capacity ({self.config.max_outstanding} "
+                                 f"requests running or waiting); retry later")
+            self._outstanding += 1
+            self._inbox.append(handle)
+            self._cond.notify()
+        return handle
+
+    def shutdown(self, timeout: float | None = 30.0) -> None:
+        """Stop the thread; requests still in flight get Failed(EngineUnavailable)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _validate(self, request: GenerationRequest) -> None:
+        num_prompt = len(request.prompt_ids)
+        if num_prompt == 0:
+            raise InvalidRequest("the prompt must contain at least one token")
+        if request.max_tokens < 0:
+            raise InvalidRequest("max_tokens must be >= 0", param="max_tokens")
+        if num_prompt + request.max_tokens > self.config.max_context:
+            raise ContextLengthExceeded(num_prompt + request.max_tokens, self.config.max_context)
+        # The prompt and its first sampled token must fit the KV pool on their own.
+        needed = num_prompt + min(request.max_tokens, 1)
+        if needed > self.pool_tokens:
+            raise ContextLengthExceeded(needed, self.pool_tokens, message=(
+                f"This request needs {needed} tokens of KV cache, but the server's KV pool "
+                f"holds {self.pool_tokens} tokens."))
+
+    def _on_control(self, handle: RequestHandle) -> None:
+        with self._cond:
+            self._woken = True
+            self._cond.notify()
+
+    def _on_terminal(self, seq) -> None:
+        with self._cond:
+            self._outstanding -= 1
+
+    # ------------------------------------------------------------------ engine thread
+
+    def _run(self) -> None:
+        try:
+            self.runner.warmup()
+            self.ready.set()
+            self._publish_stats()
+            log.info("engine ready: %d KV pages of %d tokens, %d lanes", self.pool.capacity,
+                     self.runner.page_size, self.config.max_concurrency)
+            while self._round():
+                pass
+            self._fail_everything(EngineUnavailable("the server is shutting down"))
+        except Exception:
+            log.exception("engine failure: every request in flight fails")
+            self._healthy = False
+            self._fail_everything(EngineUnavailable("the engine failed; the server must restart"))
+        self._publish_stats()
+
+    def _round(self) -> bool:
+        """One scheduling round; False once the engine is stopping."""
+        scheduler = self.scheduler
+        with self._cond:
+            while not (self._inbox or self._woken or self._stopping or scheduler.has_work()):
+                self._cond.wait()
+            if self._stopping:
+                return False
+            inbox, self._inbox, self._woken = self._inbox, [], False
+        for handle in inbox:
+            scheduler.add(handle)
+        scheduler.apply_controls()
+        schedule = scheduler.schedule()
+        if schedule is not None:
+            self._execute(schedule)
+        elif scheduler.has_work():
+            # Not expected (an idle scheduler with work always admits some); never spin.
+            with self._cond:
+                self._cond.wait(0.01)
+        self._publish_stats()
+        return True
+
+    def _execute(self, schedule: Schedule) -> None:
+        started = time.perf_counter()
+        if schedule.prefill is not None:
+            sampled = [self.runner.prefill(schedule.prefill)]
+        else:
+            sampled = self.runner.decode(schedule.decode)
+            if len(sampled) != len(schedule.decode):
+                raise RuntimeError(f"runner returned {len(sampled)} tokens for "
+                                   f"{len(schedule.decode)} rows")
+        self.scheduler.postprocess(schedule, sampled, time.perf_counter() - started)
+
+    def _fail_everything(self, error: EngineUnavailable) -> None:
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+            self._stopping = True
+        for handle in inbox:
+            self.scheduler.add(handle)
+        self.scheduler.fail_all(error)
+
+    def _publish_stats(self) -> None:
+        self._stats = build_stats(self.scheduler.counters, gauges=self.scheduler.gauges(),
+                                  ready=self.ready.is_set(), healthy=self._healthy)
+

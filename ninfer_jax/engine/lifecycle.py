@@ -1,0 +1,206 @@
+"""Lifecycle: the state transitions of one sequence, with their events and counters.
+
+The scheduler decides *when* a sequence is admitted, paused, restored, advanced or ended;
+this module does each transition completely: pages, per-request and engine counters, the
+handle's events (Admitted, PromptProgress, Tokens, exactly one terminal), the pressure log
+and the scheduling-event listeners. Engine thread only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Callable, Iterable
+
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.request import (
+    Admitted, Failed, Finished, PromptProgress, Tokens, Usage,
+)
+from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.engine.stats import EngineCounters
+from ninfer_jax.errors import NinferError, QueueTimeout
+
+log = logging.getLogger("ninfer_jax.engine.pressure")
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulingEvent:
+    """A pressure transition of one request, for the request log ("paused", "restored",
+    "replay_complete"). Listeners run on the engine thread: they must only enqueue."""
+
+    kind: str
+    request_id: str
+    seq_id: int
+    preemption_index: int  # which pause cycle (1-based)
+    num_tokens: int  # prompt + committed output at the transition
+    counters: dict  # the request's counters at the transition (a copy)
+    time: float
+
+
+class Lifecycle:
+    def __init__(self, pool: PagePool, clock: Callable[[], float], eos_ids: Iterable[int],
+                 max_context: int):
+        self.pool = pool
+        self.clock = clock
+        self.eos_ids = frozenset(eos_ids)
+        self.max_context = max_context
+        self.counters = EngineCounters()
+        self.listeners: list[Callable[[SchedulingEvent], None]] = []
+        # Called once per sequence after its terminal event (the engine's outstanding count).
+        self.on_terminal: Callable[[Sequence], None] | None = None
+
+    # ---------------------------------------------------------------- residency
+
+    def admit(self, seq: Sequence, cache_n: int = 0) -> None:
+        now = self.clock()
+        seq.status = Status.RESIDENT
+        seq.admitted_at = now
+        seq.cache_n = seq.num_computed = seq.high_water = cache_n
+        self.counters.prompt_tokens += seq.num_prompt
+        self.counters.cached_tokens += cache_n
+        seq.handle.publish(Admitted(cache_n=cache_n, time=now))
+
+    def pause(self, seq: Sequence) -> int:
+        """Free the pages, keep the tokens; returns how many pages were released."""
+        freed = len(seq.pages)
+        self.pool.release(seq.pages)
+        seq.pages = []
+        seq.high_water = max(seq.high_water, seq.num_computed)
+        seq.num_computed = 0
+        seq.status = Status.PAUSED
+        seq.paused_at = self.clock()
+        seq.counters["preemptions"] += 1
+        self.counters.preemptions += 1
+        self._emit("paused", seq)
+        return freed
+
+    def restore(self, seq: Sequence) -> None:
+        seq.status = Status.RESIDENT
+        seq.counters["paused_seconds"] += self.clock() - seq.paused_at
+        seq.paused_at = None
+        seq.counters["replay_restores"] += 1
+        self.counters.replay_restores += 1
+        self._emit("restored", seq)
+
+    def computed(self, seq: Sequence, count: int, *, is_prefill: bool) -> None:
+        """`count` more tokens of `seq` got KV in the step just run."""
+        start = seq.num_computed
+        seq.num_computed += count
+        replayed = max(0, min(seq.num_computed, seq.high_water) - start)
+        fresh = count - replayed
+        seq.counters["replayed_tokens"] += replayed
+        self.counters.replayed_tokens += replayed
+        if is_prefill:
+            seq.counters["prefill_units"] += 1
+            seq.counters["prefill_tokens"] += fresh
+            self.counters.prefill_tokens += fresh
+            self.counters.prefill_units += 1
+        else:
+            seq.counters["decode_rounds"] += 1
+        if replayed and seq.num_computed >= seq.high_water:
+            log.info("replay complete request_id=%s seq=%d replayed_tokens=%d",
+                     seq.request_id, seq.seq_id, seq.counters["replayed_tokens"])
+            self._emit("replay_complete", seq)
+        seq.high_water = max(seq.high_water, seq.num_computed)
+        processed = min(seq.num_computed, seq.num_prompt)
+        if processed > seq.num_prompt_reported:
+            seq.num_prompt_reported = processed
+            seq.handle.publish(PromptProgress(processed=processed, total=seq.num_prompt,
+                                              cache_n=seq.cache_n, time=self.clock()))
+
+    # ---------------------------------------------------------------- output
+
+    def commit(self, seq: Sequence, sampled: int, *, from_decode: bool):
+        """Commit the sampled token (through the request's TokenPolicy) and publish it.
+        Returns (reason, matched_stop_token) when the request must finish, else None."""
+        policy = seq.request.token_policy
+        ids = list(policy.adjust(tuple(seq.output_ids), sampled)) if policy else [sampled]
+        if not ids:
+            ids = [sampled]  # a policy may replace the sample, never swallow the round
+        new, finish = [], None
+        for token in ids:
+            seq.tokens.append(token)
+            new.append(token)
+            finish = self._stop_reason(seq, token)
+            if finish is not None:
+                break
+        now = self.clock()
+        if seq.first_token_at is None:
+            seq.first_token_at = now
+        seq.last_token_at = now
+        self.counters.generation_tokens += len(new)
+        if from_decode:
+            self.counters.decode_tokens += len(new)
+        seq.handle.publish(Tokens(ids=tuple(new), num_committed=seq.num_output, time=now))
+        return finish
+
+    def _stop_reason(self, seq: Sequence, token: int):
+        request = seq.request
+        if not request.ignore_eos and (token in self.eos_ids or token in request.stop_token_ids):
+            return ("stop", token)
+        if seq.num_output >= request.max_tokens or len(seq.tokens) >= self.max_context:
+            return ("length", None)
+        return None
+
+    def truncate_output(self, seq: Sequence, num_output: int) -> None:
+        del seq.tokens[seq.num_prompt + num_output:]
+        seq.num_computed = min(seq.num_computed, len(seq.tokens))
+
+    # ---------------------------------------------------------------- endings
+
+    def finish(self, seq: Sequence, reason: str, matched: int | None = None) -> None:
+        now = self._release(seq)
+        self.counters.requests[reason] = self.counters.requests.get(reason, 0) + 1
+        usage = Usage(prompt_tokens=seq.num_prompt, cached_tokens=seq.cache_n,
+                      completion_tokens=seq.num_output)
+        seq.handle.publish(Finished(
+            reason=reason, usage=usage, output_ids=tuple(seq.output_ids),
+            timings=self._timings(seq, now), counters=dict(seq.counters), time=now,
+            matched_stop_token=matched))
+        self._terminal(seq)
+
+    def queue_timeout(self, seq: Sequence) -> None:
+        self.counters.requests["timeout"] += 1
+        self._release(seq)
+        seq.handle.publish(Failed(QueueTimeout(
+            "the request was not admitted before the pending timeout"), time=self.clock()))
+        self._terminal(seq)
+
+    def fail(self, seq: Sequence, error: NinferError) -> None:
+        self.counters.requests["failed"] += 1
+        self._release(seq)
+        seq.handle.publish(Failed(error, time=self.clock()))
+        self._terminal(seq)
+
+    def _release(self, seq: Sequence) -> float:
+        now = self.clock()
+        if seq.pages:
+            self.pool.release(seq.pages)
+            seq.pages = []
+        if seq.paused_at is not None:
+            seq.counters["paused_seconds"] += now - seq.paused_at
+            seq.paused_at = None
+        seq.status = Status.FINISHED
+        return now
+
+    def _terminal(self, seq: Sequence) -> None:
+        if self.on_terminal is not None:
+            self.on_terminal(seq)
+
+    @staticmethod
+    def _timings(seq: Sequence, now: float) -> dict:
+        arrival = seq.request.arrival_time
+        admitted = seq.admitted_at if seq.admitted_at is not None else now
+        first = seq.first_token_at if seq.first_token_at is not None else now
+        last = seq.last_token_at if seq.last_token_at is not None else first
+        return {"queue": admitted - arrival, "prefill": first - admitted,
+                "decode": last - first, "total": now - arrival}
+
+    def _emit(self, kind: str, seq: Sequence) -> None:
+        if not self.listeners:
+            return
+        event = SchedulingEvent(kind=kind, request_id=seq.request_id, seq_id=seq.seq_id,
+                                preemption_index=seq.counters["preemptions"],
+                                num_tokens=len(seq.tokens), counters=dict(seq.counters),
+                                time=self.clock())
+        for listener in self.listeners:
+            listener(event)

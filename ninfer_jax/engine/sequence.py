@@ -1,0 +1,82 @@
+"""Sequence: the engine's host-side state of one request.
+
+A sequence holds the prompt followed by every committed output token (`tokens`) and
+`num_computed`, how many leading tokens have KV in its pages. Everything the scheduler decides
+follows from the gap between the two:
+- no output yet: prefill until every prompt token has KV, sampling the first output token
+  from the last chunk (max_tokens 0: no sample, the request ends there);
+- output exists: prefill until all but the last committed token have KV (forced tokens, or a
+  replay after a pause, leave such gaps), then the sequence is decode-ready: exactly one
+  committed token lacks KV, and a decode row computes it and samples the next.
+Replay therefore never samples: it rebuilds KV up to the frontier and resumes decoding.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+from ninfer_jax.engine.request import GenerationRequest, RequestHandle
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # submitted, not admitted yet
+    RESIDENT = "resident"  # holds a lane (and pages as execution advances)
+    PAUSED = "paused"  # evicted under pressure: keeps its tokens, holds no pages
+    FINISHED = "finished"
+
+
+@dataclasses.dataclass(eq=False)
+class Sequence:
+    seq_id: int  # submission order: smaller = older
+    handle: RequestHandle
+    tokens: list[int]  # prompt + committed output
+    num_prompt: int
+    status: Status = Status.WAITING
+    num_computed: int = 0  # leading tokens whose KV is in `pages`
+    pages: list[int] = dataclasses.field(default_factory=list)
+    cache_n: int = 0  # prompt tokens taken from the prefix cache at admission
+    # Most positions that ever had KV: recomputation below it is replay, above it prefill.
+    high_water: int = 0
+    num_prompt_reported: int = 0  # last PromptProgress.processed published
+    times_bypassed: int = 0  # times a later request was admitted while this one waited at the head
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    paused_at: float | None = None
+    counters: dict = dataclasses.field(default_factory=lambda: {
+        "preemptions": 0, "replay_restores": 0, "replayed_tokens": 0,
+        "prefill_tokens": 0, "prefill_units": 0, "decode_rounds": 0, "paused_seconds": 0.0,
+    })
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.handle.request
+
+    @property
+    def request_id(self) -> str:
+        return self.handle.request.request_id
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[self.num_prompt:]
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.num_prompt
+
+    @property
+    def prefill_target(self) -> int:
+        """How many leading tokens must have KV before the next sample."""
+        return len(self.tokens) if self.num_output == 0 else len(self.tokens) - 1
+
+    @property
+    def needs_prefill(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+    @property
+    def is_decode_ready(self) -> bool:
+        return self.num_output > 0 and len(self.tokens) - self.num_computed == 1
+
+    @property
+    def is_replaying(self) -> bool:
+        return self.status is Status.RESIDENT and self.num_computed < self.high_water

@@ -1,0 +1,88 @@
+"""Engine counters and the immutable snapshot other threads read.
+
+The engine thread alone mutates `EngineCounters`. After each round it builds a frozen
+`EngineStats` and swaps it into place with one reference assignment, so /metrics, the request
+log and tests read a consistent picture without taking any lock the engine thread waits on.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+OUTCOMES = ("stop", "length", "cancelled", "timeout", "failed")
+
+
+@dataclasses.dataclass
+class EngineCounters:
+    """Cumulative totals since start-up (monotonic)."""
+
+    prompt_tokens: int = 0  # full prompts of admitted requests, counted once
+    cached_tokens: int = 0  # of those, taken from the prefix cache
+    prefill_tokens: int = 0  # prompt/gap tokens actually computed for the first time
+    replayed_tokens: int = 0  # recomputation after a pause
+    generation_tokens: int = 0  # every committed output token (forced ones included)
+    decode_tokens: int = 0  # committed by decode rounds (the prefill-sampled first excluded)
+    preemptions: int = 0
+    replay_restores: int = 0
+    prefill_units: int = 0
+    decode_rounds: int = 0
+    decode_rows: int = 0  # sum of decode batch sizes (average = rows / rounds)
+    prefill_seconds: float = 0.0  # time inside runner.prefill
+    decode_seconds: float = 0.0  # time inside runner.decode
+    requests: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    decode_batch_sizes: dict = dataclasses.field(default_factory=dict)  # size -> rounds
+
+    def record_decode(self, batch_size: int, seconds: float) -> None:
+        self.decode_rounds += 1
+        self.decode_rows += batch_size
+        self.decode_seconds += seconds
+        self.decode_batch_sizes[batch_size] = self.decode_batch_sizes.get(batch_size, 0) + 1
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineStats:
+    time: float  # monotonic time of the snapshot
+    ready: bool  # warm-up done
+    healthy: bool
+    # current gauges (prefilling/decode_ready/replaying are subsets of running)
+    running: int
+    waiting: int
+    paused: int
+    prefilling: int
+    decode_ready: int
+    replaying: int
+    kv_pages_used: int
+    kv_pages_capacity: int
+    page_size: int
+    max_concurrency: int
+    # cumulative counters
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_tokens: int
+    replayed_tokens: int
+    generation_tokens: int
+    decode_tokens: int
+    preemptions: int
+    replay_restores: int
+    prefill_units: int
+    decode_rounds: int
+    decode_rows: int
+    prefill_seconds: float
+    decode_seconds: float
+    requests: dict  # outcome -> count
+    decode_batch_sizes: dict  # batch size -> rounds
+
+    @classmethod
+    def empty(cls, *, page_size: int = 0, capacity: int = 0, max_concurrency: int = 0,
+              ready: bool = False, healthy: bool = True) -> "EngineStats":
+        return build_stats(EngineCounters(), gauges={
+            "running": 0, "waiting": 0, "paused": 0, "prefilling": 0, "decode_ready": 0,
+            "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": capacity,
+            "page_size": page_size, "max_concurrency": max_concurrency,
+        }, ready=ready, healthy=healthy)
+
+
+def build_stats(counters: EngineCounters, *, gauges: dict, ready: bool,
+                healthy: bool) -> EngineStats:
+    totals = dataclasses.asdict(counters)  # deep copy: the snapshot shares no dict
+    return EngineStats(time=time.monotonic(), ready=ready, healthy=healthy, **gauges, **totals)

@@ -1,0 +1,114 @@
+"""Helpers shared by the engine tests: requests, a synchronous driver, and the reference
+output of the fake model computed without any paging (so paging bugs show as mismatches)."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.fake import FakeRunner
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.request import (
+    Finished, GenerationRequest, RequestHandle, SamplingParams, TERMINAL,
+)
+from ninfer_jax.engine.scheduler import Scheduler
+
+VOCAB = 1000
+GREEDY = SamplingParams(temperature=0.0)
+_ids = itertools.count()
+
+
+def make_request(prompt, max_tokens=8, **fields) -> GenerationRequest:
+    fields.setdefault("sampling", GREEDY)
+    return GenerationRequest(request_id=f"req-{next(_ids)}", prompt_ids=list(prompt),
+                             max_tokens=max_tokens, **fields)
+
+
+def expected_output(prompt, max_tokens, *, sampling=GREEDY, vocab=VOCAB, stop=(),
+                    forced=None):
+    """The fake model's output computed directly from its formula (fake.py docstring).
+    `forced(output, sampled) -> list` mimics a TokenPolicy."""
+    context = list(prompt)
+    output: list[int] = []
+    while len(output) < max_tokens:
+        weights = np.arange(1, len(context) + 1)
+        token = int((weights * np.array(context)).sum() % vocab)
+        if not sampling.is_greedy:
+            token = (token + 7919 * sampling.seed + 104729 * len(output)) % vocab
+        ids = forced(tuple(output), token) if forced else [token]
+        for tok in ids:
+            context.append(tok)
+            output.append(tok)
+            if tok in stop or len(output) >= max_tokens:
+                return output
+    return output
+
+
+def prompt_of(length: int, salt: int = 0) -> list[int]:
+    return [(7 * i + 13 * salt + 1) % VOCAB for i in range(length)]
+
+
+class Driver:
+    """A Scheduler and a FakeRunner driven round by round on the test's thread."""
+
+    def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), elapsed=0.001, **config):
+        self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB)
+        self.config = EngineConfig(**config)
+        self.pool = PagePool(num_pages)
+        self.scheduler = Scheduler(self.config, self.pool, page_size=page_size,
+                                   max_batch=self.runner.max_batch, eos_ids=eos_ids)
+        self.elapsed = elapsed  # the step time reported to postprocess (decode_share)
+        self.handles: list[RequestHandle] = []
+        self.schedules = []
+
+    def submit(self, request) -> RequestHandle:
+        handle = RequestHandle(request)
+        self.scheduler.add(handle)
+        self.handles.append(handle)
+        return handle
+
+    def step(self) -> bool:
+        """One round; False when the scheduler had nothing to run."""
+        self.scheduler.apply_controls()
+        schedule = self.scheduler.schedule()
+        self.check_pages()
+        if schedule is None:
+            return False
+        if schedule.prefill is not None:
+            sampled = [self.runner.prefill(schedule.prefill)]
+        else:
+            sampled = self.runner.decode(schedule.decode)
+        self.schedules.append(schedule)
+        self.scheduler.postprocess(schedule, sampled, self.elapsed)
+        self.check_pages()
+        return True
+
+    def run(self, max_rounds=100_000) -> None:
+        for _ in range(max_rounds):
+            if not self.step():
+                return
+        raise AssertionError("the scheduler did not finish")
+
+    def check_pages(self) -> None:
+        self.pool.check(self.scheduler.page_holders())
+
+
+def drain(handle: RequestHandle) -> list:
+    """Every event published so far (non-blocking)."""
+    events = []
+    while (event := handle.next_event(timeout=0)) is not None:
+        events.append(event)
+    return events
+
+
+def terminal(events):
+    ends = [e for e in events if isinstance(e, TERMINAL)]
+    assert len(ends) == 1, f"expected exactly one terminal event, got {ends}"
+    return ends[0]
+
+
+def finished(handle: RequestHandle) -> Finished:
+    end = terminal(drain(handle))
+    assert isinstance(end, Finished), end
+    return end

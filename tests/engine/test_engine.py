@@ -1,0 +1,176 @@
+"""The Engine thread with the fake runner: submit/admission errors, wake-ups, failure, stats."""
+import threading
+import time
+
+import pytest
+
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.engine import Engine
+from ninfer_jax.engine.fake import FakeRunner
+from ninfer_jax.engine.request import Failed, Finished, Tokens
+from ninfer_jax.errors import (
+    ContextLengthExceeded, EngineUnavailable, InvalidRequest, Overloaded, QueueTimeout,
+)
+
+from engine_testkit import VOCAB, expected_output, make_request, prompt_of, terminal
+
+TIMEOUT = 10.0
+
+
+def collect(handle, timeout=TIMEOUT):
+    events = []
+    deadline = time.monotonic() + timeout
+    while not events or not isinstance(events[-1], (Finished, Failed)):
+        event = handle.next_event(timeout=max(0.0, deadline - time.monotonic()))
+        assert event is not None, f"no terminal event within {timeout}s: {events}"
+        events.append(event)
+    return events
+
+
+def wait_for(predicate, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def make_engine():
+    engines = []
+
+    def build(runner=None, eos_ids=(), **config):
+        runner = runner or FakeRunner(num_pages=33, page_size=4, vocab_size=VOCAB)
+        engine = Engine(runner, EngineConfig(**config), eos_ids=eos_ids)
+        engine.start()
+        assert engine.wait_ready(TIMEOUT)
+        engines.append(engine)
+        return engine
+
+    yield build
+    for engine in engines:
+        engine.shutdown()
+
+
+def test_concurrent_requests_complete_with_exact_outputs(make_engine):
+    engine = make_engine(max_concurrency=4)
+    prompts = [prompt_of(3 + i, salt=i) for i in range(6)]
+    handles = [engine.submit(make_request(p, max_tokens=10)) for p in prompts]
+    for prompt, handle in zip(prompts, handles):
+        end = terminal(collect(handle))
+        assert list(end.output_ids) == expected_output(prompt, 10)
+    wait_for(lambda: engine.stats().running == 0)
+    stats = engine.stats()
+    assert stats.kv_pages_used == 0 and stats.requests["length"] == 6
+    assert stats.generation_tokens == 60 and stats.prompt_tokens == sum(map(len, prompts))
+    assert stats.decode_tokens == 60 - 6  # each first token came from a prefill
+    assert max(stats.decode_batch_sizes) <= 4 and stats.ready and stats.healthy
+
+
+def test_submit_rejects_what_can_never_run(make_engine):
+    engine = make_engine(max_context=32)
+    with pytest.raises(ContextLengthExceeded) as info:
+        engine.submit(make_request(prompt_of(20), max_tokens=13))
+    assert (info.value.num_tokens, info.value.max_context) == (33, 32)
+    with pytest.raises(InvalidRequest):
+        engine.submit(make_request([], max_tokens=1))
+    small_pool = make_engine(runner=FakeRunner(num_pages=3, page_size=4), max_context=64)
+    with pytest.raises(ContextLengthExceeded):
+        small_pool.submit(make_request(prompt_of(8), max_tokens=1))  # 9 > 8 pool tokens
+
+
+def test_overloaded_when_lanes_and_queue_are_full(make_engine):
+    engine = make_engine(runner=FakeRunner(decode_sleep=0.02), max_concurrency=1,
+                         max_pending=1)
+    first = engine.submit(make_request(prompt_of(3), max_tokens=20))
+    second = engine.submit(make_request(prompt_of(3, salt=1), max_tokens=2))
+    with pytest.raises(Overloaded) as info:
+        engine.submit(make_request(prompt_of(3, salt=2), max_tokens=2))
+    assert info.value.status == 429 and info.value.code == "server_overloaded"
+    first.cancel()
+    assert terminal(collect(first)).reason == "cancelled"
+    assert terminal(collect(second)).reason == "length"
+    third = engine.submit(make_request(prompt_of(3, salt=2), max_tokens=2))  # room again
+    assert terminal(collect(third)).reason == "length"
+
+
+def test_pending_timeout_fails_a_request_that_waits_too_long(make_engine):
+    engine = make_engine(runner=FakeRunner(decode_sleep=0.02), max_concurrency=1,
+                         pending_timeout=0.1)
+    busy = engine.submit(make_request(prompt_of(3), max_tokens=30))
+    late = engine.submit(make_request(prompt_of(3, salt=1), max_tokens=2))
+    events = collect(late)
+    assert len(events) == 1 and isinstance(events[0].error, QueueTimeout)
+    assert terminal(collect(busy)).reason == "length"
+
+
+def test_cancel_from_another_thread_frees_pages(make_engine):
+    engine = make_engine(runner=FakeRunner(num_pages=33, decode_sleep=0.01), max_context=128)
+    handle = engine.submit(make_request(prompt_of(5), max_tokens=100))
+    assert handle.next_event(TIMEOUT) is not None  # Admitted: it is running
+    wait_for(lambda: engine.stats().kv_pages_used > 0)
+    threading.Thread(target=handle.cancel).start()
+    end = terminal(collect(handle))
+    assert end.reason == "cancelled" and len(end.output_ids) < 100
+    wait_for(lambda: engine.stats().kv_pages_used == 0)
+
+
+def test_stop_at_from_the_http_side(make_engine):
+    engine = make_engine(runner=FakeRunner(decode_sleep=0.005), max_context=128)
+    prompt = prompt_of(4)
+    handle = engine.submit(make_request(prompt, max_tokens=100))
+    seen = 0
+    while seen < 3:
+        event = handle.next_event(TIMEOUT)
+        if isinstance(event, Tokens):
+            seen = event.num_committed
+    handle.stop_at(2)  # the stop string ended inside the second token
+    end = terminal(collect(handle))
+    assert end.reason == "stop" and list(end.output_ids) == expected_output(prompt, 2)
+
+
+def test_idle_engine_sleeps_until_woken(make_engine):
+    runner = FakeRunner()
+    engine = make_engine(runner=runner)
+    terminal(collect(engine.submit(make_request(prompt_of(3), max_tokens=2))))
+    wait_for(lambda: engine.stats().requests["length"] == 1)  # the round's last snapshot
+    stats_before = engine.stats()
+    time.sleep(0.2)
+    assert engine.stats() is stats_before  # no rounds ran while idle: nothing was republished
+    terminal(collect(engine.submit(make_request(prompt_of(3), max_tokens=2))))
+    assert engine.stats() is not stats_before
+
+
+def test_runner_failure_fails_everything_and_marks_unhealthy(make_engine):
+    runner = FakeRunner(fail_at_step=3, decode_sleep=0.01)
+    engine = make_engine(runner=runner, max_concurrency=2)
+    handles = [engine.submit(make_request(prompt_of(3, salt=i), max_tokens=10))
+               for i in range(3)]
+    for handle in handles:
+        end = terminal(collect(handle))
+        assert isinstance(end, Failed) and isinstance(end.error, EngineUnavailable)
+    assert not engine.healthy and not engine.stats().healthy
+    with pytest.raises(EngineUnavailable):
+        engine.submit(make_request(prompt_of(3), max_tokens=1))
+
+
+def test_shutdown_fails_requests_in_flight(make_engine):
+    engine = make_engine(runner=FakeRunner(decode_sleep=0.01), max_context=256)
+    handle = engine.submit(make_request(prompt_of(3), max_tokens=200))
+    assert handle.next_event(TIMEOUT) is not None
+    engine.shutdown()
+    end = terminal(collect(handle))
+    assert isinstance(end, Failed) and isinstance(end.error, EngineUnavailable)
+    with pytest.raises(EngineUnavailable):
+        engine.submit(make_request(prompt_of(3), max_tokens=1))
+
+
+def test_ready_only_after_warmup():
+    runner = FakeRunner(warmup_sleep=0.2)
+    engine = Engine(runner, EngineConfig())
+    engine.start()
+    try:
+        assert not engine.ready.is_set() and not engine.stats().ready
+        assert engine.wait_ready(TIMEOUT) and runner.is_warm
+        wait_for(lambda: engine.stats().ready)
+    finally:
+        engine.shutdown()

@@ -1,0 +1,67 @@
+"""Seeded random workloads: submits, cancels, stop_at truncations and pool pressure in any
+order. After every round the page refcounts must equal the page tables (Driver checks); at
+the end no page is held, every handle got exactly one terminal event, and every output is
+the fake model's exact output (a prefix of it when cut short)."""
+import random
+
+import pytest
+
+from ninfer_jax.engine.request import Finished, SamplingParams, Tokens
+
+from engine_testkit import GREEDY, Driver, drain, expected_output, make_request, terminal
+
+
+def random_request(rng: random.Random, pool_tokens: int):
+    prompt = [rng.randrange(1000) for _ in range(rng.randint(1, min(14, pool_tokens - 1)))]
+    sampling = GREEDY if rng.random() < 0.6 else SamplingParams(temperature=1.0,
+                                                                seed=rng.randrange(100))
+    return make_request(prompt, max_tokens=rng.choice([0, 1, 3, 9, 17]), sampling=sampling)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_workload_keeps_pages_and_outputs_exact(seed):
+    rng = random.Random(seed)
+    page_size = rng.choice([1, 2, 4])
+    num_pages = rng.randint(16 // page_size + 1, 48 // page_size + 1)
+    driver = Driver(num_pages=num_pages, page_size=page_size,
+                    max_concurrency=rng.randint(1, 4), prefill_chunk=rng.randint(1, 8),
+                    decode_share=rng.choice([0.0, 0.25, 1.0]), max_bypass=rng.randint(0, 3),
+                    max_context=64)
+    pool_tokens = (num_pages - 1) * page_size
+    seen: dict = {}  # handle -> events so far
+    stops: dict = {}  # handle -> stop_at value asked
+    for _ in range(300):
+        if rng.random() < 0.3 and len(seen) < 40:
+            seen[driver.submit(random_request(rng, pool_tokens))] = []
+        live = [h for h in seen if not any(isinstance(e, Finished) for e in seen[h])]
+        if live and rng.random() < 0.05:
+            rng.choice(live).cancel()
+        if live and rng.random() < 0.05:
+            handle = rng.choice(live)
+            produced = sum(len(e.ids) for e in seen[handle] if isinstance(e, Tokens))
+            if produced:
+                stops[handle] = rng.randint(0, produced)
+                handle.stop_at(stops[handle])
+        driver.step()
+        for handle, events in seen.items():
+            events.extend(drain(handle))
+    driver.run()
+    assert driver.pool.num_used == 0
+    for handle, events in seen.items():
+        events.extend(drain(handle))
+        end = terminal(events)
+        request = handle.request
+        reference = expected_output(request.prompt_ids, request.max_tokens,
+                                    sampling=request.sampling)
+        output = list(end.output_ids)
+        streamed = [t for e in events if isinstance(e, Tokens) for t in e.ids]
+        assert streamed[: len(output)] == output  # the stream never disagrees with the result
+        if end.reason == "stop":
+            assert output == reference[: stops[handle]]
+        elif end.reason == "cancelled":
+            assert output == reference[: len(output)]
+        else:
+            assert end.reason == "length"
+            # Full output, or cut at the pool's size when the sequence outgrew all of it.
+            assert output == reference or (len(request.prompt_ids) + len(output) > pool_tokens
+                                           and output == reference[: len(output)])
