@@ -98,3 +98,23 @@ def test_sse_frame_names_event_after_type():
     assert name == "event: response.output_text.delta"
     assert json.loads(data[len("data: "):])["delta"] == "é"
     assert blank == "\n"
+
+
+def test_openai_sdk_stream_state_accepts_the_events():
+    from openai import omit
+    from openai._models import construct_type
+    from openai.lib.streaming.responses._responses import ResponseStreamState
+    from openai.types.responses import ResponseStreamEvent
+
+    builder = _builder()
+    builder.reasoning("r")
+    builder.content("Hello")
+    builder.tool_call("f", '{"a": 1}')
+    final = builder.finish("completed", usage_object(3, 0, 4, 1))
+    state = ResponseStreamState(text_format=omit, input_tools=omit)
+    for event in builder.take_events():
+        state.handle_event(construct_type(type_=ResponseStreamEvent, value=event))
+    completed = state._completed_response
+    assert completed.output_text == "Hello"
+    assert [item.type for item in completed.output] == ["reasoning", "message", "function_call"]
+    assert completed.output[2].call_id == final["output"][2]["call_id"]
