@@ -96,8 +96,15 @@ class Tokenizer:
 
     def encode_segments(self, segments: Iterable[Segment]) -> list[int]:
         """Ids of the concatenated segments; only trusted segments produce control tokens."""
-        return [token_id for chunk, control_id in self.split_segments(segments)
-                for token_id in ([control_id] if control_id is not None else self._plain_ids(chunk))]
+        return [token_id for piece_ids in self.encode_pieces(self.split_segments(segments))
+                for token_id in piece_ids]
+
+    def encode_pieces(self, pieces: Sequence[tuple[str, int | None]]) -> list[list[int]]:
+        """Ids of each piece from `split_segments` (one id for a control piece)."""
+        # Sequential on purpose: encode_batch starts a thread pool, which misbehaves after fork.
+        return [[control_id] if control_id is not None
+                else self._plain.encode(text, add_special_tokens=False).ids
+                for text, control_id in pieces]
 
     def split_segments(self, segments: Iterable[Segment]) -> list[tuple[str, int | None]]:
         """The prompt as pieces: (text, None) to encode as text, or (spelling, control id)."""
@@ -119,9 +126,6 @@ class Tokenizer:
         if "".join(pending):
             pieces.append(("".join(pending), None))
         return pieces
-
-    def _plain_ids(self, text: str) -> list[int]:
-        return self._plain.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = False) -> str:
         return self._full.decode(list(ids), skip_special_tokens=skip_special)
