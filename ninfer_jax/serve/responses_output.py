@@ -135,8 +135,12 @@ class ResponseBuilder:
         self._emit("response.output_item.done", output_index=index, item=copy.deepcopy(item))
 
     # -- terminal
-    def finish(self, status: str, usage: dict, *, incomplete_reason: str | None = None) -> dict:
-        """Close the open Item and emit the one terminal event; returns the final object."""
+    def finish(self, status: str, usage: dict, *, incomplete_reason: str | None = None,
+               emit_terminal: bool = True) -> dict:
+        """Close the open Item and set the terminal state; returns the final object.
+
+        With emit_terminal=False the caller sends the terminal event later (after storing
+        the Response), or `fail()` replaces it."""
         self._close_open("completed" if status == "completed" else "incomplete")
         self.response["status"] = status
         self.response["usage"] = usage
@@ -144,12 +148,17 @@ class ResponseBuilder:
             self.response["completed_at"] = int(time.time())
         if incomplete_reason:
             self.response["incomplete_details"] = {"reason": incomplete_reason}
-        self._emit(TERMINAL_EVENTS[status], response=self._snapshot())
+        if emit_terminal:
+            self.emit_terminal()
         return self.response
+
+    def emit_terminal(self) -> None:
+        self._emit(TERMINAL_EVENTS[self.response["status"]], response=self._snapshot())
 
     def fail(self, error: dict, usage: dict | None = None) -> dict:
         """An error after the stream started: response.failed carries the error object."""
         self._close_open("incomplete")
-        self.response.update(status="failed", error=error, usage=usage)
+        self.response.update(status="failed", error=error, completed_at=None,
+                             usage=usage if usage is not None else self.response["usage"])
         self._emit("response.failed", response=self._snapshot())
         return self.response
