@@ -1,0 +1,56 @@
+"""GET /health, GET /v1/models and GET /v1/models/{id}.
+
+/health is 200 {"status": "ok"} once the engine finished warming up and while it can accept
+work, 503 {"status": "loading"} before that, and 503 {"status": "unavailable"} after an
+engine-wide failure. Queue saturation does not make the server unhealthy.
+"""
+from __future__ import annotations
+
+import falcon
+
+from ninfer_jax.errors import ModelNotFound
+from ninfer_jax.serve.context import ServingContext
+
+
+def engine_status(ctx: ServingContext) -> str:
+    engine = ctx.engine
+    if not engine.healthy:
+        return "unavailable"
+    ready = getattr(engine, "ready", None)
+    return "ok" if ready is None or ready.is_set() else "loading"
+
+
+class HealthResource:
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        status = engine_status(self.ctx)
+        resp.status = falcon.HTTP_200 if status == "ok" else falcon.HTTP_503
+        resp.media = {"status": status}
+
+
+def model_card(ctx: ServingContext) -> dict:
+    return {"id": ctx.model_id, "object": "model", "created": int(ctx.started_at),
+            "owned_by": "ninfer-jax", "max_model_len": ctx.max_context}
+
+
+class ModelsResource:
+    def __init__(self, ctx: ServingContext):
+        self.ctx = ctx
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = {"object": "list", "data": [model_card(self.ctx)]}
+
+    def on_get_one(self, req: falcon.Request, resp: falcon.Response, model_id: str) -> None:
+        if model_id != self.ctx.model_id:
+            raise ModelNotFound(f"The model '{model_id}' does not exist; this server serves "
+                                f"'{self.ctx.model_id}'.", param="model")
+        resp.media = model_card(self.ctx)
+
+
+def register(app: falcon.App, ctx: ServingContext) -> None:
+    app.add_route("/health", HealthResource(ctx))
+    models = ModelsResource(ctx)
+    app.add_route("/v1/models", models)
+    app.add_route("/v1/models/{model_id:path}", models, suffix="one")

@@ -1,0 +1,146 @@
+"""Token policies: forced tokens the engine commits instead of a sampled one.
+
+Both policies run on the engine thread after every sampled token (`TokenPolicy.adjust`) and
+depend only on the committed output before that token, so batching, pauses and replay never
+change what they do. Each keeps an incremental view of the output (recomputed from scratch if
+the output it is shown is shorter than what it has seen).
+
+- `ThinkingBudget`: once `budget` thinking tokens are committed and the block is still open,
+  the next token becomes the early-close guidance plus the close marker (streamed as
+  reasoning), unless the model closes the block or stops by itself right there.
+- `ForcedToolCall` (tool_choice required or a named function): the first non-whitespace
+  answer token (after any think block) becomes the call opener plus the format's text before
+  a tool name; then the name is held to the offered names: a token that leaves every offered
+  name is replaced by the rest of the first name its written part starts, plus the
+  terminator. The model writes the arguments.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+# Qwen's published wording for cutting thinking short at a budget.
+EARLY_CLOSE_GUIDANCE = ("\n\nConsidering the limited time by the user, I have to give the "
+                        "solution based on the thinking directly now.\n")
+
+
+class ThinkingBudget:
+    def __init__(self, *, budget: int, open_id: int | None, close_id: int,
+                 suffix_ids: Sequence[int], starts_in_reasoning: bool, max_tokens: int,
+                 stop_ids: frozenset[int] = frozenset()):
+        self.budget = budget
+        self._open_id = open_id
+        self._close_id = close_id
+        self.suffix_ids = list(suffix_ids)
+        self._starts_in_reasoning = starts_in_reasoning
+        self._max_tokens = max_tokens
+        self._stop_ids = stop_ids
+        self.applied = 0  # times the suffix was inserted (0 or 1); read after the request
+        self._reset()
+
+    def _reset(self) -> None:
+        self._seen = 0
+        self._open = self._starts_in_reasoning
+        self._closed = False
+        self._count = 0
+
+    def _advance(self, output_ids: Sequence[int]) -> None:
+        if len(output_ids) < self._seen:
+            self._reset()
+        for token in output_ids[self._seen:]:
+            if self._closed:
+                break
+            if not self._open:
+                self._open = token == self._open_id
+            elif token == self._close_id:
+                self._closed = True
+            else:
+                self._count += 1
+        self._seen = len(output_ids)
+
+    def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]:
+        self._advance(output_ids)
+        if not self._open or self._closed or self._count < self.budget:
+            return [sampled]
+        if sampled == self._close_id or sampled in self._stop_ids:
+            return [sampled]
+        if self._max_tokens - len(output_ids) < len(self.suffix_ids) + 1:
+            return [sampled]  # never a partial control suffix
+        self.applied += 1
+        return list(self.suffix_ids)
+
+
+class ForcedToolCall:
+    def __init__(self, *, decode: Callable[[Sequence[int]], str],
+                 encode: Callable[[str], list[int]], prefix_ids: Sequence[int],
+                 names: Sequence[str], terminator: str, open_id: int | None,
+                 close_id: int | None, starts_in_reasoning: bool, may_open_thinking: bool):
+        self._decode = decode
+        self._encode = encode
+        self._prefix_ids = list(prefix_ids)
+        self._targets = [name + terminator for name in names]
+        self._terminator = terminator
+        self._open_id, self._close_id = open_id, close_id
+        self._starts_in_reasoning = starts_in_reasoning
+        # The model may open its own think block before answering (thinking mode whose
+        # prompt does not prefill the open marker); once, and only before any answer text.
+        self._may_open_thinking = may_open_thinking and close_id is not None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._seen = 0
+        self._phase = "thinking" if self._starts_in_reasoning else "answer"
+        self._can_open = self._may_open_thinking and not self._starts_in_reasoning
+        self._name_start = 0
+
+    def _advance(self, output_ids: Sequence[int]) -> None:
+        if len(output_ids) < self._seen:
+            self._reset()
+        for index in range(self._seen, len(output_ids)):
+            token = output_ids[index]
+            if self._phase == "thinking" and token == self._close_id:
+                self._phase = "answer"
+            elif self._phase == "answer" and self._is_blank(token):
+                continue
+            elif self._phase == "answer" and self._can_open and token == self._open_id:
+                self._phase, self._can_open = "thinking", False
+            elif self._phase == "answer":
+                self._phase, self._name_start = "name", index + len(self._prefix_ids)
+            elif self._phase == "name" and index >= self._name_start:
+                if self._name_finished(self._decode(output_ids[self._name_start:index + 1])):
+                    self._phase = "arguments"
+        self._seen = len(output_ids)
+
+    def _is_blank(self, token: int) -> bool:
+        return not self._decode([token]).strip()
+
+    def _name_finished(self, written: str) -> bool:
+        return any(written.startswith(target) for target in self._targets)
+
+    def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]:
+        self._advance(output_ids)
+        if self._phase == "answer" and not self._is_blank(sampled):
+            if self._can_open and sampled == self._open_id:
+                return [sampled]
+            return list(self._prefix_ids)
+        if self._phase != "name":
+            return [sampled]
+        written = self._decode(output_ids[self._name_start:])
+        candidate = written + self._decode([sampled])
+        if any(t.startswith(candidate) or candidate.startswith(t) for t in self._targets):
+            return [sampled]
+        target = next(t for t in self._targets if t.startswith(written))
+        return self._encode(target[len(written):])
+
+
+class PolicyChain:
+    """Several policies in order; the first that changes the token decides."""
+
+    def __init__(self, policies: Sequence):
+        self.policies = list(policies)
+
+    def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]:
+        for policy in self.policies:
+            adjusted = policy.adjust(output_ids, sampled)
+            if adjusted != [sampled]:
+                return adjusted
+        return [sampled]

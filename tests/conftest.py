@@ -1,0 +1,24 @@
+"""Suite-wide fixtures: the default artifact (converted on first use if `make setup` has not
+done it) and its tokenizer, shared by serve and e2e tests."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_artifact_path():
+    from ninfer_jax.artifact.default_model import ensure_default_artifact
+
+    return ensure_default_artifact()
+
+
+@pytest.fixture(scope="session")
+def default_artifact(default_artifact_path):
+    from ninfer_jax.artifact.format import load_artifact
+
+    return load_artifact(default_artifact_path, weights=False)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer(default_artifact):
+    return default_artifact.load_tokenizer()

@@ -1,0 +1,25 @@
+"""Serve-test fixtures: one app over the real Engine with a scripted fake model, shared by
+the module's tests (building one is cheap, but the engine thread is reused)."""
+from __future__ import annotations
+
+import sys
+import pathlib
+
+import pytest
+from falcon import testing
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+
+from harness import build_harness  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def harness(default_artifact, default_tokenizer):
+    h = build_harness(default_artifact, default_tokenizer)
+    yield h
+    h.close()
+
+
+@pytest.fixture(scope="module")
+def client(harness):
+    return testing.TestClient(harness.app)

@@ -1,0 +1,84 @@
+"""Build real apps over the real Engine with a fake model (no JAX, no monkey-patching).
+
+`ScriptBook` is the fake model's brain: a prompt containing `SCRIPT:<key>` is answered with
+that key's token script (the text encoded with the real tokenizer), output token i being
+script[i] whatever was forced before it; any other prompt gets the FakeRunner's hand-checkable
+weighted-sum tokens. The script is chosen from the prompt alone, so concurrent requests each
+get their own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.engine import Engine
+from ninfer_jax.engine.fake import FakeRunner, weighted_sum_next_token
+from ninfer_jax.serve.app import create_app
+from ninfer_jax.serve.config import ServeConfig
+from ninfer_jax.serve.context import ServingContext
+from ninfer_jax.text.chat_template import ChatRenderer
+
+_KEY = re.compile(r"SCRIPT:([\w-]+)")
+
+
+class ScriptBook:
+    def __init__(self, tokenizer, end_token: int):
+        self.tokenizer = tokenizer
+        self.end_token = end_token
+        self.scripts: dict[str, list[int]] = {}
+        self.fallback = weighted_sum_next_token(tokenizer.vocab_size)
+
+    def add(self, key: str, text: str, *, end: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(text, special=True)
+        # end=False: no end token, the model rambles on with the last token (length tests).
+        self.scripts[key] = ids + ([self.end_token] if end else [])
+        return ids
+
+    def __call__(self, context: np.ndarray, sample) -> int:
+        prompt = context[: len(context) - sample.sample_index]
+        found = _KEY.findall(self.tokenizer.decode([int(t) for t in prompt]))
+        if not found or found[-1] not in self.scripts:
+            return self.fallback(context, sample)
+        script = self.scripts[found[-1]]
+        index = sample.sample_index
+        return script[index] if index < len(script) else script[-1]
+
+
+@dataclasses.dataclass
+class Harness:
+    ctx: ServingContext
+    engine: Engine
+    runner: FakeRunner
+    book: ScriptBook
+    app: object
+
+    def close(self) -> None:
+        self.engine.shutdown(timeout=5)
+
+
+def build_harness(artifact, tokenizer, *, chat_format=None, template=None, max_context=512,
+                  decode_sleep=0.0, engine_options=None, **config) -> Harness:
+    metadata = dict(artifact.metadata)
+    if chat_format is not None:
+        metadata["chat_format"] = chat_format
+    serve_config = ServeConfig(artifact=str(artifact.path), max_context=max_context, **config)
+    book = ScriptBook(tokenizer, tokenizer.eos_ids[0])
+    runner = FakeRunner(num_pages=4 * max_context // 16 + 2, page_size=16, max_batch=8,
+                        vocab_size=tokenizer.vocab_size, next_token=book,
+                        decode_sleep=decode_sleep)
+    engine_config = EngineConfig(max_concurrency=(engine_options or {}).get("lanes", 4),
+                                 max_pending=(engine_options or {}).get("pending", 16),
+                                 max_context=max_context, kv_capacity=4 * max_context,
+                                 prefill_chunk=64)
+    engine = Engine(runner, engine_config, eos_ids=tokenizer.eos_ids)
+    engine.start()
+    engine.wait_ready(10)
+    renderer = ChatRenderer(template or artifact.chat_template, tokenizer,
+                            metadata["chat_format"])
+    ctx = ServingContext(engine=engine, tokenizer=tokenizer, renderer=renderer,
+                         model_id=serve_config.model_id or metadata["name"], config=serve_config,
+                         metadata=metadata, max_context=max_context)
+    return Harness(ctx, engine, runner, book, create_app(ctx))
