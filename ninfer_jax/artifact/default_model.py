@@ -30,6 +30,17 @@ def default_artifact_path(root: pathlib.Path | None = None) -> pathlib.Path:
     return base / DEFAULT_ARTIFACT
 
 
+def ensure_default_artifact(root: pathlib.Path | None = None) -> pathlib.Path:
+    """The default artifact's path, converting the GGUF first when it is missing (what
+    `make setup` does; tests call this so they also run without it)."""
+    path = default_artifact_path(root)
+    if not (path / "metadata.json").exists():
+        from ninfer_jax.artifact.convert import convert
+
+        convert(gguf_path(), path, name=DEFAULT_MODEL_NAME, overwrite=path.exists())
+    return path
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--gguf-path"]:
         print(gguf_path())
