@@ -1,0 +1,179 @@
+"""Hugging Face checkpoint directory -> artifact contents, for `LlamaForCausalLM` and
+`Qwen3ForCausalLM`: config.json, *.safetensors, tokenizer.json (copied as is),
+tokenizer_config.json / chat_template.jinja for the template, generation_config.json for the
+end-of-sequence ids. Projection weights are transposed from torch's [out, in] to our [in, out].
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+from typing import Any
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from ninfer_jax.artifact import convert_common as common
+from ninfer_jax.artifact.format import ArtifactContents
+from ninfer_jax.artifact.safetensors_io import SafetensorsFile
+from ninfer_jax.artifact.templates import builtin_template
+from ninfer_jax.errors import ArtifactError
+from ninfer_jax.model.config import ModelConfig
+
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+LAYER_TENSORS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "wq",
+                 "self_attn.k_proj": "wk", "self_attn.v_proj": "wv", "self_attn.o_proj": "wo",
+                 "self_attn.q_norm": "q_norm", "self_attn.k_norm": "k_norm",
+                 "post_attention_layernorm": "mlp_norm", "mlp.gate_proj": "w_gate",
+                 "mlp.up_proj": "w_up", "mlp.down_proj": "w_down"}
+GLOBAL_TENSORS = {"model.embed_tokens": "embed", "model.norm": "final_norm", "lm_head": "lm_head"}
+
+
+def _read_json(path: pathlib.Path, required: bool = True) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise ArtifactError(path, "missing")
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(path, f"not valid JSON ({exc})") from None
+
+
+def convert_hf(directory: pathlib.Path, *, name: str | None, dtype: str,
+               progress: common.ProgressFn | None = None) -> ArtifactContents:
+    hf_config = _read_json(directory / "config.json")
+    config = model_config(hf_config, directory / "config.json")
+    tokenizer_file = directory / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise ArtifactError(tokenizer_file, "missing")
+    tokenizer_json = tokenizer_file.read_text(encoding="utf-8")
+    tokenizer = Tokenizer.from_str(tokenizer_json)
+    tokenizer_config = _read_json(directory / "tokenizer_config.json", required=False)
+    template, template_origin = _chat_template(directory, tokenizer_config)
+    return ArtifactContents(
+        name=name or directory.name.lower(), config=config,
+        params=_params(directory, config, dtype, progress),
+        tokenizer_json=tokenizer_json, chat_template=template,
+        special_tokens=_special_tokens(directory, hf_config, tokenizer_config, tokenizer),
+        chat_format=common.detect_chat_format(template, tokenizer),
+        source={"kind": "huggingface", "directory": directory.name,
+                "architectures": hf_config.get("architectures"), "chat_template": template_origin},
+        weight_formats=common.float_weight_formats(config, dtype))
+
+
+def model_config(hf: dict[str, Any], path: pathlib.Path) -> ModelConfig:
+    architectures = hf.get("architectures") or []
+    known = [ARCHITECTURES[a] for a in architectures if a in ARCHITECTURES]
+    if not known:
+        raise ArtifactError(path, f"architectures {architectures} not supported "
+                                  f"(supported: {', '.join(ARCHITECTURES)})")
+    if hf.get("attention_bias") or hf.get("mlp_bias"):
+        raise ArtifactError(path, "attention/MLP biases are not supported")
+    if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
+        raise ArtifactError(path, "sliding-window layers are not supported")
+    rope_theta, rope_scaling = _rope(hf)
+    heads = int(hf["num_attention_heads"])
+    try:
+        return ModelConfig(
+            architecture=known[0], vocab_size=int(hf["vocab_size"]),
+            hidden_size=int(hf["hidden_size"]), intermediate_size=int(hf["intermediate_size"]),
+            num_layers=int(hf["num_hidden_layers"]), num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qk_norm=known[0] == "qwen3",
+            max_position_embeddings=int(hf.get("max_position_embeddings", 8192)))
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ArtifactError(path, f"incomplete or invalid config ({exc})") from None
+
+
+def _rope(hf: dict[str, Any]) -> tuple[float, dict | None]:
+    """rope_theta and a non-default scaling dict from either config spelling.
+
+    Older configs have `rope_theta` plus optional `rope_scaling`; newer ones put both into
+    `rope_parameters` (with rope_type "default" meaning no scaling)."""
+    parameters = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    theta = float(parameters.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+    kind = parameters.get("rope_type", parameters.get("type", "default"))
+    return theta, (parameters if parameters and kind != "default" else None)
+
+
+def _params(directory: pathlib.Path, config: ModelConfig, dtype: str,
+            progress: common.ProgressFn | None) -> dict:
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ArtifactError(directory, "no *.safetensors files")
+    sources = [(f, name) for f in map(SafetensorsFile, files) for name in f.names()]
+    params: dict = {}
+    for index, (file, hf_name) in enumerate(sources, start=1):
+        if progress:
+            progress(index, len(sources), hf_name)
+        name = _params_name(file.path, hf_name)
+        if name is None or (name == "lm_head" and config.tie_word_embeddings):
+            continue
+        array = np.asarray(file.get(hf_name), dtype=np.float32)
+        if array.ndim == 2 and name != "embed":
+            array = array.T
+        common.add_to_params(params, name, common.store(name, array, dtype), config.num_layers)
+    try:
+        common.check_complete(params, config, str(directory))
+    except ValueError as exc:
+        raise ArtifactError(directory, str(exc)) from None
+    return params
+
+
+def _params_name(path: pathlib.Path, hf_name: str) -> str | None:
+    base = hf_name.removesuffix(".weight")
+    if base in GLOBAL_TENSORS:
+        return GLOBAL_TENSORS[base]
+    if base.endswith("rotary_emb.inv_freq"):
+        return None  # recomputed from rope_theta
+    parts = base.split(".", 3)
+    if len(parts) == 4 and parts[:2] == ["model", "layers"] and parts[3] in LAYER_TENSORS:
+        return f"layers.{int(parts[2])}.{LAYER_TENSORS[parts[3]]}"
+    raise ArtifactError(path, f"unsupported tensor {hf_name!r}")
+
+
+def _chat_template(directory: pathlib.Path, tokenizer_config: dict) -> tuple[str, str]:
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):  # named templates: take the default one
+        named = {entry.get("name"): entry.get("template") for entry in template}
+        template = named.get("default") or next(iter(named.values()), None)
+    if template:
+        return template, "tokenizer_config.json"
+    if (directory / "chat_template.jinja").is_file():
+        return (directory / "chat_template.jinja").read_text(encoding="utf-8"), "chat_template.jinja"
+    from_json = _read_json(directory / "chat_template.json", required=False).get("chat_template")
+    if from_json:
+        return from_json, "chat_template.json"
+    return builtin_template("chatml"), "built-in chatml (the checkpoint had none)"
+
+
+def _token_id(tokenizer: Tokenizer, value) -> int | None:
+    if isinstance(value, dict):  # {"content": "<|im_end|>", ...} in older configs
+        value = value.get("content")
+    return tokenizer.token_to_id(value) if isinstance(value, str) else None
+
+
+def _special_tokens(directory: pathlib.Path, hf_config: dict, tokenizer_config: dict,
+                    tokenizer: Tokenizer) -> dict:
+    generation = _read_json(directory / "generation_config.json", required=False)
+    eos = generation.get("eos_token_id", hf_config.get("eos_token_id"))
+    eos_ids = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
+    if not eos_ids and _token_id(tokenizer, tokenizer_config.get("eos_token")) is not None:
+        eos_ids = [_token_id(tokenizer, tokenizer_config["eos_token"])]
+    if not eos_ids:
+        raise ArtifactError(directory, "no eos_token_id in generation_config.json, "
+                                       "config.json or tokenizer_config.json")
+    bos_id = generation.get("bos_token_id", hf_config.get("bos_token_id"))
+    if bos_id is None:
+        bos_id = _token_id(tokenizer, tokenizer_config.get("bos_token"))
+    pad_id = hf_config.get("pad_token_id")
+    if pad_id is None:
+        pad_id = _token_id(tokenizer, tokenizer_config.get("pad_token"))
+    # BOS is "added" when the tokenizer's own post-processor puts it in front of the text.
+    add_bos = bos_id is not None and tokenizer.encode("", add_special_tokens=True).ids[:1] == [bos_id]
+    return common.special_tokens(tokenizer, eos_ids=[int(i) for i in eos_ids], bos_id=bos_id,
+                                 pad_id=pad_id, add_bos=add_bos)
