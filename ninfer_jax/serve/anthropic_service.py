@@ -9,10 +9,11 @@ Anthropic `error` event.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Iterator
 
 from ninfer_jax.engine.request import RequestHandle
-from ninfer_jax.errors import NinferError
+from ninfer_jax.errors import InternalError, NinferError
 from ninfer_jax.serve import generation
 from ninfer_jax.serve.anthropic_output import MessageBuilder, sse_frame, usage_object
 from ninfer_jax.serve.anthropic_request import AnthropicRequest, parse_request
@@ -20,6 +21,8 @@ from ninfer_jax.serve.errors import anthropic_error_body
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.responses_service import (
     HEARTBEAT_S, KEEP_ALIVE, render_prompt, wait_admitted)
+
+log = logging.getLogger("ninfer_jax.serve.anthropic")
 
 
 @dataclasses.dataclass
@@ -108,18 +111,23 @@ class MessagesService:
         builder.start(run.prompt_tokens, run.cached_tokens)
         try:
             yield b"".join(sse_frame(e) for e in builder.take_events())
-            for item in assembler.stream(heartbeat_s=HEARTBEAT_S):
-                if item is HEARTBEAT:
-                    yield KEEP_ALIVE
-                    continue
-                self._feed(run, item)
-                events = builder.take_events()
-                if events:
-                    yield b"".join(sse_frame(e) for e in events)
-            if assembler.error is not None:
-                builder.fail(self._error_body(run, assembler.error))
-            else:
-                self._finish(run, assembler.result())
+            try:
+                for item in assembler.stream(heartbeat_s=HEARTBEAT_S):
+                    if item is HEARTBEAT:
+                        yield KEEP_ALIVE
+                        continue
+                    self._feed(run, item)
+                    events = builder.take_events()
+                    if events:
+                        yield b"".join(sse_frame(e) for e in events)
+                if assembler.error is not None:
+                    builder.fail(self._error_body(run, assembler.error))
+                else:
+                    self._finish(run, assembler.result())
+            except Exception:
+                log.exception("messages stream failed (request %s)", run.request_id)
+                builder.fail(self._error_body(run, InternalError(
+                    "The server hit an internal error.")))
             yield b"".join(sse_frame(e) for e in builder.take_events())
         finally:
             if not assembler.done:

@@ -14,7 +14,7 @@ import time
 from typing import Iterator
 
 from ninfer_jax.engine.request import Admitted, Failed, Finished, RequestHandle
-from ninfer_jax.errors import InvalidRequest, NinferError, Unsupported
+from ninfer_jax.errors import InternalError, InvalidRequest, NinferError, Unsupported
 from ninfer_jax.serve import generation
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.response_store import (
@@ -180,25 +180,32 @@ class ResponsesService:
         builder.start()
         try:
             yield b"".join(sse_frame(e) for e in builder.take_events())
-            for item in assembler.stream(heartbeat_s=HEARTBEAT_S):
-                if item is HEARTBEAT:
-                    yield KEEP_ALIVE
-                    continue
-                self._feed(run, [item])
-                frames = builder.take_events()
-                if frames:
-                    yield b"".join(sse_frame(e) for e in frames)
-            if assembler.error is not None:
-                builder.fail(error_object(assembler.error))
-            else:
-                try:
-                    self._complete(run, assembler.result())
-                except NinferError:
-                    pass  # already turned into response.failed
+            try:
+                for item in assembler.stream(heartbeat_s=HEARTBEAT_S):
+                    if item is HEARTBEAT:
+                        yield KEEP_ALIVE
+                        continue
+                    self._feed(run, [item])
+                    frames = builder.take_events()
+                    if frames:
+                        yield b"".join(sse_frame(e) for e in frames)
+                if assembler.error is not None:
+                    builder.fail(error_object(assembler.error))
+                else:
+                    self._complete_quietly(run)
+            except Exception:
+                log.exception("responses stream failed (response %s)", builder.response["id"])
+                builder.fail(error_object(InternalError("The server hit an internal error.")))
             yield b"".join(sse_frame(e) for e in builder.take_events())
         finally:
             if not assembler.done:
                 self._cancel_and_record(run)
+
+    def _complete_quietly(self, run: ResponsesRun) -> None:
+        try:
+            self._complete(run, run.assembler.result())
+        except NinferError:
+            pass  # _complete already turned it into response.failed
 
     def _cancel_and_record(self, run: ResponsesRun) -> None:
         """The client went away mid-stream: cancel, and store the cancelled Response."""
@@ -210,10 +217,7 @@ class ResponsesService:
                 break
             self._feed(run, run.assembler.feed(event))
         if run.assembler.finished is not None and run.request.store:
-            try:
-                self._complete(run, run.assembler.result())
-            except NinferError:
-                log.info("cancelled response %s was not stored", run.builder.response["id"])
+            self._complete_quietly(run)
 
     # ------------------------------------------------------------------ other endpoints
     def count_input_tokens(self, body) -> dict:

@@ -1,0 +1,87 @@
+"""The OpenAI Responses Core routes (Falcon resources over responses_service).
+
+POST /v1/responses (JSON or SSE), POST /v1/responses/input_tokens, GET and DELETE
+/v1/responses/{id}, GET /v1/responses/{id}/input_items, and the two explicit refusals:
+POST /v1/responses/{id}/cancel (no background execution) and POST /v1/responses/compact.
+One ResponseStore per worker process, created here and shared by these routes.
+"""
+from __future__ import annotations
+
+import falcon
+
+from ninfer_jax.errors import InvalidRequest
+from ninfer_jax.serve.context import ServingContext
+from ninfer_jax.serve.http import MIB, read_json_body
+from ninfer_jax.serve.response_store import ResponseStore
+from ninfer_jax.serve.responses_service import ResponsesService
+from ninfer_jax.serve.sse import start_sse
+
+
+def _query(req: falcon.Request) -> dict:
+    """Query parameters; `include` may arrive as include or include[] (lists kept)."""
+    query = dict(req.params)
+    if "include[]" in query:
+        query["include"] = query.pop("include[]")
+    return query
+
+
+class _Resource:
+    def __init__(self, service: ResponsesService):
+        self.service = service
+
+    def _body(self, req: falcon.Request) -> dict:
+        return read_json_body(req, self.service.ctx.config.max_request_mib * MIB)
+
+
+class CreateResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        run = self.service.start(self._body(req), req.context.request_id)
+        if run.request.stream:
+            start_sse(resp, self.service.run_stream(run))
+        else:
+            resp.media = self.service.run_aggregate(run)
+
+
+class InputTokensResource(_Resource):
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.media = self.service.count_input_tokens(self._body(req))
+
+
+class ResponseResource(_Resource):
+    def on_get(self, req, resp, response_id: str) -> None:
+        resp.media = self.service.retrieve(response_id, _query(req))
+
+    def on_delete(self, req, resp, response_id: str) -> None:
+        resp.media = self.service.delete(response_id)
+
+
+class InputItemsResource(_Resource):
+    def on_get(self, req, resp, response_id: str) -> None:
+        resp.media = self.service.list_input_items(response_id, _query(req))
+
+
+class CancelResource(_Resource):
+    def on_post(self, req, resp, response_id: str) -> None:
+        self.service.store.get(response_id)  # unknown ids are 404 first
+        raise InvalidRequest("Responses run synchronously here; there is no background "
+                             "execution to cancel.", param="response_id",
+                             code="background_not_supported")
+
+
+class CompactResource(_Resource):
+    def on_post(self, req, resp) -> None:
+        raise InvalidRequest("Response compaction is not supported by this server.",
+                             code="compaction_not_supported")
+
+
+def register(app: falcon.App, ctx: ServingContext) -> None:
+    store = ResponseStore(ctx.config.response_store_max_records,
+                          ctx.config.response_store_max_mib)
+    ctx.extras["response_store"] = store
+    service = ResponsesService(ctx, store)
+    app.add_route("/v1/responses", CreateResource(service))
+    app.add_route("/v1/responses/input_tokens", InputTokensResource(service))
+    app.add_route("/v1/responses/compact", CompactResource(service))
+    app.add_route("/v1/responses/{response_id}", ResponseResource(service))
+    app.add_route("/v1/responses/{response_id}/input_items", InputItemsResource(service))
+    app.add_route("/v1/responses/{response_id}/cancel", CancelResource(service))
