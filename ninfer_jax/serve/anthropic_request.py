@@ -4,7 +4,8 @@ Produces an `AnthropicRequest`: the lowered Conversation plus what generation ne
 (max_tokens, sampling, stop sequences, thinking budget). Unknown and advisory fields
 (metadata, service tier, inference geography, ...) are ignored; features needing an
 executor or constraint this server lacks are rejected with the field named. The model
-is a free local label, echoed back.
+is a free local label, echoed back. tool_choice any/tool become forced calls through the
+shared ForcedToolCall policy (the chat path's required/named choice).
 
 Cache-control counting: at most four distinct block-level breakpoints; a request-level
 cache_control targets the last cacheable block, merges with a marker there of the same
@@ -18,6 +19,7 @@ from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve import responses_fields as fields
 from ninfer_jax.serve.anthropic_history import (
     LoweredMessages, cache_control_ttl, cache_ttl, lower_messages)
+from ninfer_jax.serve.generation import ToolChoice
 from ninfer_jax.serve.responses_tools import TOOL_NAME
 from ninfer_jax.text.conversation import Conversation, PromptOptions, ToolSpec
 
@@ -36,6 +38,7 @@ class AnthropicRequest:
     model: str
     conversation: Conversation
     tools: list[ToolSpec]  # effective tools the model may call
+    tool_choice: ToolChoice
     max_tokens: int | None  # None -> server default
     stream: bool = False
     temperature: float | None = None
@@ -84,21 +87,34 @@ def _parse_tools(value) -> tuple[list[ToolSpec], list[tuple[str, str]]]:
     return specs, marks
 
 
-def _tool_choice(value, tools: list[ToolSpec]) -> list[ToolSpec]:
+def _tool_choice(value, tools: list[ToolSpec]) -> tuple[ToolChoice, list[ToolSpec]]:
+    """The generation ToolChoice and the tools the template offers.
+
+    any / tool become forced calls (the chat path's ForcedToolCall policy: the answer opens
+    a call and the name is held to the offered tools); a named tool is the only one offered."""
     if value is None:
-        return tools
+        return ToolChoice("auto"), tools
     value = fields.require_object(value, "tool_choice")
     kind = fields.check_enum(value.get("type"), "tool_choice.type", ("auto", "none", "any", "tool"))
-    if kind in ("any", "tool"):
-        raise Unsupported(f"tool_choice '{kind}' forces a call, which needs constrained "
-                          "decoding; use auto or none.", param="tool_choice.type")
     if kind == "none":
-        return []
+        return ToolChoice("none"), []
     if fields.opt_bool(value.get("disable_parallel_tool_use"),
                        "tool_choice.disable_parallel_tool_use") and tools:
         raise Unsupported("Single-call enforcement is not supported.",
                           param="tool_choice.disable_parallel_tool_use")
-    return tools
+    if kind == "auto":
+        return ToolChoice("auto"), tools
+    if not tools:
+        raise InvalidRequest(f"tool_choice '{kind}' needs at least one tool.",
+                             param="tool_choice")
+    if kind == "any":
+        return ToolChoice("required", param="tool_choice"), tools
+    name = fields.require_string(value.get("name"), "tool_choice.name", non_empty=True)
+    named = [tool for tool in tools if tool.name == name]
+    if not named:
+        raise InvalidRequest(f"tool_choice names '{name}', which is not among the tools.",
+                             param="tool_choice.name")
+    return ToolChoice("required", name=name, param="tool_choice.name"), named
 
 
 def _thinking(value, max_tokens: int | None, default_max_tokens: int):
@@ -186,7 +202,7 @@ def parse_request(body, *, default_max_tokens: int, count_only: bool = False) ->
         typed_params={"enable_thinking": "thinking.type", "reasoning_effort": "output_config.effort",
                       "preserve_thinking": "preserve_thinking"})
     declared, tool_marks = _parse_tools(body.get("tools"))
-    tools = _tool_choice(body.get("tool_choice"), declared)
+    tool_choice, tools = _tool_choice(body.get("tool_choice"), declared)
     lowered = lower_messages(body.get("system"), body.get("messages"))
     if lowered.is_prefill and template.enable_thinking:
         raise InvalidRequest("An assistant prefill cannot start with thinking enabled.",
@@ -198,7 +214,8 @@ def parse_request(body, *, default_max_tokens: int, count_only: bool = False) ->
         continue_final_message=lowered.is_prefill,
         enable_thinking=template.enable_thinking, preserve_thinking=template.preserve_thinking,
         reasoning_effort=template.template_effort, template_kwargs=dict(template.extra_kwargs))
-    request = AnthropicRequest(model=model, tools=tools, max_tokens=max_tokens,
+    request = AnthropicRequest(model=model, tools=tools, tool_choice=tool_choice,
+                               max_tokens=max_tokens,
                                conversation=Conversation(lowered.messages, list(tools), options),
                                thinking_budget=budget, thinking_mode=mode)
     if not count_only:

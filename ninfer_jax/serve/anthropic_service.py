@@ -54,7 +54,8 @@ class MessagesService:
             max_tokens=request.max_tokens, max_tokens_param="max_tokens",
             sampling={"temperature": request.temperature, "top_p": request.top_p,
                       "top_k": request.top_k},
-            stop=request.stop_sequences, thinking_budget=request.thinking_budget,
+            stop=request.stop_sequences, tool_choice=request.tool_choice,
+            thinking_budget=request.thinking_budget,
             thinking_budget_param="thinking.budget_tokens", protocol="anthropic")
         prepared = generation.prepare_chat(self.ctx, request.conversation, options, request_id)
         handle = generation.submit(self.ctx, prepared)

@@ -83,6 +83,28 @@ def test_tool_use_round_trip(client):
     assert reply.content[0].text == "Hello there!"
 
 
+def test_forced_tool_choice(client, harness, default_tokenizer):
+    # The model "wants" to answer in prose: its first answer token is replaced by the call
+    # opener (the format's text before a tool name). The fake model's token i is script[i]
+    # whatever was forced, so the script continues after the forced prefix with the name and
+    # the arguments.
+    encode = default_tokenizer.encode
+    prefix = encode('<tool_call>\n{"name": "')
+    harness.book.scripts["forced"] = (encode("Sure")[:1] * len(prefix) + encode(
+        'get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>')
+        + [default_tokenizer.eos_ids[0]])
+    for choice in ({"type": "any"}, {"type": "tool", "name": "get_weather"}):
+        message = client.messages.create(model="m", max_tokens=64, tools=[TOOL],
+                                         tool_choice=choice,
+                                         messages=[{"role": "user", "content": "SCRIPT:forced"}])
+        assert message.stop_reason == "tool_use"
+        assert [(b.type, b.name, b.input) for b in message.content] == [
+            ("tool_use", "get_weather", {"city": "Oslo"})]
+    auto = client.messages.create(model="m", max_tokens=64, tools=[TOOL],
+                                  messages=[{"role": "user", "content": "SCRIPT:forced"}])
+    assert auto.stop_reason == "end_turn" and auto.content[0].type == "text"
+
+
 def test_stop_sequence(client):
     message = client.messages.create(model="m", max_tokens=64, stop_sequences=["STOP"],
                                      messages=[{"role": "user", "content": "SCRIPT:stop"}])
@@ -93,7 +115,10 @@ def test_stop_sequence(client):
 @pytest.mark.parametrize("fields, status, kind", [
     ({"max_tokens": 0}, 400, "invalid_request_error"),
     ({"thinking": {"type": "enabled", "budget_tokens": 100}}, 400, "invalid_request_error"),
-    ({"tool_choice": {"type": "any"}, "tools": [TOOL]}, 400, "invalid_request_error"),
+    ({"tool_choice": {"type": "tool", "name": "missing"}, "tools": [TOOL]}, 400,
+     "invalid_request_error"),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}, "tools": [TOOL]}, 400,
+     "invalid_request_error"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}, 400,
      "invalid_request_error"),

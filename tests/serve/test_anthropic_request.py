@@ -150,9 +150,9 @@ def test_assistant_block_order():
     ({"thinking": {"type": "adaptive", "display": "omitted"}},
      ("thinking.display", "unsupported_parameter")),
     ({"thinking": {"type": "sometimes"}}, ("thinking.type", "invalid_request")),
-    ({"tool_choice": {"type": "any"}, "tools": [TOOL]}, ("tool_choice.type", "unsupported_parameter")),
-    ({"tool_choice": {"type": "tool", "name": "get_weather"}, "tools": [TOOL]},
-     ("tool_choice.type", "unsupported_parameter")),
+    ({"tool_choice": {"type": "any"}}, ("tool_choice", "invalid_request")),
+    ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": [TOOL]},
+     ("tool_choice.name", "invalid_request")),
     ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}, "tools": [TOOL]},
      ("tool_choice.disable_parallel_tool_use", "unsupported_parameter")),
     ({"tools": [{**TOOL, "strict": True}]}, ("tools[0].strict", "unsupported_parameter")),
@@ -198,8 +198,15 @@ def test_advisory_fields_ignored_and_sampling_kept():
     assert request.stop_sequences == ("END",) and request.stream and request.max_tokens == 64
 
 
-def test_tool_choice_none_hides_tools():
+def test_tool_choice_none_hides_tools_and_any_tool_force_a_call():
     assert _parse(tools=[TOOL], tool_choice={"type": "none"}).tools == []
+    other = {**TOOL, "name": "other"}
+    request = _parse(tools=[TOOL, other], tool_choice={"type": "any"})
+    assert request.tool_choice.mode == "required" and request.tool_choice.name is None
+    assert [t.name for t in request.conversation.tools] == ["get_weather", "other"]
+    request = _parse(tools=[TOOL, other], tool_choice={"type": "tool", "name": "other"})
+    assert (request.tool_choice.mode, request.tool_choice.name) == ("required", "other")
+    assert [t.name for t in request.conversation.tools] == ["other"]
     assert [t.name for t in _parse(tools=[TOOL]).conversation.tools] == ["get_weather"]
 
 
