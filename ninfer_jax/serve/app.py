@@ -8,6 +8,7 @@ go through serve/errors.py; request ids, body limits, auth and CORS through serv
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 
 import falcon
@@ -50,6 +51,4 @@ def create_app(ctx: ServingContext) -> falcon.App:
 
 
 def _dumps(obj) -> str:
-    import json
-
     return json.dumps(obj, ensure_ascii=False)

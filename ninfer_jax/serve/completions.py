@@ -93,8 +93,6 @@ class CompletionsResource:
         finally:
             if not assembler.done:
                 handle.cancel()
-        if assembler.error is not None:
-            raise assembler.error
         resp.media = {**envelope, "choices": [self._choice(prefix + result.content,
                                                            result.finish_reason)],
                       "usage": usage_body(result), "timings": result.timings}

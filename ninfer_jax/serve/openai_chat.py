@@ -109,8 +109,6 @@ class ChatCompletionsResource:
         finally:
             if not assembler.done:
                 handle.cancel()
-        if assembler.error is not None:
-            raise assembler.error
         resp.media = self._aggregate(result, envelope)
 
     @staticmethod

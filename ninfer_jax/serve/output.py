@@ -93,8 +93,11 @@ class OutputAssembler:
             yield from self.feed(event)
 
     def run_to_end(self) -> "GenerationResult":
+        """Consume every event; raises the request's error if it failed."""
         for _ in self.stream():
             pass
+        if self.error is not None:
+            raise self.error
         return self.result()
 
     def feed(self, event) -> list[Delta]:
