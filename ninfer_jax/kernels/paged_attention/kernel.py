@@ -57,14 +57,14 @@ def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_r
         page_ids = jnp.where(page_start < length, page_ids, DUMMY_PAGE)
         k = k_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
         v = v_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
-        logits = pl.dot(q, k, trans_b=True) * scale  # [Gp, block] f32
+        logits = pltriton.dot(q, k, trans_b=True) * scale  # [Gp, block] f32
         token = first_token + i * block_tokens + jnp.arange(block_tokens)
         logits = jnp.where((token < length)[None, :], logits, MASK_VALUE)
         new_max = jnp.maximum(running_max, logits.max(axis=1))
         correction = jnp.exp(running_max - new_max)
         probs = jnp.exp(logits - new_max[:, None])
         running_sum = running_sum * correction + probs.sum(axis=1)
-        acc = acc * correction[:, None] + pl.dot(probs.astype(v.dtype), v)
+        acc = acc * correction[:, None] + pltriton.dot(probs.astype(v.dtype), v)
         return acc, new_max, running_sum
 
     init = (jnp.zeros((num_rows, head_dim), jnp.float32),

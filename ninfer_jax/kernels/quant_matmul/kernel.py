@@ -81,7 +81,7 @@ def _matmul_kernel(x_ref, w_ref, *refs, fmt: str, block_k: int, num_blocks: int)
         if scale_ref is not None:
             scale = scale_ref[pl.ds(pl.multiple_of(i * (block_k // group), block_k // group),
                                     block_k // group), :]
-        return acc + pl.dot(x, _tile_weights(fmt, raw, scale))
+        return acc + pltriton.dot(x, _tile_weights(fmt, raw, scale))
 
     rows, cols = o_ref.shape
     o_ref[...] = lax.fori_loop(0, num_blocks, body, jnp.zeros((rows, cols), jnp.float32))

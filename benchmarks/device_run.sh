@@ -1,0 +1,24 @@
+#!/bin/bash
+# One device call: native kernel tests, then benchmark stages, each under its own time cap so
+# one stall cannot eat the call. Usage: benchmarks/device_run.sh STAGE[:SECONDS] ...
+#   tests              pytest tests/kernels natively on the GPU
+#   kbench:SECTIONS    benchmarks/kernel_bench.py SECTIONS (comma separated)
+#   engine:ARGS        benchmarks/engine_bench.py ARGS (commas inside ARGS kept; '+' = space)
+# Logs and JSON lines land in $OUT.
+export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+python3 -c 'import jax; print(jax.__version__, jax.devices())' 2>&1 | tail -1
+for spec in "$@"; do
+  stage=${spec%%:*}; rest=${spec#*:}; cap=${rest##*@}; arg=${rest%@*}
+  [ "$cap" = "$rest" ] && cap=120
+  start=$(date +%s)
+  case $stage in
+    tests) timeout "$cap" python3 -m pytest tests/kernels -q -x -p no:cacheprovider \
+             >"$OUT/pytest.log" 2>&1; echo "tests rc=$? $(tail -1 "$OUT/pytest.log")";;
+    kbench) timeout "$cap" python3 benchmarks/kernel_bench.py ${arg//,/ } >>"$OUT/kbench.log" 2>&1
+            echo "kbench $arg rc=$?";;
+    engine) timeout "$cap" python3 benchmarks/engine_bench.py ${arg//+/ } >>"$OUT/engine.log" 2>&1
+            echo "engine $arg rc=$?";;
+  esac
+  echo "  took $(( $(date +%s) - start ))s"
+done

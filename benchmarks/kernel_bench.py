@@ -1,0 +1,189 @@
+"""Kernel microbenchmarks on the GPU: paged decode/prefill attention and quantized matmuls,
+each next to the copy bandwidth and bf16 matmul rate measured in the same run.
+
+    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [prefill] [quant]
+
+Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
+counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
+Each checked config is also compared with the XLA reference on the same inputs ("err").
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchlib import Recorder, copy_bandwidth, environment, matmul_rate, time_op
+from ninfer_jax.kernels.paged_attention import kernel as attn_kernel
+from ninfer_jax.kernels.paged_attention import prefill as attn_prefill
+from ninfer_jax.kernels.paged_attention import reference as attn_reference
+from ninfer_jax.kernels.paged_attention.tuning import decode_tuning
+from ninfer_jax.kernels.quant_matmul import kernel as qm_kernel
+from ninfer_jax.kernels.quant_matmul import reference as qm_reference
+from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
+from ninfer_jax.kernels.quant_matmul.tuning import matmul_tuning
+
+rec = Recorder("kernel_bench")
+
+
+def rel_err(out, ref) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+# ------------------------------------------------------------------------------ attention
+
+
+def paged_inputs(batch, context, heads=32, kv_heads=8, head_dim=128, page_size=16, seed=0):
+    """bf16 caches holding `batch` rows of `context` tokens on shuffled pages."""
+    width = -(-context // page_size)
+    num_pages = batch * width + 1
+    rng = np.random.default_rng(seed)
+    table = (rng.permutation(num_pages - 1) + 1).astype(np.int32).reshape(batch, width)
+    key = jax.random.PRNGKey(seed)
+    shape = (num_pages, kv_heads, page_size, head_dim)
+    k = jax.random.normal(key, shape, jnp.bfloat16)
+    v = jax.random.normal(jax.random.fold_in(key, 1), shape, jnp.bfloat16)
+    q = jax.random.normal(jax.random.fold_in(key, 2), (batch, heads, head_dim), jnp.bfloat16)
+    lengths = jnp.full((batch,), context, jnp.int32)
+    return q, k, v, jnp.asarray(table), lengths
+
+
+def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, tag=""):
+    q, k, v, table, lengths = paged_inputs(batch, context, page_size=page_size)
+    scale = 128 ** -0.5
+    fn = functools.partial(attn_kernel.paged_decode_attention, scale=scale, tuning=tuning)
+    ref_fn = jax.jit(functools.partial(attn_reference.paged_decode_attention, scale=scale))
+    out = jax.jit(fn)(q, k, v, table, lengths)
+    err = rel_err(out, ref_fn(q, k, v, table, lengths))
+    seconds = time_op(fn, q, k, v, table, lengths)
+    moved = attn_kernel.decode_bytes([context] * batch, 8, 128, 2)
+    row = dict(op="decode_attention", batch=batch, context=context, page_size=page_size,
+               tuning=str(tuning) if tuning else "default", us=seconds * 1e6,
+               tbps=moved / seconds / 1e12, err=err, tag=tag)
+    if reference:
+        row["xla_reference_us"] = time_op(ref_fn, q, k, v, table, lengths, iters=3) * 1e6
+    rec.add(**row)
+
+
+def decode_section():
+    for batch, context in [(8, 32768), (8, 4096), (1, 1024), (8, 1024), (32, 8192),
+                           (64, 1024), (1, 32768)]:
+        bench_decode(batch, context, reference=(batch, context) in [(8, 32768), (8, 4096)])
+    bench_decode(8, 32768, page_size=64, tag="page64")
+
+
+def sweep_section():
+    """Block size x warps x stages x split target for the 32k, batch-8 shape."""
+    for block, warps, stages, target in itertools.product((64, 128), (4, 8), (2, 3, 4),
+                                                          (264, 1056)):
+        tuning = decode_tuning(batch=8, num_kv_heads=8, page_size=16, table_width=2048,
+                               block_tokens=block, target_programs=target, num_warps=warps,
+                               num_stages=stages)
+        try:
+            bench_decode(8, 32768, tuning=tuning, tag="sweep")
+        except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+            rec.add(op="decode_attention", tag="sweep", tuning=str(tuning), error=repr(err)[:300])
+
+
+def prefill_section():
+    for chunk, start in [(4096, 0), (2048, 2048), (512, 0), (8192, 0)]:
+        q, k, v, table, _ = paged_inputs(1, start + chunk)
+        q = jax.random.normal(jax.random.PRNGKey(5), (chunk, 32, 128), jnp.bfloat16)
+        scale = 128 ** -0.5
+        args = (q, k, v, table[0], jnp.int32(start))
+        fn = functools.partial(attn_prefill.paged_prefill_attention, scale=scale)
+        ref_fn = functools.partial(attn_reference.paged_prefill_attention, scale=scale)
+        err = rel_err(jax.jit(fn)(*args), jax.jit(ref_fn)(*args))
+        flops = 4 * 32 * 128 * (chunk * (chunk + 1) / 2 + chunk * start)
+        seconds = time_op(fn, *args, iters=10)
+        ref_seconds = time_op(ref_fn, *args, iters=3)
+        rec.add(op="prefill_attention", chunk=chunk, start=start, us=seconds * 1e6,
+                tflops=flops / seconds / 1e12, xla_reference_us=ref_seconds * 1e6, err=err)
+
+
+# ------------------------------------------------------------------------- quantized matmul
+
+
+def random_leaf(key, k, n, fmt):
+    """A weight leaf of the given format with random codes (values do not affect speed)."""
+    k1, k2 = jax.random.split(key)
+    if fmt == "bf16":
+        return jax.random.normal(k1, (k, n), jnp.bfloat16) * 0.02
+    if fmt == "int8":
+        return {"int8": jax.random.randint(k1, (k, n), -127, 128).astype(jnp.int8),
+                "scale": jax.random.uniform(k2, (n,), jnp.float32, 1e-4, 1e-3)}
+    if fmt == "fp8":
+        return {"fp8": jax.random.normal(k1, (k, n)).astype(jnp.float8_e4m3fn),
+                "scale": jax.random.uniform(k2, (n,), jnp.float32, 1e-3, 1e-2)}
+    codes = jax.random.bits(k1, (k, n // 2), jnp.uint8)
+    if fmt == "int4":
+        return {"int4": codes,
+                "scale": jax.random.uniform(k2, (k // 128, n), jnp.float32, 1e-3, 1e-2)
+                .astype(jnp.float16)}
+    return {"nvfp4": codes,
+            "scale": jax.random.uniform(k2, (k // 16, n), jnp.float32, 1.0, 448.0)
+            .astype(jnp.float8_e4m3fn),
+            "global_scale": jnp.float32(1e-5)}
+
+
+def bench_matmul(fmt, rows, k, n, *, tuning=None, copies=8, tag=""):
+    """`copies` distinct weights (together far larger than L2) multiplied in turn."""
+    keys = jax.random.split(jax.random.PRNGKey(rows + k), copies)
+    weights = [random_leaf(key, k, n, fmt) for key in keys]
+    x = jax.random.normal(jax.random.PRNGKey(9), (rows, k), jnp.bfloat16)
+
+    def kernel_all(x, ws):
+        return [qm_kernel.matmul(x, w, tuning=tuning) for w in ws]
+
+    def xla_all(x, ws):
+        return [qm_reference.matmul(x, w) for w in ws]
+
+    row = dict(op="matmul", fmt=fmt, rows=rows, k=k, n=n, tag=tag,
+               tuning=str(tuning) if tuning else str(matmul_tuning(rows=rows, k=k, n=n, fmt=fmt)
+                                                      if fmt != "bf16" else "xla"))
+    moved = sum(stored_bytes(w) for w in weights)
+    xla_s = time_op(xla_all, x, weights, iters=5)
+    row.update(xla_us=xla_s / copies * 1e6, xla_tbps=moved / xla_s / 1e12)
+    if fmt != "bf16":
+        out = jax.jit(kernel_all)(x, weights[:1])[0]
+        row["err"] = rel_err(out, jax.jit(xla_all)(x, weights[:1])[0])
+        seconds = time_op(kernel_all, x, weights, iters=5)
+        row.update(us=seconds / copies * 1e6, tbps=moved / seconds / 1e12)
+    rec.add(**row)
+
+
+def quant_section():
+    for fmt in ("bf16", "int8", "fp8", "int4", "nvfp4"):
+        for rows in (1, 8, 64):
+            bench_matmul(fmt, rows, 4096, 14336)
+        bench_matmul(fmt, 1, 14336, 4096)
+    for fmt in ("int8", "int4", "nvfp4"):
+        for bn, bk, warps, stages in itertools.product((64, 128), (128, 256), (4, 8), (3, 5)):
+            tuning = matmul_tuning(rows=1, k=4096, n=14336, fmt=fmt, block_n=bn, block_k=bk,
+                                   num_warps=warps, num_stages=stages)
+            try:
+                bench_matmul(fmt, 1, 4096, 14336, tuning=tuning, tag="sweep")
+            except Exception as err:  # noqa: BLE001
+                rec.add(op="matmul", fmt=fmt, tag="sweep", tuning=str(tuning),
+                        error=repr(err)[:300])
+
+
+def ceilings_section():
+    rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
+            bf16_matmul_tflops=matmul_rate() / 1e12, **environment())
+
+
+SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
+            "prefill": prefill_section, "quant": quant_section}
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or list(SECTIONS):
+        try:
+            SECTIONS[name]()
+        except Exception as err:  # noqa: BLE001 - keep the other sections' figures
+            rec.add(section=name, error=repr(err)[:1000])

@@ -1,0 +1,44 @@
+"""Shared helpers for kernel tests: random paged caches, backend checks, CUDA lowering."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE
+
+ON_GPU = jax.default_backend() == "gpu"
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU (run on the device machine)")
+cpu_only = pytest.mark.skipif(ON_GPU, reason="interpret-mode check; the GPU runs natively")
+
+
+def paged_setup(rng, *, batch, lengths, num_kv_heads, head_dim, page_size, dtype=jnp.float32,
+                spare_pages=3):
+    """Caches [P, K, S, D] filled with noise and, per row, a page table of distinct shuffled
+    pages (never DUMMY_PAGE) covering its length, padded with DUMMY_PAGE to one width."""
+    pages_per_row = [-(-n // page_size) for n in lengths]
+    width = max(pages_per_row)
+    num_pages = sum(pages_per_row) + spare_pages + 1
+    owned = rng.permutation(np.arange(1, num_pages))
+    table = np.full((batch, width), DUMMY_PAGE, np.int32)
+    cursor = 0
+    for row, count in enumerate(pages_per_row):
+        table[row, :count] = owned[cursor:cursor + count]
+        cursor += count
+    shape = (num_pages, num_kv_heads, page_size, head_dim)
+    k = jnp.asarray(rng.standard_normal(shape), dtype)
+    v = jnp.asarray(rng.standard_normal(shape), dtype)
+    return k, v, jnp.asarray(table), jnp.asarray(np.asarray(lengths, np.int32))
+
+
+def relative_error(out, ref) -> float:
+    out, ref = np.asarray(out, np.float64), np.asarray(ref, np.float64)
+    assert np.all(np.isfinite(out)), "non-finite output"
+    return float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+
+
+def lowers_for_cuda(fn, *args) -> str:
+    """Lower `fn(*args)` for CUDA on any machine: runs the Pallas Triton lowering (tile sizes,
+    supported ops) without a GPU. Returns the module text."""
+    return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()

@@ -1,0 +1,170 @@
+"""Paged attention: reference vs a by-hand oracle, the Pallas decode kernel and the two-part
+prefill vs the reference over a parameter grid (interpret mode on CPU, native on a GPU)."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ninfer_jax.kernels import dispatch
+from ninfer_jax.kernels.paged_attention import kernel, prefill, reference
+from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
+from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, paged_setup, relative_error
+
+reference_decode = jax.jit(reference.paged_decode_attention, static_argnames="scale")
+reference_prefill = jax.jit(reference.paged_prefill_attention, static_argnames="scale")
+two_part_xla = jax.jit(functools.partial(prefill.paged_prefill_attention, implementation="xla"),
+                       static_argnames="scale")
+
+
+def naive_attention(q, keys, values, scale):
+    """softmax(q k^T * scale) v for one query head: q [D], keys/values [L, D] (float64)."""
+    logits = keys @ q * scale
+    weights = np.exp(logits - logits.max())
+    return weights @ values / weights.sum()
+
+
+def test_reference_decode_matches_a_by_hand_softmax_over_each_rows_pages():
+    rng = np.random.default_rng(1)
+    k, v, table, lengths = paged_setup(rng, batch=2, lengths=[5, 19], num_kv_heads=2,
+                                       head_dim=8, page_size=4)
+    q = rng.standard_normal((2, 4, 8)).astype(np.float32)
+    out = np.asarray(reference.paged_decode_attention(jnp.asarray(q), k, v, table, lengths,
+                                                      scale=0.3))
+    kn, vn = np.asarray(k, np.float64), np.asarray(v, np.float64)
+    for b in range(2):
+        n = int(lengths[b])
+        pages = np.asarray(table[b])[np.arange(n) // 4]
+        for h in range(4):
+            kv_head = h // 2
+            keys = kn[pages, kv_head, np.arange(n) % 4]
+            values = vn[pages, kv_head, np.arange(n) % 4]
+            np.testing.assert_allclose(out[b, h], naive_attention(q[b, h], keys, values, 0.3),
+                                       rtol=1e-5, atol=1e-5)
+
+
+# (heads, kv heads, head dim, page size, lengths): GQA ratios 1/4/8, head dims 64/128/256,
+# odd lengths, a one-token row, a row ending exactly on a page boundary.
+DECODE_GRID = [
+    (4, 4, 64, 8, [1, 13, 40]),
+    (8, 2, 128, 16, [33, 7]),
+    (8, 1, 64, 4, [29, 16, 3]),
+    (16, 2, 256, 8, [21, 8]),
+]
+
+
+@cpu_only
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID)
+def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head_dim,
+                                                           page_size, lengths):
+    rng = np.random.default_rng(len(lengths) * head_dim + heads)
+    k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
+                                    num_kv_heads=kv_heads, head_dim=head_dim,
+                                    page_size=page_size)
+    q = jnp.asarray(rng.standard_normal((len(lengths), heads, head_dim)), jnp.float32)
+    # Small blocks and several splits so the loop, the masking and the merge all run.
+    pages_per_block = 2 if page_size < 16 else 1
+    tuning = DecodeTuning(pages_per_block=pages_per_block, pages_per_split=2 * pages_per_block,
+                          num_splits=-(-table.shape[1] // (2 * pages_per_block)))
+    scale = head_dim ** -0.5
+    run = jax.jit(functools.partial(kernel.paged_decode_attention, scale=scale, tuning=tuning,
+                                    interpret=True))
+    out = run(q, k, v, table, lens)
+    ref = reference_decode(q, k, v, table, lens, scale=scale)
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_decode_tuning_covers_the_table_and_splits_long_contexts():
+    short = decode_tuning(batch=64, num_kv_heads=8, page_size=16, table_width=64)
+    assert short.num_splits == 1 and short.pages_per_split >= 64
+    long = decode_tuning(batch=8, num_kv_heads=8, page_size=16, table_width=2048)
+    assert long.num_splits > 1
+    assert long.num_splits * long.pages_per_split >= 2048
+    assert long.pages_per_split % long.pages_per_block == 0
+    # No split is left without pages.
+    assert (long.num_splits - 1) * long.pages_per_split < 2048
+
+
+# (heads, kv heads, head dim, page size, start, chunk): chunks at the start, mid-page,
+# on a page boundary; GQA 1/4/8; head dims 64/128/256.
+PREFILL_GRID = [
+    (4, 4, 64, 8, 0, 13),
+    (8, 2, 128, 16, 21, 11),
+    (8, 1, 64, 4, 16, 16),
+    (16, 2, 256, 8, 5, 30),
+]
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,start,chunk", PREFILL_GRID)
+def test_two_part_prefill_matches_reference(heads, kv_heads, head_dim, page_size, start, chunk):
+    rng = np.random.default_rng(start * 7 + chunk)
+    k, v, table, _ = paged_setup(rng, batch=1, lengths=[start + chunk], num_kv_heads=kv_heads,
+                                 head_dim=head_dim, page_size=page_size)
+    q = jnp.asarray(rng.standard_normal((chunk, heads, head_dim)), jnp.float32)
+    scale = head_dim ** -0.5
+    out = two_part_xla(q, k, v, table[0], jnp.int32(start), scale=scale)
+    ref = reference_prefill(q, k, v, table[0], jnp.int32(start), scale=scale)
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_dispatch_prefers_kernels_on_gpu_unless_forced(monkeypatch):
+    monkeypatch.setattr(dispatch.jax, "default_backend", lambda: "gpu")
+    monkeypatch.delenv(dispatch.FORCE_REFERENCE_ENV, raising=False)
+    assert dispatch.use_kernels()
+    monkeypatch.setenv(dispatch.FORCE_REFERENCE_ENV, "1")
+    assert not dispatch.use_kernels()
+    monkeypatch.setenv(dispatch.FORCE_REFERENCE_ENV, "0")
+    assert dispatch.use_kernels()
+    monkeypatch.setattr(dispatch.jax, "default_backend", lambda: "cpu")
+    assert not dispatch.use_kernels()
+
+
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size", [(32, 8, 128, 16), (16, 2, 256, 8),
+                                                                (9, 3, 64, 64)])
+def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size):
+    """The Triton lowering accepts every tile the tuning picks (checked without a GPU)."""
+    rng = np.random.default_rng(0)
+    k, v, table, lens = paged_setup(rng, batch=3, lengths=[300, 5, 77], num_kv_heads=kv_heads,
+                                    head_dim=head_dim, page_size=page_size, dtype=jnp.bfloat16)
+    q = jnp.zeros((3, heads, head_dim), jnp.bfloat16)
+    text = lowers_for_cuda(lambda *a: kernel.paged_decode_attention(*a, scale=0.1),
+                           q, k, v, table, lens)
+    assert "ninfer_paged_decode" in text
+
+
+# ---------------------------------------------------------------------------- native GPU
+
+
+@needs_gpu
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID + [
+    (32, 8, 128, 16, [1, 1000, 4097, 333, 2048, 17, 64, 999]),
+])
+def test_decode_kernel_on_gpu_matches_reference(heads, kv_heads, head_dim, page_size, lengths):
+    rng = np.random.default_rng(sum(lengths))
+    k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
+                                    num_kv_heads=kv_heads, head_dim=head_dim,
+                                    page_size=page_size, dtype=jnp.bfloat16)
+    q = jnp.asarray(rng.standard_normal((len(lengths), heads, head_dim)), jnp.bfloat16)
+    scale = head_dim ** -0.5
+    out = kernel.paged_decode_attention(q, k, v, table, lens, scale=scale)
+    ref = reference.paged_decode_attention(q, k, v, table, lens, scale=scale)
+    assert relative_error(out, ref) < 2e-2
+
+
+@needs_gpu
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,start,chunk", PREFILL_GRID + [
+    (32, 8, 128, 16, 0, 1024), (32, 8, 128, 16, 700, 300)])
+def test_cudnn_prefill_on_gpu_matches_reference(heads, kv_heads, head_dim, page_size, start,
+                                                chunk):
+    rng = np.random.default_rng(start + chunk)
+    k, v, table, _ = paged_setup(rng, batch=1, lengths=[start + chunk], num_kv_heads=kv_heads,
+                                 head_dim=head_dim, page_size=page_size, dtype=jnp.bfloat16)
+    q = jnp.asarray(rng.standard_normal((chunk, heads, head_dim)), jnp.bfloat16)
+    scale = head_dim ** -0.5
+    out = prefill.paged_prefill_attention(q, k, v, table[0], jnp.int32(start), scale=scale)
+    ref = reference.paged_prefill_attention(q, k, v, table[0], start, scale=scale)
+    assert relative_error(out, ref) < 2e-2
+

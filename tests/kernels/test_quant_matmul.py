@@ -1,0 +1,147 @@
+"""Quantized weights: host formats (quantize / dequantize round trips, packing layout), the jnp
+reference, and the Pallas decode matmul vs the reference (interpret mode on CPU, native on GPU)."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+
+from ninfer_jax.kernels import quant_matmul
+from ninfer_jax.kernels.quant_matmul import formats, kernel, reference
+from ninfer_jax.kernels.quant_matmul.tuning import MatmulTuning, matmul_tuning
+from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, relative_error
+
+# Relative Frobenius error of quantizing N(0, 1) weights; each format's bound is loose enough
+# for any seed and tight enough to catch a wrong scale or a swapped nibble.
+ROUND_TRIP_BOUND = {"int8": 0.012, "fp8": 0.04, "int4": 0.15, "nvfp4": 0.13}
+
+
+def gaussian(rows, cols, seed=0):
+    return np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+
+
+@pytest.mark.parametrize("fmt", formats.QUANTIZED_FORMATS)
+def test_round_trip_error_is_within_the_formats_bound(fmt):
+    w = gaussian(300, 64)  # 300 rows: not a multiple of either group size
+    leaf = formats.quantize(w, fmt)
+    back = formats.dequantize_numpy(leaf)
+    assert back.shape[0] >= 300 and not back[300:].any(), "group padding rows must be zero"
+    assert relative_error(back[:300], w) < ROUND_TRIP_BOUND[fmt]
+    assert formats.format_of(leaf) == fmt
+
+
+def test_exactly_representable_int4_weights_round_trip_exactly():
+    rng = np.random.default_rng(3)
+    scale = rng.uniform(0.5, 2.0, (2, 8)).astype(np.float16).astype(np.float32)
+    q = rng.integers(-7, 8, (256, 8))
+    q[0], q[128] = 7, -7  # each group's absmax is 7 steps, so the scale is recovered exactly
+    w = q * np.repeat(scale, 128, axis=0)
+    np.testing.assert_array_equal(formats.dequantize_numpy(formats.quantize(w, "int4")), w)
+
+
+def test_nibbles_pack_neighbouring_columns_low_first():
+    codes = np.array([[1, 2, 3, 4], [15, 0, 7, 8]], np.uint8)
+    packed = formats.pack_nibbles(codes)
+    np.testing.assert_array_equal(packed, [[0x21, 0x43], [0x0F, 0x87]])
+    np.testing.assert_array_equal(formats.unpack_nibbles(packed), codes)
+    np.testing.assert_array_equal(np.asarray(reference.unpack_nibbles(jnp.asarray(packed))), codes)
+
+
+def test_e2m1_decoding_covers_all_sixteen_codes():
+    codes = np.arange(16, dtype=np.uint8)
+    expected = np.concatenate([formats.E2M1_VALUES, -formats.E2M1_VALUES])
+    np.testing.assert_array_equal(np.asarray(reference.e2m1_values(jnp.asarray(codes))), expected)
+
+
+def test_nvfp4_scales_are_fp8_and_reach_the_top_of_their_range():
+    leaf = formats.quantize(gaussian(64, 32, seed=4), "nvfp4")
+    assert leaf["scale"].dtype == ml_dtypes.float8_e4m3fn and leaf["scale"].shape == (4, 32)
+    assert float(leaf["scale"].astype(np.float32).max()) == formats.FP8_MAX
+
+
+def test_bad_inputs_are_rejected():
+    with pytest.raises(ValueError, match="even"):
+        formats.quantize(gaussian(16, 3), "int4")
+    with pytest.raises(ValueError, match="unknown weight format"):
+        formats.quantize(gaussian(16, 4), "int3")
+    with pytest.raises(ValueError, match="not a quantized weight leaf"):
+        formats.format_of({"scale": np.ones(3)})
+
+
+@pytest.mark.parametrize("fmt", formats.FORMATS)
+def test_reference_dequantize_matches_the_host_decoder(fmt):
+    leaf = formats.quantize(gaussian(144, 32, seed=5), fmt)
+    device = jax.tree.map(jnp.asarray, leaf)
+    np.testing.assert_allclose(np.asarray(reference.dequantize(device)),
+                               formats.dequantize_numpy(leaf), rtol=1e-6, atol=1e-7)
+
+
+def test_describe_reports_format_shape_and_bytes():
+    leaf = formats.quantize(gaussian(256, 64), "int4")
+    assert formats.describe(leaf) == "int4 [256, 64] 8448 bytes"  # 256*32 code bytes + 2*64 f16 scales
+
+
+def quantized(fmt, k, n, seed=0):
+    return jax.tree.map(jnp.asarray, formats.quantize(gaussian(k, n, seed) * 0.05, fmt))
+
+
+# (format, rows, K, N, tuning): odd row counts, K not a multiple of 128 (int4 pads), several
+# K splits and column blocks so the grid, the loop and the split sum all run.
+KERNEL_GRID = [
+    ("int8", 1, 96, 64, MatmulTuning(block_n=32, block_k=32, num_splits=3)),
+    ("fp8", 5, 128, 96, MatmulTuning(block_n=32, block_k=32, num_splits=2)),
+    ("int4", 3, 200, 64, MatmulTuning(block_n=32, block_k=128, num_splits=2)),
+    ("nvfp4", 2, 112, 64, MatmulTuning(block_n=64, block_k=16, num_splits=7)),
+    ("nvfp4", 17, 64, 32, None),
+]
+
+
+@cpu_only
+@pytest.mark.parametrize("fmt,rows,k,n,tuning", KERNEL_GRID)
+def test_kernel_in_interpret_mode_matches_reference(fmt, rows, k, n, tuning):
+    w = quantized(fmt, k, n, seed=rows)
+    x = jnp.asarray(gaussian(rows, k, seed=7) * 30)  # large activations: checks the x scaling
+    run = jax.jit(functools.partial(kernel.matmul, tuning=tuning, interpret=True))
+    out = run(x, w)
+    assert out.shape == (rows, n) and out.dtype == x.dtype
+    assert relative_error(out, reference.matmul(x, w)) < 2e-3
+
+
+def test_tuning_tiles_divide_the_weight_and_hold_whole_groups():
+    for fmt, k, n in [("int4", 4096, 14336), ("nvfp4", 14336, 4096), ("int8", 576, 1536)]:
+        t = matmul_tuning(rows=1, k=k, n=n, fmt=fmt)
+        assert n % t.block_n == 0 and k % (t.block_k * t.num_splits) == 0
+        assert t.block_k % {"int4": 128, "nvfp4": 16, "int8": 1}[fmt] == 0
+    assert matmul_tuning(rows=1, k=100, n=64, fmt="int8") is None  # no power-of-2 K tile
+
+
+def test_dispatch_uses_xla_for_plain_weights_and_the_reference_on_cpu():
+    x = jnp.asarray(gaussian(3, 64))
+    w = gaussian(64, 32, seed=1)
+    np.testing.assert_allclose(np.asarray(quant_matmul.matmul(x, jnp.asarray(w))),
+                               np.asarray(x) @ w, rtol=1e-5, atol=1e-5)
+    leaf = quantized("int8", 64, 32)
+    out = quant_matmul.matmul(x, leaf, out_dtype=jnp.float32)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(reference.matmul(x, leaf)), rtol=1e-6)
+
+
+@pytest.mark.parametrize("fmt", formats.QUANTIZED_FORMATS)
+def test_kernel_lowers_for_cuda(fmt):
+    w = quantized(fmt, 4096 if fmt == "int4" else 512, 256)
+    x = jnp.zeros((1, w[fmt].shape[0]), jnp.bfloat16)
+    assert f"ninfer_{fmt}_matmul" in lowers_for_cuda(kernel.matmul, x, w)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", formats.QUANTIZED_FORMATS)
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_kernel_on_gpu_matches_reference(fmt, rows):
+    w = quantized(fmt, 1024, 768, seed=rows)
+    x = jnp.asarray(gaussian(rows, 1024, seed=8), jnp.bfloat16)
+    out = jax.jit(kernel.matmul)(x, w)
+    ref = jax.jit(reference.matmul)(x.astype(jnp.float32), w)
+    assert relative_error(out, ref) < 1e-2
