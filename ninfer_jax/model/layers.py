@@ -1,9 +1,9 @@
 """Building blocks of the dense transformer families: projections, norms, rotary embeddings, MLP.
 
 Pure jnp functions, no state. Two functions are seams for weight formats: `linear` (every
-projection, lm_head included) and `embed` (the token lookup). Today a weight leaf is a plain
-[in, out] array; quantized leaves (kernels/quant_matmul, added later) are dispatched there and
-nowhere else.
+projection, lm_head included) and `embed` (the token lookup). A weight leaf is a plain [in, out]
+array or a quantized dict (kernels/quant_matmul/formats.py); `linear` hands both to
+kernels/quant_matmul, and nothing else in the model looks inside a weight.
 Shape letters: N rows (tokens), H hidden, NH query heads, NK kv heads, D head dim, F ffn.
 """
 from __future__ import annotations
@@ -13,10 +13,13 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
+from ninfer_jax.kernels import quant_matmul
+
 
 def linear(x, w, *, out_dtype=None):
-    """x [..., in] @ w [in, out] -> [..., out]; `out_dtype` asks for a wider result (logits)."""
-    return jnp.matmul(x, w, preferred_element_type=out_dtype)
+    """x [..., in] @ w [in, out] -> [..., out]; `out_dtype` asks for a wider result (logits).
+    `w` is any weight leaf: kernels/quant_matmul picks the plain or quantized path."""
+    return quant_matmul.matmul(x, w, out_dtype=out_dtype)
 
 
 def embed(table, tokens):

@@ -1,0 +1,60 @@
+"""The compiled step bodies: a family's forward pass followed by sampling, as pure functions.
+
+engine/runner.py jits these (config and page_size static, the KV caches donated) and is the
+only caller. Each step returns the sampled token(s) plus the updated caches, so one small int32
+array is all that crosses back to the host per step.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from ninfer_jax.kernels.quant_matmul.formats import QUANTIZED_FORMATS
+from ninfer_jax.model import llama, sampling
+from ninfer_jax.model.config import ModelConfig
+
+# architecture -> module providing prefill/decode with the llama.py signatures
+FAMILIES = {"llama": llama, "qwen3": llama}
+
+
+def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,
+                 config: ModelConfig, page_size: int):
+    """One prefill chunk (see llama.prefill); returns (token int32 [1], kv): the token drawn
+    after the chunk's last real token with the one-row `sampling_batch`."""
+    family = FAMILIES[config.architecture]
+    logits, kv = family.prefill(params, kv, tokens, start, num_tokens, page_table,
+                                config=config, page_size=page_size)
+    return sampling.sample(logits[None, :], sampling_batch), kv
+
+
+def decode_step(params, kv, tokens, positions, page_tables, sampling_batch, *,
+                config: ModelConfig, page_size: int):
+    """One decode step over B rows (see llama.decode); returns (tokens int32 [B], kv)."""
+    family = FAMILIES[config.architecture]
+    logits, kv = family.decode(params, kv, tokens, positions, page_tables,
+                               config=config, page_size=page_size)
+    return sampling.sample(logits, sampling_batch), kv
+
+
+def cast_params(params, dtype):
+    """Floating-point leaves in `dtype` (the compute dtype); other leaves (quantized codes,
+    their scales' integer parts) are left as stored."""
+    def cast(leaf):
+        leaf = jnp.asarray(leaf)
+        return leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
+    return _map_plain_weights(cast, params)
+
+
+def _map_plain_weights(fn, tree):
+    """Apply fn to plain array leaves; a quantized leaf (a dict with a format key, see
+    kernels/quant_matmul/formats.py) is kept whole as a device array dict."""
+    if isinstance(tree, dict):
+        if _is_quantized(tree):
+            return {k: jnp.asarray(v) for k, v in tree.items()}
+        return {k: _map_plain_weights(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_map_plain_weights(fn, v) for v in tree)
+    return fn(tree)
+
+
+def _is_quantized(node: dict) -> bool:
+    return any(name in node for name in QUANTIZED_FORMATS)
