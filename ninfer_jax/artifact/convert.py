@@ -10,11 +10,17 @@ from ninfer_jax.artifact.format import ArtifactContents, save_artifact
 from ninfer_jax.errors import ArtifactError
 
 
-def read_source(src: str | os.PathLike, *, name: str | None = None, dtype: str = "f32",
+def read_source(src: str | os.PathLike, *, name: str | None = None, dtype: str | None = None,
+                weights: str | None = None,
                 progress: common.ProgressFn | None = None) -> ArtifactContents:
-    if dtype not in common.DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {common.DTYPES}")
-    src = pathlib.Path(src)
+    """Contents of SRC: floats stored as `dtype`, projections quantized to `weights` if given."""
+    dtype, quantized = common.resolve_formats(dtype, weights)
+    contents = _read_float_source(pathlib.Path(src), name, dtype, progress)
+    return common.apply_quantization(contents, quantized, progress)
+
+
+def _read_float_source(src: pathlib.Path, name: str | None, dtype: str,
+                       progress: common.ProgressFn | None) -> ArtifactContents:
     if src.is_file():
         from ninfer_jax.artifact.gguf_convert import convert_gguf
 
@@ -28,11 +34,11 @@ def read_source(src: str | os.PathLike, *, name: str | None = None, dtype: str =
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, name: str | None = None,
-            dtype: str = "f32", overwrite: bool = False,
+            dtype: str | None = None, weights: str | None = None, overwrite: bool = False,
             progress: common.ProgressFn | None = None) -> pathlib.Path:
     """Convert SRC into the artifact directory OUT; returns OUT's absolute path."""
     out = pathlib.Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --force to replace it)")
-    contents = read_source(src, name=name, dtype=dtype, progress=progress)
+    contents = read_source(src, name=name, dtype=dtype, weights=weights, progress=progress)
     return save_artifact(out, contents, overwrite=overwrite)

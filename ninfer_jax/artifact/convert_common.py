@@ -11,6 +11,9 @@ from tokenizers import Tokenizer
 from ninfer_jax.model.config import ModelConfig
 
 DTYPES = ("f32", "bf16")
+# Weight-only quantized formats of projection matrices (layout: kernels/quant_matmul/formats.py).
+QUANTIZED = ("int8", "fp8", "int4", "nvfp4")
+WEIGHT_CHOICES = DTYPES + QUANTIZED
 # Control spellings recorded under special_tokens.named when the vocabulary has them.
 NAMED_CONTROLS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
                   "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
@@ -40,10 +43,57 @@ def store(name: str, array: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def float_weight_formats(config: ModelConfig, dtype: str) -> dict[str, str]:
-    formats = {"embed": dtype, "layers": dtype, "norms": "f32"}
+    return weight_formats(config, dtype, None)
+
+
+def weight_formats(config: ModelConfig, dtype: str, quantized: str | None) -> dict[str, str]:
+    """metadata.weight_formats: embed and norms stay float; projections may be quantized."""
+    formats = {"embed": dtype, "layers": quantized or dtype, "norms": "f32"}
     if not config.tie_word_embeddings:
-        formats["lm_head"] = dtype
+        formats["lm_head"] = quantized or dtype
     return formats
+
+
+def resolve_formats(dtype: str | None, weights: str | None, default_dtype: str = "f32"
+                    ) -> tuple[str, str | None]:
+    """(float storage dtype, quantized projection format or None) from --dtype / --weights.
+
+    `--weights bf16` alone means everything bf16; `--weights int8` keeps the float dtype
+    (given or default) for embeddings; contradicting float choices are an error."""
+    if weights is not None and weights not in WEIGHT_CHOICES:
+        raise ValueError(f"unknown weight format {weights!r}; expected one of {WEIGHT_CHOICES}")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {DTYPES}")
+    if weights in DTYPES:
+        if dtype is not None and dtype != weights:
+            raise ValueError(f"--weights {weights} contradicts --dtype {dtype}")
+        return weights, None
+    return dtype or default_dtype, weights
+
+
+def quantize(array: np.ndarray, fmt: str):
+    """One projection matrix [in, out] as a quantized leaf (a dict of arrays)."""
+    from ninfer_jax.kernels.quant_matmul.formats import quantize as quantize_leaf
+
+    return quantize_leaf(array, fmt)
+
+
+def is_projection(name: str) -> bool:
+    return name == "lm_head" or (name.startswith("layers.") and not name.endswith("norm"))
+
+
+def quantize_projections(params: dict, fmt: str, progress: ProgressFn | None = None) -> dict:
+    """Replace every projection matrix (layer matrices, untied lm_head) by its `fmt` leaf."""
+    if "lm_head" in params:
+        params["lm_head"] = quantize(params["lm_head"], fmt)
+    layers = params.get("layers", [])
+    for index, layer in enumerate(layers, start=1):
+        if progress:
+            progress(index, len(layers), f"quantizing layer {index - 1} to {fmt}")
+        for key, value in layer.items():
+            if not key.endswith("norm"):
+                layer[key] = quantize(value, fmt)
+    return params
 
 
 def special_tokens(tokenizer: Tokenizer, *, eos_ids: list[int], bos_id: int | None,
@@ -85,3 +135,13 @@ def check_complete(params: dict, config: ModelConfig, source: str) -> None:
     if missing:
         raise ValueError(f"{source}: tensors missing for {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}")
+
+
+def apply_quantization(contents, quantized: str | None, progress: ProgressFn | None = None):
+    """Quantize an ArtifactContents' projections in place (no-op for None) and record it."""
+    if quantized is None:
+        return contents
+    quantize_projections(contents.params, quantized, progress)
+    contents.weight_formats = weight_formats(contents.config, contents.weight_formats["embed"],
+                                             quantized)
+    return contents

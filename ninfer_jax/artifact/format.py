@@ -261,9 +261,7 @@ def check_tensors(structure: Any, config: ModelConfig, weight_formats: dict[str,
         if node is None:
             raise ArtifactError(display, f"missing tensor {name} (expected shape {shape})")
         if isinstance(node, dict):
-            if expected_dtype(name, weight_formats) is not None:
-                raise ArtifactError(display, f"tensor {name} is quantized but its group "
-                                             f"{tensor_group(name)} is declared as a float format")
+            _check_quantized(name, node, shape, weight_formats, display)
             continue
         if tuple(node.shape) != tuple(shape):
             raise ArtifactError(display, f"tensor {name} has shape {tuple(node.shape)}, "
@@ -275,3 +273,23 @@ def check_tensors(structure: Any, config: ModelConfig, weight_formats: dict[str,
     for name, _ in weights_io.walk_tree(structure):
         if not any(name == known or name.startswith(known + ".") for known in expected):
             raise ArtifactError(display, f"unknown tensor {name}")
+
+
+def _check_quantized(name: str, leaf: dict, shape: tuple[int, ...],
+                     weight_formats: dict[str, str], display: pathlib.Path) -> None:
+    """A quantized leaf must have its group's declared format and cover the config's shape
+    (group formats pad the input dimension up to a multiple of their group)."""
+    from ninfer_jax.kernels.quant_matmul.formats import format_of, logical_shape
+
+    declared = weight_formats.get(tensor_group(name), "f32")
+    try:
+        stored = format_of(leaf)
+        rows, cols = logical_shape(leaf)
+    except (ValueError, KeyError, IndexError) as exc:
+        raise ArtifactError(display, f"tensor {name}: {exc}") from None
+    if stored != declared:
+        raise ArtifactError(display, f"tensor {name} is stored as {stored}, weight_formats "
+                                     f"says {declared}")
+    if len(shape) != 2 or cols != shape[1] or rows < shape[0]:
+        raise ArtifactError(display, f"tensor {name} ({stored}) covers [{rows}, {cols}], "
+                                     f"the config needs {tuple(shape)}")

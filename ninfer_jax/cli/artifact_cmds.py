@@ -14,41 +14,134 @@ def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
 
 
+WEIGHT_CHOICES = ["f32", "bf16", "int8", "fp8", "int4", "nvfp4"]
+
+
 @click.command()
 @click.argument("src", type=click.Path(exists=True))
 @click.argument("out", type=click.Path())
 @click.option("--name", default=None, help="Public model name stored in metadata.json.")
-@click.option("--dtype", default="f32", show_default=True, type=click.Choice(["f32", "bf16"]),
-              help="Storage dtype of the float weight matrices (norms stay f32).")
+@click.option("--dtype", default=None, type=click.Choice(["f32", "bf16"]),
+              help="Storage dtype of float weights (default f32; norms always stay f32).")
+@click.option("--weights", default=None, type=click.Choice(WEIGHT_CHOICES),
+              help="Format of the projection matrices (default: --dtype).")
 @click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
-def convert(src, out, name, dtype, force, quiet):
+def convert(src, out, name, dtype, weights, force, quiet):
     """Convert a GGUF file or a Hugging Face checkpoint directory SRC into the .ninfer
     artifact OUT (written atomically)."""
     from ninfer_jax.artifact import convert as converter
     from ninfer_jax.artifact.convert_common import stderr_progress
 
     try:
-        path = converter.convert(src, out, name=name, dtype=dtype, overwrite=force,
-                                 progress=None if quiet else stderr_progress)
+        path = converter.convert(src, out, name=name, dtype=dtype, weights=weights,
+                                 overwrite=force, progress=None if quiet else stderr_progress)
+    except (ArtifactError, FileExistsError, ValueError) as exc:
+        raise _fail(exc) from None
+    click.echo(f"wrote {path}")
+
+
+@click.command("init-random")
+@click.option("--preset", required=True,
+              type=click.Choice(["qwen3-tiny", "qwen3.5-tiny", "qwen3-8b", "llama3-8b"]))
+@click.argument("out", type=click.Path())
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--dtype", default=None, type=click.Choice(["f32", "bf16"]),
+              help="Storage dtype of float weights (default: f32 for tiny presets, bf16 for 8B).")
+@click.option("--weights", default=None, type=click.Choice(WEIGHT_CHOICES),
+              help="Format of the projection matrices (default: --dtype).")
+@click.option("--name", default=None, help="Public model name (default: the preset).")
+@click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
+@click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
+def init_random(preset, out, seed, dtype, weights, name, force, quiet):
+    """Write an artifact with random weights, the real Qwen tokenizer and a Qwen-style chat
+    template (tiny presets for tests, 8B shapes for GPU benchmarks)."""
+    import pathlib
+
+    from ninfer_jax.artifact.convert_common import stderr_progress
+    from ninfer_jax.artifact.format import save_artifact
+    from ninfer_jax.artifact.random_init import init_random as build
+
+    if pathlib.Path(out).exists() and not force:
+        raise click.ClickException(f"{out} already exists (pass --force to replace it)")
+    try:
+        contents = build(preset, seed=seed, dtype=dtype, weights=weights, name=name,
+                         progress=None if quiet else stderr_progress)
+        path = save_artifact(out, contents, overwrite=force)
     except (ArtifactError, FileExistsError, ValueError) as exc:
         raise _fail(exc) from None
     click.echo(f"wrote {path}")
 
 
 @click.command("inspect-artifact")
-def inspect_artifact():
-    """Show an artifact's metadata and tensor inventory."""
-    raise click.ClickException("not written yet")
+@click.argument("path", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def inspect_artifact(path, as_json):
+    """Show an artifact's metadata, components and tensor inventory."""
+    import json
+
+    from ninfer_jax.artifact.inventory import describe_artifact, format_report
+
+    try:
+        report = describe_artifact(path)
+    except ArtifactError as exc:
+        raise _fail(exc) from None
+    click.echo(json.dumps(report, indent=2, ensure_ascii=False) if as_json
+               else format_report(report))
 
 
 @click.command("count-tokens")
-def count_tokens():
-    """Count the prompt tokens of a text or a chat."""
-    raise click.ClickException("not written yet")
+@click.argument("artifact", required=False, type=click.Path())
+@click.option("--text", default=None, help="Count this text (as one user message unless "
+                                           "--no-template).")
+@click.option("--messages", "messages_file", default=None, type=click.File("r"),
+              help="JSON file ('-' for stdin): a list of chat messages, or an object with "
+                   "'messages' and optional 'tools'.")
+@click.option("--no-template", is_flag=True, help="Count --text as raw text, no chat template.")
+@click.option("--json", "as_json", is_flag=True, help="Print {count, ids} as JSON.")
+def count_tokens(artifact, text, messages_file, no_template, as_json):
+    """Count prompt tokens offline with ARTIFACT's tokenizer and chat template (default: the
+    embedded default model). Renders with the generation prompt, as the server does."""
+    import json
+
+    from ninfer_jax.artifact.default_model import default_artifact_path
+    from ninfer_jax.artifact.format import load_artifact
+    from ninfer_jax.errors import NinferError
+
+    if (text is None) == (messages_file is None):
+        raise click.UsageError("give exactly one of --text and --messages")
+    if no_template and text is None:
+        raise click.UsageError("--no-template applies to --text only")
+    try:
+        loaded = load_artifact(artifact or default_artifact_path(), weights=False)
+        tokenizer = loaded.load_tokenizer()
+        if no_template:
+            ids = tokenizer.encode(text)
+        else:
+            ids = _render_ids(loaded, tokenizer, text, messages_file)
+    except (ArtifactError, NinferError) as exc:
+        raise _fail(exc) from None
+    except json.JSONDecodeError as exc:
+        raise click.ClickException(f"--messages is not valid JSON ({exc})") from None
+    click.echo(json.dumps({"count": len(ids), "ids": ids}) if as_json else str(len(ids)))
 
 
-@click.command("init-random")
-def init_random():
-    """Write an artifact with random weights."""
-    raise click.ClickException("not written yet")
+def _render_ids(artifact, tokenizer, text, messages_file) -> list[int]:
+    import json
+
+    from ninfer_jax.serve.chat_messages import parse_messages, parse_tools
+    from ninfer_jax.text.chat_template import ChatRenderer
+    from ninfer_jax.text.conversation import Conversation
+
+    if text is not None:
+        raw_messages, raw_tools = [{"role": "user", "content": text}], None
+    else:
+        data = json.load(messages_file)
+        if isinstance(data, dict):
+            raw_messages, raw_tools = data.get("messages"), data.get("tools")
+        else:
+            raw_messages, raw_tools = data, None
+    conversation = Conversation(parse_messages(raw_messages),
+                                tools=parse_tools(raw_tools) if raw_tools else [])
+    renderer = ChatRenderer(artifact.chat_template, tokenizer, artifact.chat_format)
+    return renderer.render(conversation).ids
