@@ -1,0 +1,86 @@
+"""SSE framing, keep-alive heartbeats, errors after the stream opened, and cancellation of
+the engine request when the client goes away."""
+import json
+import time
+
+import pytest
+from falcon import testing
+
+from harness import build_harness
+from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.errors import QueueTimeout
+from ninfer_jax.serve.output import HEARTBEAT
+from ninfer_jax.serve.sse import openai_event_stream
+
+
+def test_framing_heartbeat_and_done():
+    closed = []
+    body = b"".join(openai_event_stream([{"a": 1}, HEARTBEAT, {"b": "é"}],
+                                        lambda: closed.append(True)))
+    assert body == (b'data: {"a": 1}\n\n: keep-alive\n\n'
+                    + 'data: {"b": "é"}\n\n'.encode() + b"data: [DONE]\n\n")
+    assert closed == [True]
+
+
+def test_error_after_open_is_an_error_event_then_done():
+    def chunks():
+        yield {"first": True}
+        raise QueueTimeout("not admitted in time")
+
+    events = b"".join(openai_event_stream(chunks(), lambda: None)).split(b"\n\n")
+    error = json.loads(events[1][len(b"data: "):])
+    assert error["error"]["code"] == "request_queue_timeout"
+    assert events[2] == b"data: [DONE]"
+
+
+def test_closing_the_stream_early_runs_on_close():
+    closed = []
+    stream = openai_event_stream(iter([{"x": i} for i in range(5)]), lambda: closed.append(1))
+    next(stream)
+    stream.close()
+    assert closed == [1]
+
+
+def test_assembler_yields_heartbeats_while_waiting(harness):
+    from ninfer_jax.serve.generation import OutputPlan, PreparedGeneration
+    from ninfer_jax.serve.output import OutputAssembler
+
+    request = GenerationRequest("r", [1, 2], SamplingParams(), 4)
+    prepared = PreparedGeneration(request, OutputPlan(), None, False, None)
+    assembler = OutputAssembler(RequestHandle(request), prepared, harness.ctx.new_detokenizer())
+    assert next(assembler.stream(heartbeat_s=0.01)) is HEARTBEAT
+
+
+@pytest.fixture(scope="module")
+def slow(default_artifact, default_tokenizer):
+    h = build_harness(default_artifact, default_tokenizer, decode_sleep=0.02)
+    h.book.add("ramble", "la", end=False)
+    yield h
+    h.close()
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_client_disconnect_cancels_the_request(slow):
+    body = json.dumps({"model": "smollm2-135m-instruct", "stream": True, "max_tokens": 400,
+                       "messages": [{"role": "user", "content": "SCRIPT:ramble"}]})
+    environ = testing.create_environ(method="POST", path="/v1/chat/completions", body=body,
+                                     headers={"Content-Type": "application/json"})
+    started = []
+    result = slow.app(environ, lambda status, headers, exc_info=None: started.append(status))
+    stream = iter(result)
+    assert next(stream).startswith(b"data: ")  # the role chunk
+    assert b"la" in next(stream)  # generation is running
+    before = slow.engine.stats().requests["cancelled"]
+    result.close()  # what the WSGI server does when the client has gone
+    assert wait_for(lambda: slow.engine.stats().requests["cancelled"] == before + 1)
+    assert wait_for(lambda: slow.engine.stats().running == 0)
+    assert slow.engine.stats().generation_tokens < 400
+    assert started == ["200 OK"]
