@@ -10,7 +10,7 @@ from falcon import testing
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
-from harness import build_harness  # noqa: E402
+from harness import RandomQwen, build_harness  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -23,3 +23,15 @@ def harness(default_artifact, default_tokenizer):
 @pytest.fixture(scope="module")
 def client(harness):
     return testing.TestClient(harness.app)
+
+
+@pytest.fixture(scope="session")
+def qwen35():
+    """Qwen3.5-style: XML tool calls, the generation prompt opens <think>."""
+    return RandomQwen.build("qwen3.5-tiny")
+
+
+@pytest.fixture(scope="session")
+def qwen3():
+    """Qwen3-style: hermes JSON tool calls, the model writes <think> itself."""
+    return RandomQwen.build("qwen3-tiny")

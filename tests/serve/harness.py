@@ -48,6 +48,30 @@ class ScriptBook:
 
 
 @dataclasses.dataclass
+class RandomQwen:
+    """What the harness needs of an artifact, built in memory from `ninfer init-random`'s
+    contents (the real Qwen tokenizer and our Qwen-style template; no weights saved)."""
+
+    path: str
+    metadata: dict
+    chat_template: str
+    tokenizer_json: str
+
+    @classmethod
+    def build(cls, preset: str) -> "RandomQwen":
+        from ninfer_jax.artifact.random_init import init_random
+
+        contents = init_random(preset)
+        return cls(preset, contents.metadata(), contents.chat_template, contents.tokenizer_json)
+
+    def load_tokenizer(self):
+        from ninfer_jax.text.tokenizer import Tokenizer
+
+        special = self.metadata["special_tokens"]
+        return Tokenizer(self.tokenizer_json, eos_ids=special["eos_ids"])
+
+
+@dataclasses.dataclass
 class Harness:
     ctx: ServingContext
     engine: Engine
@@ -59,12 +83,13 @@ class Harness:
         self.engine.shutdown(timeout=5)
 
 
-def build_harness(artifact, tokenizer, *, chat_format=None, template=None, max_context=512,
+def build_harness(artifact, tokenizer=None, *, chat_format=None, template=None, max_context=512,
                   decode_sleep=0.0, engine_options=None, **config) -> Harness:
     metadata = dict(artifact.metadata)
     if chat_format is not None:
         metadata["chat_format"] = chat_format
     serve_config = ServeConfig(artifact=str(artifact.path), max_context=max_context, **config)
+    tokenizer = tokenizer or artifact.load_tokenizer()
     book = ScriptBook(tokenizer, tokenizer.eos_ids[0])
     runner = FakeRunner(num_pages=4 * max_context // 16 + 2, page_size=16, max_batch=8,
                         vocab_size=tokenizer.vocab_size, next_token=book,
