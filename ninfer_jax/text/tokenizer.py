@@ -10,12 +10,14 @@ from trusted segments; every stretch in between (trusted and client text joined)
 in one piece, so a prompt without quoted control spellings gets exactly the ids a plain
 `encode` of the whole string gives (llama.cpp and Hugging Face split at control tokens too).
 
-Thread-safe: the underlying tokenizers are only read after construction. No jax import.
+One `tokenizers` instance, permanently in its "control spellings are text" mode
+(encode_special_tokens); the control-token split of trusted text is done here, the way the
+library itself does it (leftmost, longest spelling first). Added tokens' lstrip/rstrip flags
+are not applied. Thread-safe: the instance is only read after construction. No jax import.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import re
 from typing import Iterable, Sequence
@@ -41,15 +43,16 @@ class Tokenizer:
                  bos_id: int | None = None, add_bos: bool = False, source: str = "tokenizer"):
         self.source = source
         self._full = tokenizers.Tokenizer.from_str(tokenizer_json)
-        self._plain = tokenizers.Tokenizer.from_str(_mark_controls_special(tokenizer_json))
-        # With this flag the plain view encodes special added tokens' spellings as text.
-        self._plain.encode_special_tokens = True
+        added = self._full.get_added_tokens_decoder()
         self.control_tokens: dict[str, int] = {
-            token.content: token_id for token_id, token in
-            self._full.get_added_tokens_decoder().items() if _is_control(token)}
+            token.content: token_id for token_id, token in added.items() if _is_control(token)}
+        _make_controls_special(self._full, added)
+        # From here on the library encodes control spellings as text; split_segments decides
+        # where real control tokens go.
+        self._full.encode_special_tokens = True
         self._control_pattern = _alternation(self.control_tokens)
-        self._added_spellings = {token_id: token.content.encode("utf-8") for token_id, token
-                                 in self._full.get_added_tokens_decoder().items()}
+        self._added_spellings = {token_id: token.content.encode("utf-8")
+                                 for token_id, token in added.items()}
         self._byte_of_char = {ch: b for b, ch in byte_to_unicode().items()}
         self.eos_ids = tuple(eos_ids)
         self.bos_id = bos_id
@@ -91,8 +94,7 @@ class Tokenizer:
     def encode(self, text: str, *, special: bool = True) -> list[int]:
         """Ids of `text`; special=False encodes control spellings as plain text. Never adds BOS
         (callers that want it check `add_bos`)."""
-        view = self._full if special else self._plain
-        return view.encode(text, add_special_tokens=False).ids
+        return self.encode_segments([Segment(text, special)])
 
     def encode_segments(self, segments: Iterable[Segment]) -> list[int]:
         """Ids of the concatenated segments; only trusted segments produce control tokens."""
@@ -103,7 +105,7 @@ class Tokenizer:
         """Ids of each piece from `split_segments` (one id for a control piece)."""
         # Sequential on purpose: encode_batch starts a thread pool, which misbehaves after fork.
         return [[control_id] if control_id is not None
-                else self._plain.encode(text, add_special_tokens=False).ids
+                else self._full.encode(text, add_special_tokens=False).ids
                 for text, control_id in pieces]
 
     def split_segments(self, segments: Iterable[Segment]) -> list[tuple[str, int | None]]:
@@ -157,12 +159,16 @@ def _is_control(token: tokenizers.AddedToken) -> bool:
     return token.special or bool(_CONTROL_LOOKING.match(token.content))
 
 
-def _mark_controls_special(tokenizer_json: str) -> str:
-    data = json.loads(tokenizer_json)
-    for token in data.get("added_tokens", []):
-        if _CONTROL_LOOKING.match(token["content"]):
-            token["special"] = True
-    return json.dumps(data, ensure_ascii=False)
+def _make_controls_special(tokenizer: tokenizers.Tokenizer, added: dict) -> None:
+    """Re-register control-looking non-special added tokens as special (same ids), so that
+    encode_special_tokens treats their spellings as text too."""
+    for token_id, token in added.items():
+        if _is_control(token) and not token.special:
+            tokenizer.add_special_tokens([tokenizers.AddedToken(
+                token.content, special=True, normalized=token.normalized, lstrip=token.lstrip,
+                rstrip=token.rstrip, single_word=token.single_word)])
+            if tokenizer.token_to_id(token.content) != token_id:
+                raise ValueError(f"control token {token.content!r} changed id")
 
 
 def _alternation(spellings: Iterable[str]) -> re.Pattern | None:

@@ -68,3 +68,19 @@ def test_token_bytes_concatenate_to_text(tokenizer):
     ids = tokenizer.encode(text)
     assert tokenizer.decode_bytes(ids) == text.encode("utf-8")
     assert tokenizer.is_byte_level
+
+
+def test_non_special_markup_tokens_are_controls_too():
+    # Hugging Face Qwen tokenizers register <think> as a non-special added token.
+    from ninfer_jax.artifact.tokenizer_build import AddedSpec, build_bpe_tokenizer, byte_to_unicode
+    from ninfer_jax.text.tokenizer import Tokenizer
+
+    vocab = {ch: b for b, ch in byte_to_unicode().items()}
+    hf = build_bpe_tokenizer(vocab, [], pre_tokenizer_kind="qwen2",
+                             added=[AddedSpec("<think>", 256, special=False),
+                                    AddedSpec("<|end|>", 257)])
+    tokenizer = Tokenizer(hf.to_str())
+    assert tokenizer.control_tokens == {"<think>": 256, "<|end|>": 257}
+    assert tokenizer.encode("a<think>b<|end|>") == [97, 256, 98, 257]
+    assert 256 not in tokenizer.encode("a<think>b", special=False)
+    assert tokenizer.decode([97, 256, 98]) == "a<think>b"

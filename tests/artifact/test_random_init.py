@@ -1,0 +1,100 @@
+"""init-random: presets, seeded determinism, finite scaled weights, quantized projections."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ninfer_jax.artifact import convert_common as common
+from ninfer_jax.artifact.format import load_artifact
+from ninfer_jax.artifact.random_init import PRESETS, init_random, random_params, random_tensor
+
+
+def test_qwen3_tiny_artifact(qwen3_tiny_dir):
+    artifact = load_artifact(qwen3_tiny_dir)
+    assert artifact.name == "qwen3-tiny"
+    assert artifact.config.architecture == "qwen3" and artifact.config.qk_norm
+    assert artifact.config.vocab_size == artifact.load_tokenizer().vocab_size == 151669
+    assert artifact.eos_ids == [151645, 151643]
+    assert artifact.chat_format == {"tool_call_format": "hermes",
+                                    "reasoning": {"open": "<think>", "close": "</think>"},
+                                    "thinking_default": True}
+    assert artifact.metadata["source"] == {"kind": "random", "preset": "qwen3-tiny", "seed": 1}
+    assert "<tools>" in artifact.chat_template
+    for name, shape in artifact.config.expected_shapes().items():
+        leaf = artifact.params
+        for part in name.split("."):
+            leaf = leaf[int(part)] if part.isdigit() else leaf[part]
+        assert leaf.shape == shape and np.isfinite(leaf).all(), name
+
+
+def test_seeds_are_reproducible_and_distinct():
+    config = PRESETS["qwen3-tiny"].config
+    small = dict(config.__dict__, vocab_size=512)
+    from ninfer_jax.model.config import ModelConfig
+
+    tiny = ModelConfig(**small)
+    a = random_params(tiny, seed=3, dtype="f32")
+    b = random_params(tiny, seed=3, dtype="f32")
+    c = random_params(tiny, seed=4, dtype="f32")
+    np.testing.assert_array_equal(a["layers"][1]["wq"], b["layers"][1]["wq"])
+    assert not np.array_equal(a["layers"][1]["wq"], c["layers"][1]["wq"])
+    assert not np.array_equal(a["layers"][0]["wq"], a["layers"][1]["wq"])
+
+
+def test_scaling_keeps_projections_near_unit_gain():
+    w = random_tensor(0, "layers.0.w_up", (256, 512), 1 / 16, "f32")
+    x = np.random.default_rng(0).standard_normal((8, 256)).astype(np.float32)
+    gain = np.sqrt(np.mean((x @ w) ** 2) / np.mean(x ** 2))
+    assert 0.8 < gain < 1.2
+
+
+def test_large_tensors_repeat_a_seeded_block_quickly():
+    shape = (4096, 2048)  # larger than one block: tiled at a random phase
+    w = random_tensor(5, "layers.0.w_gate", shape, 0.02, "bf16")
+    assert w.shape == shape and str(w.dtype) == "bfloat16"
+    values = w.astype(np.float32)
+    assert np.isfinite(values).all() and 0.015 < values.std() < 0.025
+    other = random_tensor(5, "layers.1.w_gate", shape, 0.02, "bf16")
+    assert not np.array_equal(w, other)
+
+
+def test_eight_billion_presets_have_the_published_shapes():
+    def count(name):
+        return sum(int(np.prod(s)) for s in PRESETS[name].config.expected_shapes().values())
+
+    assert 8.1e9 < count("qwen3-8b") < 8.3e9
+    assert 7.9e9 < count("llama3-8b") < 8.1e9
+    assert PRESETS["llama3-8b"].config.vocab_size == 128256
+    assert "Qwen3 tokenizer" in PRESETS["llama3-8b"].notes
+
+
+def test_qwen35_tiny_metadata_says_it_is_a_dense_stand_in():
+    contents = init_random("qwen3.5-tiny", seed=0)
+    assert contents.chat_format["tool_call_format"] == "qwen_xml"
+    assert "hybrid" in contents.notes
+    assert contents.config.vocab_size == 248077
+    assert "<function=" in contents.chat_template
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_projection_formats(fmt, tmp_path):
+    from ninfer_jax.artifact.format import save_artifact
+    from ninfer_jax.kernels.quant_matmul.formats import dequantize_numpy, format_of
+
+    contents = init_random("qwen3-tiny", weights=fmt)
+    assert contents.weight_formats == {"embed": "f32", "layers": fmt, "norms": "f32"}
+    artifact = load_artifact(save_artifact(tmp_path / "q.ninfer", contents))
+    wq = artifact.params["layers"][0]["wq"]
+    assert format_of(wq) == fmt
+    float_wq = random_tensor(0, "layers.0.wq", (64, 64), 1 / 8, "f32")
+    approx = dequantize_numpy(wq)[:64]
+    assert np.abs(approx - float_wq).max() < 0.25 * np.abs(float_wq).max()
+    assert artifact.params["layers"][0]["attn_norm"].dtype == np.float32
+
+
+def test_format_choices_resolve():
+    assert common.resolve_formats(None, None) == ("f32", None)
+    assert common.resolve_formats(None, "bf16") == ("bf16", None)
+    assert common.resolve_formats("bf16", "int8") == ("bf16", "int8")
+    with pytest.raises(ValueError, match="contradicts"):
+        common.resolve_formats("f32", "bf16")
