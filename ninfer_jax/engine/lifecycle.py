@@ -73,8 +73,12 @@ class Lifecycle:
         self._emit("paused", seq)
         return freed
 
-    def restore(self, seq: Sequence) -> None:
+    def restore(self, seq: Sequence, cached_tokens: int = 0) -> None:
+        """Back to resident; `cached_tokens` leading tokens came back from the prefix cache
+        (no replay needed for them)."""
         seq.status = Status.RESIDENT
+        seq.num_computed = cached_tokens
+        seq.counters["restored_cached_tokens"] += cached_tokens
         seq.counters["paused_seconds"] += self.clock() - seq.paused_at
         seq.paused_at = None
         seq.counters["replay_restores"] += 1

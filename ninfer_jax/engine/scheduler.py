@@ -33,6 +33,7 @@ import numpy as np
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.lifecycle import Lifecycle
 from ninfer_jax.engine.pages import PagePool, pages_for
+from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
 from ninfer_jax.engine.sequence import Sequence, Status
@@ -61,11 +62,13 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
         self.paused: list[Sequence] = []  # sorted by seq_id: restore order
+        self.cache = PrefixCache(pool, page_size) if config.prefix_reuse else None
         self.life = Lifecycle(pool, clock, eos_ids, config.max_context)
         self.counters = self.life.counters
         self._next_seq_id = 0
         self._decode_credit = 0.0  # seconds of decode owed to running streams
         self._contended = False  # the last plan had both prefill and decode work waiting
+        self._paused_now: set[int] = set()
 
     # ------------------------------------------------------------------ intake and controls
 
@@ -107,6 +110,7 @@ class Scheduler:
     # ------------------------------------------------------------------ planning
 
     def schedule(self) -> Schedule | None:
+        self._paused_now: set[int] = set()  # never restore within the round that paused it
         while True:
             self._admit()
             if not self.resident:
@@ -167,6 +171,8 @@ class Scheduler:
         while the pool is short. False when `seq` itself was paused or ended."""
         while True:
             missing = pages_for(num_positions, self.page_size) - len(seq.pages)
+            if missing > self.pool.num_free and self.cache is not None:
+                self.cache.reclaim(missing)  # retained history goes before any request
             if missing <= self.pool.num_free:
                 if missing > 0:
                     seq.pages.extend(self.pool.alloc(missing))
@@ -183,6 +189,8 @@ class Scheduler:
     def _pause(self, seq: Sequence) -> None:
         self.resident.remove(seq)
         freed = self.life.pause(seq)
+        self._paused_now.add(seq.seq_id)
+        seq.cache_cursor = (0, ROOT)
         bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
         log.info("pause request_id=%s seq=%d output_tokens=%d pages_freed=%d preemption=%d",
                  seq.request_id, seq.seq_id, seq.num_output, freed, seq.counters["preemptions"])
@@ -191,16 +199,18 @@ class Scheduler:
 
     def _admit(self) -> None:
         while len(self.resident) < self.config.max_concurrency:
-            if self.paused and self._fits(self.paused[0], headroom=len(self.resident)):
+            oldest_paused = self.paused[0] if self.paused else None
+            if (oldest_paused is not None and oldest_paused.seq_id not in self._paused_now
+                    and self._fits(oldest_paused, headroom=len(self.resident))):
                 seq = self.paused.pop(0)
-                self.life.restore(seq)
+                self.life.restore(seq, self._reuse_cached(seq))
                 log.info("restore request_id=%s seq=%d replay_tokens=%d", seq.request_id,
-                         seq.seq_id, seq.prefill_target)
+                         seq.seq_id, seq.prefill_target - seq.num_computed)
             else:
                 seq = self._pick_waiting()
                 if seq is None:
                     return
-                self.life.admit(seq)
+                self.life.admit(seq, self._reuse_cached(seq))
             bisect.insort(self.resident, seq, key=lambda s: s.seq_id)
 
     def _pick_waiting(self) -> Sequence | None:
@@ -218,15 +228,36 @@ class Scheduler:
                 return seq
         return None
 
+    def _reuse_cached(self, seq: Sequence) -> int:
+        """Attach the cached pages of `seq`'s longest known prefix; returns the tokens they
+        cover. At least one token is always left to compute (it yields the next sample)."""
+        if self.cache is None:
+            return 0
+        pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq))
+        seq.pages = pages
+        seq.cache_cursor = (len(pages), last_node)
+        return len(pages) * self.page_size
+
+    def _max_cached_pages(self, seq: Sequence) -> int:
+        return (len(seq.tokens) - 1) // self.page_size
+
     def _fits(self, seq: Sequence, headroom: int = 0) -> bool:
         """Whether the pages `seq` needs up to its first sample (or, after a pause, up to and
-        including one decode) are free beyond what residents' pending prefills will take."""
+        including one decode) are available beyond what residents' pending prefills will
+        take. Cached pages it can reuse are not needed; reclaimable ones count as free."""
         if not self.resident:
             return True
         promised = sum(max(0, pages_for(s.prefill_target + 1, self.page_size) - len(s.pages))
                        for s in self.resident if s.needs_prefill)
-        need = pages_for(seq.prefill_target + 1, self.page_size) - len(seq.pages)
-        return need + headroom <= self.pool.num_free - promised
+        need = pages_for(seq.prefill_target + 1, self.page_size) + headroom
+        available = self.pool.num_free - promised
+        if self.cache is not None and need > available:
+            matched, matched_reclaimable = self.cache.count_cached(
+                seq.tokens, self._max_cached_pages(seq))
+            # Its own cached pages are reused, so they are not also free for it.
+            need -= matched
+            available += self.cache.num_reclaimable() - matched_reclaimable
+        return need <= available
 
     def _deadline(self, seq: Sequence) -> float:
         request = seq.request
@@ -245,6 +276,7 @@ class Scheduler:
                 self._decode_credit += self.config.decode_share * elapsed
             self.counters.prefill_seconds += elapsed
             self.life.computed(seq, len(unit.tokens), is_prefill=True)
+            self._publish_prefix(seq)
             if unit.sample is not None:
                 self._settle(seq, self.life.commit(seq, int(sampled[0]), from_decode=False))
             elif seq.num_output == 0 and not seq.needs_prefill:
@@ -255,7 +287,13 @@ class Scheduler:
         self.counters.record_decode(len(schedule.seqs), elapsed)
         for seq, token in zip(schedule.seqs, sampled):
             self.life.computed(seq, 1, is_prefill=False)
+            self._publish_prefix(seq)
             self._settle(seq, self.life.commit(seq, int(token), from_decode=True))
+
+    def _publish_prefix(self, seq: Sequence) -> None:
+        if self.cache is not None:
+            seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages, seq.num_computed,
+                                                  seq.cache_cursor)
 
     def _settle(self, seq: Sequence, finish: tuple[str, int | None] | None) -> None:
         if finish is not None:
@@ -291,10 +329,14 @@ class Scheduler:
             "replaying": sum(s.is_replaying for s in self.resident),
             "kv_pages_used": self.pool.num_used,
             "kv_pages_capacity": self.pool.capacity,
+            "kv_pages_cached": self.cache.num_pages if self.cache is not None else 0,
             "page_size": self.page_size,
             "max_concurrency": self.config.max_concurrency,
         }
 
     def page_holders(self) -> list[list[int]]:
         """Every page list that holds references (for PagePool.check)."""
-        return [s.pages for s in self.resident + self.paused + list(self.waiting)]
+        holders = [s.pages for s in self.resident + self.paused + list(self.waiting)]
+        if self.cache is not None:
+            holders.append(self.cache.pages())
+        return holders

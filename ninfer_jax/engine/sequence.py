@@ -38,6 +38,8 @@ class Sequence:
     # Most positions that ever had KV: recomputation below it is replay, above it prefill.
     high_water: int = 0
     num_prompt_reported: int = 0  # last PromptProgress.processed published
+    # (leading pages published to / matched in the prefix cache, id of the last such node)
+    cache_cursor: tuple[int, int] = (0, 0)
     times_bypassed: int = 0  # times a later request was admitted while this one waited at the head
     admitted_at: float | None = None
     first_token_at: float | None = None
@@ -45,6 +47,7 @@ class Sequence:
     paused_at: float | None = None
     counters: dict = dataclasses.field(default_factory=lambda: {
         "preemptions": 0, "replay_restores": 0, "replayed_tokens": 0,
+        "restored_cached_tokens": 0,
         "prefill_tokens": 0, "prefill_units": 0, "decode_rounds": 0, "paused_seconds": 0.0,
     })
 

@@ -53,6 +53,7 @@ class EngineStats:
     replaying: int
     kv_pages_used: int
     kv_pages_capacity: int
+    kv_pages_cached: int  # pages the prefix cache retains (also counted in kv_pages_used)
     page_size: int
     max_concurrency: int
     # cumulative counters
@@ -78,6 +79,7 @@ class EngineStats:
         return build_stats(EngineCounters(), gauges={
             "running": 0, "waiting": 0, "paused": 0, "prefilling": 0, "decode_ready": 0,
             "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": capacity,
+            "kv_pages_cached": 0,
             "page_size": page_size, "max_concurrency": max_concurrency,
         }, ready=ready, healthy=healthy)
 

@@ -69,12 +69,12 @@ class Driver:
         return handle
 
     def step(self) -> bool:
-        """One round; False when the scheduler had nothing to run."""
+        """One round; False when the scheduler has nothing left to do."""
         self.scheduler.apply_controls()
         schedule = self.scheduler.schedule()
         self.check_pages()
         if schedule is None:
-            return False
+            return self.scheduler.has_work()
         if schedule.prefill is not None:
             sampled = [self.runner.prefill(schedule.prefill)]
         else:
@@ -89,6 +89,13 @@ class Driver:
             if not self.step():
                 return
         raise AssertionError("the scheduler did not finish")
+
+    def request_pages(self) -> int:
+        """Pages some request still holds (pages only the prefix cache keeps excluded)."""
+        cache = self.scheduler.cache
+        cached = set(cache.pages()) if cache is not None else set()
+        return sum(self.pool.refcount(page) > (page in cached)
+                   for page in range(1, self.pool.num_pages))
 
     def check_pages(self) -> None:
         self.pool.check(self.scheduler.page_holders())

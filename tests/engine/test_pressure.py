@@ -43,7 +43,7 @@ def test_tiny_pool_pauses_and_replays_with_unchanged_outputs():
     restored = [seq for kind, seq in log if kind == "restored"]
     completed = [seq for kind, seq in log if kind == "replay_complete"]
     assert restored and sorted(completed) == sorted(restored)
-    assert driver.pool.num_used == 0
+    assert driver.request_pages() == 0
 
 
 def test_replay_never_resends_tokens():

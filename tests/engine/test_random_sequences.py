@@ -11,8 +11,14 @@ from ninfer_jax.engine.request import Finished, SamplingParams, Tokens
 from engine_testkit import GREEDY, Driver, drain, expected_output, make_request, terminal
 
 
+BASES = [[(31 * i + 7 * b) % 1000 for i in range(12)] for b in range(3)]
+
+
 def random_request(rng: random.Random, pool_tokens: int):
-    prompt = [rng.randrange(1000) for _ in range(rng.randint(1, min(14, pool_tokens - 1)))]
+    # Half the prompts extend a few shared beginnings, so prefix reuse gets exercised.
+    length = rng.randint(1, min(14, pool_tokens - 1))
+    prefix = rng.choice(BASES)[: rng.randint(0, length)] if rng.random() < 0.5 else []
+    prompt = prefix + [rng.randrange(1000) for _ in range(length - len(prefix))]
     sampling = GREEDY if rng.random() < 0.6 else SamplingParams(temperature=1.0,
                                                                 seed=rng.randrange(100))
     return make_request(prompt, max_tokens=rng.choice([0, 1, 3, 9, 17]), sampling=sampling)
@@ -26,7 +32,7 @@ def test_random_workload_keeps_pages_and_outputs_exact(seed):
     driver = Driver(num_pages=num_pages, page_size=page_size,
                     max_concurrency=rng.randint(1, 4), prefill_chunk=rng.randint(1, 8),
                     decode_share=rng.choice([0.0, 0.25, 1.0]), max_bypass=rng.randint(0, 3),
-                    max_context=64)
+                    max_context=64, prefix_reuse=seed % 3 != 0)
     pool_tokens = (num_pages - 1) * page_size
     seen: dict = {}  # handle -> events so far
     stops: dict = {}  # handle -> stop_at value asked
@@ -46,7 +52,9 @@ def test_random_workload_keeps_pages_and_outputs_exact(seed):
         for handle, events in seen.items():
             events.extend(drain(handle))
     driver.run()
-    assert driver.pool.num_used == 0
+    assert driver.request_pages() == 0
+    if driver.scheduler.cache is not None:
+        assert driver.pool.num_used == driver.scheduler.cache.num_pages
     for handle, events in seen.items():
         events.extend(drain(handle))
         end = terminal(events)

@@ -24,7 +24,7 @@ def test_single_request_events_and_output():
     assert end.reason == "length"
     assert (end.usage.prompt_tokens, end.usage.completion_tokens) == (10, 5)
     assert end.counters["prefill_units"] == 3 and end.counters["decode_rounds"] == 4
-    assert driver.pool.num_used == 0
+    assert driver.request_pages() == 0
     units = [(s.prefill.start, len(s.prefill.tokens)) for s in driver.schedules if s.prefill]
     assert units == [(0, 4), (4, 4), (8, 2)]
 
@@ -113,7 +113,7 @@ def test_stop_at_truncates_and_finishes_with_stop():
     end = finished(handle)
     assert end.reason == "stop" and list(end.output_ids) == expected_output(prompt, 2)
     assert end.usage.completion_tokens == 2
-    assert driver.pool.num_used == 0
+    assert driver.request_pages() == 0
 
 
 def test_cancel_while_running_frees_pages():
@@ -121,13 +121,13 @@ def test_cancel_while_running_frees_pages():
     handle = driver.submit(make_request(prompt_of(9), max_tokens=50))
     for _ in range(4):
         driver.step()
-    assert driver.pool.num_used > 0
+    assert driver.request_pages() > 0
     handle.cancel()
     handle.cancel()  # idempotent
     driver.run()
     end = finished(handle)
     assert end.reason == "cancelled" and 0 < len(end.output_ids) < 50
-    assert driver.pool.num_used == 0
+    assert driver.request_pages() == 0
 
 
 def test_cancelled_waiting_request_never_starts():
