@@ -74,15 +74,16 @@ def _stream(seed: int, name: str) -> np.random.Generator:
 
 def random_tensor(seed: int, name: str, shape: tuple[int, ...], std: float, dtype: str,
                   mean: float = 0.0) -> np.ndarray:
+    """A seeded random tensor in its storage dtype (norms f32, others `dtype`)."""
     rng = _stream(seed, name)
     size = int(np.prod(shape))
-    if size <= _BLOCK:
-        values = rng.standard_normal(size, dtype=np.float32)
-    else:
-        block = np.roll(rng.standard_normal(_BLOCK, dtype=np.float32), int(rng.integers(_BLOCK)))
-        values = np.tile(block, -(-size // _BLOCK))[:size]
-    values = values * np.float32(std) + np.float32(mean)
-    return common.store(name, values.reshape(shape), dtype)
+    drawn = min(size, _BLOCK)
+    block = rng.standard_normal(drawn, dtype=np.float32) * np.float32(std) + np.float32(mean)
+    block = common.store(name, block, dtype)
+    if size > drawn:
+        # One copying pass in the storage dtype: the block repeated from a random phase.
+        block = np.resize(np.roll(block, int(rng.integers(drawn))), size)
+    return block.reshape(shape)
 
 
 def random_params(config: ModelConfig, *, seed: int, dtype: str,

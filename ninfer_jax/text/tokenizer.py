@@ -143,7 +143,9 @@ class Tokenizer:
             return self._added_spellings[token_id]
         token = self.id_to_token(token_id)
         if token is None:
-            raise ValueError(f"token id {token_id} is outside the vocabulary")
+            # Model vocabularies are often padded past the tokenizer's (Qwen3-8B: 151,936 rows
+            # for 151,669 tokens); such ids have no text, as in `decode`.
+            return b""
         try:
             return bytes(self._byte_of_char[ch] for ch in token)
         except KeyError:

@@ -58,3 +58,10 @@ def test_window_fallback_for_non_byte_level_vocabularies():
     detok = IncrementalDetokenizer(tokenizer)
     text = "".join(detok.push([i]) for i in ids) + detok.flush()
     assert text == tokenizer.decode(ids) == "hello world!"
+
+
+def test_ids_past_the_tokenizer_vocabulary_have_no_text(default_tokenizer):
+    # Padded model vocabularies can sample ids the tokenizer does not have.
+    detok = IncrementalDetokenizer(default_tokenizer)
+    ids = default_tokenizer.encode("Hi") + [default_tokenizer.vocab_size + 5]
+    assert detok.push(ids) + detok.flush() == "Hi" == default_tokenizer.decode(ids)
