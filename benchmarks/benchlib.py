@@ -1,10 +1,12 @@
 """Timing helpers shared by the GPU benchmarks (jax + numpy only, so they run on the device
 machine without the serving dependencies).
 
-`time_op` runs an op `iters` times inside ONE jitted fori_loop, each iteration depending on the
-previous one through a zero-valued bump of the first argument, so host dispatch is paid once per
-timed call and XLA cannot hoist the op out of the loop. The figure is the median over `reps`
-calls divided by `iters`.
+`time_op` runs an op `iters` times inside ONE jitted call, each repetition depending on the
+previous one: the first argument is bumped by (a value from EVERY output) x (a zero that arrives
+as a runtime argument, so XLA cannot fold it away). Host dispatch is paid once per timed call
+and XLA can neither hoist, merge nor drop a repetition. The repetitions are unrolled: an XLA
+while loop pays a host round trip per iteration (tens of microseconds here). The figure is the
+median over `reps` calls divided by `iters`.
 """
 from __future__ import annotations
 
@@ -15,27 +17,37 @@ import time
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 
 
 def time_op(fn, first, *rest, iters: int = 20, reps: int = 5) -> float:
     """Median seconds per call of fn(first, *rest) -> array(s)."""
-    def looped(first, *rest):
-        def body(_, carry):
+    def looped(zero, first, *rest):
+        carry = first
+        for _ in range(iters):
             out = fn(carry, *rest)
-            leaf = jax.tree.leaves(out)[0]
-            bump = (jnp.ravel(leaf)[0] * 0).astype(carry.dtype)
-            return carry + bump
-        return lax.fori_loop(0, iters, body, first)
+            bump = sum(jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in jax.tree.leaves(out))
+            carry = carry + (bump * zero).astype(carry.dtype)
+        return carry
 
     run = jax.jit(looped)
-    jax.block_until_ready(run(first, *rest))  # compile + warm up
+    zero = jnp.float32(0.0)
+    jax.block_until_ready(run(zero, first, *rest))  # compile + warm up
     samples = []
     for _ in range(reps):
         start = time.perf_counter()
-        jax.block_until_ready(run(first, *rest))
+        jax.block_until_ready(run(zero, first, *rest))
         samples.append((time.perf_counter() - start) / iters)
     return statistics.median(samples)
+
+
+def gemv_bandwidth(rows: int = 1, copies: int = 8) -> float:
+    """XLA bf16 GEMV bandwidth (bytes/s): x [rows, 4096] times `copies` distinct 4096x14336
+    weights in turn (together far larger than L2), the decode-shaped ceiling."""
+    keys = jax.random.split(jax.random.PRNGKey(3), copies)
+    weights = [jax.random.normal(k, (4096, 14336), jnp.bfloat16) for k in keys]
+    x = jax.random.normal(jax.random.PRNGKey(4), (rows, 4096), jnp.bfloat16)
+    seconds = time_op(lambda x, ws: [x @ w for w in ws], x, weights, iters=10)
+    return copies * 4096 * 14336 * 2 / seconds
 
 
 def copy_bandwidth(num_bytes: int = 2 << 30) -> float:

@@ -9,8 +9,8 @@ export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -c 'import jax; print(jax.__version__, jax.devices())' 2>&1 | tail -1
 for spec in "$@"; do
-  stage=${spec%%:*}; rest=${spec#*:}; cap=${rest##*@}; arg=${rest%@*}
-  [ "$cap" = "$rest" ] && cap=120
+  body=${spec%@*}; cap=${spec##*@}; [ "$cap" = "$spec" ] && cap=120
+  stage=${body%%:*}; arg=${body#*:}
   start=$(date +%s)
   case $stage in
     tests) timeout "$cap" python3 -m pytest tests/kernels -q -x -p no:cacheprovider \

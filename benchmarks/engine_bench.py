@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchlib import Recorder, copy_bandwidth, environment, matmul_rate
+from benchlib import Recorder, copy_bandwidth, environment, gemv_bandwidth, matmul_rate
 from kernel_bench import random_leaf
 from ninfer_jax.kernels import paged_attention, quant_matmul
 from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
@@ -166,7 +166,8 @@ def main():
                 else "kernels")
     if not args.no_ceilings:
         rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
-                bf16_matmul_tflops=matmul_rate() / 1e12, **environment())
+                bf16_matmul_tflops=matmul_rate() / 1e12, gemv_tbps=gemv_bandwidth() / 1e12,
+                **environment())
     params = random_params(config, args.weights)
     rec.add(**base, op="params", weight_bytes=weight_bytes(params))
     for batch, context in parse_pairs(args.decode):

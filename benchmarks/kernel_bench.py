@@ -1,7 +1,7 @@
 """Kernel microbenchmarks on the GPU: paged decode/prefill attention and quantized matmuls,
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
-    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [prefill] [quant]
+    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [prefill] [quant] [qsweep]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -17,7 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchlib import Recorder, copy_bandwidth, environment, matmul_rate, time_op
+from benchlib import (Recorder, copy_bandwidth, environment, gemv_bandwidth, matmul_rate,
+                      time_op)
 from ninfer_jax.kernels.paged_attention import kernel as attn_kernel
 from ninfer_jax.kernels.paged_attention import prefill as attn_prefill
 from ninfer_jax.kernels.paged_attention import reference as attn_reference
@@ -78,16 +79,23 @@ def decode_section():
 
 
 def sweep_section():
-    """Block size x warps x stages x split target for the 32k, batch-8 shape."""
-    for block, warps, stages, target in itertools.product((64, 128), (4, 8), (2, 3, 4),
-                                                          (264, 1056)):
-        tuning = decode_tuning(batch=8, num_kv_heads=8, page_size=16, table_width=2048,
-                               block_tokens=block, target_programs=target, num_warps=warps,
-                               num_stages=stages)
-        try:
-            bench_decode(8, 32768, tuning=tuning, tag="sweep")
-        except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
-            rec.add(op="decode_attention", tag="sweep", tuning=str(tuning), error=repr(err)[:300])
+    """Split/block/warps/stages for a long batch (8 x 32k) and a short single row (1 x 1k)."""
+    for block, warps, stages, target in itertools.product((32, 64), (2, 4), (1, 2, 3),
+                                                          (528, 1056, 2112)):
+        _sweep_one(8, 32768, block_tokens=block, num_warps=warps, num_stages=stages,
+                   target_programs=target)
+    for block, min_split, target in itertools.product((16, 32, 64), (64, 256), (264, 1056)):
+        _sweep_one(1, 1024, block_tokens=block, min_split_tokens=min_split,
+                   target_programs=target)
+
+
+def _sweep_one(batch, context, **knobs):
+    tuning = decode_tuning(batch=batch, num_kv_heads=8, page_size=16,
+                           table_width=context // 16, **knobs)
+    try:
+        bench_decode(batch, context, tuning=tuning, tag="sweep")
+    except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+        rec.add(op="decode_attention", tag="sweep", tuning=str(tuning), error=repr(err)[:300])
 
 
 def prefill_section():
@@ -159,27 +167,51 @@ def bench_matmul(fmt, rows, k, n, *, tuning=None, copies=8, tag=""):
 
 def quant_section():
     for fmt in ("bf16", "int8", "fp8", "int4", "nvfp4"):
-        for rows in (1, 8, 64):
-            bench_matmul(fmt, rows, 4096, 14336)
-        bench_matmul(fmt, 1, 14336, 4096)
-    for fmt in ("int8", "int4", "nvfp4"):
-        for bn, bk, warps, stages in itertools.product((64, 128), (128, 256), (4, 8), (3, 5)):
+        for rows, k, n in [(1, 4096, 14336), (8, 4096, 14336), (64, 4096, 14336),
+                           (1, 14336, 4096), (1, 4096, 1024)]:
+            _matmul_guarded(fmt, rows, k, n)
+
+
+QUANT_SWEEP = [  # (use_dot, block_k, block_n, num_warps, num_stages, split factor)
+    (False, 32, 128, 4, 3, 1), (False, 64, 128, 4, 3, 1), (False, 64, 64, 4, 3, 1),
+    (False, 64, 128, 8, 3, 1), (False, 64, 128, 4, 3, 2), (False, 16, 256, 4, 3, 1),
+    (False, 128, 64, 4, 3, 1), (False, 128, 32, 4, 3, 2),
+    (True, 128, 64, 4, 4, 1), (True, 256, 64, 4, 4, 1), (True, 128, 128, 4, 4, 1),
+    (True, 256, 128, 4, 3, 1), (True, 128, 128, 8, 4, 2),
+]
+
+
+def quant_sweep_section():
+    for fmt in ("int8", "fp8", "int4", "nvfp4"):
+        for use_dot, bk, bn, warps, stages, factor in QUANT_SWEEP:
+            if bk < {"int4": 128, "nvfp4": 16}.get(fmt, 1):
+                continue
+            base = matmul_tuning(rows=1, k=4096, n=14336, fmt=fmt, block_n=bn, block_k=bk,
+                                 use_dot=use_dot)
+            splits = base.num_splits * factor if (4096 // bk) % (base.num_splits * factor) == 0 \
+                else base.num_splits
             tuning = matmul_tuning(rows=1, k=4096, n=14336, fmt=fmt, block_n=bn, block_k=bk,
-                                   num_warps=warps, num_stages=stages)
-            try:
-                bench_matmul(fmt, 1, 4096, 14336, tuning=tuning, tag="sweep")
-            except Exception as err:  # noqa: BLE001
-                rec.add(op="matmul", fmt=fmt, tag="sweep", tuning=str(tuning),
-                        error=repr(err)[:300])
+                                   num_splits=splits, num_warps=warps, num_stages=stages,
+                                   use_dot=use_dot)
+            _matmul_guarded(fmt, 1, 4096, 14336, tuning=tuning, tag="sweep")
+
+
+def _matmul_guarded(fmt, rows, k, n, **kw):
+    try:
+        bench_matmul(fmt, rows, k, n, **kw)
+    except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+        rec.add(op="matmul", fmt=fmt, rows=rows, k=k, n=n, tag=kw.get("tag", ""),
+                tuning=str(kw.get("tuning")), error=repr(err)[:300])
 
 
 def ceilings_section():
     rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
-            bf16_matmul_tflops=matmul_rate() / 1e12, **environment())
+            bf16_matmul_tflops=matmul_rate() / 1e12, gemv_tbps=gemv_bandwidth() / 1e12,
+            **environment())
 
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
-            "prefill": prefill_section, "quant": quant_section}
+            "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(SECTIONS):

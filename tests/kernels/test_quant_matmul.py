@@ -97,6 +97,8 @@ KERNEL_GRID = [
     ("int4", 3, 200, 64, MatmulTuning(block_n=32, block_k=128, num_splits=2)),
     ("nvfp4", 2, 112, 64, MatmulTuning(block_n=64, block_k=16, num_splits=7)),
     ("nvfp4", 17, 64, 32, None),
+    ("int4", 1, 256, 64, MatmulTuning(block_n=32, block_k=128, num_splits=2, use_dot=False)),
+    ("int8", 1, 64, 32, None),  # one row: the FMA path by default
 ]
 
 
@@ -113,9 +115,12 @@ def test_kernel_in_interpret_mode_matches_reference(fmt, rows, k, n, tuning):
 
 def test_tuning_tiles_divide_the_weight_and_hold_whole_groups():
     for fmt, k, n in [("int4", 4096, 14336), ("nvfp4", 14336, 4096), ("int8", 576, 1536)]:
-        t = matmul_tuning(rows=1, k=k, n=n, fmt=fmt)
-        assert n % t.block_n == 0 and k % (t.block_k * t.num_splits) == 0
-        assert t.block_k % {"int4": 128, "nvfp4": 16, "int8": 1}[fmt] == 0
+        for rows in (1, 8, 64):
+            t = matmul_tuning(rows=rows, k=k, n=n, fmt=fmt)
+            assert n % t.block_n == 0 and k % (t.block_k * t.num_splits) == 0
+            assert t.block_k % {"int4": 128, "nvfp4": 16, "int8": 1}[fmt] == 0
+            assert t.use_dot == (rows > 1)
+            assert t.use_dot or t.block_k * t.block_n <= 8192
     assert matmul_tuning(rows=1, k=100, n=64, fmt="int8") is None  # no power-of-2 K tile
 
 
@@ -130,9 +135,10 @@ def test_dispatch_uses_xla_for_plain_weights_and_the_reference_on_cpu():
 
 
 @pytest.mark.parametrize("fmt", formats.QUANTIZED_FORMATS)
-def test_kernel_lowers_for_cuda(fmt):
+@pytest.mark.parametrize("rows", [1, 8])
+def test_kernel_lowers_for_cuda(fmt, rows):
     w = quantized(fmt, 4096 if fmt == "int4" else 512, 256)
-    x = jnp.zeros((1, w[fmt].shape[0]), jnp.bfloat16)
+    x = jnp.zeros((rows, w[fmt].shape[0]), jnp.bfloat16)
     assert f"ninfer_{fmt}_matmul" in lowers_for_cuda(kernel.matmul, x, w)
 
 

@@ -30,11 +30,12 @@ class DecodeTuning:
 
 def decode_tuning(*, batch: int, num_kv_heads: int, page_size: int, table_width: int,
                   block_tokens: int = BLOCK_TOKENS, target_programs: int = TARGET_PROGRAMS,
-                  num_warps: int = 4, num_stages: int = 3) -> DecodeTuning:
+                  min_split_tokens: int = MIN_SPLIT_TOKENS, num_warps: int = 4,
+                  num_stages: int = 3) -> DecodeTuning:
     """Pick the loop block and the context split for one decode call shape."""
     pages_per_block = max(1, block_tokens // page_size)
     blocks_in_table = -(-table_width // pages_per_block)
-    max_splits = max(1, (table_width * page_size) // MIN_SPLIT_TOKENS)
+    max_splits = max(1, (table_width * page_size) // min_split_tokens)
     wanted = -(-target_programs // (batch * num_kv_heads))
     num_splits = max(1, min(wanted, max_splits, blocks_in_table))
     blocks_per_split = -(-blocks_in_table // num_splits)

@@ -10,6 +10,8 @@ offset subtracted), applies group scales on the tile, and multiplies on the tens
 float32 accumulation. x is pre-scaled per row into float16's comfortable range (|x| <= 256) so
 activations larger than float16's maximum cannot overflow; the scale is undone in the epilogue,
 together with per-channel scales and the split sum (a few kB of XLA work).
+A single row of x (batch-1 decode) takes an FMA path instead of the tensor cores (see
+_matmul_kernel); which is faster is measured in docs/benchmarks.md.
 Shape letters: M rows (padded to Mp >= 16, Triton's smallest tile), K in, N out.
 """
 from __future__ import annotations
@@ -69,22 +71,38 @@ def _tile_weights(fmt: str, raw, scale):
     return values * _expand_groups(scale.astype(jnp.float16), raw.shape[0])
 
 
-def _matmul_kernel(x_ref, w_ref, *refs, fmt: str, block_k: int, num_blocks: int):
+def _matmul_kernel(x_ref, w_ref, *refs, fmt: str, block_k: int, num_blocks: int,
+                   use_dot: bool):
+    """One (column block, K split) program. With use_dot the partial products go through the
+    tensor cores; without it (a single row of x) each thread keeps float32 partial sums of its
+    own weight elements and the K reduction happens once, after the loop."""
     scale_ref, o_ref = refs if len(refs) == 2 else (None, refs[0])
     group = GROUP_SIZE[fmt]
 
-    def body(i, acc):
+    def tile(i):
         k0 = pl.multiple_of(i * block_k, block_k)
-        x = x_ref[:, pl.ds(k0, block_k)]
         raw = w_ref[pl.ds(k0, block_k), :]
         scale = None
         if scale_ref is not None:
             scale = scale_ref[pl.ds(pl.multiple_of(i * (block_k // group), block_k // group),
                                     block_k // group), :]
-        return acc + pltriton.dot(x, _tile_weights(fmt, raw, scale))
+        return k0, _tile_weights(fmt, raw, scale)
+
+    def dot_body(i, acc):
+        k0, w = tile(i)
+        return acc + pltriton.dot(x_ref[:, pl.ds(k0, block_k)], w)
+
+    def fma_body(i, acc):
+        k0, w = tile(i)
+        x = x_ref[0, pl.ds(k0, block_k)].astype(jnp.float32)
+        return acc + x[:, None] * w.astype(jnp.float32)
 
     rows, cols = o_ref.shape
-    o_ref[...] = lax.fori_loop(0, num_blocks, body, jnp.zeros((rows, cols), jnp.float32))
+    if use_dot:
+        o_ref[...] = lax.fori_loop(0, num_blocks, dot_body, jnp.zeros((rows, cols), jnp.float32))
+    else:
+        acc = lax.fori_loop(0, num_blocks, fma_body, jnp.zeros((block_k, cols), jnp.float32))
+        o_ref[...] = acc.sum(axis=0)[None, :]
 
 
 def _epilogue_scale(fmt: str, w):
@@ -110,7 +128,7 @@ def matmul(x, w, *, out_dtype=None, tuning: MatmulTuning | None = None,
     tuning = tuning or matmul_tuning(rows=M, k=Kp, n=N, fmt=fmt)
     if tuning is None:
         return None
-    Mp = max(MIN_DOT_ROWS, _next_power_of_2(M))
+    Mp = max(MIN_DOT_ROWS, _next_power_of_2(M)) if tuning.use_dot else 1
     row_scale = jnp.maximum(jnp.abs(x2).max(axis=1), 1e-30) / X_RANGE  # [M]
     x16 = jnp.pad(x2 / row_scale[:, None], ((0, Mp - M), (0, Kp - K))).astype(jnp.float16)
     partial = _matmul_call(x16, w, fmt=fmt, n=N, tuning=tuning, interpret=interpret)
@@ -130,7 +148,8 @@ def _matmul_call(x16, w, *, fmt: str, n: int, tuning: MatmulTuning, interpret: b
     if group > 1:
         in_specs.append(pl.BlockSpec((split_k // group, bn), lambda j, s: (s, j)))
         operands.append(w["scale"])
-    kernel = functools.partial(_matmul_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk)
+    kernel = functools.partial(_matmul_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk,
+                               use_dot=tuning.use_dot)
     return pl.pallas_call(
         kernel,
         grid=(n // bn, NS),

@@ -15,6 +15,9 @@ MIN_BLOCKS_PER_SPLIT = 2  # keep at least two K tiles per program so the loop ca
 GROUP_SIZE = {"int8": 1, "fp8": 1, "int4": 128, "nvfp4": 16}
 
 
+SHARED_MEMORY_BUDGET = 160 * 1024  # bytes of pipeline buffers we allow (H200: 227 KiB/block)
+
+
 @dataclasses.dataclass(frozen=True)
 class MatmulTuning:
     block_n: int  # output columns per program
@@ -22,6 +25,17 @@ class MatmulTuning:
     num_splits: int  # programs along K (partial sums added by XLA)
     num_warps: int = 4
     num_stages: int = 4
+    use_dot: bool = True  # tensor-core tiles; False = one-row FMA path (x must have 1 row)
+
+
+def _stages_that_fit(stages: int, rows: int, block_k: int, block_n: int, fmt: str) -> int:
+    """Fewer pipeline stages when x tile + weight tile per stage would overflow shared memory
+    (the dequantized float16 tile handed to the tensor cores needs room too)."""
+    padded_rows = max(16, 1 << max(0, rows - 1).bit_length())
+    weight_bytes = block_k * block_n // (2 if fmt in ("int4", "nvfp4") else 1)
+    per_stage = padded_rows * block_k * 2 + weight_bytes
+    room = SHARED_MEMORY_BUDGET - block_k * block_n * 2
+    return max(1, min(stages, room // per_stage))
 
 
 def _largest_power_of_2_divisor(n: int, candidates) -> int | None:
@@ -33,14 +47,23 @@ def _largest_power_of_2_divisor(n: int, candidates) -> int | None:
 
 def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = None,
                   block_k: int | None = None, num_splits: int | None = None,
-                  num_warps: int = 4, num_stages: int = 4) -> MatmulTuning | None:
+                  num_warps: int = 4, num_stages: int = 4,
+                  use_dot: bool | None = None) -> MatmulTuning | None:
     """Tiles for x [rows, k] @ w [k, n] in `fmt`, or None when the shape does not tile."""
     group = GROUP_SIZE[fmt]
-    block_n = block_n or _largest_power_of_2_divisor(n, (128, 64, 32))
+    use_dot = rows > 1 if use_dot is None else (use_dot or rows > 1)
     block_k = block_k or _largest_power_of_2_divisor(
-        k, [c for c in (256, 128, 64, 32, 16) if c >= group])
+        k, [c for c in ((256, 128, 64, 32, 16) if use_dot else (64, 32, 16, 128)) if c >= group])
+    if block_n is None:
+        # The FMA path keeps a float32 [block_k, block_n] accumulator in registers: cap it at
+        # 8192 values (64 per thread with 4 warps).
+        widest = 128 if use_dot or block_k is None else max(16, 8192 // block_k)
+        block_n = _largest_power_of_2_divisor(n, [c for c in (128, 64, 32) if c <= widest])
     if block_n is None or block_k is None or n % block_n or k % block_k or block_k % group:
         return None
+    while (use_dot and _stages_that_fit(num_stages, rows, block_k, block_n, fmt) < 3
+           and block_k // 2 >= max(group, 32)):
+        block_k //= 2  # more rows of x per stage: trade K depth for pipeline stages
     num_blocks = k // block_k
     if num_splits is None:
         wanted = max(1, -(-TARGET_PROGRAMS // (n // block_n)))
@@ -48,5 +71,7 @@ def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = 
         num_splits = max(d for d in range(1, min(wanted, limit) + 1) if num_blocks % d == 0)
     if num_blocks % num_splits:
         return None
+    if use_dot:
+        num_stages = _stages_that_fit(num_stages, rows, block_k, block_n, fmt)
     return MatmulTuning(block_n=block_n, block_k=block_k, num_splits=num_splits,
-                        num_warps=num_warps, num_stages=num_stages)
+                        num_warps=num_warps, num_stages=num_stages, use_dot=use_dot)
