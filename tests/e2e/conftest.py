@@ -1,0 +1,134 @@
+"""Live-server fixtures: real `ninfer serve` subprocesses (gunicorn), real HTTP clients.
+
+Starting a server costs a warm-up compile, so the whole suite shares as few as possible:
+`live_server` is one session-wide server on the default artifact with a fixed seed, an API
+key and a 1 MiB body limit (so 401 and 413 are testable on it); `server_factory(...)` starts
+another one with other flags, reused when the same flags are asked for again. Every server
+gets JAX's persistent compile cache (`.cache/jax`, as the Makefile sets), so later starts
+load their executables instead of compiling them. All servers stop at the end of the session.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+NINFER = pathlib.Path(sys.executable).with_name("ninfer")
+API_KEY = "e2e-secret"
+SEED = 1234
+# Small buckets keep the warm-up short: 1024-token context, 64-token prefill chunks.
+BASE_FLAGS = ("--max-context", "1024", "--prefill-chunk", "64", "--max-concurrency", "4")
+STARTUP_TIMEOUT_S = float(os.environ.get("NINFER_E2E_STARTUP_TIMEOUT", "1200"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclasses.dataclass
+class LiveServer:
+    process: subprocess.Popen
+    port: int
+    api_key: str | None
+    model_id: str
+    log_path: pathlib.Path
+    args: tuple
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def http(self, **kwargs) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=300, **kwargs)
+
+    def openai(self, **kwargs):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=self.api_key or "unused",
+                             max_retries=0, timeout=300, **kwargs)
+
+    def stderr_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ninfer serve exited ({self.process.returncode}):\n"
+                                   + self.stderr_text()[-4000:])
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(1.0)
+        raise RuntimeError("ninfer serve did not become healthy in time:\n"
+                           + self.stderr_text()[-4000:])
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+
+
+def start_server(artifact, *flags, api_key: str | None = None) -> LiveServer:
+    port = free_port()
+    args = [str(NINFER), "serve", str(artifact), "--port", str(port), *flags]
+    if api_key:
+        args += ["--api-key", api_key]
+    env = dict(os.environ)
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(REPO / ".cache" / "jax"))
+    log_file = tempfile.NamedTemporaryFile(prefix="ninfer-serve-", suffix=".log", delete=False)
+    process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log_file,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    server = LiveServer(process, port, api_key, "smollm2-135m-instruct",
+                        pathlib.Path(log_file.name), tuple(flags))
+    try:
+        server.wait_ready()
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def server_factory(default_artifact_path):
+    """start(*flags, api_key=None, artifact=None) -> LiveServer; same flags, same server."""
+    servers: dict[tuple, LiveServer] = {}
+
+    def start(*flags, api_key=None, artifact=None):
+        key = (str(artifact or default_artifact_path), flags, api_key)
+        if key not in servers:
+            servers[key] = start_server(artifact or default_artifact_path, *flags,
+                                        api_key=api_key)
+        return servers[key]
+
+    yield start
+    for server in servers.values():
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def live_server(server_factory) -> LiveServer:
+    return server_factory(*BASE_FLAGS, "--seed", str(SEED), "--max-request-mib", "1",
+                          api_key=API_KEY)
