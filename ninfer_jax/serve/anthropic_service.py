@@ -56,7 +56,8 @@ class MessagesService:
                       "top_k": request.top_k},
             stop=request.stop_sequences, tool_choice=request.tool_choice,
             thinking_budget=request.thinking_budget,
-            thinking_budget_param="thinking.budget_tokens", protocol="anthropic")
+            thinking_budget_param="thinking.budget_tokens", protocol="anthropic",
+            stream=request.stream)
         prepared = generation.prepare_chat(self.ctx, request.conversation, options, request_id)
         handle = generation.submit(self.ctx, prepared)
         assembler = OutputAssembler(handle, prepared, self.ctx.new_detokenizer())

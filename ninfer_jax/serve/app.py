@@ -20,7 +20,7 @@ from ninfer_jax.serve.http import build_middleware
 log = logging.getLogger("ninfer_jax.serve")
 
 ADAPTERS = ("models", "openai_chat", "completions")
-OPTIONAL_ADAPTERS = ("openai_responses", "anthropic", "metrics")
+OPTIONAL_ADAPTERS = ("openai_responses", "anthropic", "metrics", "request_log", "capture")
 
 
 def _adapter_modules():

@@ -119,7 +119,8 @@ def base_options(body: dict, protocol: str) -> GenerationOptions:
     return GenerationOptions(
         max_tokens=limit, max_tokens_param=limit_param, sampling=sampling_fields(body),
         seed=seed, stop=stop_strings(body.get("stop")),
-        ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol)
+        ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol,
+        stream=body.get("stream") is True)
 
 
 def check_chat_unsupported(body: dict) -> None:

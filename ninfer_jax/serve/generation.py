@@ -15,6 +15,7 @@ import time
 
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from ninfer_jax.errors import ContextLengthExceeded, InvalidRequest, Unsupported
+from ninfer_jax.serve import request_trace
 from ninfer_jax.serve import sampling as sampling_mod
 from ninfer_jax.serve.context import ServingContext
 from ninfer_jax.serve.policies import (EARLY_CLOSE_GUIDANCE, ForcedToolCall, PolicyChain,
@@ -47,6 +48,7 @@ class GenerationOptions:
     thinking_budget_param: str = "thinking_budget"
     protocol: str = "chat"
     session_key: str | None = None
+    stream: bool = False  # recorded in the request log only
 
 
 @dataclasses.dataclass
@@ -70,6 +72,7 @@ class PreparedGeneration:
     thinking: bool  # the reply starts in thinking mode
     thinking_budget: int | None
     policies: tuple = ()
+    trace: object | None = None  # serve.request_trace.RequestTrace (the request log's view)
 
 
 def _effective_tools(tools: list[ToolSpec], choice: ToolChoice) -> list[ToolSpec]:
@@ -170,6 +173,12 @@ def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):
 
 def prepare_chat(ctx: ServingContext, conversation: Conversation, options: GenerationOptions,
                  request_id: str, arrival: float | None = None) -> PreparedGeneration:
+    # The request log's trace starts here: a failure below is a request_rejected.
+    with request_trace.begin(ctx, request_id, options, conversation).rejecting("render") as trace:
+        return trace.attach(_prepare_chat(ctx, conversation, options, request_id, arrival))
+
+
+def _prepare_chat(ctx, conversation, options, request_id, arrival) -> PreparedGeneration:
     arrival = time.monotonic() if arrival is None else arrival
     tools = _effective_tools(conversation.tools, options.tool_choice)
     conversation = _with_server_defaults(ctx, conversation, tools)
@@ -200,6 +209,11 @@ def prepare_chat(ctx: ServingContext, conversation: Conversation, options: Gener
 def prepare_raw(ctx: ServingContext, prompt_ids: list[int], options: GenerationOptions,
                 request_id: str, arrival: float | None = None) -> PreparedGeneration:
     """A completion prompt: no template, no reasoning split, no tool parsing."""
+    with request_trace.begin(ctx, request_id, options).rejecting("render") as trace:
+        return trace.attach(_prepare_raw(ctx, prompt_ids, options, request_id, arrival))
+
+
+def _prepare_raw(ctx, prompt_ids, options, request_id, arrival) -> PreparedGeneration:
     arrival = time.monotonic() if arrival is None else arrival
     if not prompt_ids:
         raise InvalidRequest("'prompt' must not be empty.", param="prompt")
@@ -230,4 +244,9 @@ def _request(ctx, request_id, prompt_ids, options, max_tokens, thinking, policie
 
 
 def submit(ctx: ServingContext, prepared: PreparedGeneration) -> RequestHandle:
-    return ctx.engine.submit(prepared.request)
+    """Overload or a request the engine can never run is still a request_rejected."""
+    trace = prepared.trace or request_trace.NULL_TRACE
+    with trace.rejecting("submit"):
+        handle = ctx.engine.submit(prepared.request)
+    trace.started(handle)
+    return handle

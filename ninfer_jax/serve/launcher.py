@@ -143,8 +143,11 @@ class NinferApplication(BaseApplication):
 
     def _worker_exit(self, server, worker) -> None:
         if self.ctx is not None:
+            from ninfer_jax.serve.request_log import shutdown as close_logs
+
             log.info("shutting down the engine")
             self.ctx.engine.shutdown(timeout=GRACEFUL_TIMEOUT_S)
+            close_logs(self.ctx)
 
 
 def run_server(config: ServeConfig) -> None:
@@ -155,6 +158,13 @@ def run_server(config: ServeConfig) -> None:
     try:
         load_artifact(config.artifact, weights=False)  # fail fast, before any fork
     except ArtifactError as exc:
+        log.error("cannot serve: %s", exc)
+        sys.exit(2)
+    from ninfer_jax.serve.request_log import check_paths
+
+    try:
+        check_paths(config)  # an unusable log or capture file stops start-up here
+    except ValueError as exc:
         log.error("cannot serve: %s", exc)
         sys.exit(2)
     log.info("starting ninfer-jax on http://%s:%d (artifact %s)", config.host, config.port,

@@ -11,6 +11,7 @@ usage (cached and reasoning tokens included) and llama.cpp-style timings.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 from typing import Iterator
 
@@ -18,10 +19,13 @@ from ninfer_jax.engine.request import (Admitted, Failed, Finished, PromptProgres
                                        RequestHandle, Tokens)
 from ninfer_jax.errors import NinferError
 from ninfer_jax.serve.generation import OutputPlan, PreparedGeneration
+from ninfer_jax.serve.request_trace import NULL_TRACE
 from ninfer_jax.serve.timings import TimingClock
 from ninfer_jax.text.output_parser import OutputParser
 from ninfer_jax.text.stops import StopMatcher
 from ninfer_jax.text.tool_stream import ToolParseReport
+
+log = logging.getLogger("ninfer_jax.serve")
 
 HEARTBEAT = object()  # yielded by `stream()` after a quiet interval (SSE keep-alive)
 
@@ -76,6 +80,9 @@ class OutputAssembler:
         self._reasoning: list[str] = []
         self.finished: Finished | None = None
         self.error: NinferError | None = None
+        # The request log follows every event this assembler consumes (request_trace.py).
+        self._trace = prepared.trace or NULL_TRACE
+        self._trace.watch(self)
 
     @property
     def done(self) -> bool:
@@ -101,6 +108,12 @@ class OutputAssembler:
         return self.result()
 
     def feed(self, event) -> list[Delta]:
+        try:
+            return self._apply(event)
+        finally:
+            self._trace.on_event(event, self)
+
+    def _apply(self, event) -> list[Delta]:
         if isinstance(event, Tokens):
             return self._on_tokens(event)
         if isinstance(event, Admitted):
@@ -172,6 +185,11 @@ class OutputAssembler:
         """The reply after a Finished event (an error is raised by the caller instead)."""
         finished = self.finished
         calls = self.tool_calls()
+        report = self._parser.report
+        if report.fallback_reason != "none":
+            # Only the classification: never the generated markup.
+            log.warning("request %s: tool-call markup returned as text (%s)",
+                        self.handle.request.request_id, report.fallback_reason)
         if self._stop_tokens is not None:
             reason = "stop"
             completion = min(self._stop_tokens, finished.usage.completion_tokens)

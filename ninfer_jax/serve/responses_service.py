@@ -100,7 +100,8 @@ class ResponsesService:
             max_tokens=request.max_output_tokens, max_tokens_param="max_output_tokens",
             sampling={"temperature": request.temperature, "top_p": request.top_p},
             parallel_tool_calls=request.tools.parallel_tool_calls,
-            thinking_budget_param="reasoning", protocol="responses", session_key=session_key)
+            thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
+            stream=request.stream)
         prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
         builder = ResponseBuilder(self._envelope(response_id, request, prepared))
         handle = generation.submit(self.ctx, prepared)

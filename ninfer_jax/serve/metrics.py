@@ -1,0 +1,189 @@
+"""GET /metrics: Prometheus text format 0.0.4 (prometheus_client), one registry per app.
+
+Two sources, neither of which touches the device or waits on the engine thread:
+- `EngineCollector` reads the engine's latest immutable stats snapshot (`Engine.stats()`, a
+  reference read) at scrape time and turns it into gauges and counters: lanes and limits,
+  scheduler gauges, token/step counters, KV occupancy. Resources this engine does not have yet
+  (speculative decoding, host context backing, state slots, transfers) are exported as zero so
+  dashboards see every documented name; docs/operations.md lists them.
+- `ServeMetrics` holds what the HTTP side counts through the request trace: requests by
+  outcome and the TTFT / duration / queue histograms (each observed once per request).
+
+The route sits behind the same API-key middleware as the API. After an engine failure the last
+snapshot is still served, with ninfer_engine_ready 0.
+"""
+from __future__ import annotations
+
+import falcon
+from prometheus_client import (CollectorRegistry, Counter, Histogram,
+                               disable_created_metrics)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+# Outcomes of requests_total: rejected at preparation, the engine's finish reasons, a queue
+# timeout, and failures without an outcome.
+OUTCOMES = ("rejected", "stop", "length", "cancelled", "timeout", "failed")
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                   120.0, 300.0, 600.0)
+
+# (metric name, help, EngineStats field); a field of None is not measured yet: always 0.
+ENGINE_GAUGES = (
+    ("ninfer_requests_running", "Resident requests (holding an execution lane).", "running"),
+    ("ninfer_requests_waiting", "Requests waiting for admission.", "waiting"),
+    ("ninfer_requests_paused", "Requests paused under KV pressure.", "paused"),
+    ("ninfer_requests_prefilling", "Resident requests with prompt (or gap) to prefill.",
+     "prefilling"),
+    ("ninfer_requests_decode_ready", "Resident requests ready for a decode row.", "decode_ready"),
+    ("ninfer_requests_replaying", "Resident requests rebuilding KV after a pause.", "replaying"),
+    ("ninfer_requests_materializing", "Requests materializing host context (none here).", None),
+    ("ninfer_device_kv_used_pages", "KV pages in use, retained prefixes included.",
+     "kv_pages_used"),
+    ("ninfer_device_kv_capacity_pages", "KV pages in the pool.", "kv_pages_capacity"),
+    ("ninfer_device_kv_cached_pages", "KV pages retained by the prefix cache.", "kv_pages_cached"),
+    ("ninfer_device_state_used_slots", "Device state slots in use (no state slots yet).", None),
+    ("ninfer_device_state_capacity_slots", "Device state slots (no state slots yet).", None),
+    ("ninfer_host_context_used_bytes", "Host context backing in use (not implemented).", None),
+    ("ninfer_host_context_reserved_bytes", "Host context reservations (not implemented).", None),
+    ("ninfer_host_context_capacity_bytes", "Host context budget (not implemented).", None),
+    ("ninfer_host_context_peak_bytes", "Host context peak use (not implemented).", None),
+)
+ENGINE_COUNTERS = (
+    ("ninfer_prompt_tokens_total", "Prompt tokens of admitted requests, counted once.",
+     "prompt_tokens"),
+    ("ninfer_prompt_tokens_cached_total", "Prompt tokens reused from the prefix cache.",
+     "cached_tokens"),
+    ("ninfer_prefill_tokens_total", "Tokens computed by prefill for the first time.",
+     "prefill_tokens"),
+    ("ninfer_replayed_tokens_total", "Tokens recomputed to recover paused requests.",
+     "replayed_tokens"),
+    ("ninfer_generation_tokens_total", "Committed output tokens (forced ones included).",
+     "generation_tokens"),
+    ("ninfer_decode_tokens_total", "Output tokens committed by decode rounds.", "decode_tokens"),
+    ("ninfer_preemptions_total", "Pauses under KV pressure.", "preemptions"),
+    ("ninfer_replay_restores_total", "Paused requests restored by replay.", "replay_restores"),
+    ("ninfer_snapshot_restores_total", "Restores from host snapshots (not implemented).", None),
+    ("ninfer_spec_decode_rounds_total", "Speculative rounds (no speculative backend yet).", None),
+    ("ninfer_spec_decode_draft_tokens_total", "Drafted tokens (no speculative backend).", None),
+    ("ninfer_spec_decode_accepted_tokens_total", "Accepted drafts (no speculative backend).",
+     None),
+    ("ninfer_spec_decode_fallback_steps_total", "Speculative fallbacks (none).", None),
+    ("ninfer_prefill_units_total", "Prefill units run.", "prefill_units"),
+    ("ninfer_decode_rounds_total", "Decode rounds run.", "decode_rounds"),
+    ("ninfer_decode_rows_total", "Decode rows run (sum of batch sizes).", "decode_rows"),
+    ("ninfer_device_wait_seconds_total", "Wall time inside runner steps (prefill + decode); "
+     "host submission included.", ("prefill_seconds", "decode_seconds")),
+)
+TRANSFER_RESOURCES = ("state", "main_kv", "backend_kv")
+TRANSFER_DIRECTIONS = ("device_to_host", "host_to_device")
+HOST_WORK_PHASES = ("engine_boundary", "program_submit", "program_post", "engine_commit_output",
+                    "engine_maintenance")
+
+
+def _value(stats, field) -> float:
+    if field is None:
+        return 0.0
+    if isinstance(field, tuple):
+        return float(sum(getattr(stats, f, 0) for f in field))
+    return float(getattr(stats, field, 0))
+
+
+class EngineCollector:
+    """Prometheus collector over the engine's published snapshot (never the live state)."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def collect(self):
+        ctx = self.ctx
+        stats = ctx.engine.stats()
+        yield self._info()
+        ready = bool(getattr(stats, "ready", False) and getattr(stats, "healthy", True)
+                     and ctx.engine.healthy)
+        yield _gauge("ninfer_engine_ready", "1 when the engine serves requests.", float(ready))
+        yield _gauge("ninfer_max_concurrency", "Resident execution lanes.",
+                     float(ctx.config.max_concurrency))
+        yield _gauge("ninfer_max_context_tokens", "Per-sequence context ceiling.",
+                     float(ctx.max_context))
+        for name, doc, field in ENGINE_GAUGES:
+            yield _gauge(name, doc, _value(stats, field))
+        for name, doc, field in ENGINE_COUNTERS:
+            counter = CounterMetricFamily(name, doc)
+            counter.add_metric([], _value(stats, field))
+            yield counter
+        yield _zero_counter("ninfer_context_transfer_bytes_total",
+                            "Host/device context payload transfers (not implemented).",
+                            ["resource", "direction"],
+                            [[r, d] for r in TRANSFER_RESOURCES for d in TRANSFER_DIRECTIONS])
+        yield _zero_counter("ninfer_host_work_seconds_total",
+                            "Engine host work by phase (not instrumented yet).", ["phase"],
+                            [[p] for p in HOST_WORK_PHASES])
+
+    def _info(self) -> GaugeMetricFamily:
+        ctx = self.ctx
+        info = GaugeMetricFamily("ninfer_model_info", "Served model identity.",
+                                 labels=["model", "architecture", "backend"])
+        info.add_metric([ctx.model_id, ctx.architecture, _backend()], 1.0)
+        return info
+
+
+def _backend() -> str:
+    import sys
+
+    jax = sys.modules.get("jax")
+    try:
+        return jax.default_backend() if jax is not None else "none"
+    except Exception:  # noqa: BLE001 - identity only
+        return "unknown"
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _zero_counter(name, doc, labels, label_values) -> CounterMetricFamily:
+    counter = CounterMetricFamily(name, doc, labels=labels)
+    for values in label_values:
+        counter.add_metric(values, 0.0)
+    return counter
+
+
+class ServeMetrics:
+    def __init__(self, ctx):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(EngineCollector(ctx))
+        self.requests = Counter(
+            "ninfer_requests", "Generation requests by outcome (validation failures before "
+            "preparation and token counting excluded).", ["outcome"], registry=self.registry)
+        for outcome in OUTCOMES:
+            self.requests.labels(outcome)  # every outcome is visible from the start
+        self.response_failures = Counter(
+            "ninfer_response_failures", "Response rendering/storage failures after an outcome.",
+            registry=self.registry)
+        self.ttft = Histogram(
+            "ninfer_time_to_first_token_seconds", "Preparation start to first committed token.",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.duration = Histogram(
+            "ninfer_request_duration_seconds", "Preparation start to the engine outcome.",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.queue = Histogram(
+            "ninfer_request_queue_seconds", "Submission to admission (initial queue wait).",
+            buckets=LATENCY_BUCKETS, registry=self.registry)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class MetricsResource:
+    def __init__(self, metrics: ServeMetrics):
+        self.metrics = metrics
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        resp.content_type = CONTENT_TYPE_PLAIN_0_0_4
+        resp.data = self.metrics.render()
+
+
+def register(app: falcon.App, ctx) -> None:
+    disable_created_metrics()  # no *_created series: counters reset with the server anyway
+    metrics = ServeMetrics(ctx)
+    ctx.extras["metrics"] = metrics
+    app.add_route("/metrics", MetricsResource(metrics))
