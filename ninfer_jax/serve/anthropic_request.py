@@ -14,6 +14,7 @@ TTL, conflicts with a different TTL, and needs a free slot otherwise.
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve import responses_fields as fields
@@ -49,6 +50,19 @@ class AnthropicRequest:
     thinking_mode: str | None = None  # disabled | adaptive | enabled | None (unspecified)
 
 
+def _with_examples(description: str | None, examples, param: str) -> str | None:
+    """Tool input examples have no slot in a chat template's tool list, so they reach the
+    model as part of the description: one JSON object per line, member order kept."""
+    if examples is None:
+        return description
+    lines = [json.dumps(fields.require_object(example, f"{param}[{k}]"), ensure_ascii=False)
+             for k, example in enumerate(fields.require_list(examples, param))]
+    if not lines:
+        return description
+    examples_text = "Input examples:\n" + "\n".join(lines)
+    return f"{description}\n\n{examples_text}" if description else examples_text
+
+
 def _parse_tools(value) -> tuple[list[ToolSpec], list[tuple[str, str]]]:
     """Tools and their cache markers as (ttl, param)."""
     if value is None:
@@ -75,12 +89,10 @@ def _parse_tools(value) -> tuple[list[ToolSpec], list[tuple[str, str]]]:
                 callers, f"{param}.allowed_callers"):
             raise Unsupported("A tool the model may not call directly cannot be offered.",
                               param=f"{param}.allowed_callers")
-        if tool.get("input_examples") is not None:
-            for k, example in enumerate(fields.require_list(tool["input_examples"],
-                                                            f"{param}.input_examples")):
-                fields.require_object(example, f"{param}.input_examples[{k}]")
-        specs.append(ToolSpec(name=name, parameters=schema, description=fields.opt_string(
-            tool.get("description"), f"{param}.description")))
+        description = _with_examples(
+            fields.opt_string(tool.get("description"), f"{param}.description"),
+            tool.get("input_examples"), f"{param}.input_examples")
+        specs.append(ToolSpec(name=name, parameters=schema, description=description))
         ttl = cache_ttl(tool, param)
         if ttl is not None:
             marks.append((ttl, param))

@@ -14,7 +14,8 @@ import time
 from typing import Iterator
 
 from ninfer_jax.engine.request import Admitted, Failed, Finished, RequestHandle
-from ninfer_jax.errors import InternalError, InvalidRequest, NinferError, Unsupported
+from ninfer_jax.errors import (
+    ContextLengthExceeded, InternalError, InvalidRequest, NinferError, Unsupported)
 from ninfer_jax.serve import generation
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.response_store import (
@@ -102,7 +103,12 @@ class ResponsesService:
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
             stream=request.stream)
-        prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
+        try:
+            prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
+        except ContextLengthExceeded as error:
+            if error.param == "messages":  # the shared path's name for the prompt
+                error.param = "input"
+            raise
         builder = ResponseBuilder(self._envelope(response_id, request, prepared))
         handle = generation.submit(self.ctx, prepared)
         assembler = OutputAssembler(handle, prepared, self.ctx.new_detokenizer())

@@ -198,6 +198,16 @@ def test_advisory_fields_ignored_and_sampling_kept():
     assert request.stop_sequences == ("END",) and request.stream and request.max_tokens == 64
 
 
+def test_input_examples_reach_the_description():
+    tool = {**TOOL, "input_examples": [{"city": "Paris"}, {"city": "Köln"}]}
+    (spec,) = _parse(tools=[tool]).conversation.tools
+    assert spec.description == 'Weather\n\nInput examples:\n{"city": "Paris"}\n{"city": "Köln"}'
+    (spec,) = _parse(tools=[{**tool, "description": None}]).conversation.tools
+    assert spec.description.startswith("Input examples:")
+    assert _error(tools=[{**TOOL, "input_examples": ["x"]}]) == (
+        "tools[0].input_examples[0]", "invalid_request")
+
+
 def test_tool_choice_none_hides_tools_and_any_tool_force_a_call():
     assert _parse(tools=[TOOL], tool_choice={"type": "none"}).tools == []
     other = {**TOOL, "name": "other"}

@@ -164,6 +164,16 @@ def test_error_contracts_over_http(client, model, extra, status, param, code):
     assert (error.body["param"], error.body["code"]) == (param, code)
 
 
+def test_overlong_input_fails_instead_of_truncating(client, model):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=model, input="word " * 1500)
+    assert (info.value.body["code"], info.value.body["param"]) == ("context_length_exceeded",
+                                                                   "input")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=model, input="SCRIPT:hello", max_output_tokens=5000)
+    assert info.value.body["param"] == "max_output_tokens"
+
+
 def test_cancel_compact_and_unknown_ids(client, model, harness):
     http = client._client
     stored = client.responses.create(model=model, input="SCRIPT:hello")
