@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import secrets
+import time
 from typing import Iterator
 
 from ninfer_jax.engine.request import (Admitted, Failed, Finished, PromptProgress,
@@ -91,13 +92,24 @@ class OutputAssembler:
     # ------------------------------------------------------------------ consuming events
 
     def stream(self, heartbeat_s: float | None = None) -> Iterator[Delta | object]:
-        """Deltas until the terminal event; HEARTBEAT after `heartbeat_s` quiet seconds."""
+        """Deltas until the terminal event. With `heartbeat_s`, HEARTBEAT whenever that long
+        passed without visible text: while waiting, prefilling, or while the tokens that
+        arrive are all held back (a long tool-call region)."""
+        last_visible = time.monotonic()
         while not self.done:
-            event = self.handle.next_event(timeout=heartbeat_s)
-            if event is None:
+            timeout = None
+            if heartbeat_s is not None:
+                timeout = max(0.0, last_visible + heartbeat_s - time.monotonic())
+            event = self.handle.next_event(timeout=timeout)
+            if event is not None:
+                deltas = self.feed(event)
+                yield from deltas
+                if any(d.kind != "progress" for d in deltas):
+                    last_visible = time.monotonic()
+                    continue
+            if heartbeat_s is not None and time.monotonic() - last_visible >= heartbeat_s:
                 yield HEARTBEAT
-                continue
-            yield from self.feed(event)
+                last_visible = time.monotonic()
 
     def run_to_end(self) -> "GenerationResult":
         """Consume every event; raises the request's error if it failed."""

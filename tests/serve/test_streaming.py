@@ -1,6 +1,7 @@
 """SSE framing, keep-alive heartbeats, errors after the stream opened, and cancellation of
 the engine request when the client goes away."""
 import json
+import threading
 import time
 
 import pytest
@@ -84,3 +85,33 @@ def test_client_disconnect_cancels_the_request(slow):
     assert wait_for(lambda: slow.engine.stats().running == 0)
     assert slow.engine.stats().generation_tokens < 400
     assert started == ["200 OK"]
+
+
+def test_heartbeat_while_tokens_arrive_but_stay_held(harness):
+    from ninfer_jax.engine.request import Finished, Tokens, Usage
+    from ninfer_jax.serve.generation import OutputPlan, PreparedGeneration
+    from ninfer_jax.serve.output import OutputAssembler
+    from ninfer_jax.text.conversation import ToolSpec
+    from ninfer_jax.text.tool_parsers import tool_format
+
+    tokenizer = harness.ctx.tokenizer
+    ids = tokenizer.encode('<tool_call>\n{"name": "f", "arguments": {"a": "' + "x" * 40)
+    request = GenerationRequest("r", [1, 2], SamplingParams(), 100)
+    plan = OutputPlan(tool_format=tool_format("hermes", [ToolSpec("f")]))
+    handle = RequestHandle(request)
+    assembler = OutputAssembler(handle, PreparedGeneration(request, plan, None, False, None),
+                                harness.ctx.new_detokenizer())
+
+    def produce():
+        for index, token in enumerate(ids):
+            handle.publish(Tokens((token,), index + 1, time.monotonic()))
+            time.sleep(0.01)
+        handle.publish(Finished("length", Usage(2, 0, len(ids)), tuple(ids), {}, {},
+                                time.monotonic()))
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    items = list(assembler.stream(heartbeat_s=0.05))
+    producer.join()
+    assert any(item is HEARTBEAT for item in items)
+    assert all(item is HEARTBEAT for item in items[:-1])  # nothing visible until the end
