@@ -22,7 +22,22 @@ _OTHER_INPUT_PARTS = ("input_audio", "file", "audio")
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def _content_text(value, param: str, *, allow_media: bool, vision: bool) -> str:
+MAX_CACHE_WRITES = 4  # prefix-cache write candidates per request
+
+
+def _explicit_breakpoint(part: dict, where: str) -> bool:
+    marker = part.get("prompt_cache_breakpoint")
+    if marker is None:
+        return False
+    marker = require_object(marker, f"{where}.prompt_cache_breakpoint")
+    if marker.get("mode") != "explicit":
+        raise InvalidRequest(f"'{where}.prompt_cache_breakpoint.mode' must be 'explicit'.",
+                             param=f"{where}.prompt_cache_breakpoint.mode")
+    return True
+
+
+def _content_text(value, param: str, *, allow_media: bool, vision: bool,
+                  breakpoints: list | None = None) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
@@ -32,6 +47,8 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool) -> str:
     for index, part in enumerate(parts):
         where = f"{param}[{index}]"
         part = require_object(part, where)
+        if breakpoints is not None and _explicit_breakpoint(part, where):
+            breakpoints.append(True)
         kind = part.get("type")
         if kind in _TEXT_PARTS:
             texts.append(require_string(part.get(kind), f"{where}.{kind}"))
@@ -102,9 +119,13 @@ def _reasoning(message: dict, param: str) -> str | None:
     return next(iter(values.values()), None)
 
 
-def parse_messages(value, *, vision: bool = False) -> list[Message]:
+def parse_messages(value, *, vision: bool = False, implicit_cache: bool = True) -> list[Message]:
+    """Messages in order. Prefix-cache hints: explicit `prompt_cache_breakpoint` markers on
+    content parts (the latest MAX_CACHE_WRITES) and, unless `implicit_cache` is off, the end
+    of the last message. Hints only: they never change the prompt."""
     messages = require_list(value, "messages", non_empty=True)
     out: list[Message] = []
+    explicit: list[int] = []
     pending_function_ids: dict[str, list[str]] = {}  # legacy function_call name -> ids
     for index, raw in enumerate(messages):
         param = f"messages[{index}]"
@@ -114,8 +135,12 @@ def parse_messages(value, *, vision: bool = False) -> list[Message]:
             raise InvalidRequest(f"'{param}.role' must be one of {', '.join(_ROLES)}; "
                                  f"got {role!r}.", param=f"{param}.role")
         _check_name(raw, role, param)
+        marks: list = []
         content = _content_text(raw.get("content"), f"{param}.content",
-                                allow_media=role in ("user", "tool"), vision=vision)
+                                allow_media=role in ("user", "tool"), vision=vision,
+                                breakpoints=marks)
+        if marks:
+            explicit.append(index)
         if role == "assistant":
             out.append(_assistant(raw, param, content, pending_function_ids))
         elif role == "tool":
@@ -128,6 +153,10 @@ def parse_messages(value, *, vision: bool = False) -> list[Message]:
             out.append(Message("tool", content, tool_call_id=ids.pop(0)))
         else:
             out.append(Message(role, content))
+    for index in explicit[-MAX_CACHE_WRITES:]:
+        out[index].cache_breakpoint = True
+    if implicit_cache and len(explicit) < MAX_CACHE_WRITES:
+        out[-1].cache_breakpoint = True
     return out
 
 

@@ -88,6 +88,15 @@ def stream_options(body: dict) -> StreamOptions:
         bool(opt_bool(body.get("return_progress"), "return_progress")))
 
 
+def implicit_cache(body: dict) -> bool:
+    """prompt_cache_options.mode: implicit (default) or explicit (no automatic write)."""
+    options = body.get("prompt_cache_options")
+    if options is None:
+        return True
+    mode = require_object(options, "prompt_cache_options").get("mode", "implicit")
+    return check_enum(mode, "prompt_cache_options.mode", ("implicit", "explicit")) == "implicit"
+
+
 def check_common_unsupported(body: dict) -> None:
     """Fields shared by Chat and Completions whose requested behaviour cannot be provided."""
     n = opt_int(body.get("n"), "n", 1)

@@ -51,7 +51,8 @@ def _prompt_options(body: dict, messages) -> PromptOptions:
 def parse_chat(body: dict, ctx: ServingContext):
     """(Conversation, GenerationOptions, StreamOptions) of a validated request body."""
     fields.check_model(body, ctx.model_id)
-    messages = parse_messages(body.get("messages"), vision=ctx.config.vision)
+    messages = parse_messages(body.get("messages"), vision=ctx.config.vision,
+                              implicit_cache=fields.implicit_cache(body))
     tools = parse_tools(body.get("tools"))
     fields.check_chat_unsupported(body)
     options: GenerationOptions = fields.base_options(body, protocol="chat")

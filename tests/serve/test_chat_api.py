@@ -136,3 +136,20 @@ def test_seeded_sampling_is_reproducible(client):
     other = chat(client, "no script here", temperature=0.9, seed=7, max_tokens=8).json
     text = lambda b: b["choices"][0]["message"]["content"]  # noqa: E731
     assert text(first) == text(again) and text(first) != text(other)
+
+
+def test_cache_hints_mark_breakpoints_without_changing_the_prompt(harness):
+    def parsed(**fields):
+        body = {"model": MODEL, "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be brief.",
+                                            "prompt_cache_breakpoint": {"mode": "explicit"}}]},
+            {"role": "user", "content": "SCRIPT:hello"}], **fields}
+        return parse_chat(body, harness.ctx)[0]
+
+    implicit = parsed()
+    assert [m.cache_breakpoint for m in implicit.messages] == [True, True]
+    explicit_only = parsed(prompt_cache_options={"mode": "explicit"})
+    assert [m.cache_breakpoint for m in explicit_only.messages] == [True, False]
+    render = harness.ctx.renderer.render
+    assert render(implicit).ids == render(explicit_only).ids
+    assert len(render(implicit).breakpoints) == 2
