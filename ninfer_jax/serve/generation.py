@@ -79,6 +79,12 @@ def _effective_tools(tools: list[ToolSpec], choice: ToolChoice) -> list[ToolSpec
     if choice.mode == "none":
         return []
     if choice.allowed is not None:
+        declared = {t.qualified_name for t in tools}
+        for index, name in enumerate(choice.allowed):
+            if name not in declared:
+                raise InvalidRequest(f"allowed_tools names '{name}', which is not among the "
+                                     "request's tools.",
+                                     param=f"{choice.param}.allowed_tools.tools[{index}]")
         tools = [t for t in tools if t.qualified_name in choice.allowed]
     if choice.name is not None:
         tools = [t for t in tools if t.qualified_name == choice.name]

@@ -120,6 +120,9 @@ def test_allowed_tools_filters_the_offered_set(client):
     body = chat(client, "SCRIPT:call", tools=[WEATHER, SEARCH], tool_choice=choice).json
     # get_weather is no longer offered: its call is text, not a structured call.
     assert body["choices"][0]["message"]["content"] == CALL
+    choice["allowed_tools"]["tools"].append({"type": "function", "function": {"name": "nope"}})
+    error = chat(client, "x", tools=[WEATHER, SEARCH], tool_choice=choice)
+    assert error.json["error"]["param"] == "tool_choice.allowed_tools.tools[1]"
 
 
 def test_required_tool_choice_forces_opener_and_offered_name(client):
