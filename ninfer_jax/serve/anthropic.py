@@ -14,11 +14,6 @@ from ninfer_jax.serve.http import MIB, read_json_body
 from ninfer_jax.serve.sse import start_sse
 
 
-def anthropic_request_id(req: falcon.Request) -> str:
-    """The id as the request-id header spells it."""
-    return f"req_{req.context.request_id}"
-
-
 class _Resource:
     def __init__(self, service: MessagesService):
         self.service = service
@@ -29,7 +24,7 @@ class _Resource:
 
 class MessagesResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        run = self.service.start(self._body(req), anthropic_request_id(req))
+        run = self.service.start(self._body(req), req.context.request_id)
         if run.request.stream:
             start_sse(resp, self.service.run_stream(run))
         else:

@@ -136,4 +136,4 @@ class MessagesService:
                 run.handle.cancel()
 
     def _error_body(self, run: MessagesRun, error: NinferError) -> dict:
-        return anthropic_error_body(error, run.request_id)
+        return anthropic_error_body(error, f"req_{run.request_id}")

@@ -131,7 +131,7 @@ def test_error_bodies(client, fields, status, kind):
     error = info.value
     assert error.status_code == status
     assert error.body["type"] == "error" and error.body["error"]["type"] == kind
-    assert error.body["request_id"] and error.response.headers["request-id"]
+    assert error.body["request_id"] == error.response.headers["request-id"]
 
 
 def test_x_api_key_auth(harness):
