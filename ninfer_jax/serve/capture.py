@@ -5,9 +5,9 @@ Off by default: bodies hold user data (prompts, tool arguments). Only the body i
 never a header, so the API key is not captured. A Falcon middleware, added after the auth
 middleware (unauthenticated requests are not captured), reads the body of a POST to a
 generation route before its resource runs, records it, and hands the same bytes back to the
-resource. Lines carry the `request_id` as the client sees it in the response header
-(`request-id` on Anthropic routes, `x-request-id` elsewhere), which is also the id the request
-log uses, so a capture joins its request_done record.
+resource. Lines carry the same `request_id` as the request log, so a capture joins its
+request_done record (the client sees it in `x-request-id`, or as `req_<id>` in the Anthropic
+`request-id` header).
 """
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import logging
 
 import falcon
 
-from ninfer_jax.serve.errors import is_anthropic_path
 from ninfer_jax.serve.http import MIB
 from ninfer_jax.serve.request_log import JsonlWriter, server_instance_id
 
@@ -27,11 +26,6 @@ CAPTURE_SCHEMA = "ninfer_request_capture"
 CAPTURE_SCHEMA_VERSION = 1
 GENERATION_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses",
                      "/v1/messages")
-
-
-def client_request_id(req: falcon.Request) -> str:
-    request_id = req.context.request_id
-    return f"req_{request_id}" if is_anthropic_path(req.path) else request_id
 
 
 class CaptureMiddleware:
@@ -54,7 +48,7 @@ class CaptureMiddleware:
         except (ValueError, UnicodeDecodeError):
             return  # the resource answers 400; there is nothing to replay
         if isinstance(body, dict):
-            self.writer.emit("request_capture", {"request_id": client_request_id(req),
+            self.writer.emit("request_capture", {"request_id": req.context.request_id,
                                                  "endpoint": req.path, "body": body})
 
 

@@ -202,6 +202,7 @@ class RequestObserver:
         self._active: dict[str, RequestTrace] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.abandon_grace_s = ABANDON_GRACE_S
 
     @property
     def metrics(self):
@@ -268,7 +269,7 @@ class RequestObserver:
                 continue
             if trace.cancel_noticed_at is None:
                 trace.cancel_noticed_at = now
-            elif now - trace.cancel_noticed_at >= ABANDON_GRACE_S:
+            elif now - trace.cancel_noticed_at >= self.abandon_grace_s:
                 self._take_over(trace)
 
     @staticmethod
