@@ -37,6 +37,29 @@ def generate(runner, prompts, max_new_tokens: int, sampling=GREEDY, *, chunk: in
     return outputs
 
 
+def teacher_forced(runner, prompts, continuations, *, chunk: int | None = None):
+    """Greedy predictions with the given continuations fed back instead of our own tokens:
+    for each prompt, len(continuation) + 1 argmax tokens (after the prompt, then after each
+    forced token). All rows stay in one batch to the end (finished rows keep decoding their
+    last token, ignored) so a single decode batch bucket is used."""
+    chunk = chunk or runner.chunk_buckets[-1]
+    lengths = [len(p) + len(c) + 1 for p, c in zip(prompts, continuations)]
+    tables = _page_tables(runner, lengths, False, 1)
+    predictions = [[_prefill(runner, p, t, GREEDY, chunk)] for p, t in zip(prompts, tables)]
+    for step in range(max(len(c) for c in continuations)):
+        rows = []
+        for i, (prompt, forced) in enumerate(zip(prompts, continuations)):
+            k = min(step, len(forced) - 1)  # rows past their end repeat their last step
+            position = len(prompt) + k
+            rows.append(DecodeRow(i, forced[k], position,
+                                  tables[i][:position // runner.page_size + 1],
+                                  SampleSpec(GREEDY, k + 1)))
+        for i, token in enumerate(runner.decode(rows)):
+            if step < len(continuations[i]):
+                predictions[i].append(int(token))
+    return predictions
+
+
 def _prefill(runner, prompt, table, params, chunk) -> int:
     """Ingest the prompt in chunks; the last chunk samples the first output token."""
     token = None

@@ -1,0 +1,70 @@
+"""The default model (SmolLM2-135M-Instruct, converted from its GGUF) against llama.cpp's
+recorded outputs: teacher-forced top-1 agreement and the free-running greedy answer.
+
+llama.cpp quantizes activations for its quantized matmuls, so its logits differ from an exact
+f32 forward by ~0.3 on average. transformers (f32, same GGUF weights) agrees with llama.cpp's
+top-1 on 354 of the 366 steps (96.7%) and so do we (our logits are within 5e-5 of it); every
+miss is a llama.cpp near-tie where we pick its second choice. The test pins exactly that: all
+our top-1s inside llama.cpp's top-5, at least 96.5% equal to its top-1, misses only on ties.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from ninfer_jax.artifact import load_artifact
+from ninfer_jax.artifact.default_model import ensure_default_artifact
+from ninfer_jax.engine.runner import JaxRunner
+from runner_driver import generate, teacher_forced
+
+GOLDEN = pathlib.Path("/work/shared/golden/smollm2_llamacpp.json")
+MIN_TOP1_AGREEMENT = 0.965
+NEAR_TIE = 0.5  # llama.cpp's own gap between its first and our choice, in logits
+
+
+@pytest.fixture(scope="module")
+def golden():
+    if not GOLDEN.exists():
+        pytest.skip(f"{GOLDEN} is not on this machine")
+    return json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def artifact():
+    return load_artifact(ensure_default_artifact())
+
+
+@pytest.fixture(scope="module")
+def runner(artifact, golden):
+    cases = golden["cases"]
+    return JaxRunner(artifact, num_pages=160, max_batch=len(cases), max_context=256,
+                     prefill_chunk=128)
+
+
+def test_teacher_forced_top1_agrees_with_llamacpp(golden, runner):
+    cases = golden["cases"]
+    predictions = teacher_forced(runner, [c["prompt_ids"] for c in cases],
+                                 [c["greedy_ids"] for c in cases])
+    steps = agreed = 0
+    for case, predicted in zip(cases, predictions):
+        assert len(predicted) == len(case["teacher_forced_top5"]), case["name"]
+        for step, (ours, top5) in enumerate(zip(predicted, case["teacher_forced_top5"])):
+            theirs = dict(top5)
+            assert ours in theirs, f"{case['name']} step {step}: {ours} not in {top5}"
+            assert top5[0][1] - theirs[ours] < NEAR_TIE, f"{case['name']} step {step}"
+            agreed += ours == top5[0][0]
+            steps += 1
+    assert agreed / steps >= MIN_TOP1_AGREEMENT, f"{agreed}/{steps} steps agree"
+
+
+def test_greedy_answer_of_the_capital_case(golden, runner, artifact):
+    # All cases in one batch (the bucket the teacher-forced test compiled); check `capital`.
+    cases = golden["cases"]
+    index = next(i for i, c in enumerate(cases) if c["name"] == "capital")
+    case = cases[index]
+    output = generate(runner, [c["prompt_ids"] for c in cases], len(case["greedy_ids"]) + 1)[index]
+    eos = set(artifact.eos_ids)
+    answer = output[:next(i for i, t in enumerate(output) if t in eos)]
+    assert artifact.load_tokenizer().decode(answer) == case["greedy_text"]
