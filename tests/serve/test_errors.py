@@ -72,8 +72,10 @@ def test_unknown_model_is_404(secured):
     assert card["id"] == MODEL and card["max_model_len"] == 512
 
 
-def test_unknown_route_uses_the_openai_body(secured):
+def test_unknown_route_and_wrong_method_use_the_openai_body(secured):
     assert_openai_error(secured.simulate_get("/v1/nothing", headers=AUTH), 404)
+    assert_openai_error(secured.simulate_get("/v1/chat/completions", headers=AUTH), 405,
+                        code="method_not_allowed")
 
 
 @pytest.mark.parametrize("fields,param", [
