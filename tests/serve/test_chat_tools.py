@@ -202,3 +202,23 @@ def test_thinking_disabled_renders_the_empty_block(client, default_tokenizer):
     assert effort_none["usage"]["prompt_tokens"] == off
     assert kwargs_off["usage"]["prompt_tokens"] == off
 
+
+
+def test_required_choice_turns_a_prose_reply_into_a_call(client, tools_harness):
+    """A model that would answer in prose: the first answer token becomes the call prefix,
+    its next token (not a tool name) becomes the offered name, and the model, continuing
+    from there, writes the arguments: the reply is a structured call."""
+    tokenizer = tools_harness.ctx.tokenizer
+    prefix = len(tokenizer.encode('<tool_call>\n{"name": "', special=True))
+    name = len(tokenizer.encode('get_weather"', special=False))
+    sure = tokenizer.encode("Sure")[0]
+    tail = tokenizer.encode(', "arguments": {"city": "Rome"}}\n</tool_call>')
+    tools_harness.book.scripts["forced"] = ([sure] * (prefix + name) + tail
+                                            + [tokenizer.eos_ids[0]])
+    body = chat(client, "SCRIPT:forced", tools=[WEATHER], tool_choice="required").json
+    assert body["choices"][0]["finish_reason"] == "tool_calls"
+    (call,) = body["choices"][0]["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Rome"}'}
+    # Without forcing, the same model answers in prose.
+    plain = chat(client, "SCRIPT:forced", tools=[WEATHER]).json
+    assert plain["choices"][0]["message"]["content"].startswith("SureSure")
