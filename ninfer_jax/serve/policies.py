@@ -16,11 +16,28 @@ the output it is shown is shorter than what it has seen).
 """
 from __future__ import annotations
 
+import functools
+import logging
 from typing import Callable, Sequence
+
+log = logging.getLogger("ninfer_jax.serve")
 
 # Qwen's published wording for cutting thinking short at a budget.
 EARLY_CLOSE_GUIDANCE = ("\n\nConsidering the limited time by the user, I have to give the "
                         "solution based on the thinking directly now.\n")
+
+
+def never_raises(adjust):
+    """Policies run on the engine thread, where an exception is an engine-wide failure: a
+    policy bug must cost at most its own request's forcing, never every request."""
+    @functools.wraps(adjust)
+    def guarded(self, output_ids, sampled):
+        try:
+            return adjust(self, output_ids, sampled)
+        except Exception:
+            log.exception("%s failed; keeping the sampled token", type(self).__name__)
+            return [sampled]
+    return guarded
 
 
 class ThinkingBudget:
@@ -57,6 +74,7 @@ class ThinkingBudget:
                 self._count += 1
         self._seen = len(output_ids)
 
+    @never_raises
     def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]:
         self._advance(output_ids)
         if not self._open or self._closed or self._count < self.budget:
@@ -116,6 +134,7 @@ class ForcedToolCall:
     def _name_finished(self, written: str) -> bool:
         return any(written.startswith(target) for target in self._targets)
 
+    @never_raises
     def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]:
         self._advance(output_ids)
         if self._phase == "answer" and not self._is_blank(sampled):
@@ -128,8 +147,8 @@ class ForcedToolCall:
         candidate = written + self._decode([sampled])
         if any(t.startswith(candidate) or candidate.startswith(t) for t in self._targets):
             return [sampled]
-        target = next(t for t in self._targets if t.startswith(written))
-        return self._encode(target[len(written):])
+        target = next((t for t in self._targets if t.startswith(written)), None)
+        return [sampled] if target is None else self._encode(target[len(written):])
 
 
 class PolicyChain:

@@ -264,7 +264,9 @@ class QwenXmlFormat(_Format):
         return Scan(COMPLETE, after, self._typed_call(name, raw_params))
 
     def _typed_call(self, name: str, raw_params: list[tuple[str, str]]) -> ParsedCall:
-        properties = (self.tools[name].parameters or {}).get("properties") or {}
+        schema = self.tools[name].parameters
+        properties = schema.get("properties") if isinstance(schema, dict) else None
+        properties = properties if isinstance(properties, dict) else {}
         arguments: dict[str, Any] = {}
         omitted = mismatched = 0
         for param_name, text in raw_params:

@@ -93,3 +93,11 @@ def test_thinking_first_then_the_call():
 def test_chain_applies_the_first_change():
     chain = PolicyChain([budget(budget=10), forced()])
     assert decode(run(chain, [3, 4, 5, 6])) == '<call>{"name": "search"'
+
+
+def test_a_failing_policy_keeps_the_sampled_token():
+    def broken(ids):
+        raise RuntimeError("decode failed")
+
+    policy = forced(decode=broken)
+    assert policy.adjust([], 3) == [3]
