@@ -1,0 +1,83 @@
+"""An in-process server for `ninfer replay --artifact`: the real app and engine on a loopback
+port, writing its own request log, for as long as the replay runs.
+
+`serve_args` are `ninfer serve` options (parsed by that command, so every option and default
+is the same); pass the flags of the run you compare with, because chunk sizes, concurrency and
+sampling overrides change numerics or seeds. The HTTP server is the standard library's
+threaded WSGI server: one thread per connection, streaming bodies written as produced.
+"""
+from __future__ import annotations
+
+import logging
+import socketserver
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+log = logging.getLogger("ninfer_jax.replay")
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002 - the base class's signature
+        pass  # no access log: the request log covers requests
+
+
+def serve_config(artifact: str, serve_args: list[str], request_log: str):
+    """The ServeConfig `ninfer serve ARTIFACT ARGS...` would build, plus our request log."""
+    import dataclasses
+
+    from ninfer_jax.cli.serve import _kv_capacity, serve
+    from ninfer_jax.serve.config import SamplingOverrides, ServeConfig
+
+    params = serve.make_context("serve", [artifact, *serve_args]).params
+    sampling = SamplingOverrides(*(params.pop(name) for name in (
+        "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+        "seed", "greedy")))
+    params.update(artifact=artifact, kv_capacity=_kv_capacity(params.pop("kv_capacity")),
+                  sampling=sampling)
+    config = ServeConfig(**params)
+    return dataclasses.replace(config, request_log_jsonl=request_log, capture_requests=None,
+                               api_key=None, log_stats_interval_ms=0)
+
+
+class LocalServer:
+    def __init__(self, artifact: str, serve_args: list[str], request_log: str):
+        self.config = serve_config(artifact, serve_args, request_log)
+        self.ctx = None
+        self._server = None
+        self._thread = None
+
+    def start(self, ready_timeout: float = 1800.0) -> str:
+        """Load, warm up and listen; returns the base URL."""
+        from ninfer_jax.serve.app import create_app
+        from ninfer_jax.serve.launcher import build_context
+
+        self.ctx = build_context(self.config)
+        app = create_app(self.ctx)
+        if not self.ctx.engine.wait_ready(ready_timeout) or not self.ctx.engine.healthy:
+            raise RuntimeError("the in-process engine did not become ready")
+        self._server = make_server("127.0.0.1", 0, app, server_class=_ThreadingServer,
+                                   handler_class=_QuietHandler)
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        name="ninfer-replay-http", daemon=True)
+        self._thread.start()
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def stop(self) -> None:
+        from ninfer_jax.serve.request_log import shutdown
+
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self.ctx is not None:
+            self.ctx.engine.shutdown(timeout=10)
+            shutdown(self.ctx)
+
+    def __enter__(self) -> "LocalServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
