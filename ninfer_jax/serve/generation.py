@@ -156,7 +156,8 @@ def _thinking_budget(ctx, options, thinking, starts_in_reasoning, max_tokens):
     return ThinkingBudget(budget=budget, open_id=_single_token(ctx, open_marker),
                           close_id=close_id, suffix_ids=suffix,
                           starts_in_reasoning=starts_in_reasoning, max_tokens=max_tokens,
-                          stop_ids=ctx.eos_ids)
+                          stop_ids=ctx.eos_ids,
+                          is_blank=lambda token: not ctx.tokenizer.decode([token]).strip())
 
 
 def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):

@@ -43,7 +43,8 @@ def never_raises(adjust):
 class ThinkingBudget:
     def __init__(self, *, budget: int, open_id: int | None, close_id: int,
                  suffix_ids: Sequence[int], starts_in_reasoning: bool, max_tokens: int,
-                 stop_ids: frozenset[int] = frozenset()):
+                 stop_ids: frozenset[int] = frozenset(),
+                 is_blank: Callable[[int], bool] = lambda token: False):
         self.budget = budget
         self._open_id = open_id
         self._close_id = close_id
@@ -51,12 +52,14 @@ class ThinkingBudget:
         self._starts_in_reasoning = starts_in_reasoning
         self._max_tokens = max_tokens
         self._stop_ids = stop_ids
+        self._is_blank = is_blank  # whitespace tokens may precede a model-written open marker
         self.applied = 0  # times the suffix was inserted (0 or 1); read after the request
         self._reset()
 
     def _reset(self) -> None:
         self._seen = 0
         self._open = self._starts_in_reasoning
+        # Without a prefilled block, only an open marker before any answer text opens one.
         self._closed = False
         self._count = 0
 
@@ -68,6 +71,7 @@ class ThinkingBudget:
                 break
             if not self._open:
                 self._open = token == self._open_id
+                self._closed = not self._open and not self._is_blank(token)
             elif token == self._close_id:
                 self._closed = True
             else:

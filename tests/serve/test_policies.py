@@ -26,8 +26,12 @@ def test_budget_inserts_the_close_suffix_once():
 
 
 def test_budget_counts_after_a_model_written_open_marker():
-    assert run(budget(starts_in_reasoning=False), [5, OPEN, 11, 12, 13, 14]) == \
-        [5, OPEN, 11, 12, 13] + SUFFIX
+    blank = {5}.__contains__  # token 5 is whitespace
+    assert run(budget(starts_in_reasoning=False, is_blank=blank), [5, OPEN, 11, 12, 13, 14]) \
+        == [5, OPEN, 11, 12, 13] + SUFFIX
+    # An open marker after answer text is not a thinking block: no cap.
+    late = [11, OPEN, 12, 13, 14, 15]
+    assert run(budget(starts_in_reasoning=False, is_blank=blank), late) == late
 
 
 def test_natural_close_stop_and_small_capacity_are_honoured():
