@@ -152,7 +152,11 @@ class Lifecycle:
     # ---------------------------------------------------------------- endings
 
     def finish(self, seq: Sequence, reason: str, matched: int | None = None) -> None:
+        num_pages = len(seq.pages)
         now = self._release(seq)
+        if reason == "cancelled":
+            log.info("cancelled request_id=%s seq=%d output_tokens=%d pages_released=%d",
+                     seq.request_id, seq.seq_id, seq.num_output, num_pages)
         self.counters.requests[reason] = self.counters.requests.get(reason, 0) + 1
         usage = Usage(prompt_tokens=seq.num_prompt, cached_tokens=seq.cache_n,
                       completion_tokens=seq.num_output)

@@ -8,6 +8,10 @@ their own reference (PagePool.share), so a page is free only when neither needs 
 Reused pages are read-only by construction: a sequence reuses whole pages only and starts
 computing at the first position after them, so no copy-on-write is ever needed.
 
+When a sequence computes a page the cache already has (it ran alongside the first one, or
+the cached copy was dropped from its table by a pause), the cache keeps the sequence's page
+and frees its own copy if nobody else holds it, so duplicates do not linger.
+
 Pages that only the cache holds (refcount 1) are reclaimable: under pressure the scheduler
 evicts them, least recently used first, before it pauses any request. A paused request's
 pages stay here until evicted, so its restore often finds most of them and replays little.
@@ -48,7 +52,15 @@ class PrefixCache:
         return [node.page for node in self._nodes.values()]
 
     def num_reclaimable(self) -> int:
-        return sum(self.pool.refcount(node.page) == 1 for node in self._nodes.values())
+        """Pages reclaim() could free: nodes that no sequence holds and that lead to no held
+        node (a held page pins its whole path from the root)."""
+        pinned: set[int] = set()
+        for node in self._nodes.values():
+            current = node if self.pool.refcount(node.page) > 1 else None
+            while current is not None and current.node_id not in pinned:
+                pinned.add(current.node_id)
+                current = self._by_id.get(current.key[0])
+        return len(self._nodes) - len(pinned)
 
     def count_cached(self, tokens, max_pages: int) -> tuple[int, int]:
         """(leading pages of `tokens` cached, how many of those only the cache holds);
@@ -95,7 +107,12 @@ class PrefixCache:
                 if parent_node is not None:
                     parent_node.children.add(key)
             else:
-                self._nodes.move_to_end(key)  # another sequence computed it first: keep that
+                self._nodes.move_to_end(key)
+                if node.page != pages[index] and self.pool.refcount(node.page) == 1:
+                    # An identical page nobody else holds: keep the live one, free the copy.
+                    self.pool.share(pages[index])
+                    self.pool.release([node.page])
+                    node.page = pages[index]
             parent = node.node_id
             num_done = index + 1
         return num_done, parent

@@ -188,6 +188,8 @@ class Scheduler:
 
     def _pause(self, seq: Sequence) -> None:
         self.resident.remove(seq)
+        if seq.num_computed == seq.computed_at_restore:
+            seq.restore_gate = self._num_ended() + 1  # wait until something ends
         freed = self.life.pause(seq)
         self._paused_now.add(seq.seq_id)
         seq.cache_cursor = (0, ROOT)
@@ -201,9 +203,11 @@ class Scheduler:
         while len(self.resident) < self.config.max_concurrency:
             oldest_paused = self.paused[0] if self.paused else None
             if (oldest_paused is not None and oldest_paused.seq_id not in self._paused_now
+                    and (not self.resident or self._num_ended() >= oldest_paused.restore_gate)
                     and self._fits(oldest_paused, headroom=len(self.resident))):
                 seq = self.paused.pop(0)
                 self.life.restore(seq, self._reuse_cached(seq))
+                seq.computed_at_restore = seq.num_computed
                 log.info("restore request_id=%s seq=%d replay_tokens=%d", seq.request_id,
                          seq.seq_id, seq.prefill_target - seq.num_computed)
             else:
@@ -258,6 +262,9 @@ class Scheduler:
             need -= matched
             available += self.cache.num_reclaimable() - matched_reclaimable
         return need <= available
+
+    def _num_ended(self) -> int:
+        return sum(self.counters.requests.values())
 
     def _deadline(self, seq: Sequence) -> float:
         request = seq.request

@@ -40,6 +40,10 @@ class Sequence:
     num_prompt_reported: int = 0  # last PromptProgress.processed published
     # (leading pages published to / matched in the prefix cache, id of the last such node)
     cache_cursor: tuple[int, int] = (0, 0)
+    # Anti-thrash: a request paused again before it ran anything since its restore waits for
+    # `restore_gate` requests in total to have ended before it is restored once more.
+    computed_at_restore: int = -1
+    restore_gate: int = 0
     times_bypassed: int = 0  # times a later request was admitted while this one waited at the head
     admitted_at: float | None = None
     first_token_at: float | None = None

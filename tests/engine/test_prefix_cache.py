@@ -143,3 +143,20 @@ def test_restore_takes_its_own_pages_back_from_the_cache():
     assert end.counters["restored_cached_tokens"] > 0
     assert list(end.output_ids) == expected_output(prompt_of(4, salt=1), 30)
     assert list(finished(old).output_ids) == expected_output(prompt_of(4), 30)
+
+
+def test_history_of_identical_runs_does_not_make_a_restore_thrash():
+    """The same four requests run alone (filling the cache with their history), then together
+    in a pool too small for all of them: the youngest is paused about once, not paused and
+    restored round after round because cached-but-pinned pages looked reclaimable."""
+    driver = Driver(num_pages=65, page_size=16, max_concurrency=8, prefill_chunk=64,
+                    max_context=1024)
+    prompts = [prompt_of(30 + i, salt=i) for i in range(4)]
+    for prompt in prompts:
+        driver.submit(make_request(prompt, max_tokens=240))
+        driver.run()
+    handles = [driver.submit(make_request(p, max_tokens=240)) for p in prompts]
+    driver.run()
+    assert 1 <= driver.scheduler.counters.preemptions <= 2
+    for prompt, handle in zip(prompts, handles):
+        assert list(finished(handle).output_ids) == expected_output(prompt, 240)
