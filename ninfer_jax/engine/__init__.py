@@ -1,0 +1,16 @@
+"""The engine: host-side scheduling around one device, plain Python + numpy (no JAX here
+except in runner.py).
+
+    request.py       what crosses the boundary: GenerationRequest in, events out (the seam)
+    runner_api.py    the scheduler <-> runner seam: PrefillUnit, DecodeRow, StepRunner
+    config.py        EngineConfig: lanes, queue, timeouts, chunk, decode share, KV size
+    engine.py        Engine: the thread that owns the device; submit/stats/shutdown
+    scheduler.py     Scheduler: admission, prefill/decode choice, pressure (pause/restore)
+    lifecycle.py     one sequence's transitions with their events, counters and logs
+    sequence.py      Sequence: tokens, KV frontier, pages, per-request counters
+    pages.py         PagePool: refcounted KV pages, DUMMY_PAGE, invariant check
+    prefix_cache.py  PrefixCache: full pages shared across identical prefixes
+    stats.py         EngineCounters and the immutable EngineStats snapshot
+    fake.py          FakeRunner: a deterministic StepRunner for tests (no JAX)
+    runner.py        JaxRunner: the only caller of compiled steps
+"""
