@@ -5,7 +5,8 @@ rerun gets again: the request's own or the server's --seed), any difference is a
 whatever caused it (a changed sampling field, a changed engine). When it drew a random seed
 the outputs are `not_comparable`. The other verdicts say which side lacks a result:
 `missing_previous` (no request_done for the captured id in the compare log), `failed` (the
-replay got no outcome: HTTP error or request_error), `identical`.
+replay got no outcome: HTTP error or request_error), `identical`. A request the earlier run
+rejected must be rejected again with the same status and code (`identical`), else `mismatch`.
 """
 from __future__ import annotations
 
@@ -50,8 +51,21 @@ def changed_sampling(previous: LoggedRequest, replayed: LoggedRequest) -> list[s
     return [k for k in keys if old.get(k) != new.get(k)]
 
 
+def _rejection(logged: LoggedRequest | None) -> tuple | None:
+    if logged is None or logged.rejected is None:
+        return None
+    error = logged.rejected["error"]
+    return error["status"], error["code"]
+
+
 def judge(sent: Sent, previous: LoggedRequest | None, replayed: LoggedRequest | None) -> Verdict:
     verdict = Verdict(sent.capture.request_id, sent.request_id, sent.capture.endpoint, FAILED)
+    rejection = _rejection(previous)
+    if rejection is not None:  # rejected before: expected again, with the same status and code
+        again = _rejection(replayed)
+        verdict.verdict = IDENTICAL if again == rejection else MISMATCH
+        verdict.detail = f"earlier rejected {rejection}, replay {again or sent.status}"
+        return verdict
     if replayed is None or replayed.token_ids is None:
         reason = sent.error or (replayed.error["error"]["code"] if replayed and replayed.error
                                 else None)

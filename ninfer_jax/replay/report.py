@@ -85,12 +85,11 @@ def build_report(sent: list[Sent], replayed: dict[str, LoggedRequest] | None,
 
 
 def is_success(report: dict) -> bool:
-    """All requests answered, and no comparison verdict other than identical/not_comparable."""
-    if report["succeeded"] != report["requests"]:
-        return False
+    """Without a comparison: every request answered 200. With one: no verdict other than
+    identical (a rejection repeated counts as identical) or not_comparable."""
     comparison = report["comparison"]
     if comparison is None:
-        return True
+        return report["succeeded"] == report["requests"]
     counts = comparison["counts"]
     return counts[MISMATCH] == 0 and counts["failed"] == 0 and counts["missing_previous"] == 0
 
@@ -103,6 +102,7 @@ def _seconds(summary: dict | None) -> str:
 
 def format_text(report: dict) -> str:
     throughput = report["throughput"]
+    comparison = report["comparison"]
     lines = [
         f"replayed {report['requests']} requests against {report['target']} "
         f"(concurrency {report['concurrency']}): {report['succeeded']} succeeded in "
@@ -115,10 +115,9 @@ def format_text(report: dict) -> str:
         f"itl         {_seconds(report['inter_token_latency_seconds'])}",
     ]
     for request in report["per_request"]:
-        if request["status"] != 200:
+        if request["status"] != 200 and comparison is None:
             lines.append(f"  FAILED  {request['capture_id']} {request['endpoint']}: "
                          f"{request['status']} {request['error']}")
-    comparison = report["comparison"]
     if comparison is not None:
         counts = comparison["counts"]
         lines.append("compare     " + ", ".join(f"{counts[name]} {name}" for name in VERDICTS))

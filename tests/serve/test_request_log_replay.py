@@ -55,6 +55,8 @@ def original_run(h, url, folder):
     with httpx.Client(base_url=url, timeout=60) as client:
         for path, body in bodies:
             assert client.post(path, json={"model": model, **body}).status_code == 200
+        rejected = {"model": model, "messages": user, "max_tokens": 10 ** 6}
+        assert client.post("/v1/chat/completions", json=rejected).status_code == 400
     for writer in ("request_log", "capture"):
         h.ctx.extras[writer].flush()
     shutil.copy(folder / "requests.jsonl", folder / "previous.jsonl")
@@ -64,12 +66,13 @@ def original_run(h, url, folder):
 def test_capture_replay_compare(served, tmp_path):
     h, url, folder = served
     capture, previous = original_run(h, url, folder)
-    assert len(load_captures(str(capture))) == 7
+    assert len(load_captures(str(capture))) == 8
     report = run_replay(ReplayOptions(str(capture), url=url, compare_log=str(previous),
                                       server_log=str(folder / "requests.jsonl"),
                                       concurrency=3))
     counts = report["comparison"]["counts"]
-    assert counts == {"identical": 6, "mismatch": 0, "not_comparable": 1,
+    # The rejected request is rejected again with the same status and code: identical.
+    assert counts == {"identical": 7, "mismatch": 0, "not_comparable": 1,
                       "missing_previous": 0, "failed": 0}
     assert is_success(report) and report["succeeded"] == 7
     streamed = [r for r in report["per_request"] if r["stream"]]
@@ -90,7 +93,7 @@ def test_capture_replay_compare(served, tmp_path):
     verdicts = json.loads(result.output)["comparison"]["verdicts"]
     assert verdicts[0]["verdict"] == "mismatch"
     assert verdicts[0]["changed_sampling"] == ["temperature"]  # the old seed was random
-    assert [v["verdict"] for v in verdicts[1:]].count("identical") == 5
+    assert [v["verdict"] for v in verdicts[1:]].count("identical") == 6
 
     text = CliRunner().invoke(replay, [str(changed), "--url", url, "--compare", str(previous),
                                        "--server-log", str(folder / "requests.jsonl")]).output
@@ -98,14 +101,19 @@ def test_capture_replay_compare(served, tmp_path):
     assert "latency" in text and "ttft" in text and "itl" in text
 
 
-def test_replay_without_compare_reports_timings(served):
+def test_replay_without_compare_reports_timings(served, tmp_path):
     h, url, folder = served
-    capture = folder / "capture.jsonl"
-    if not capture.exists():
+    if not (folder / "capture.jsonl").exists():
         original_run(h, url, folder)
+    # The first captured request (greedy chat) and the rejected one (the 8th line).
+    lines = (folder / "capture.jsonl").read_text().splitlines()
+    capture = tmp_path / "two.jsonl"
+    capture.write_text(lines[0] + "\n" + lines[7] + "\n")
     report = run_replay(ReplayOptions(str(capture), url=url))
-    assert report["comparison"] is None and report["succeeded"] == report["requests"]
-    assert report["latency_seconds"]["count"] == report["requests"]
+    assert report["comparison"] is None and report["requests"] == 2
+    assert report["succeeded"] == 1 and not is_success(report)  # the 400 is a failure here
+    assert report["latency_seconds"]["count"] == 1
+    assert [r["status"] for r in report["per_request"]] == [200, 400]
 
 
 def test_compare_with_url_needs_the_server_log(served, tmp_path):
