@@ -104,6 +104,10 @@ class JaxRunner:
                        if w * self.page_size > below]
         return shapes
 
+    @property
+    def compiled_shapes(self) -> set[tuple[str, int, int]]:
+        return set(self._executables)
+
     def warmup(self) -> None:
         started = time.perf_counter()
         shapes = self.step_shapes()

@@ -103,8 +103,8 @@ def test_warmup_compiles_every_shape_the_steps_later_use(tiny):
     assert sorted(shapes) == sorted([("decode", 1, 8), ("decode", 1, 16), ("decode", 2, 8),
                                      ("decode", 2, 16), ("prefill", 16, 8), ("prefill", 16, 16)])
     runner.warmup()
-    compiled = set(runner._executables)
+    compiled = set(runner.compiled_shapes)
     assert compiled == set(shapes)
     # 40 + 30 positions: several chunks, both widths, batch 2 then batch 1.
     generate(runner, [list(range(40)), list(range(5))], 30, chunk=16)
-    assert set(runner._executables) == compiled
+    assert set(runner.compiled_shapes) == compiled
