@@ -26,7 +26,8 @@ def time_op(fn, first, *rest, iters: int = 20, reps: int = 5) -> float:
         for _ in range(iters):
             out = fn(carry, *rest)
             bump = sum(jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in jax.tree.leaves(out))
-            carry = carry + (bump * zero).astype(carry.dtype)
+            # The barrier keeps XLA from fusing consecutive repetitions into one pass.
+            carry = jax.lax.optimization_barrier(carry + (bump * zero).astype(carry.dtype))
         return carry
 
     run = jax.jit(looped)

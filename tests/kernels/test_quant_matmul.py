@@ -97,8 +97,12 @@ KERNEL_GRID = [
     ("int4", 3, 200, 64, MatmulTuning(block_n=32, block_k=128, num_splits=2)),
     ("nvfp4", 2, 112, 64, MatmulTuning(block_n=64, block_k=16, num_splits=7)),
     ("nvfp4", 17, 64, 32, None),
-    ("int4", 1, 256, 64, MatmulTuning(block_n=32, block_k=128, num_splits=2, use_dot=False)),
-    ("int8", 1, 64, 32, None),  # one row: the FMA path by default
+    # one row: the FMA kernel (gemv.py)
+    ("int4", 1, 200, 64, MatmulTuning(block_n=32, block_k=128, num_splits=2, use_dot=False)),
+    ("nvfp4", 1, 112, 64, MatmulTuning(block_n=32, block_k=16, num_splits=7, use_dot=False)),
+    ("nvfp4", 1, 256, 64, MatmulTuning(block_n=64, block_k=64, num_splits=2, use_dot=False)),
+    ("int8", 1, 64, 32, None),
+    ("fp8", 1, 128, 96, MatmulTuning(block_n=32, block_k=32, num_splits=2, use_dot=False)),
 ]
 
 
@@ -139,7 +143,8 @@ def test_dispatch_uses_xla_for_plain_weights_and_the_reference_on_cpu():
 def test_kernel_lowers_for_cuda(fmt, rows):
     w = quantized(fmt, 4096 if fmt == "int4" else 512, 256)
     x = jnp.zeros((rows, w[fmt].shape[0]), jnp.bfloat16)
-    assert f"ninfer_{fmt}_matmul" in lowers_for_cuda(kernel.matmul, x, w)
+    name = f"ninfer_{fmt}_gemv" if rows == 1 else f"ninfer_{fmt}_matmul"
+    assert name in lowers_for_cuda(kernel.matmul, x, w)
 
 
 @needs_gpu

@@ -10,8 +10,7 @@ offset subtracted), applies group scales on the tile, and multiplies on the tens
 float32 accumulation. x is pre-scaled per row into float16's comfortable range (|x| <= 256) so
 activations larger than float16's maximum cannot overflow; the scale is undone in the epilogue,
 together with per-channel scales and the split sum (a few kB of XLA work).
-A single row of x (batch-1 decode) takes an FMA path instead of the tensor cores (see
-_matmul_kernel); which is faster is measured in docs/benchmarks.md.
+A single row of x (batch-1 decode) takes the FMA kernel in gemv.py instead.
 Shape letters: M rows (padded to Mp >= 16, Triton's smallest tile), K in, N out.
 """
 from __future__ import annotations
@@ -25,12 +24,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from ninfer_jax.kernels.quant_matmul.formats import format_of
+from ninfer_jax.kernels.quant_matmul.gemv import NVFP4_EXPONENT_GAP, gemv
 from ninfer_jax.kernels.quant_matmul.tuning import GROUP_SIZE, MatmulTuning, matmul_tuning
 
 MIN_DOT_ROWS = 16
 X_RANGE = 256.0  # rows of x are scaled so that max |x| == X_RANGE before the float16 cast
 F16_ONE_THOUSAND_24 = 0x6400  # float16 bits of 1024.0: OR-ing n < 1024 into them gives 1024 + n
-NVFP4_EXPONENT_GAP = 16384.0  # e2m1 bits placed in a float16 come out 2**-14 too small
 PACKED_FORMATS = ("int4", "nvfp4")
 
 
@@ -71,38 +70,22 @@ def _tile_weights(fmt: str, raw, scale):
     return values * _expand_groups(scale.astype(jnp.float16), raw.shape[0])
 
 
-def _matmul_kernel(x_ref, w_ref, *refs, fmt: str, block_k: int, num_blocks: int,
-                   use_dot: bool):
-    """One (column block, K split) program. With use_dot the partial products go through the
-    tensor cores; without it (a single row of x) each thread keeps float32 partial sums of its
-    own weight elements and the K reduction happens once, after the loop."""
+def _matmul_kernel(x_ref, w_ref, *refs, fmt: str, block_k: int, num_blocks: int):
+    """One (column block, K split) program: dequantized tiles times x on the tensor cores."""
     scale_ref, o_ref = refs if len(refs) == 2 else (None, refs[0])
     group = GROUP_SIZE[fmt]
 
-    def tile(i):
+    def body(i, acc):
         k0 = pl.multiple_of(i * block_k, block_k)
         raw = w_ref[pl.ds(k0, block_k), :]
         scale = None
         if scale_ref is not None:
             scale = scale_ref[pl.ds(pl.multiple_of(i * (block_k // group), block_k // group),
                                     block_k // group), :]
-        return k0, _tile_weights(fmt, raw, scale)
-
-    def dot_body(i, acc):
-        k0, w = tile(i)
-        return acc + pltriton.dot(x_ref[:, pl.ds(k0, block_k)], w)
-
-    def fma_body(i, acc):
-        k0, w = tile(i)
-        x = x_ref[0, pl.ds(k0, block_k)].astype(jnp.float32)
-        return acc + x[:, None] * w.astype(jnp.float32)
+        return acc + pltriton.dot(x_ref[:, pl.ds(k0, block_k)], _tile_weights(fmt, raw, scale))
 
     rows, cols = o_ref.shape
-    if use_dot:
-        o_ref[...] = lax.fori_loop(0, num_blocks, dot_body, jnp.zeros((rows, cols), jnp.float32))
-    else:
-        acc = lax.fori_loop(0, num_blocks, fma_body, jnp.zeros((block_k, cols), jnp.float32))
-        o_ref[...] = acc.sum(axis=0)[None, :]
+    o_ref[...] = lax.fori_loop(0, num_blocks, body, jnp.zeros((rows, cols), jnp.float32))
 
 
 def _epilogue_scale(fmt: str, w):
@@ -123,12 +106,18 @@ def matmul(x, w, *, out_dtype=None, tuning: MatmulTuning | None = None,
     Kp = codes.shape[0]
     N = codes.shape[1] * (2 if fmt in PACKED_FORMATS else 1)
     lead, K = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, K).astype(jnp.float32)
-    M = x2.shape[0]
+    M = x.size // K
+    x2 = x.reshape(M, K).astype(jnp.float32)
     tuning = tuning or matmul_tuning(rows=M, k=Kp, n=N, fmt=fmt)
     if tuning is None:
         return None
-    Mp = max(MIN_DOT_ROWS, _next_power_of_2(M)) if tuning.use_dot else 1
+    if not tuning.use_dot:  # one row: the FMA kernel, no pre-scaling of x needed
+        x_row = jnp.pad(x.reshape(K), (0, Kp - K))
+        out = gemv(x_row, w, fmt, n=N, tuning=tuning, interpret=interpret)[None, :]
+        if fmt == "nvfp4":
+            out = out * (w["global_scale"].astype(jnp.float32) * NVFP4_EXPONENT_GAP)
+        return out.astype(out_dtype or x.dtype).reshape(*lead, N)
+    Mp = max(MIN_DOT_ROWS, _next_power_of_2(M))
     row_scale = jnp.maximum(jnp.abs(x2).max(axis=1), 1e-30) / X_RANGE  # [M]
     x16 = jnp.pad(x2 / row_scale[:, None], ((0, Mp - M), (0, Kp - K))).astype(jnp.float16)
     partial = _matmul_call(x16, w, fmt=fmt, n=N, tuning=tuning, interpret=interpret)
@@ -148,8 +137,7 @@ def _matmul_call(x16, w, *, fmt: str, n: int, tuning: MatmulTuning, interpret: b
     if group > 1:
         in_specs.append(pl.BlockSpec((split_k // group, bn), lambda j, s: (s, j)))
         operands.append(w["scale"])
-    kernel = functools.partial(_matmul_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk,
-                               use_dot=tuning.use_dot)
+    kernel = functools.partial(_matmul_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk)
     return pl.pallas_call(
         kernel,
         grid=(n // bn, NS),

@@ -11,6 +11,9 @@ from __future__ import annotations
 import dataclasses
 
 TARGET_PROGRAMS = 528  # 4 per SM on an H200 (132 SMs)
+GEMV_TARGET_PROGRAMS = 1056  # the one-row kernel has less in flight per program
+# One-row kernel tiles per format (block_k, block_n): float32 partial sums of 8192 values.
+GEMV_TILES = {"int8": (64, 128), "fp8": (64, 128), "int4": (128, 64), "nvfp4": (64, 128)}
 MIN_BLOCKS_PER_SPLIT = 2  # keep at least two K tiles per program so the loop can pipeline
 GROUP_SIZE = {"int8": 1, "fp8": 1, "int4": 128, "nvfp4": 16}
 
@@ -25,7 +28,7 @@ class MatmulTuning:
     num_splits: int  # programs along K (partial sums added by XLA)
     num_warps: int = 4
     num_stages: int = 4
-    use_dot: bool = True  # tensor-core tiles; False = one-row FMA path (x must have 1 row)
+    use_dot: bool = True  # tensor-core tiles; False = the one-row FMA kernel (gemv.py)
 
 
 def _stages_that_fit(stages: int, rows: int, block_k: int, block_n: int, fmt: str) -> int:
@@ -38,40 +41,43 @@ def _stages_that_fit(stages: int, rows: int, block_k: int, block_n: int, fmt: st
     return max(1, min(stages, room // per_stage))
 
 
-def _largest_power_of_2_divisor(n: int, candidates) -> int | None:
-    for c in candidates:
-        if n % c == 0:
-            return c
+def _fit(size: int, preferred: int, smallest: int) -> int | None:
+    """The largest power of two <= preferred, >= smallest, that divides size."""
+    tile = preferred
+    while tile >= smallest:
+        if size % tile == 0:
+            return tile
+        tile //= 2
     return None
 
 
 def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = None,
                   block_k: int | None = None, num_splits: int | None = None,
-                  num_warps: int = 4, num_stages: int = 4,
+                  num_warps: int = 4, num_stages: int | None = None,
                   use_dot: bool | None = None) -> MatmulTuning | None:
     """Tiles for x [rows, k] @ w [k, n] in `fmt`, or None when the shape does not tile."""
     group = GROUP_SIZE[fmt]
     use_dot = rows > 1 if use_dot is None else (use_dot or rows > 1)
-    block_k = block_k or _largest_power_of_2_divisor(
-        k, [c for c in ((256, 128, 64, 32, 16) if use_dot else (64, 32, 16, 128)) if c >= group])
-    if block_n is None:
-        # The FMA path keeps a float32 [block_k, block_n] accumulator in registers: cap it at
-        # 8192 values (64 per thread with 4 warps).
-        widest = 128 if use_dot or block_k is None else max(16, 8192 // block_k)
-        block_n = _largest_power_of_2_divisor(n, [c for c in (128, 64, 32) if c <= widest])
+    preferred_k, preferred_n = (256, 128) if use_dot else GEMV_TILES[fmt]
+    block_k = block_k or _fit(k, preferred_k, max(group, 16))
+    block_n = block_n or _fit(n, preferred_n, 32)
     if block_n is None or block_k is None or n % block_n or k % block_k or block_k % group:
         return None
-    while (use_dot and _stages_that_fit(num_stages, rows, block_k, block_n, fmt) < 3
-           and block_k // 2 >= max(group, 32)):
-        block_k //= 2  # more rows of x per stage: trade K depth for pipeline stages
+    if use_dot:
+        num_stages = num_stages or 4
+        while (_stages_that_fit(num_stages, rows, block_k, block_n, fmt) < 3
+               and block_k // 2 >= max(group, 32)):
+            block_k //= 2  # more rows of x per stage: trade K depth for pipeline stages
+        num_stages = _stages_that_fit(num_stages, rows, block_k, block_n, fmt)
+    else:
+        num_stages = num_stages or 1  # measured: pipelining one-row loads costs occupancy
     num_blocks = k // block_k
     if num_splits is None:
-        wanted = max(1, -(-TARGET_PROGRAMS // (n // block_n)))
+        target = TARGET_PROGRAMS if use_dot else GEMV_TARGET_PROGRAMS
+        wanted = max(1, -(-target // (n // block_n)))
         limit = max(1, num_blocks // MIN_BLOCKS_PER_SPLIT)
         num_splits = max(d for d in range(1, min(wanted, limit) + 1) if num_blocks % d == 0)
     if num_blocks % num_splits:
         return None
-    if use_dot:
-        num_stages = _stages_that_fit(num_stages, rows, block_k, block_n, fmt)
     return MatmulTuning(block_n=block_n, block_k=block_k, num_splits=num_splits,
                         num_warps=num_warps, num_stages=num_stages, use_dot=use_dot)

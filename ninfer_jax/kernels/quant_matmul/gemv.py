@@ -1,0 +1,125 @@
+"""One-row weight-only quantized matmul (batch-1 decode) as a Pallas kernel (GPU).
+
+x [1, K] @ w: each program owns `block_n` output columns and one split of K and keeps float32
+partial sums per weight element in registers (no tensor cores: with one row they would idle
+15/16 of the time, and handing them dequantized tiles costs a trip through shared memory). The
+K reduction happens once, after the loop. Per-channel scales are applied in the kernel; only the
+split sum (and nvfp4's global scale) is left to a single small XLA fusion.
+
+4-bit weights are never interleaved in registers: the low and high nibbles of a byte (columns
+2j and 2j+1) are accumulated separately and interleaved once per program at the end. Group
+formats are read through free row-major reshapes as [groups, group, N/2] (codes), [groups,
+N/2, 2] (scales: the two columns of a byte side by side) and [groups, group] (x), so each
+group's scale is broadcast, never expanded.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from ninfer_jax.kernels.quant_matmul.tuning import GROUP_SIZE, MatmulTuning
+
+F16_1024 = 0x6400  # float16 bits of 1024.0
+NVFP4_EXPONENT_GAP = 16384.0  # e2m1 bits placed in a float16 come out 2**-14 too small
+
+
+def _f16(bits):
+    return lax.bitcast_convert_type(bits, jnp.float16)
+
+
+def _nibble_values(fmt: str, nibbles):
+    """uint8 nibbles -> float32 values (int4: code - 8; nvfp4: e2m1 * 2**-14)."""
+    codes = nibbles.astype(jnp.uint16)
+    if fmt == "int4":
+        return (_f16(codes | F16_1024) - 1032.0).astype(jnp.float32)
+    return _f16(((codes & 8) << 12) | ((codes & 7) << 9)).astype(jnp.float32)
+
+
+def _byte_values(fmt: str, raw):
+    """int8 / fp8 tile -> float32 values (per-channel scale not applied)."""
+    if fmt == "int8":  # 1024 + 128 + q is exact in float16
+        return (_f16(raw.astype(jnp.int16) + (F16_1024 + 128)) - 1152.0).astype(jnp.float32)
+    return raw.astype(jnp.float32)
+
+
+def _byte_kernel(x_ref, w_ref, scale_ref, o_ref, *, fmt: str, block_k: int, num_blocks: int):
+    """int8 / fp8: x_ref [split_k], w_ref [split_k, bn], scale_ref [bn], o_ref [bn]."""
+    def body(i, acc):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        x = x_ref[pl.ds(k0, block_k)].astype(jnp.float32)
+        return acc + x[:, None] * _byte_values(fmt, w_ref[pl.ds(k0, block_k), :])
+
+    cols = o_ref.shape[0]
+    acc = lax.fori_loop(0, num_blocks, body, jnp.zeros((block_k, cols), jnp.float32))
+    o_ref[...] = acc.sum(axis=0) * scale_ref[...]
+
+
+def _halves(pairs):
+    """[..., 2] -> the two [...] halves (Triton splits only the last axis)."""
+    first, second = jnp.split(pairs, 2, axis=-1)
+    return first.reshape(pairs.shape[:-1]), second.reshape(pairs.shape[:-1])
+
+
+def _nibble_kernel(x_ref, w_ref, scale_ref, o_ref, *, fmt: str, groups_per_step: int,
+                   num_blocks: int):
+    """int4 / nvfp4: x_ref [g_split, g], w_ref [g_split, g, bn/2] bytes, scale_ref
+    [g_split, bn/2, 2], o_ref [bn]. Each step covers `groups_per_step` whole groups."""
+    def body(i, carry):
+        acc_lo, acc_hi = carry
+        g0 = pl.multiple_of(i * groups_per_step, groups_per_step)
+        x = x_ref[pl.ds(g0, groups_per_step), :].astype(jnp.float32)[:, :, None]
+        raw = w_ref[pl.ds(g0, groups_per_step), :, :]
+        scale_lo, scale_hi = _halves(scale_ref[pl.ds(g0, groups_per_step), :, :]
+                                     .astype(jnp.float32))
+        acc_lo += (x * scale_lo[:, None, :]) * _nibble_values(fmt, raw & 0xF)
+        acc_hi += (x * scale_hi[:, None, :]) * _nibble_values(fmt, raw >> 4)
+        return acc_lo, acc_hi
+
+    _, group, half = w_ref.shape
+    zeros = jnp.zeros((groups_per_step, group, half), jnp.float32)
+    acc_lo, acc_hi = lax.fori_loop(0, num_blocks, body, (zeros, zeros))
+    out_lo = acc_lo.sum(axis=0).sum(axis=0)
+    out_hi = acc_hi.sum(axis=0).sum(axis=0)
+    o_ref[...] = jnp.stack([out_lo, out_hi], axis=-1).reshape(2 * half)
+
+
+def gemv(x_row, w, fmt: str, *, n: int, tuning: MatmulTuning, interpret: bool = False):
+    """x_row [Kp] (any float dtype) @ w -> float32 [n], before nvfp4's global scale."""
+    bn, bk, NS = tuning.block_n, tuning.block_k, tuning.num_splits
+    Kp = x_row.shape[0]
+    split_k = Kp // NS
+    codes = w[fmt]
+    if fmt in ("int8", "fp8"):
+        kernel = functools.partial(_byte_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk)
+        operands = (x_row, codes, w["scale"].astype(jnp.float32))
+        in_specs = [pl.BlockSpec((split_k,), lambda j, s: (s,)),
+                    pl.BlockSpec((split_k, bn), lambda j, s: (s, j)),
+                    pl.BlockSpec((bn,), lambda j, s: (j,))]
+    else:
+        group = GROUP_SIZE[fmt]
+        groups, g_split = Kp // group, split_k // group
+        per_step = bk // group
+        kernel = functools.partial(_nibble_kernel, fmt=fmt, groups_per_step=per_step,
+                                   num_blocks=g_split // per_step)
+        operands = (x_row.reshape(groups, group), codes.reshape(groups, group, n // 2),
+                    w["scale"].reshape(groups, n // 2, 2))
+        in_specs = [pl.BlockSpec((g_split, group), lambda j, s: (s, 0)),
+                    pl.BlockSpec((g_split, group, bn // 2), lambda j, s: (s, 0, j)),
+                    pl.BlockSpec((g_split, bn // 2, 2), lambda j, s: (s, j, 0))]
+    partial = pl.pallas_call(
+        kernel,
+        grid=(n // bn, NS),
+        in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, bn), lambda j, s: (s, j)),
+        out_shape=jax.ShapeDtypeStruct((NS, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=tuning.num_warps,
+                                                num_stages=tuning.num_stages),
+        interpret=interpret,
+        name=f"ninfer_{fmt}_gemv",
+    )(*operands)
+    return partial.sum(axis=0)
