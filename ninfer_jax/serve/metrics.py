@@ -101,7 +101,7 @@ class EngineCollector:
                      and ctx.engine.healthy)
         yield _gauge("ninfer_engine_ready", "1 when the engine serves requests.", float(ready))
         yield _gauge("ninfer_max_concurrency", "Resident execution lanes.",
-                     float(ctx.config.max_concurrency))
+                     float(getattr(stats, "max_concurrency", ctx.config.max_concurrency)))
         yield _gauge("ninfer_max_context_tokens", "Per-sequence context ceiling.",
                      float(ctx.max_context))
         for name, doc, field in ENGINE_GAUGES:

@@ -65,6 +65,8 @@ def test_every_documented_name_is_exported(client):
         assert {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"} <= names
     assert value(samples, "ninfer_engine_ready") == 1.0
     assert value(samples, "ninfer_max_context_tokens") == 512
+    assert value(samples, "ninfer_max_concurrency") == 4  # the engine's lanes (harness: 4)
+    assert value(samples, "ninfer_device_kv_capacity_pages") == 129
 
 
 def test_metrics_follow_the_api_key(client):
