@@ -84,7 +84,14 @@ class EngineStats:
         }, ready=ready, healthy=healthy)
 
 
+_COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
+
+
 def build_stats(counters: EngineCounters, *, gauges: dict, ready: bool,
                 healthy: bool) -> EngineStats:
-    totals = dataclasses.asdict(counters)  # deep copy: the snapshot shares no dict
+    # Built every round, so no dataclasses.asdict (a slow deep copy); only the two dicts
+    # need copying for the snapshot to share nothing mutable with the engine thread.
+    totals = {name: getattr(counters, name) for name in _COUNTER_NAMES}
+    totals["requests"] = dict(counters.requests)
+    totals["decode_batch_sizes"] = dict(counters.decode_batch_sizes)
     return EngineStats(time=time.monotonic(), ready=ready, healthy=healthy, **gauges, **totals)
