@@ -27,8 +27,12 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(tiny):
-    return JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
-                     prefill_chunk=32)
+    """Warmed up once: every later step must reuse one of its compiled shapes."""
+    runner = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
+                       prefill_chunk=32)
+    runner.warmup()
+    yield runner
+    assert runner.compiled_shapes == set(runner.step_shapes()), "a step compiled after warm-up"
 
 
 def prompts(count, seed=5):
@@ -96,15 +100,11 @@ def test_buckets():
         fit_bucket((1, 2), 3, "batch")
 
 
-def test_warmup_compiles_every_shape_the_steps_later_use(tiny):
-    runner = JaxRunner(tiny[1], num_pages=32, page_size=8, max_batch=2, max_context=128,
-                       prefill_chunk=16)
-    shapes = runner.step_shapes()
-    assert sorted(shapes) == sorted([("decode", 1, 8), ("decode", 1, 16), ("decode", 2, 8),
-                                     ("decode", 2, 16), ("prefill", 16, 8), ("prefill", 16, 16)])
-    runner.warmup()
-    compiled = set(runner.compiled_shapes)
-    assert compiled == set(shapes)
-    # 40 + 30 positions: several chunks, both widths, batch 2 then batch 1.
-    generate(runner, [list(range(40)), list(range(5))], 30, chunk=16)
-    assert set(runner.compiled_shapes) == compiled
+def test_warmup_compiles_exactly_the_step_shapes(runner):
+    expected = {("decode", b, w) for b in (1, 2, 4, 8) for w in (8, 16)}
+    expected |= {("prefill", c, w) for c in (16, 32) for w in (8, 16)}
+    assert set(runner.step_shapes()) == expected
+    assert runner.compiled_shapes == expected
+    # 100 positions ingested in chunks of 32 (both chunk buckets, the wide table), batch 3 -> 4.
+    generate(runner, [list(range(70)), list(range(5)), list(range(9))], 30)
+    assert runner.compiled_shapes == expected
