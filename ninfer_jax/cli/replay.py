@@ -35,10 +35,16 @@ def replay(capture_file, url, artifact, compare_log, server_log, concurrency, ap
 
     Exit status 1 when a request fails or, with --compare, when a deterministic (greedy or
     seeded) request generates different tokens than in the earlier log."""
+    import logging.config
+
     from ninfer_jax.replay.records import ReplayInputError
+    from ninfer_jax.serve.launcher import logging_config
     from ninfer_jax.replay.report import format_text, is_success
     from ninfer_jax.replay.run import ReplayOptions, run_replay
 
+    if not logging.getLogger().handlers:  # a host program (or pytest) keeps its own
+        # The in-process server (--artifact) reports warnings and errors in the serve format.
+        logging.config.dictConfig(logging_config("warning"))
     options = ReplayOptions(capture_file=capture_file, url=url, artifact=artifact,
                             compare_log=compare_log, server_log=server_log,
                             concurrency=concurrency, api_key=api_key,

@@ -12,6 +12,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import anthropic
 import httpx
@@ -125,8 +126,6 @@ def test_rejected_request_has_no_start(obs):
 
 def test_throughput_and_stderr_records(obs):
     chat(obs)
-    import time
-
     deadline = time.monotonic() + 10
     while not any(r["event"] == "throughput" for r in log_lines(obs)):
         assert time.monotonic() < deadline, "no throughput record"
