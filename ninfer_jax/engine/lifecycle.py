@@ -22,6 +22,10 @@ from ninfer_jax.errors import NinferError, QueueTimeout
 log = logging.getLogger("ninfer_jax.engine.pressure")
 
 
+class TokenPolicyError(RuntimeError):
+    """A request's TokenPolicy raised: that request fails, the engine carries on."""
+
+
 @dataclasses.dataclass(frozen=True)
 class SchedulingEvent:
     """A pressure transition of one request, for the request log ("paused", "restored",
@@ -117,7 +121,10 @@ class Lifecycle:
         """Commit the sampled token (through the request's TokenPolicy) and publish it.
         Returns (reason, matched_stop_token) when the request must finish, else None."""
         policy = seq.request.token_policy
-        ids = list(policy.adjust(tuple(seq.output_ids), sampled)) if policy else [sampled]
+        try:
+            ids = list(policy.adjust(tuple(seq.output_ids), sampled)) if policy else [sampled]
+        except Exception as exc:  # plain Python from the HTTP side: contain it
+            raise TokenPolicyError(f"token policy of {seq.request_id} failed") from exc
         if not ids:
             ids = [sampled]  # a policy may replace the sample, never swallow the round
         new, finish = [], None

@@ -31,12 +31,13 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ninfer_jax.engine.config import EngineConfig
-from ninfer_jax.engine.lifecycle import Lifecycle
+from ninfer_jax.engine.lifecycle import Lifecycle, TokenPolicyError
 from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
 from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.errors import InternalError
 
 log = logging.getLogger("ninfer_jax.engine.scheduler")
 
@@ -285,7 +286,7 @@ class Scheduler:
             self.life.computed(seq, len(unit.tokens), is_prefill=True)
             self._publish_prefix(seq)
             if unit.sample is not None:
-                self._settle(seq, self.life.commit(seq, int(sampled[0]), from_decode=False))
+                self._commit(seq, int(sampled[0]), from_decode=False)
             elif seq.num_output == 0 and not seq.needs_prefill:
                 self._end(seq, "length")  # max_tokens 0: prompt processed, nothing to sample
             return
@@ -295,14 +296,21 @@ class Scheduler:
         for seq, token in zip(schedule.seqs, sampled):
             self.life.computed(seq, 1, is_prefill=False)
             self._publish_prefix(seq)
-            self._settle(seq, self.life.commit(seq, int(token), from_decode=True))
+            self._commit(seq, int(token), from_decode=True)
 
     def _publish_prefix(self, seq: Sequence) -> None:
         if self.cache is not None:
             seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages, seq.num_computed,
                                                   seq.cache_cursor)
 
-    def _settle(self, seq: Sequence, finish: tuple[str, int | None] | None) -> None:
+    def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
+        try:
+            finish = self.life.commit(seq, token, from_decode=from_decode)
+        except TokenPolicyError:
+            log.exception("request_id=%s fails: its token policy raised", seq.request_id)
+            self._detach(seq)
+            self.life.fail(seq, InternalError("the request's token policy failed"))
+            return
         if finish is not None:
             reason, matched = finish
             self._end(seq, reason, matched)

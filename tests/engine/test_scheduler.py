@@ -196,3 +196,21 @@ def test_seeded_sampling_is_the_same_alone_and_batched():
     assert list(mine_output) == expected_output(prompt, 6, sampling=sampling)
     assert mine_output != tuple(expected_output(prompt, 6))  # sampling did change tokens
     assert all(finished(h).reason == "length" for h in others)
+
+
+class Broken:
+    def adjust(self, output_ids, sampled):
+        if len(output_ids) == 2:
+            raise KeyError("bug in a policy")
+        return [sampled]
+
+
+def test_a_failing_token_policy_fails_only_its_request():
+    driver = Driver(max_concurrency=2)
+    broken = driver.submit(make_request(prompt_of(4), max_tokens=6, token_policy=Broken()))
+    healthy = driver.submit(make_request(prompt_of(4, salt=1), max_tokens=6))
+    driver.run()
+    end = terminal(drain(broken))
+    assert isinstance(end, Failed) and end.error.status == 500
+    assert list(finished(healthy).output_ids) == expected_output(prompt_of(4, salt=1), 6)
+    assert driver.request_pages() == 0
