@@ -239,8 +239,8 @@ class RequestObserver:
 
     def on_scheduling(self, event) -> None:
         """Engine-thread listener (pause / restore / replay transitions): only enqueues."""
-        with self._lock:
-            trace = self._active.get(event.request_id)
+        # One dict read (atomic under the GIL): the engine thread never waits on our lock.
+        trace = self._active.get(event.request_id)
         if trace is not None and self.writer is not None:
             self.writer.emit("request_scheduling",
                              records.scheduling(trace, event, self.engine_stats()))
