@@ -120,6 +120,12 @@ def test_stop_string_split_across_tokens(batched):
     assert info["usage"].completion_tokens == k + 2
 
 
+def engine_gauges(client: httpx.Client) -> dict[str, float]:
+    text = client.get("/metrics").text
+    return {name: float(value)
+            for name, value in re.findall(r"^(ninfer_[a-z_]+) (\S+)$", text, re.MULTILINE)}
+
+
 def test_full_capacity_gives_429_and_queue_timeout_503(one_lane):
     headers = one_lane.headers
     body = {"model": one_lane.model_id, "messages": [{"role": "user", "content": PROMPTS[0]}],
@@ -147,6 +153,15 @@ def test_full_capacity_gives_429_and_queue_timeout_503(one_lane):
                              r"pages_released=([1-9]\d*)")
         while not pattern.search(one_lane.stderr_text()):
             assert time.monotonic() < deadline, "the disconnected request was not cancelled"
+            time.sleep(0.2)
+        # /metrics agrees: nothing runs, and every used page is one the prefix cache retains.
+        while True:
+            gauges = engine_gauges(client)
+            if gauges["ninfer_requests_running"] == 0 and (
+                    gauges["ninfer_device_kv_used_pages"]
+                    == gauges["ninfer_device_kv_cached_pages"]):
+                break
+            assert time.monotonic() < deadline, f"pages still held: {gauges}"
             time.sleep(0.2)
         after = client.post("/v1/chat/completions", json={**body, "stream": False,
                                                           "max_tokens": 4})
