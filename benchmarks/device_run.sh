@@ -13,7 +13,7 @@ for spec in "$@"; do
   stage=${body%%:*}; arg=${body#*:}
   start=$(date +%s)
   case $stage in
-    tests) timeout "$cap" python3 -m pytest tests/kernels -q -x -p no:cacheprovider \
+    tests) timeout "$cap" python3 -m pytest tests/kernels -q -p no:cacheprovider \
              >"$OUT/pytest.log" 2>&1; echo "tests rc=$? $(tail -1 "$OUT/pytest.log")";;
     kbench) timeout "$cap" python3 benchmarks/kernel_bench.py ${arg//,/ } >>"$OUT/kbench.log" 2>&1
             echo "kbench $arg rc=$?";;

@@ -156,3 +156,16 @@ def test_kernel_on_gpu_matches_reference(fmt, rows):
     out = jax.jit(kernel.matmul)(x, w)
     ref = jax.jit(reference.matmul)(x.astype(jnp.float32), w)
     assert relative_error(out, ref) < 1e-2
+
+
+def test_one_row_kernel_decoders_are_exact_for_every_code():
+    """The bit tricks in gemv.py against plain conversions, code by code."""
+    from ninfer_jax.kernels.quant_matmul import gemv
+    nibbles = jnp.arange(16, dtype=jnp.uint8)
+    np.testing.assert_array_equal(np.asarray(gemv._nibble_values("int4", nibbles)),
+                                  np.arange(16) - formats.INT4_OFFSET)
+    np.testing.assert_array_equal(np.asarray(gemv._nibble_values("nvfp4", nibbles)),
+                                  np.concatenate([formats.E2M1_VALUES, -formats.E2M1_VALUES]))
+    every_int8 = jnp.arange(-128, 128, dtype=jnp.int32).astype(jnp.int8)
+    np.testing.assert_array_equal(np.asarray(gemv._byte_values("int8", every_int8)),
+                                  np.arange(-128, 128))
