@@ -171,6 +171,12 @@ def quant_section():
             _matmul_guarded(fmt, rows, k, n)
 
 
+def quant_quick_section():
+    """The batch-1 shape only: every format on 4096 x 14336."""
+    for fmt in ("bf16", "int8", "fp8", "int4", "nvfp4"):
+        _matmul_guarded(fmt, 1, 4096, 14336)
+
+
 def quant_sweep_section():
     """Warps x pipeline stages of the one-row kernel (default tiles) on 4096 x 14336."""
     for fmt in ("int8", "int4", "nvfp4", "fp8"):
@@ -195,7 +201,7 @@ def ceilings_section():
 
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
-            "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section}
+            "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section, "qquick": quant_quick_section}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(SECTIONS):
