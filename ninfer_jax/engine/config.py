@@ -16,6 +16,25 @@ MIN_LANES, MAX_LANES = 1, 8
 CPU_AUTO_KV_TOKENS = 65536
 
 
+# --kv-capacity auto leaves this much device memory unclaimed (the serving contract's margin).
+AUTO_KV_HEADROOM_BYTES = 1 << 30
+
+
+def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int,
+                       dtype_bytes: int) -> int:
+    """Device bytes one token of KV takes: a key and a value per layer and KV head."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def auto_kv_tokens(free_bytes: int, bytes_per_token: int, *, page_size: int,
+                   headroom_bytes: int = AUTO_KV_HEADROOM_BYTES) -> int:
+    """--kv-capacity auto: the tokens (whole pages) that fit in `free_bytes` (measured after
+    the weights are resident) minus the headroom, at least one page."""
+    usable = max(0, free_bytes - headroom_bytes)
+    pages = usable // (bytes_per_token * page_size)
+    return max(1, pages) * page_size
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     max_concurrency: int = 1  # resident lanes; also the largest decode batch

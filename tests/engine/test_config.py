@@ -1,0 +1,41 @@
+"""EngineConfig: bounds, pool sizing, serve options, --kv-capacity auto arithmetic."""
+import pytest
+
+from ninfer_jax.engine.config import (
+    CPU_AUTO_KV_TOKENS, EngineConfig, auto_kv_tokens, kv_bytes_per_token,
+)
+from ninfer_jax.serve.config import ServeConfig
+
+
+def test_bounds_are_checked():
+    with pytest.raises(ValueError):
+        EngineConfig(max_concurrency=9)
+    with pytest.raises(ValueError):
+        EngineConfig(decode_share=-0.1)
+    assert EngineConfig(max_concurrency=8, max_pending=3).max_outstanding == 11
+
+
+def test_pool_pages_follow_the_kv_capacity_or_the_context():
+    assert EngineConfig(max_context=100).num_pages(16) == 7 + 1  # ceil(100/16) + dummy page
+    assert EngineConfig(max_context=100, kv_capacity=1024).num_pages(16) == 64 + 1
+
+
+def test_from_serve_config():
+    serve = ServeConfig(artifact="x", max_concurrency=4, max_pending_requests=2,
+                        pending_timeout_ms=1500, prefill_chunk=256, decode_share=0.5,
+                        max_context=2048, kv_capacity="auto", no_prefix_reuse=True)
+    config = EngineConfig.from_serve_config(serve)
+    assert (config.max_concurrency, config.max_pending, config.pending_timeout) == (4, 2, 1.5)
+    assert (config.prefill_chunk, config.decode_share, config.max_context) == (256, 0.5, 2048)
+    assert config.kv_capacity == CPU_AUTO_KV_TOKENS and not config.prefix_reuse
+    measured = EngineConfig.from_serve_config(serve, auto_kv_tokens=4096)
+    assert measured.kv_capacity == 4096
+    assert EngineConfig.from_serve_config(ServeConfig(artifact="x")).kv_tokens == 8192
+
+
+def test_auto_kv_tokens_leaves_the_headroom_in_whole_pages():
+    per_token = kv_bytes_per_token(num_layers=30, num_kv_heads=3, head_dim=64, dtype_bytes=2)
+    assert per_token == 2 * 30 * 3 * 64 * 2
+    free = (1 << 30) + per_token * 16 * 10 + 5  # room for exactly 10 pages past the headroom
+    assert auto_kv_tokens(free, per_token, page_size=16) == 160
+    assert auto_kv_tokens(100, per_token, page_size=16) == 16  # never below one page
