@@ -164,8 +164,9 @@ def test_one_row_kernel_decoders_are_exact_for_every_code():
     nibbles = jnp.arange(16, dtype=jnp.uint8)
     np.testing.assert_array_equal(np.asarray(gemv._nibble_values("int4", nibbles)),
                                   np.arange(16) - formats.INT4_OFFSET)
-    np.testing.assert_array_equal(np.asarray(gemv._nibble_values("nvfp4", nibbles)),
-                                  np.concatenate([formats.E2M1_VALUES, -formats.E2M1_VALUES]))
+    np.testing.assert_array_equal(
+        np.asarray(gemv._nibble_values("nvfp4", nibbles)) * gemv.NVFP4_EXPONENT_GAP,
+        np.concatenate([formats.E2M1_VALUES, -formats.E2M1_VALUES]))
     every_int8 = jnp.arange(-128, 128, dtype=jnp.int32).astype(jnp.int8)
     np.testing.assert_array_equal(np.asarray(gemv._byte_values("int8", every_int8)),
                                   np.arange(-128, 128))

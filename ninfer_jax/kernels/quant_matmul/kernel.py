@@ -24,13 +24,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from ninfer_jax.kernels.quant_matmul.formats import format_of
-from ninfer_jax.kernels.quant_matmul.gemv import gemv
+from ninfer_jax.kernels.quant_matmul.gemv import NVFP4_EXPONENT_GAP, gemv
 from ninfer_jax.kernels.quant_matmul.tuning import GROUP_SIZE, MatmulTuning, matmul_tuning
 
 MIN_DOT_ROWS = 16
 X_RANGE = 256.0  # rows of x are scaled so that max |x| == X_RANGE before the float16 cast
 F16_ONE_THOUSAND_24 = 0x6400  # float16 bits of 1024.0: OR-ing n < 1024 into them gives 1024 + n
-NVFP4_EXPONENT_GAP = 16384.0  # e2m1 bits placed in a float16 come out 2**-14 too small
 PACKED_FORMATS = ("int4", "nvfp4")
 
 
@@ -116,7 +115,7 @@ def matmul(x, w, *, out_dtype=None, tuning: MatmulTuning | None = None,
         x_row = jnp.pad(x.reshape(K), (0, Kp - K))
         out = gemv(x_row, w, fmt, n=N, tuning=tuning, interpret=interpret)[None, :]
         if fmt == "nvfp4":
-            out = out * w["global_scale"].astype(jnp.float32)
+            out = out * (w["global_scale"].astype(jnp.float32) * NVFP4_EXPONENT_GAP)
         return out.astype(out_dtype or x.dtype).reshape(*lead, N)
     Mp = max(MIN_DOT_ROWS, _next_power_of_2(M))
     row_scale = jnp.maximum(jnp.abs(x2).max(axis=1), 1e-30) / X_RANGE  # [M]
