@@ -23,9 +23,9 @@ import numpy as np
 
 from benchlib import Recorder, copy_bandwidth, environment, gemv_bandwidth, matmul_rate
 from kernel_bench import random_leaf
-from ninfer_jax.kernels import paged_attention, quant_matmul
+from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
-from ninfer_jax.model import layers, llama
+from ninfer_jax.model import llama
 from ninfer_jax.model.config import ModelConfig
 
 SHAPES = {
@@ -43,13 +43,6 @@ SHAPES = {
 PAGE_SIZE = 16
 PROJECTIONS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 rec = Recorder("engine_bench")
-
-
-def wire_quantized_linear():
-    """Route the model's projections through kernels.quant_matmul.matmul (identical to the old
-    jnp.matmul for plain arrays). Needed only until model/layers.py::linear does it itself."""
-    layers.linear = quant_matmul.matmul
-    llama.linear = quant_matmul.matmul
 
 
 def random_params(config: ModelConfig, weights: str, seed: int = 0):
@@ -160,7 +153,6 @@ def main():
     args = parser.parse_args()
     if args.reference:
         os.environ["NINFER_FORCE_REFERENCE"] = "1"
-    wire_quantized_linear()
     config = ModelConfig(**SHAPES[args.model])
     base = dict(model=args.model, weights=args.weights, attention="reference" if args.reference
                 else "kernels")
