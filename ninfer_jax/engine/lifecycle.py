@@ -63,8 +63,8 @@ class Lifecycle:
         self.counters.cached_tokens += cache_n
         seq.handle.publish(Admitted(cache_n=cache_n, time=now))
 
-    def pause(self, seq: Sequence) -> int:
-        """Free the pages, keep the tokens; returns how many pages were released."""
+    def pause(self, seq: Sequence) -> None:
+        """Free the pages, keep the tokens."""
         freed = len(seq.pages)
         self.pool.release(seq.pages)
         seq.pages = []
@@ -74,8 +74,9 @@ class Lifecycle:
         seq.paused_at = self.clock()
         seq.counters["preemptions"] += 1
         self.counters.preemptions += 1
+        log.info("pause request_id=%s seq=%d output_tokens=%d pages_freed=%d preemption=%d",
+                 seq.request_id, seq.seq_id, seq.num_output, freed, seq.counters["preemptions"])
         self._emit("paused", seq)
-        return freed
 
     def restore(self, seq: Sequence, cached_tokens: int = 0) -> None:
         """Back to resident; `cached_tokens` leading tokens came back from the prefix cache
@@ -87,6 +88,8 @@ class Lifecycle:
         seq.paused_at = None
         seq.counters["replay_restores"] += 1
         self.counters.replay_restores += 1
+        log.info("restore request_id=%s seq=%d cached_tokens=%d replay_tokens=%d",
+                 seq.request_id, seq.seq_id, cached_tokens, seq.prefill_target - cached_tokens)
         self._emit("restored", seq)
 
     def computed(self, seq: Sequence, count: int, *, is_prefill: bool) -> None:

@@ -12,15 +12,17 @@ When a sequence computes a page the cache already has (it ran alongside the firs
 the cached copy was dropped from its table by a pause), the cache keeps the sequence's page
 and frees its own copy if nobody else holds it, so duplicates do not linger.
 
-Pages that only the cache holds (refcount 1) are reclaimable: under pressure the scheduler
-evicts them, least recently used first, before it pauses any request. A paused request's
-pages stay here until evicted, so its restore often finds most of them and replays little.
+Eviction works on leaves (nodes without cached children), least recently used first, so
+chains shrink from their tails and shared beginnings survive longest; a leaf some sequence
+still holds is skipped. Leaves sit in a heap by last use (stale entries are skipped when
+popped), so reclaiming costs O(log n) per page, not O(cache size): the cache may hold most
+of a large pool.
 Engine thread only.
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
+import heapq
 import itertools
 
 from ninfer_jax.engine.pages import PagePool
@@ -33,16 +35,21 @@ class _Node:
     node_id: int
     key: tuple  # (parent node id, tokens of the page)
     page: int
-    children: set = dataclasses.field(default_factory=set)  # child keys
+    last_used: int  # a tick of the cache's clock
+    num_children: int = 0
 
 
 class PrefixCache:
     def __init__(self, pool: PagePool, page_size: int):
         self.pool = pool
         self.page_size = page_size
-        self._nodes: collections.OrderedDict[tuple, _Node] = collections.OrderedDict()  # LRU
+        self._nodes: dict[tuple, _Node] = {}
         self._by_id: dict[int, _Node] = {}
+        # (last_used, node_id) of leaves; entries go stale when a node is used again, gains a
+        # child or leaves the cache, and are skipped then.
+        self._leaf_heap: list[tuple[int, int]] = []
         self._ids = itertools.count(ROOT + 1)
+        self._ticks = itertools.count()
 
     @property
     def num_pages(self) -> int:
@@ -51,40 +58,30 @@ class PrefixCache:
     def pages(self) -> list[int]:
         return [node.page for node in self._nodes.values()]
 
-    def num_reclaimable(self) -> int:
-        """Pages reclaim() could free: nodes that no sequence holds and that lead to no held
-        node (a held page pins its whole path from the root)."""
-        pinned: set[int] = set()
-        for node in self._nodes.values():
-            current = node if self.pool.refcount(node.page) > 1 else None
-            while current is not None and current.node_id not in pinned:
-                pinned.add(current.node_id)
-                current = self._by_id.get(current.key[0])
-        return len(self._nodes) - len(pinned)
+    def _key(self, tokens, index: int, parent: int) -> tuple:
+        return (parent, tuple(tokens[index * self.page_size:(index + 1) * self.page_size]))
 
     def count_cached(self, tokens, max_pages: int) -> tuple[int, int]:
         """(leading pages of `tokens` cached, how many of those only the cache holds);
         no reference taken, LRU order untouched."""
-        parent, reclaimable = ROOT, 0
+        parent, cache_only = ROOT, 0
         for index in range(max_pages):
-            key = (parent, tuple(tokens[index * self.page_size:(index + 1) * self.page_size]))
-            node = self._nodes.get(key)
+            node = self._nodes.get(self._key(tokens, index, parent))
             if node is None:
-                return index, reclaimable
-            reclaimable += self.pool.refcount(node.page) == 1
+                return index, cache_only
+            cache_only += self.pool.refcount(node.page) == 1
             parent = node.node_id
-        return max_pages, reclaimable
+        return max_pages, cache_only
 
     def match(self, tokens, max_pages: int) -> tuple[list[int], int]:
         """The pages holding the longest cached prefix of `tokens` (at most `max_pages`),
         each with a new reference for the caller, and the id of the last matched node."""
         pages, parent = [], ROOT
         for index in range(max_pages):
-            key = (parent, tuple(tokens[index * self.page_size:(index + 1) * self.page_size]))
-            node = self._nodes.get(key)
+            node = self._nodes.get(self._key(tokens, index, parent))
             if node is None:
                 break
-            self._nodes.move_to_end(key)
+            self._touch(node)
             self.pool.share(node.page)
             pages.append(node.page)
             parent = node.node_id
@@ -96,18 +93,12 @@ class PrefixCache:
         already recorded, last node id) from the previous call; returns the new cursor."""
         num_done, parent = cursor
         for index in range(num_done, num_computed // self.page_size):
-            key = (parent, tuple(tokens[index * self.page_size:(index + 1) * self.page_size]))
+            key = self._key(tokens, index, parent)
             node = self._nodes.get(key)
             if node is None:
-                node = _Node(next(self._ids), key, pages[index])
-                self.pool.share(node.page)
-                self._nodes[key] = node
-                self._by_id[node.node_id] = node
-                parent_node = self._by_id.get(parent)
-                if parent_node is not None:
-                    parent_node.children.add(key)
+                node = self._add(key, pages[index])
             else:
-                self._nodes.move_to_end(key)
+                self._touch(node)
                 if node.page != pages[index] and self.pool.refcount(node.page) == 1:
                     # An identical page nobody else holds: keep the live one, free the copy.
                     self.pool.share(pages[index])
@@ -118,31 +109,60 @@ class PrefixCache:
         return num_done, parent
 
     def reclaim(self, num_pages: int) -> int:
-        """Evict pages only the cache holds until `num_pages` pages are free (or nothing
-        reclaimable is left); returns how many pages became free. Chains shrink from their
-        tails (least recently used leaf first), so the shared beginnings survive longest."""
-        freed_before = self.pool.num_free
-        while self.pool.num_free < num_pages:
-            victim = next((n for n in self._nodes.values()
-                           if not n.children and self.pool.refcount(n.page) == 1), None)
-            if victim is None:
-                break
-            self._evict(victim)
+        """Evict least recently used leaves only the cache holds until `num_pages` pages are
+        free (or none is left); returns how many pages became free."""
+        freed_before, held = self.pool.num_free, []
+        while self.pool.num_free < num_pages and self._leaf_heap:
+            entry = heapq.heappop(self._leaf_heap)
+            node = self._by_id.get(entry[1])
+            if node is None or node.num_children or node.last_used != entry[0]:
+                continue  # stale
+            if self.pool.refcount(node.page) > 1:
+                held.append(entry)  # a sequence still reads it: keep it for later
+                continue
+            self._remove(node)
+        for entry in held:
+            heapq.heappush(self._leaf_heap, entry)
         return self.pool.num_free - freed_before
 
     def clear(self) -> None:
-        while self._nodes:
-            self._evict(next(iter(self._nodes.values())))
+        """Drop every node, releasing the cache's references."""
+        self.pool.release([node.page for node in self._nodes.values()])
+        self._nodes.clear()
+        self._by_id.clear()
+        self._leaf_heap.clear()
 
-    def _evict(self, node: _Node) -> None:
-        """Drop a node and everything cached below it (unreachable without it)."""
-        parent_node = self._by_id.get(node.key[0])
-        if parent_node is not None:
-            parent_node.children.discard(node.key)
-        stack = [node]
-        while stack:  # iterative: chains are as deep as the context is long
-            current = stack.pop()
-            stack.extend(self._nodes[key] for key in current.children)
-            del self._nodes[current.key]
-            del self._by_id[current.node_id]
-            self.pool.release([current.page])
+    # ------------------------------------------------------------------ tree upkeep
+
+    def _add(self, key: tuple, page: int) -> _Node:
+        node = _Node(next(self._ids), key, page, next(self._ticks))
+        self.pool.share(page)
+        self._nodes[key] = node
+        self._by_id[node.node_id] = node
+        self._push_leaf(node)
+        parent = self._by_id.get(key[0])
+        if parent is not None:
+            parent.num_children += 1  # its heap entries are stale from now on
+        return node
+
+    def _touch(self, node: _Node) -> None:
+        node.last_used = next(self._ticks)
+        if not node.num_children:
+            self._push_leaf(node)
+
+    def _push_leaf(self, node: _Node) -> None:
+        heapq.heappush(self._leaf_heap, (node.last_used, node.node_id))
+        if len(self._leaf_heap) > 2 * len(self._nodes) + 64:  # drop the stale entries
+            self._leaf_heap = [(n.last_used, n.node_id) for n in self._nodes.values()
+                               if not n.num_children]
+            heapq.heapify(self._leaf_heap)
+
+    def _remove(self, leaf: _Node) -> None:
+        del self._nodes[leaf.key]
+        del self._by_id[leaf.node_id]
+        self.pool.release([leaf.page])
+        parent = self._by_id.get(leaf.key[0])
+        if parent is not None:
+            parent.num_children -= 1
+            if not parent.num_children:
+                self._push_leaf(parent)  # ranked by its own last use

@@ -11,13 +11,15 @@ Policies (see also sequence.py for the prefill/decode rule):
   resident, oldest first, never an empty row.
 - Prefill: one chunk of the oldest resident that needs prefill. While decodes are also ready,
   they get rounds worth `decode_share` of the prefill time (a credit carried across rounds).
-- Pressure: before a unit runs its pages are reserved; when the pool is short the youngest
-  resident is paused (pages freed, tokens kept), so the oldest always progresses. A request
-  that alone outgrows the whole pool finishes with "length".
+- Pressure: before a unit runs its pages are reserved; when the pool is short, pages only
+  the prefix cache holds are reclaimed first, then the youngest resident is paused (pages
+  freed, tokens kept), so the oldest always progresses. A request that alone outgrows the
+  whole pool finishes with "length".
 - Admission: the oldest paused sequence is restored first when its frontier plus one unit
-  fits with a page of headroom per resident (so it is not paused again at once); otherwise
-  fresh requests enter FIFO, and a later one that fits may overtake a head that does not,
-  at most `max_bypass` times per head.
+  fits with a page of headroom per resident (so it is not paused again at once; one paused
+  again before it ran anything waits until some request ends); otherwise fresh requests
+  enter FIFO, and a later one that fits may overtake a head that does not, at most
+  `max_bypass` times per head.
 """
 from __future__ import annotations
 
@@ -191,12 +193,10 @@ class Scheduler:
         self.resident.remove(seq)
         if seq.num_computed == seq.computed_at_restore:
             seq.restore_gate = self._num_ended() + 1  # wait until something ends
-        freed = self.life.pause(seq)
+        self.life.pause(seq)
         self._paused_now.add(seq.seq_id)
         seq.cache_cursor = (0, ROOT)
         bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
-        log.info("pause request_id=%s seq=%d output_tokens=%d pages_freed=%d preemption=%d",
-                 seq.request_id, seq.seq_id, seq.num_output, freed, seq.counters["preemptions"])
 
     # ------------------------------------------------------------------ admission
 
@@ -209,8 +209,6 @@ class Scheduler:
                 seq = self.paused.pop(0)
                 self.life.restore(seq, self._reuse_cached(seq))
                 seq.computed_at_restore = seq.num_computed
-                log.info("restore request_id=%s seq=%d replay_tokens=%d", seq.request_id,
-                         seq.seq_id, seq.prefill_target - seq.num_computed)
             else:
                 seq = self._pick_waiting()
                 if seq is None:
@@ -261,8 +259,16 @@ class Scheduler:
                 seq.tokens, self._max_cached_pages(seq))
             # Its own cached pages are reused, so they are not also free for it.
             need -= matched
-            available += self.cache.num_reclaimable() - matched_reclaimable
+            available += self._num_cache_only_pages() - matched_reclaimable
         return need <= available
+
+    def _num_cache_only_pages(self) -> int:
+        """Pages no sequence holds (paused and waiting ones hold none): the prefix cache's
+        reclaimable pages, give or take a cached page pinned under a held one."""
+        held = set()
+        for seq in self.resident:
+            held.update(seq.pages)
+        return self.pool.num_used - len(held)
 
     def _num_ended(self) -> int:
         return sum(self.counters.requests.values())

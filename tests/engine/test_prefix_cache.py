@@ -24,7 +24,7 @@ def test_publish_match_and_reclaim():
     assert matched == pages[:2] and pool.refcount(pages[0]) == 3  # owner, cache, new reader
     pool.release(matched)
     pool.release(pages)  # the owner finishes: the cached pages stay, one is freed
-    assert pool.num_free == 4 and cache.num_reclaimable() == 3
+    assert pool.num_free == 4 and pool.num_used == cache.num_pages == 3
     pool.check([cache.pages()])
     assert cache.reclaim(5) == 1 and pool.num_free == 5
     pool.check([cache.pages()])
@@ -42,6 +42,22 @@ def test_reclaim_shortens_chains_from_the_tail():
     assert cache.count_cached([1, 2, 3], 3) == (2, 2)  # the prefix [1, 2] is still there
     cache.clear()
     assert pool.num_free == 5
+
+
+def test_reclaim_skips_held_leaves_and_prefers_the_least_recently_used():
+    pool = PagePool(8)
+    cache = PrefixCache(pool, page_size=1)
+    old, held, recent = pool.alloc(2), pool.alloc(2), pool.alloc(2)
+    cache.publish([1, 2], old, 2, (0, 0))
+    cache.publish([3, 4], held, 2, (0, 0))
+    cache.publish([5, 6], recent, 2, (0, 0))
+    pool.release(old + recent)  # `held` stays with its sequence
+    cache.match([1, 2], 2)  # the old chain is used again: now the most recent
+    pool.release(old)
+    assert cache.reclaim(3) == 2  # a free page plus two: the [5, 6] chain, tail first
+    assert cache.count_cached([5, 6], 2) == (0, 0)
+    assert cache.count_cached([1, 2], 2) == (2, 2) and cache.count_cached([3, 4], 2) == (2, 0)
+    pool.check([cache.pages(), held])
 
 
 def test_clear_drops_descendants_with_their_parent():

@@ -1,4 +1,6 @@
 """KV pressure: pausing the youngest, restoring by replay in order, identical outputs."""
+import logging
+
 from ninfer_jax.engine.request import Finished
 from ninfer_jax.engine.sequence import Status
 
@@ -109,3 +111,17 @@ def test_pause_while_prefilling_replays_the_prompt_part_already_computed():
     counters = young_end.counters
     assert counters["prefill_tokens"] == 16  # each prompt token counted once as prefill
     assert 0 < counters["replayed_tokens"] < 16
+
+
+def test_pressure_log_names_requests_and_counts(caplog):
+    caplog.set_level(logging.INFO, logger="ninfer_jax.engine.pressure")
+    driver = Driver(num_pages=11, page_size=4, max_concurrency=2, prefix_reuse=False)
+    driver.submit(make_request(prompt_of(4), max_tokens=30))
+    young = driver.submit(make_request(prompt_of(4, salt=1), max_tokens=30))
+    driver.run()
+    rid = young.request.request_id
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"pause request_id={rid} ") and "pages_freed=" in m
+               for m in messages)
+    assert any(m.startswith(f"restore request_id={rid} ") for m in messages)
+    assert any(m.startswith(f"replay complete request_id={rid} ") for m in messages)
