@@ -142,7 +142,7 @@ class Scheduler:
         if end == len(seq.tokens) and seq.num_output == 0 and seq.request.max_tokens > 0:
             sample = self._sample_spec(seq)
         unit = PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
-                           start=start, page_table=np.asarray(seq.pages, np.int32),
+                           start=start, page_table=self._page_table(seq),
                            sample=sample)
         return Schedule(seqs=(seq,), prefill=unit)
 
@@ -155,9 +155,21 @@ class Scheduler:
         if not batch:
             return None
         rows = tuple(DecodeRow(seq_id=s.seq_id, token=s.tokens[-1], position=len(s.tokens) - 1,
-                               page_table=np.asarray(s.pages, np.int32),
+                               page_table=self._page_table(s),
                                sample=self._sample_spec(s)) for s in batch)
         return Schedule(seqs=batch, decode=rows)
+
+    @staticmethod
+    def _page_table(seq: Sequence) -> np.ndarray:
+        """seq.pages as int32, converted again only when the list changed: long contexts have
+        thousands of pages and decode asks every round. Pages are only ever appended to a
+        list or the list is replaced, so (the list object, its length) identifies the
+        contents; the key holds the list itself, so its identity cannot be reused."""
+        source, length = seq.page_table_key or (None, -1)
+        if source is not seq.pages or length != len(seq.pages):
+            seq.page_table = np.asarray(seq.pages, np.int32)
+            seq.page_table_key = (seq.pages, len(seq.pages))
+        return seq.page_table
 
     @staticmethod
     def _sample_spec(seq: Sequence) -> SampleSpec:

@@ -34,6 +34,8 @@ class Sequence:
     status: Status = Status.WAITING
     num_computed: int = 0  # leading tokens whose KV is in `pages`
     pages: list[int] = dataclasses.field(default_factory=list)
+    page_table: object = None  # int32 array of `pages`, rebuilt by the scheduler on change
+    page_table_key: tuple = ()
     cache_n: int = 0  # prompt tokens taken from the prefix cache at admission
     # Most positions that ever had KV: recomputation below it is replay, above it prefill.
     high_water: int = 0
