@@ -50,7 +50,7 @@ class FakeRunner:
     def __init__(self, *, num_pages: int = 64, page_size: int = 4, max_batch: int = 8,
                  vocab_size: int = 1000, next_token: NextToken | None = None,
                  prefill_sleep: float = 0.0, decode_sleep: float = 0.0,
-                 warmup_sleep: float = 0.0, fail_at_step: int | None = None):
+                 warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None):
         self.page_size = page_size
         self.num_pages = num_pages
         self.max_batch = max_batch
@@ -59,12 +59,15 @@ class FakeRunner:
         self.prefill_sleep = prefill_sleep  # seconds per prefill unit
         self.decode_sleep = decode_sleep  # seconds per decode step
         self.warmup_sleep = warmup_sleep
+        self.warmup_gate = warmup_gate  # a threading.Event warm-up waits for (tests)
         self.fail_at_step = fail_at_step  # raise on this step (0-based) to test engine failure
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
         self.steps: list[tuple] = []  # ("prefill", seq_id, start, T) / ("decode", seq ids)
         self.is_warm = False
 
     def warmup(self) -> None:
+        if self.warmup_gate is not None:
+            self.warmup_gate.wait()
         time.sleep(self.warmup_sleep)
         self.is_warm = True
 

@@ -165,12 +165,16 @@ def test_shutdown_fails_requests_in_flight(make_engine):
 
 
 def test_ready_only_after_warmup():
-    runner = FakeRunner(warmup_sleep=0.2)
+    gate = threading.Event()
+    runner = FakeRunner(warmup_gate=gate)
     engine = Engine(runner, EngineConfig())
     engine.start()
     try:
-        assert not engine.ready.is_set() and not engine.stats().ready
+        handle = engine.submit(make_request(prompt_of(3), max_tokens=2))  # queued meanwhile
+        assert not engine.wait_ready(0.1) and not engine.stats().ready
+        gate.set()
         assert engine.wait_ready(TIMEOUT) and runner.is_warm
+        assert terminal(collect(handle)).reason == "length"
         wait_for(lambda: engine.stats().ready)
     finally:
         engine.shutdown()
