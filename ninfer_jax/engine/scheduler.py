@@ -126,6 +126,10 @@ class Scheduler:
         """None when a reservation paused or ended the chosen work (the caller re-plans)."""
         prefill_seq = next((s for s in self.resident if s.needs_prefill), None)
         has_decode = any(s.is_decode_ready for s in self.resident)
+        if prefill_seq is None and not has_decode:
+            # Every resident either lacks KV for several tokens or for exactly its last one;
+            # anything else is a bug, and re-planning would spin forever.
+            raise RuntimeError("scheduler invariant broken: a resident has nothing to run")
         self._contended = prefill_seq is not None and has_decode
         if not self._contended:
             self._decode_credit = 0.0  # no contention: nothing owed either way
