@@ -5,7 +5,8 @@
 
 Goes through the same path as the server (runner.prefill / runner.decode with padding to
 buckets and on-device sampling, greedy), so the figures include host-side input building and
-the one device->host copy per step. Compilation is excluded: each shape runs once untimed.
+the one device->host copy per step. Compilation is excluded: the runner warms up first (set
+JAX_COMPILATION_CACHE_DIR to reuse executables across runs).
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ def main():
     pages = max(batches) * math.ceil(max_context / 16) + 2
     runner = JaxRunner(artifact, num_pages=pages, max_batch=max(batches), max_context=max_context,
                        prefill_chunk=args.prefill_chunk)
+    runner.warmup()
     print(f"{artifact.name}: dtype {np.dtype(runner.dtype).name}, buckets "
           f"chunks {runner.chunk_buckets} widths {runner.width_buckets}")
     print(f"prefill {args.prompt} tokens: {time_prefill(runner, args.prompt):.0f} tok/s")
