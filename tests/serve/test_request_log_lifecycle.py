@@ -56,7 +56,9 @@ def in_thread(fn):
 
 def test_pauses_under_kv_pressure_write_scheduling_records(default_artifact, default_tokenizer,
                                                            tmp_path):
-    h = make(default_artifact, default_tokenizer, tmp_path, "pressure",
+    # A per-step sleep keeps the eight requests resident together (an instant fake model
+    # would let them finish one by one and never touch the pool's limit).
+    h = make(default_artifact, default_tokenizer, tmp_path, "pressure", decode_sleep=0.002,
              engine_options={"lanes": 8})
     client = testing.TestClient(h.app)
     ids = []
