@@ -2,7 +2,19 @@
 done it) and its tokenizer, shared by serve and e2e tests."""
 from __future__ import annotations
 
+import json
+import pathlib
+
 import pytest
+
+# llama.cpp's reference outputs for the default model, vendored unchanged from shared/golden
+# so a fresh clone (CI) has them.
+GOLDEN_PATH = pathlib.Path(__file__).parent / "golden" / "smollm2_llamacpp.json"
+
+
+@pytest.fixture(scope="session")
+def golden():
+    return json.loads(GOLDEN_PATH.read_text())
 
 
 @pytest.fixture(scope="session")

@@ -9,9 +9,6 @@ our top-1s inside llama.cpp's top-5, at least 96.5% equal to its top-1, misses o
 """
 from __future__ import annotations
 
-import json
-import pathlib
-
 import pytest
 
 from ninfer_jax.artifact import load_artifact
@@ -19,16 +16,8 @@ from ninfer_jax.artifact.default_model import ensure_default_artifact
 from ninfer_jax.engine.runner import JaxRunner
 from runner_driver import generate, teacher_forced
 
-GOLDEN = pathlib.Path("/work/shared/golden/smollm2_llamacpp.json")
 MIN_TOP1_AGREEMENT = 0.965
 NEAR_TIE = 0.5  # llama.cpp's own gap between its first and our choice, in logits
-
-
-@pytest.fixture(scope="module")
-def golden():
-    if not GOLDEN.exists():
-        pytest.skip(f"{GOLDEN} is not on this machine")
-    return json.loads(GOLDEN.read_text())
 
 
 @pytest.fixture(scope="module")

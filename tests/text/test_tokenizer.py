@@ -9,14 +9,12 @@ import pytest
 
 from ninfer_jax.text.tokenizer import Segment
 
-# llama.cpp reference outputs: a copy inside the repository, else the shared original.
-GOLDEN_CANDIDATES = (pathlib.Path(__file__).parents[1] / "golden" / "smollm2_llamacpp.json",
-                     pathlib.Path("/work/shared/golden/smollm2_llamacpp.json"))
+# llama.cpp reference outputs (vendored unchanged from shared/golden).
+GOLDEN = pathlib.Path(__file__).parents[1] / "golden" / "smollm2_llamacpp.json"
 
 
 def golden_cases():
-    path = next((p for p in GOLDEN_CANDIDATES if p.exists()), GOLDEN_CANDIDATES[0])
-    return json.loads(path.read_text())["cases"]
+    return json.loads(GOLDEN.read_text())["cases"]
 
 
 @pytest.fixture(scope="module")
