@@ -10,6 +10,7 @@ import falcon
 
 from ninfer_jax.serve.anthropic_service import MessagesService
 from ninfer_jax.serve.context import ServingContext
+from ninfer_jax.serve.disconnect import peer_of
 from ninfer_jax.serve.http import MIB, read_json_body
 from ninfer_jax.serve.sse import start_sse
 
@@ -24,7 +25,7 @@ class _Resource:
 
 class MessagesResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        run = self.service.start(self._body(req), req.context.request_id)
+        run = self.service.start(self._body(req), req.context.request_id, peer_of(req))
         if run.request.stream:
             start_sse(resp, self.service.run_stream(run))
         else:

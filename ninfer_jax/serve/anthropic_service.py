@@ -1,7 +1,8 @@
 """The Anthropic Messages flows: create (aggregate or SSE) and count_tokens.
 
 HTTP-framework free, like responses_service. A create request is parsed, rendered and
-submitted synchronously and then waits for admission, so overload (529) and queue timeout
+submitted synchronously and then waits for admission (generation.start, shared by every
+dialect), so overload (529) and queue timeout
 (504) remain HTTP errors; the stream opens with message_start only once admission has fixed
 the cached-prefix split, which makes message_start's usage exact. An error after that is an
 Anthropic `error` event.
@@ -17,10 +18,10 @@ from ninfer_jax.errors import InternalError, NinferError
 from ninfer_jax.serve import generation
 from ninfer_jax.serve.anthropic_output import MessageBuilder, sse_frame, usage_object
 from ninfer_jax.serve.anthropic_request import AnthropicRequest, parse_request
+from ninfer_jax.serve.disconnect import NO_PEER, PeerWatch
 from ninfer_jax.serve.errors import anthropic_error_body
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
-from ninfer_jax.serve.responses_service import (
-    HEARTBEAT_S, KEEP_ALIVE, render_prompt, wait_admitted)
+from ninfer_jax.serve.responses_service import HEARTBEAT_S, KEEP_ALIVE, render_prompt
 
 log = logging.getLogger("ninfer_jax.serve.anthropic")
 
@@ -48,7 +49,7 @@ class MessagesService:
         request = self._parse(body, count_only=True)
         return {"input_tokens": len(render_prompt(self.ctx, request.conversation).ids)}
 
-    def start(self, body, request_id: str) -> MessagesRun:
+    def start(self, body, request_id: str, peer: PeerWatch = NO_PEER) -> MessagesRun:
         request = self._parse(body)
         options = generation.GenerationOptions(
             max_tokens=request.max_tokens, max_tokens_param="max_tokens",
@@ -59,16 +60,10 @@ class MessagesService:
             thinking_budget_param="thinking.budget_tokens", protocol="anthropic",
             stream=request.stream)
         prepared = generation.prepare_chat(self.ctx, request.conversation, options, request_id)
-        handle = generation.submit(self.ctx, prepared)
-        assembler = OutputAssembler(handle, prepared, self.ctx.new_detokenizer())
-        try:
-            admitted = wait_admitted(handle, assembler)
-        except BaseException:
-            handle.cancel()
-            raise
-        cached = admitted.cache_n if admitted is not None else 0
-        return MessagesRun(request, request_id, MessageBuilder(request.model), handle,
-                           assembler, len(prepared.request.prompt_ids), cached)
+        started = generation.start(self.ctx, prepared, peer)
+        cached = started.admitted.cache_n if started.admitted is not None else 0
+        return MessagesRun(request, request_id, MessageBuilder(request.model), started.handle,
+                           started.assembler, len(prepared.request.prompt_ids), cached)
 
     def _feed(self, run: MessagesRun, delta) -> None:
         if delta.kind == "reasoning":

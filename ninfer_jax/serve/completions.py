@@ -4,6 +4,7 @@
 spellings in a raw prompt are read as control tokens (the client writes the raw prompt,
 template markup included). No reasoning split and no tool parsing: the reply is plain text.
 Same sampling, limit, stop and streaming fields as Chat; `echo` prepends the prompt text.
+Like Chat, the stream opens only after admission (generation.start).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import falcon
 from ninfer_jax.errors import InvalidRequest
 from ninfer_jax.serve import chat_request as fields
 from ninfer_jax.serve.context import ServingContext
-from ninfer_jax.serve.generation import prepare_raw, submit
+from ninfer_jax.serve.disconnect import peer_of
+from ninfer_jax.serve.generation import prepare_raw, start
 from ninfer_jax.serve.http import read_json_body
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.openai_chat import usage_body
@@ -78,8 +80,8 @@ class CompletionsResource:
         echo = bool(opt_bool(body.get("echo"), "echo"))
         request_id = req.context.request_id
         prepared = prepare_raw(ctx, ids, options, request_id)
-        handle = submit(ctx, prepared)
-        assembler = OutputAssembler(handle, prepared, ctx.new_detokenizer())
+        started = start(ctx, prepared, peer_of(req))
+        handle, assembler = started.handle, started.assembler
         envelope = {"id": f"cmpl-{request_id}", "object": "text_completion",
                     "created": int(time.time()), "model": ctx.model_id,
                     "system_fingerprint": None}

@@ -5,7 +5,9 @@ them as the OpenAI body `{"error": {"message", "type", "param", "code"}}` or the
 `{"type": "error", "error": {"type", "message"}, "request_id"}`, and installs Falcon error
 handlers that pick the dialect from the route (/v1/messages* is Anthropic). Falcon's own
 HTTP errors (unknown route, wrong method) and unexpected exceptions get the same shapes; an
-unexpected exception is logged with its traceback and reported as a generic 500.
+unexpected exception is logged with its traceback and reported as a generic 500. A client
+that left before its reply started (disconnect.ClientGone) gets an empty 499, nginx's
+"client closed request", which no one reads.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import logging
 import falcon
 
 from ninfer_jax import errors
+from ninfer_jax.serve.disconnect import ClientGone
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -88,8 +91,18 @@ def _handle_unexpected(req, resp, error, params):
     render_error(req, resp, errors.InternalError("The server hit an internal error."))
 
 
+CLIENT_CLOSED_REQUEST = 499
+
+
+def _handle_client_gone(req, resp, error, params):
+    log.info("%s %s: %s", req.method, req.path, error)
+    resp.status = CLIENT_CLOSED_REQUEST
+    resp.text = ""
+
+
 def install_error_handlers(app: falcon.App) -> None:
     # Falcon picks the most specific handler registered for an exception's class.
     app.add_error_handler(Exception, _handle_unexpected)
     app.add_error_handler(falcon.HTTPError, _handle_falcon)
     app.add_error_handler(errors.NinferError, _handle_ninfer)
+    app.add_error_handler(ClientGone, _handle_client_gone)

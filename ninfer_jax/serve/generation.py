@@ -5,19 +5,24 @@ artifact's chat template (tools filtered by tool_choice, thinking defaults from 
 flags), resolves sampling (model defaults < process flags < request fields, --greedy last),
 the output budget (explicit, else the remaining context capped by --default-max-tokens) and
 the token policies (thinking budget, forced tool call), and describes how the output must be
-parsed (`OutputPlan`). `prepare_raw` does the same for a raw completion prompt. `submit`
-hands the request to the engine. Every rejection here happens before any stream opens.
+parsed (`OutputPlan`). `prepare_raw` does the same for a raw completion prompt. `start`
+hands the request to the engine and waits for its admission, which every dialect does before
+it writes a byte: overload (raised by submit), a queue timeout and a client that left while
+queued (raised while waiting) are all plain HTTP outcomes, never events inside a stream.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
 
-from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.request import (Admitted, GenerationRequest, RequestHandle,
+                                       SamplingParams)
 from ninfer_jax.errors import ContextLengthExceeded, InvalidRequest, Unsupported
 from ninfer_jax.serve import request_trace
 from ninfer_jax.serve import sampling as sampling_mod
 from ninfer_jax.serve.context import ServingContext
+from ninfer_jax.serve.disconnect import NO_PEER, PeerWatch
+from ninfer_jax.serve.output import OutputAssembler
 from ninfer_jax.serve.policies import (EARLY_CLOSE_GUIDANCE, ForcedToolCall, PolicyChain,
                                        ThinkingBudget)
 from ninfer_jax.text.conversation import Conversation, ToolSpec
@@ -248,6 +253,30 @@ def _request(ctx, request_id, prompt_ids, options, max_tokens, thinking, policie
         cache_breakpoints=breakpoints, session_key=options.session_key, arrival_time=arrival,
         deadline=arrival + ctx.config.pending_timeout_ms / 1000.0,
         labels={"protocol": options.protocol})
+
+
+@dataclasses.dataclass
+class Started:
+    """A submitted request that the engine has admitted (or already ended)."""
+
+    handle: RequestHandle
+    assembler: OutputAssembler
+    admitted: Admitted | None  # None: finished before admission (nothing to generate)
+
+
+def start(ctx: ServingContext, prepared: PreparedGeneration,
+          peer: PeerWatch = NO_PEER) -> Started:
+    """Submit, then wait for admission while watching the client (`peer`). Raises
+    Overloaded, QueueTimeout, EngineUnavailable or disconnect.ClientGone; on any failure
+    the request is cancelled, so nothing keeps running for a reply no one will read."""
+    handle = submit(ctx, prepared)
+    assembler = OutputAssembler(handle, prepared, ctx.new_detokenizer(), peer)
+    try:
+        admitted = assembler.wait_admitted()
+    except BaseException:
+        handle.cancel()
+        raise
+    return Started(handle, assembler, admitted)
 
 
 def submit(ctx: ServingContext, prepared: PreparedGeneration) -> RequestHandle:

@@ -4,7 +4,10 @@ Parse and validate (chat_request, chat_messages) -> Conversation + GenerationOpt
 `generation.prepare_chat` -> engine -> `OutputAssembler` -> one aggregate body, or an SSE
 stream: an assistant-role chunk, separate reasoning_content and content deltas, tool-call
 deltas, a finish-reason chunk, an optional usage chunk (choices: []), then [DONE]. The
-terminal `timings` object rides on the last JSON chunk. Client disconnects cancel the request.
+terminal `timings` object rides on the last JSON chunk. The stream opens only after
+admission (generation.start), so overload and queue timeout are HTTP errors (429, 503). A
+client that goes away (while queued, waiting for the aggregate, or mid-stream) cancels the
+request.
 """
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ from ninfer_jax.errors import InvalidRequest
 from ninfer_jax.serve import chat_request as fields
 from ninfer_jax.serve.chat_messages import parse_messages, parse_tools
 from ninfer_jax.serve.context import ServingContext
-from ninfer_jax.serve.generation import GenerationOptions, prepare_chat, submit
+from ninfer_jax.serve.disconnect import peer_of
+from ninfer_jax.serve.generation import GenerationOptions, prepare_chat, start
 from ninfer_jax.serve.http import read_json_body
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.responses_fields import (REASONING_EFFORTS, check_enum,
@@ -97,8 +101,8 @@ class ChatCompletionsResource:
         conversation, options, stream = parse_chat(body, ctx)
         request_id = req.context.request_id
         prepared = prepare_chat(ctx, conversation, options, request_id)
-        handle = submit(ctx, prepared)
-        assembler = OutputAssembler(handle, prepared, ctx.new_detokenizer())
+        started = start(ctx, prepared, peer_of(req))
+        handle, assembler = started.handle, started.assembler
         envelope = {"id": f"chatcmpl-{request_id}", "created": int(time.time()),
                     "model": ctx.model_id, "system_fingerprint": None}
         if stream.stream:

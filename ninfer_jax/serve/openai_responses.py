@@ -11,6 +11,7 @@ import falcon
 
 from ninfer_jax.errors import InvalidRequest
 from ninfer_jax.serve.context import ServingContext
+from ninfer_jax.serve.disconnect import peer_of
 from ninfer_jax.serve.http import MIB, read_json_body
 from ninfer_jax.serve.response_store import ResponseStore
 from ninfer_jax.serve.responses_service import ResponsesService
@@ -35,7 +36,7 @@ class _Resource:
 
 class CreateResource(_Resource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        run = self.service.start(self._body(req), req.context.request_id)
+        run = self.service.start(self._body(req), req.context.request_id, peer_of(req))
         if run.request.stream:
             start_sse(resp, self.service.run_stream(run))
         else:

@@ -7,6 +7,12 @@ the one that completed the match, and shows nothing from the match on), then spl
 reasoning, content and tool calls (text.output_parser). Deltas carry only text that is no
 longer ambiguous. `result()` is the final reply: text, reasoning, tool calls, finish reason,
 usage (cached and reasoning tokens included) and llama.cpp-style timings.
+
+Waiting: `wait_admitted()` consumes events up to admission (the shared start path of every
+dialect, generation.start), and `stream()` the rest. While they wait, both look at the
+client's connection every disconnect.POLL_S (a `PeerWatch`; NO_PEER when there is no
+socket): a client that went away gets its request cancelled, and the events still drain to
+the terminal one, so the request log and metrics see a `cancelled` outcome.
 """
 from __future__ import annotations
 
@@ -14,17 +20,20 @@ import dataclasses
 import logging
 import secrets
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ninfer_jax.engine.request import (Admitted, Failed, Finished, PromptProgress,
                                        RequestHandle, Tokens)
 from ninfer_jax.errors import NinferError
-from ninfer_jax.serve.generation import OutputPlan, PreparedGeneration
+from ninfer_jax.serve.disconnect import NO_PEER, POLL_S, ClientGone, PeerWatch
 from ninfer_jax.serve.request_trace import NULL_TRACE
 from ninfer_jax.serve.timings import TimingClock
 from ninfer_jax.text.output_parser import OutputParser
 from ninfer_jax.text.stops import StopMatcher
 from ninfer_jax.text.tool_stream import ToolParseReport
+
+if TYPE_CHECKING:  # generation.py builds assemblers, so it cannot be imported from here
+    from ninfer_jax.serve.generation import OutputPlan, PreparedGeneration
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -64,9 +73,13 @@ class GenerationResult:
 
 
 class OutputAssembler:
-    def __init__(self, handle: RequestHandle, prepared: PreparedGeneration, detokenizer):
+    def __init__(self, handle: RequestHandle, prepared: PreparedGeneration, detokenizer,
+                 peer: PeerWatch = NO_PEER):
         plan: OutputPlan = prepared.plan
         self.handle = handle
+        self._peer = peer
+        self.client_gone = False  # the client closed its connection; the request is cancelled
+        self._pending: list[Delta] = []  # deltas of the events wait_admitted consumed
         self._plan = plan
         self._detok = detokenizer
         self._stops = StopMatcher(plan.stop_strings)
@@ -95,12 +108,14 @@ class OutputAssembler:
         """Deltas until the terminal event. With `heartbeat_s`, HEARTBEAT whenever that long
         passed without visible text: while waiting, prefilling, or while the tokens that
         arrive are all held back (a long tool-call region)."""
+        pending, self._pending = self._pending, []
+        yield from pending
         last_visible = time.monotonic()
         while not self.done:
             timeout = None
             if heartbeat_s is not None:
                 timeout = max(0.0, last_visible + heartbeat_s - time.monotonic())
-            event = self.handle.next_event(timeout=timeout)
+            event = self._next_event(timeout)
             if event is not None:
                 deltas = self.feed(event)
                 yield from deltas
@@ -110,6 +125,46 @@ class OutputAssembler:
             if heartbeat_s is not None and time.monotonic() - last_visible >= heartbeat_s:
                 yield HEARTBEAT
                 last_visible = time.monotonic()
+
+    def wait_admitted(self) -> Admitted | None:
+        """Consume events up to admission; `stream()` later yields their deltas first.
+
+        Returns the Admitted event (None if the request finished without one). A failure
+        before admission (queue timeout) is raised as the error it is; a client that went
+        away while its request waited raises ClientGone once the cancellation has ended it.
+        """
+        while not self.done:
+            event = self._next_event(None)
+            self._pending += self.feed(event)
+            if isinstance(event, Admitted) and not self.client_gone:
+                return event
+        if self.client_gone:
+            raise ClientGone(f"request {self.handle.request.request_id}: the client closed "
+                             "its connection before the reply started")
+        if self.error is not None:
+            raise self.error
+        return None
+
+    def _next_event(self, timeout: float | None):
+        """The handle's next event (None after `timeout`). While a client socket is watched,
+        wake at least every POLL_S to look at it, and cancel the request once it closed."""
+        if not self._peer.is_watching:
+            return self.handle.next_event(timeout=timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            wait = POLL_S if deadline is None else min(
+                POLL_S, max(0.0, deadline - time.monotonic()))
+            event = self.handle.next_event(timeout=wait)
+            if not self.client_gone and self._peer.due() and self._peer.is_closed():
+                self._client_went_away()
+            if event is not None or (deadline is not None and time.monotonic() >= deadline):
+                return event
+
+    def _client_went_away(self) -> None:
+        self.client_gone = True
+        log.info("request %s: the client closed its connection; cancelling",
+                 self.handle.request.request_id)
+        self.handle.cancel()
 
     def run_to_end(self) -> "GenerationResult":
         """Consume every event; raises the request's error if it failed."""

@@ -2,9 +2,10 @@
 
 HTTP-framework free: the Falcon resources in openai_responses.py call these methods with a
 parsed JSON body and a request id. A create request is prepared (parsed, parent context
-joined, rendered, submitted) synchronously; the caller then waits for admission, so a
-queue timeout or overload is still an ordinary HTTP error, and only then opens the stream.
-Anything failing after that point becomes a `response.failed` event.
+joined, rendered, submitted) synchronously and waits for admission (generation.start, the
+path every dialect shares), so a queue timeout or overload is still an ordinary HTTP error,
+and only then opens the stream. Anything failing after that point becomes a
+`response.failed` event.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import logging
 import time
 from typing import Iterator
 
-from ninfer_jax.engine.request import Admitted, Failed, Finished, RequestHandle
+from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.errors import (
     ContextLengthExceeded, InternalError, InvalidRequest, NinferError, Unsupported)
 from ninfer_jax.serve import generation
+from ninfer_jax.serve.disconnect import NO_PEER, PeerWatch
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.response_store import (
     ResponseStore, StoredResponse, build_record, page_items)
@@ -42,19 +44,6 @@ def render_prompt(ctx, conversation: Conversation):
     if options.preserve_thinking is None and ctx.config.preserve_thinking:
         options.preserve_thinking = True
     return ctx.renderer.render(Conversation(conversation.messages, conversation.tools, options))
-
-
-def wait_admitted(handle: RequestHandle, assembler: OutputAssembler) -> Admitted | None:
-    """Block until admission; a failure before it is raised as the HTTP error it is."""
-    while True:
-        event = handle.next_event()
-        assembler.feed(event)
-        if isinstance(event, Admitted):
-            return event
-        if isinstance(event, Failed):
-            raise event.error
-        if isinstance(event, Finished):
-            return None
 
 
 def error_object(error: NinferError) -> dict:
@@ -86,8 +75,9 @@ class ResponsesService:
         preserve = resolve_preserve_thinking(request, parent, self.ctx.config.preserve_thinking)
         return parent, preserve, build_conversation(request, parent, preserve_thinking=preserve)
 
-    def start(self, body, request_id: str) -> ResponsesRun:
-        """Parse, prepare and submit; wait for admission. Raises typed errors only."""
+    def start(self, body, request_id: str, peer: PeerWatch = NO_PEER) -> ResponsesRun:
+        """Parse, prepare and submit; wait for admission while watching the client (`peer`).
+        Raises typed errors, or disconnect.ClientGone."""
         request = parse_request(body, self.ctx.model_id)
         if request.store:
             self.store.check_can_store()
@@ -110,14 +100,9 @@ class ResponsesService:
                 error.param = "input"
             raise
         builder = ResponseBuilder(self._envelope(response_id, request, prepared))
-        handle = generation.submit(self.ctx, prepared)
-        assembler = OutputAssembler(handle, prepared, self.ctx.new_detokenizer())
-        try:
-            wait_admitted(handle, assembler)
-        except BaseException:
-            handle.cancel()
-            raise
-        return ResponsesRun(request, parent, preserve, builder, handle, assembler)
+        started = generation.start(self.ctx, prepared, peer)
+        return ResponsesRun(request, parent, preserve, builder, started.handle,
+                            started.assembler)
 
     def _envelope(self, response_id: str, request: ResponsesRequest, prepared) -> dict:
         sampling = prepared.request.sampling
