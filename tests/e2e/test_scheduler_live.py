@@ -2,13 +2,15 @@
 
 Two extra servers: `batched` (8 lanes over a 1024-token KV pool, so long requests run under
 pressure) and `one_lane` (1 lane, 1 pending slot, 2 s pending timeout: the 429/503 paths and
-disconnects). Both reuse the live server's context and chunk sizes, so most executables come
+disconnects, streamed, queued and non-streaming). Both reuse the live server's context and chunk sizes, so most executables come
 from the persistent compile cache.
 """
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
+import socket
 import time
 
 import httpx
@@ -130,8 +132,9 @@ def test_full_capacity_gives_429_and_queue_timeout_503(one_lane):
             lines = lane_holder.iter_lines()
             next(line for line in lines if line.startswith("data:"))  # it is running
             with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                # A stream that times out in the queue is a 503 before the stream opens.
                 waiting = pool.submit(client.post, "/v1/chat/completions",
-                                      json={**body, "stream": False, "max_tokens": 4})
+                                      json={**body, "max_tokens": 4})
                 time.sleep(0.5)  # let it take the pending slot
                 overloaded = client.post("/v1/chat/completions",
                                          json={**body, "stream": False, "max_tokens": 4})
@@ -139,6 +142,7 @@ def test_full_capacity_gives_429_and_queue_timeout_503(one_lane):
                 assert overloaded.json()["error"]["code"] == "server_overloaded"
                 timed_out = waiting.result()
             assert timed_out.status_code == 503
+            assert timed_out.headers["content-type"].startswith("application/json")
             assert timed_out.json()["error"]["code"] == "request_queue_timeout"
             request_id = lane_holder.headers["x-request-id"]
         # The stream is closed: the engine cancels the request and frees its lane and pages.
@@ -160,3 +164,81 @@ def test_full_capacity_gives_429_and_queue_timeout_503(one_lane):
         after = client.post("/v1/chat/completions", json={**body, "stream": False,
                                                           "max_tokens": 4})
         assert after.status_code == 200
+
+
+def send_and_keep_open(server, body: dict) -> socket.socket:
+    """POST a chat request over a raw connection and leave it open without reading."""
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n"
+                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                 % len(payload) + payload)
+    return sock
+
+
+def request_id_of(server, log_start: int, max_tokens: int) -> str:
+    """The id of the request the server logged as started with this (unique) max_tokens."""
+    pattern = re.compile(rf"request (\S+) start chat: prompt \d+ tokens, max {max_tokens},")
+    deadline = time.monotonic() + 30
+    while not (found := pattern.search(server.stderr_text()[log_start:])):
+        assert time.monotonic() < deadline, "the request was not started"
+        time.sleep(0.05)
+    return found.group(1)
+
+
+def cancelled_line(server, request_id: str, timeout: float = 30) -> re.Match:
+    pattern = re.compile(rf"cancelled request_id={re.escape(request_id)} seq=\d+ "
+                         r"output_tokens=(\d+) pages_released=(\d+)")
+    deadline = time.monotonic() + timeout
+    while not (found := pattern.search(server.stderr_text())):
+        assert time.monotonic() < deadline, f"request {request_id} was not cancelled"
+        time.sleep(0.05)
+    return found
+
+
+def cancelled_total(client: httpx.Client) -> float:
+    found = re.search(r'^ninfer_requests_total\{outcome="cancelled"\} (\S+)$',
+                      client.get("/metrics").text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_client_gone_while_queued_or_waiting_is_cancelled(one_lane):
+    body = {"model": one_lane.model_id, "messages": [{"role": "user", "content": PROMPTS[0]}],
+            "temperature": 0, "ignore_eos": True}
+    with httpx.Client(base_url=one_lane.url, headers=one_lane.headers, timeout=120) as client:
+        cancelled_before = cancelled_total(client)
+        with client.stream("POST", "/v1/chat/completions",
+                           json={**body, "max_tokens": 600, "stream": True}) as lane_holder:
+            lines = lane_holder.iter_lines()  # kept: dropping it would close the stream
+            next(line for line in lines if line.startswith("data:"))
+            # Queued behind the lane holder; its client leaves well within the 2 s deadline.
+            log_start = len(one_lane.stderr_text())
+            queued = send_and_keep_open(one_lane, {**body, "max_tokens": 7})
+            queued_id = request_id_of(one_lane, log_start, 7)
+            queued.close()
+            never_started = cancelled_line(one_lane, queued_id, timeout=10)
+            assert never_started.groups() == ("0", "0")  # no token, no page: never admitted
+            assert f"request {queued_id} failed" not in one_lane.stderr_text()  # not a timeout
+            holder_id = lane_holder.headers["x-request-id"]
+        cancelled_line(one_lane, holder_id)
+        # The lane is free again: a non-streaming request whose client leaves mid-generation.
+        log_start = len(one_lane.stderr_text())
+        tokens_before = engine_gauges(client)["ninfer_generation_tokens_total"]
+        waiting = send_and_keep_open(one_lane, {**body, "max_tokens": 599})
+        waiting_id = request_id_of(one_lane, log_start, 599)
+        deadline = time.monotonic() + 30
+        while engine_gauges(client)["ninfer_generation_tokens_total"] < tokens_before + 3:
+            assert time.monotonic() < deadline, "the request did not start generating"
+            time.sleep(0.05)
+        waiting.close()
+        mid_generation = cancelled_line(one_lane, waiting_id)
+        assert 0 < int(mid_generation.group(1)) < 599
+        assert int(mid_generation.group(2)) > 0
+        # Both ended through the request log and /metrics as cancelled (other requests of
+        # this module may be counted there too, so the counter must grow by at least two).
+        for request_id in (queued_id, waiting_id):
+            deadline = time.monotonic() + 10
+            while f"request {request_id} done cancelled" not in one_lane.stderr_text():
+                assert time.monotonic() < deadline, f"no done record for {request_id}"
+                time.sleep(0.05)
+        assert cancelled_total(client) >= cancelled_before + 2
