@@ -4,8 +4,10 @@ One worker process (gthread, `config.http_threads` HTTP threads). Nothing heavy 
 master: the app is loaded in the worker after the fork (no preload), so the engine thread and
 the device belong to the process that serves requests. Loading reads the artifact, builds the
 JaxRunner and the Engine and starts the engine thread, which compiles every step bucket
-(warm-up) before /health reports ok. No worker timeout (a long stream is not a hung worker),
-no control socket, graceful shutdown that stops the engine.
+(warm-up) before /health reports ok. With `--kv-capacity auto` the weights are placed on the
+device first and the pool is sized from the memory left (serve/kv_sizing.py). No worker
+timeout (a long stream is not a hung worker), no control socket, graceful shutdown that
+stops the engine.
 
 Stderr records read `YYYY-MM-DD HH:MM:SS.mmm LEVEL message` (gunicorn's own included).
 """
@@ -19,6 +21,7 @@ import sys
 
 from gunicorn.app.base import BaseApplication
 
+from ninfer_jax.serve import kv_sizing
 from ninfer_jax.serve.config import ServeConfig
 
 log = logging.getLogger("ninfer_jax.serve")
@@ -82,7 +85,7 @@ def build_context(config: ServeConfig):
     from ninfer_jax.artifact.format import load_artifact
     from ninfer_jax.engine.config import EngineConfig
     from ninfer_jax.engine.engine import Engine
-    from ninfer_jax.engine.runner import JaxRunner
+    from ninfer_jax.engine.runner import JaxRunner, default_dtype
     from ninfer_jax.serve.context import ServingContext
     from ninfer_jax.text.chat_template import ChatRenderer
 
@@ -93,12 +96,17 @@ def build_context(config: ServeConfig):
         with open(config.chat_template, encoding="utf-8") as handle:
             template = handle.read()
     max_context = min(config.max_context, artifact.config.max_position_embeddings)
-    engine_config = EngineConfig.from_serve_config(config)
+    page_size = 16
+    auto_tokens = None
+    if config.kv_capacity == "auto":
+        artifact = kv_sizing.place_weights(artifact, default_dtype())
+        auto_tokens = kv_sizing.auto_kv_tokens_for(
+            artifact, default_dtype(), page_size=page_size, max_context=max_context).tokens
+    engine_config = EngineConfig.from_serve_config(config, auto_kv_tokens=auto_tokens)
     if max_context != config.max_context:
         log.warning("--max-context %d exceeds the model's %d positions; using %d",
                     config.max_context, max_context, max_context)
         engine_config = dataclasses.replace(engine_config, max_context=max_context)
-    page_size = 16
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(page_size),
                        page_size=page_size, max_batch=config.max_concurrency,
                        max_context=max_context, prefill_chunk=config.prefill_chunk)

@@ -1,0 +1,112 @@
+"""`--kv-capacity auto`: the KV pool size, measured once the weights are resident.
+
+On an accelerator the pool takes the device memory that is still free after the weights were
+placed (`memory_stats()`: bytes_limit - bytes_in_use), minus the 1 GiB headroom the serving
+contract leaves for compiled steps and temporaries, in whole pages (engine.config's
+`auto_kv_tokens`). A CPU backend reports no memory statistics and its "device" memory is the
+host's RAM, shared with everything else on the machine, so auto is bounded there: at most a
+quarter of the RAM available now (after the weights were read), and at most 16 full contexts
+(`16 * max_context`), in whole pages, never less than one page.
+
+The launcher calls `place_weights` then `auto_kv_tokens_for`, before it builds the runner:
+the runner's own cast of already-placed params is then a no-op, so the measurement sees
+exactly the weights the server will hold.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+
+import numpy as np
+
+from ninfer_jax.engine.config import auto_kv_tokens, kv_bytes_per_token
+
+log = logging.getLogger("ninfer_jax.serve")
+
+# On CPU: the share of available host RAM the pool may take, and its size in full contexts.
+CPU_RAM_SHARE = 4  # available RAM / 4
+CPU_MAX_CONTEXTS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class KvSizing:
+    tokens: int
+    bytes_per_token: int
+    basis: str  # how it was decided, for the start-up log line
+
+
+def bytes_per_token_of(model_config, dtype) -> int:
+    return kv_bytes_per_token(num_layers=model_config.num_layers,
+                              num_kv_heads=model_config.num_kv_heads,
+                              head_dim=model_config.head_dim,
+                              dtype_bytes=np.dtype(dtype).itemsize)
+
+
+def device_free_bytes(device) -> int | None:
+    """Free bytes the device's allocator can still hand out; None when it does not say (CPU)."""
+    stats = device.memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def host_available_bytes() -> int:
+    """RAM available to new allocations (Linux MemAvailable; free pages elsewhere)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_auto_kv_tokens(available_bytes: int, bytes_per_token: int, *, page_size: int,
+                       max_context: int) -> int:
+    """The CPU bound: min(available RAM / 4, 16 contexts), whole pages, at least one page."""
+    by_memory = available_bytes // CPU_RAM_SHARE // bytes_per_token
+    tokens = min(by_memory, CPU_MAX_CONTEXTS * max_context)
+    return max(1, tokens // page_size) * page_size
+
+
+def auto_kv_sizing(*, free_device_bytes: int | None, available_host_bytes: int,
+                   bytes_per_token: int, page_size: int, max_context: int) -> KvSizing:
+    if free_device_bytes is not None:
+        tokens = auto_kv_tokens(free_device_bytes, bytes_per_token, page_size=page_size)
+        basis = f"{free_device_bytes / 2**30:.2f} GiB free on the device, 1 GiB left over"
+    else:
+        tokens = cpu_auto_kv_tokens(available_host_bytes, bytes_per_token,
+                                    page_size=page_size, max_context=max_context)
+        basis = (f"CPU: min(1/{CPU_RAM_SHARE} of {available_host_bytes / 2**30:.2f} GiB "
+                 f"available RAM, {CPU_MAX_CONTEXTS} x {max_context}-token contexts)")
+    return KvSizing(tokens, bytes_per_token, basis)
+
+
+def place_weights(artifact, dtype):
+    """The artifact with its params cast to `dtype` on the default device (what the runner
+    would do), so that free memory can be measured with the weights resident."""
+    import jax
+
+    from ninfer_jax.model import steps
+
+    params = steps.cast_params(artifact.params, dtype)
+    jax.block_until_ready(params)
+    return dataclasses.replace(artifact, params=params)
+
+
+def auto_kv_tokens_for(artifact, dtype, *, page_size: int, max_context: int) -> KvSizing:
+    """Measure and size: call with the weights already placed (`place_weights`)."""
+    import jax
+
+    sizing = auto_kv_sizing(free_device_bytes=device_free_bytes(jax.devices()[0]),
+                            available_host_bytes=host_available_bytes(),
+                            bytes_per_token=bytes_per_token_of(artifact.config, dtype),
+                            page_size=page_size, max_context=max_context)
+    log.info("--kv-capacity auto: %d tokens (%.1f KiB per token; %s)", sizing.tokens,
+             sizing.bytes_per_token / 1024, sizing.basis)
+    if sizing.tokens < max_context:
+        log.warning("--kv-capacity auto gives %d tokens, less than one --max-context of %d",
+                    sizing.tokens, max_context)
+    return sizing

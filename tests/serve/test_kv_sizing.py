@@ -1,0 +1,87 @@
+"""--kv-capacity auto arithmetic (serve/kv_sizing.py), without starting a server."""
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.serve import kv_sizing
+from ninfer_jax.serve.config import ServeConfig
+
+GIB = 1 << 30
+# SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 2 * 30 * 3 * 64 = 11520 values per token.
+SMOLLM2 = dataclasses.make_dataclass("Cfg", ["num_layers", "num_kv_heads", "head_dim"])(30, 3, 64)
+
+
+def test_bytes_per_token_follows_the_kv_dtype():
+    assert kv_sizing.bytes_per_token_of(SMOLLM2, jnp.float32) == 11520 * 4
+    assert kv_sizing.bytes_per_token_of(SMOLLM2, jnp.bfloat16) == 11520 * 2
+
+
+def test_cpu_is_bounded_by_a_quarter_of_available_ram():
+    per_token = 11520 * 4
+    # 1 GiB available: a quarter is 268435456 B = 5825.4 tokens -> 364 whole 16-token pages.
+    tokens = kv_sizing.cpu_auto_kv_tokens(GIB, per_token, page_size=16, max_context=8192)
+    assert tokens == 5824 and tokens * per_token <= GIB // 4
+    assert (tokens + 16) * per_token > GIB // 4
+
+
+def test_cpu_is_bounded_by_sixteen_contexts():
+    tokens = kv_sizing.cpu_auto_kv_tokens(512 * GIB, 11520 * 4, page_size=16, max_context=1024)
+    assert tokens == 16 * 1024
+
+
+def test_cpu_never_below_one_page():
+    assert kv_sizing.cpu_auto_kv_tokens(1000, 11520 * 4, page_size=16, max_context=1024) == 16
+
+
+def test_device_memory_wins_when_the_device_reports_it():
+    per_token = 11520 * 2
+    sizing = kv_sizing.auto_kv_sizing(free_device_bytes=3 * GIB, available_host_bytes=GIB,
+                                      bytes_per_token=per_token, page_size=16,
+                                      max_context=8192)
+    # 2 GiB after the headroom: 93206.7 tokens -> 5825 pages of 16.
+    assert sizing.tokens == 93200
+    assert "GiB free on the device" in sizing.basis
+    cpu = kv_sizing.auto_kv_sizing(free_device_bytes=None, available_host_bytes=GIB,
+                                   bytes_per_token=per_token, page_size=16, max_context=8192)
+    assert cpu.tokens == kv_sizing.cpu_auto_kv_tokens(GIB, per_token, page_size=16,
+                                                      max_context=8192)
+    assert cpu.basis.startswith("CPU:")
+
+
+class FakeDevice:
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        return self.stats
+
+
+def test_device_free_bytes():
+    assert kv_sizing.device_free_bytes(FakeDevice(None)) is None
+    assert kv_sizing.device_free_bytes(FakeDevice({"bytes_in_use": 5})) is None
+    stats = {"bytes_limit": 10 * GIB, "bytes_in_use": 3 * GIB}
+    assert kv_sizing.device_free_bytes(FakeDevice(stats)) == 7 * GIB
+
+
+def test_host_available_bytes_is_plausible():
+    available = kv_sizing.host_available_bytes()
+    assert 0 < available < 1 << 50
+
+
+def test_measured_tokens_reach_the_engine_config():
+    serve = ServeConfig(artifact="x", kv_capacity="auto", max_context=1024)
+    engine = EngineConfig.from_serve_config(serve, auto_kv_tokens=5824)
+    assert engine.kv_tokens == 5824 and engine.num_pages(16) == 5824 // 16 + 1
+
+
+def test_place_weights_casts_once_so_the_runner_cast_is_free():
+    from ninfer_jax.model import steps
+
+    artifact = dataclasses.make_dataclass("A", ["params", "config"])(
+        {"w": np.ones((2, 3), np.float32), "codes": np.zeros(4, np.int8)}, SMOLLM2)
+    placed = kv_sizing.place_weights(artifact, jnp.bfloat16)
+    assert placed.params["w"].dtype == jnp.bfloat16 and placed.params["codes"].dtype == jnp.int8
+    again = steps.cast_params(placed.params, jnp.bfloat16)
+    assert again["w"] is placed.params["w"]  # no second copy on the device
