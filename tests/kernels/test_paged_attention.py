@@ -47,6 +47,59 @@ def test_reference_decode_matches_a_by_hand_softmax_over_each_rows_pages():
                                        rtol=1e-5, atol=1e-5)
 
 
+def by_hand_decode(q, k, v, table, lengths, scale):
+    """naive_attention for every row and head of a decode batch (float64 numpy)."""
+    q, kn, vn = np.asarray(q, np.float64), np.asarray(k, np.float64), np.asarray(v, np.float64)
+    table, page_size = np.asarray(table), kn.shape[2]
+    group = q.shape[1] // kn.shape[1]
+    out = np.zeros(q.shape)
+    for b, n in enumerate(np.asarray(lengths)):
+        pages, slots = table[b][np.arange(n) // page_size], np.arange(n) % page_size
+        for h in range(q.shape[1]):
+            out[b, h] = naive_attention(q[b, h], kn[pages, h // group, slots],
+                                        vn[pages, h // group, slots], scale)
+    return out
+
+
+# (page size, lengths): decode blocks of 16, 4 and 1 pages; rows several blocks apart; a row
+# of one token; a width that is not a whole number of blocks.
+BLOCK_GRID = [(4, [70, 3, 1]), (16, [150, 17, 64, 65]), (64, [129, 5])]
+
+
+@pytest.mark.parametrize("page_size,lengths", BLOCK_GRID)
+def test_reference_decode_over_several_blocks_matches_by_hand(page_size, lengths):
+    rng = np.random.default_rng(page_size)
+    k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths, num_kv_heads=2,
+                                    head_dim=16, page_size=page_size)
+    # Extra DUMMY_PAGE columns, as the runner pads a table to its width bucket.
+    table = jnp.pad(table, ((0, 0), (0, 3)), constant_values=reference.DUMMY_PAGE)
+    q = jnp.asarray(rng.standard_normal((len(lengths), 6, 16)), jnp.float32)
+    with jax.default_matmul_precision("float32"):
+        out = reference_decode(q, k, v, table, lens, scale=0.25)
+    np.testing.assert_allclose(np.asarray(out), by_hand_decode(q, k, v, table, lens, 0.25),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_reference_decode_never_reads_blocks_past_the_longest_row():
+    """Table columns past the longest row's last block point at a NaN page: not read, so the
+    output is finite and the same as with a short table."""
+    rng = np.random.default_rng(7)
+    page_size = 16  # blocks of 4 pages
+    k, v, table, lens = paged_setup(rng, batch=2, lengths=[50, 20], num_kv_heads=1,
+                                    head_dim=8, page_size=page_size)
+    owned = set(np.asarray(table).ravel().tolist()) | {reference.DUMMY_PAGE}
+    poison = next(page for page in range(k.shape[0]) if page not in owned)
+    k, v = k.at[poison].set(jnp.nan), v.at[poison].set(jnp.nan)
+    clean = jnp.pad(table, ((0, 0), (0, 4 - table.shape[1])), constant_values=reference.DUMMY_PAGE)
+    poisoned = jnp.pad(clean, ((0, 0), (0, 12)), constant_values=poison)
+    q = jnp.asarray(rng.standard_normal((2, 2, 8)), jnp.float32)
+    with jax.default_matmul_precision("float32"):
+        short = reference_decode(q, k, v, clean, lens, scale=0.3)
+        wide = reference_decode(q, k, v, poisoned, lens, scale=0.3)
+    assert np.all(np.isfinite(np.asarray(wide)))
+    np.testing.assert_allclose(np.asarray(wide), np.asarray(short), rtol=1e-6, atol=1e-6)
+
+
 # (heads, kv heads, head dim, page size, lengths): GQA ratios 1/4/8, head dims 64/128/256,
 # odd lengths, a one-token row, a row ending exactly on a page boundary.
 DECODE_GRID = [
