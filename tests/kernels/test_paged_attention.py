@@ -100,6 +100,70 @@ def test_reference_decode_never_reads_blocks_past_the_longest_row():
     np.testing.assert_allclose(np.asarray(wide), np.asarray(short), rtol=1e-6, atol=1e-6)
 
 
+def by_hand_prefill(q, k, v, table, start, scale):
+    """naive_attention for every chunk row (position start + t sees keys 0..start + t)."""
+    q, kn, vn = np.asarray(q, np.float64), np.asarray(k, np.float64), np.asarray(v, np.float64)
+    table, page_size = np.asarray(table), kn.shape[2]
+    group = q.shape[1] // kn.shape[1]
+    out = np.zeros(q.shape)
+    for t in range(q.shape[0]):
+        n = start + t + 1
+        pages, slots = table[np.arange(n) // page_size], np.arange(n) % page_size
+        for h in range(q.shape[1]):
+            out[t, h] = naive_attention(q[t, h], kn[pages, h // group, slots],
+                                        vn[pages, h // group, slots], scale)
+    return out
+
+
+# (page size, start, chunk): blocks of 16, 4 and 1 pages; chunks at 0, mid-page, several
+# blocks in, and one crossing a block boundary.
+PREFILL_BLOCK_GRID = [(4, 0, 70), (16, 37, 100), (16, 128, 9), (64, 60, 10)]
+
+
+@pytest.mark.parametrize("page_size,start,chunk", PREFILL_BLOCK_GRID)
+def test_reference_prefill_over_several_blocks_matches_by_hand(page_size, start, chunk):
+    rng = np.random.default_rng(start + chunk)
+    k, v, table, _ = paged_setup(rng, batch=1, lengths=[start + chunk], num_kv_heads=2,
+                                 head_dim=16, page_size=page_size)
+    table = jnp.pad(table[0], (0, 3), constant_values=reference.DUMMY_PAGE)
+    q = jnp.asarray(rng.standard_normal((chunk, 6, 16)), jnp.float32)
+    with jax.default_matmul_precision("float32"):
+        out = reference_prefill(q, k, v, table, jnp.int32(start), scale=0.25)
+    np.testing.assert_allclose(np.asarray(out), by_hand_prefill(q, k, v, table, start, 0.25),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_reference_prefill_padding_rows_past_the_table_leave_real_rows_exact():
+    """A chunk bucket longer than the real chunk: the table covers only the real positions
+    (its width is not a whole number of blocks) and the real rows stay exact."""
+    rng = np.random.default_rng(3)
+    start, real, bucket = 20, 5, 64  # positions 20..24 real, 25..83 padding
+    k, v, table, _ = paged_setup(rng, batch=1, lengths=[start + real], num_kv_heads=1,
+                                 head_dim=8, page_size=4)  # 7 pages, blocks of 16
+    q = jnp.asarray(rng.standard_normal((bucket, 2, 8)), jnp.float32)
+    with jax.default_matmul_precision("float32"):
+        out = reference_prefill(q, k, v, table[0], jnp.int32(start), scale=0.5)
+    expected = by_hand_prefill(q[:real], k, v, table[0], start, 0.5)
+    np.testing.assert_allclose(np.asarray(out)[:real], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_reference_prefill_never_reads_blocks_past_the_chunk():
+    rng = np.random.default_rng(8)
+    k, v, table, _ = paged_setup(rng, batch=1, lengths=[40], num_kv_heads=1, head_dim=8,
+                                 page_size=16)  # 3 pages: one block of 4
+    owned = set(np.asarray(table).ravel().tolist()) | {reference.DUMMY_PAGE}
+    poison = next(page for page in range(k.shape[0]) if page not in owned)
+    k, v = k.at[poison].set(jnp.nan), v.at[poison].set(jnp.nan)
+    clean = jnp.pad(table[0], (0, 1), constant_values=reference.DUMMY_PAGE)
+    poisoned = jnp.pad(clean, (0, 8), constant_values=poison)
+    q = jnp.asarray(rng.standard_normal((8, 2, 8)), jnp.float32)
+    with jax.default_matmul_precision("float32"):
+        short = reference_prefill(q, k, v, clean, jnp.int32(32), scale=0.3)
+        wide = reference_prefill(q, k, v, poisoned, jnp.int32(32), scale=0.3)
+    assert np.all(np.isfinite(np.asarray(wide)))
+    np.testing.assert_allclose(np.asarray(wide), np.asarray(short), rtol=1e-6, atol=1e-6)
+
+
 # (heads, kv heads, head dim, page size, lengths): GQA ratios 1/4/8, head dims 64/128/256,
 # odd lengths, a one-token row, a row ending exactly on a page boundary.
 DECODE_GRID = [

@@ -8,10 +8,11 @@ entries point there, so every index stays in bounds without a branch.
 Shape letters: B batch rows, T chunk tokens, H query heads, G = H // K, W page-table width,
 N pages per block.
 
-Decode walks the page table in blocks of N pages with an online softmax and stops after the
-block holding the longest row's last key, so its cost follows the real context lengths rather
-than the padded width W (on XLA CPU a static pass over W pages cost up to 10x more for a table
-padded to 64 pages; see docs/benchmarks.md, "CPU serving").
+Both entry points walk the page table in blocks of N pages with an online softmax and stop
+after the block holding the last key any query may see (decode: the longest row; prefill: the
+chunk's last position). Their cost therefore follows the real context lengths, not the padded
+width W: on XLA CPU a single pass over a table padded to 64 pages cost up to 10x more (see
+docs/benchmarks.md, "CPU serving"), and the runner can compile one width instead of several.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import jax
 import jax.numpy as jnp
 
 DUMMY_PAGE = 0
-# Keys per decode block: big enough that the loop runs few iterations (each costs a fixed
-# overhead on CPU), small enough that the last block wastes little past the longest row.
-DECODE_BLOCK_TOKENS = 64
+# Keys per block: big enough that the loop runs few iterations (each costs a fixed overhead on
+# CPU), small enough that the last block wastes little past the last real key.
+BLOCK_TOKENS = 64
 
 
 def get_kv_cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int):
@@ -38,7 +39,8 @@ def write_kv(k_cache, v_cache, k_new, v_new, slots):
 
 
 def _gather(cache, page_table):
-    """[P, K, S, D] gathered by page_table [..., W] -> [..., K, W*S, D]."""
+    """[P, K, S, D] gathered by page_table [..., W] -> [..., K, W*S, D] (the whole table at
+    once; the GPU prefill in prefill.py uses it)."""
     pages = cache[page_table]  # [..., W, K, S, D]
     pages = jnp.moveaxis(pages, -3, -4)  # [..., K, W, S, D]
     shape = pages.shape
@@ -48,54 +50,25 @@ def _gather(cache, page_table):
 def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float):
     """One query token per row. q [B, H, D]; page_table [B, W]; lengths [B] valid keys per row
     (the row's own token included, already written; at least 1). Returns [B, H, D] in q's
-    dtype. Pages past the longest row are never read."""
+    dtype. Pages past the longest row's block are never read."""
     B, H, D = q.shape
     K, page_size = k_cache.shape[1], k_cache.shape[2]
-    pages_per_block = max(1, min(DECODE_BLOCK_TOKENS // page_size, page_table.shape[1]))
-    block_tokens = pages_per_block * page_size
-    table = _pad_width(page_table, pages_per_block)
+    pages_per_block, table = _block_table(page_table, page_size)
     qg = q.reshape(B, K, H // K, D).astype(jnp.float32) * scale
 
     def attend_block(index, state):
         pages = jax.lax.dynamic_slice_in_dim(table, index * pages_per_block, pages_per_block,
                                              axis=1)  # [B, N]
-        k = jnp.take(k_cache, pages, axis=0, mode="clip").astype(jnp.float32)  # [B, N, K, S, D]
-        v = jnp.take(v_cache, pages, axis=0, mode="clip").astype(jnp.float32)
+        k, v = _take_pages(k_cache, pages), _take_pages(v_cache, pages)  # [B, N, K, S, D]
         scores = jnp.einsum("bkgd,bnksd->bkgns", qg, k)
-        positions = index * block_tokens + jnp.arange(block_tokens).reshape(pages_per_block,
-                                                                           page_size)
-        valid = positions[None] < lengths[:, None, None]  # [B, N, S]
+        valid = _key_positions(index, pages_per_block, page_size) < lengths[:, None, None]
         scores = jnp.where(valid[:, None, None], scores, -jnp.inf)
-        return _online_softmax_step(state, scores, v)
+        return _fold_block(state, scores, lambda probs: jnp.einsum("bkgns,bnksd->bkgd", probs, v))
 
-    num_blocks = (jnp.max(lengths) + block_tokens - 1) // block_tokens
-    state = (jnp.full((B, K, H // K), -jnp.inf, jnp.float32),  # running max
-             jnp.zeros((B, K, H // K), jnp.float32),  # running sum of exp
-             jnp.zeros((B, K, H // K, D), jnp.float32))  # running weighted values
+    num_blocks = _num_blocks(jnp.max(lengths), pages_per_block, page_size, table)
+    state = _empty_state((B, K, H // K), D)
     _, total, weighted = jax.lax.fori_loop(0, num_blocks, attend_block, state)
     return (weighted / total[..., None]).reshape(B, H, D).astype(q.dtype)
-
-
-def _online_softmax_step(state, scores, v):
-    """Fold one block into the running softmax. scores [B, K, G, N, S] (masked keys -inf),
-    v [B, N, K, S, D]. Every row has a valid key in block 0, so the running max is finite
-    from then on and exp(-inf - max) is an exact 0 for masked keys."""
-    running_max, total, weighted = state
-    new_max = jnp.maximum(running_max, jnp.max(scores, axis=(3, 4)))
-    probs = jnp.exp(scores - new_max[..., None, None])
-    rescale = jnp.exp(running_max - new_max)
-    total = total * rescale + jnp.sum(probs, axis=(3, 4))
-    weighted = weighted * rescale[..., None] + jnp.einsum("bkgns,bnksd->bkgd", probs, v)
-    return new_max, total, weighted
-
-
-def _pad_width(page_table, multiple: int):
-    """page_table [B, W] padded with DUMMY_PAGE to a multiple of `multiple` columns, so every
-    block slice is in bounds (a clamped slice would pair pages with the wrong positions)."""
-    extra = -page_table.shape[1] % multiple
-    if extra == 0:
-        return page_table
-    return jnp.pad(page_table, ((0, 0), (0, extra)), constant_values=DUMMY_PAGE)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: float):
@@ -103,14 +76,85 @@ def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: fl
     (their K/V already written); page_table [W] covers every position up to start+T-1.
     Rows past the real chunk length are padding: their output is unspecified."""
     T, H, D = q.shape
-    K = k_cache.shape[1]
-    k = _gather(k_cache, page_table).astype(jnp.float32)  # [K, W*S, D]
-    v = _gather(v_cache, page_table).astype(jnp.float32)
-    qg = q.reshape(T, K, H // K, D).astype(jnp.float32)
-    scores = jnp.einsum("tkgd,ksd->kgts", qg, k) * scale
-    q_pos = start + jnp.arange(T)
-    causal = jnp.arange(k.shape[1])[None, :] <= q_pos[:, None]  # [T, W*S]
-    scores = jnp.where(causal[None, None], scores, -jnp.inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum("kgts,ksd->tkgd", probs, v)
-    return out.reshape(T, H, D).astype(q.dtype)
+    K, page_size = k_cache.shape[1], k_cache.shape[2]
+    pages_per_block, table = _block_table(page_table, page_size)
+    qg = q.reshape(T, K, H // K, D).astype(jnp.float32) * scale
+    query_positions = start + jnp.arange(T)
+
+    def attend_block(index, state):
+        pages = jax.lax.dynamic_slice_in_dim(table, index * pages_per_block, pages_per_block)
+        k, v = _take_pages(k_cache, pages), _take_pages(v_cache, pages)  # [N, K, S, D]
+        scores = jnp.einsum("tkgd,nksd->kgtns", qg, k)
+        causal = (_key_positions(index, pages_per_block, page_size)[None]
+                  <= query_positions[:, None, None])  # [T, N, S]
+        scores = jnp.where(causal[None, None], scores, -jnp.inf)
+        return _fold_block(state, scores, lambda probs: jnp.einsum("kgtns,nksd->kgtd", probs, v))
+
+    num_blocks = _num_blocks(start + T, pages_per_block, page_size, table)
+    state = _empty_state((K, H // K, T), D)
+    _, total, weighted = jax.lax.fori_loop(0, num_blocks, attend_block, state)
+    out = weighted / total[..., None]  # [K, G, T, D]
+    return jnp.moveaxis(out, 2, 0).reshape(T, H, D).astype(q.dtype)
+
+
+# ----------------------------------------------------------------------------- blocks
+
+
+def _block_table(page_table, page_size: int):
+    """(N, page_table padded with DUMMY_PAGE to a whole number of N-page blocks on its last
+    axis), so every block slice is in bounds: a clamped slice would pair pages with the wrong
+    positions."""
+    width = page_table.shape[-1]
+    pages_per_block = max(1, min(BLOCK_TOKENS // page_size, width))
+    extra = -width % pages_per_block
+    if extra:
+        padding = [(0, 0)] * (page_table.ndim - 1) + [(0, extra)]
+        page_table = jnp.pad(page_table, padding, constant_values=DUMMY_PAGE)
+    return pages_per_block, page_table
+
+
+def _num_blocks(num_keys, pages_per_block: int, page_size: int, table):
+    """Blocks holding keys 0..num_keys-1, never more than the (padded) table has."""
+    block_tokens = pages_per_block * page_size
+    return jnp.minimum((num_keys + block_tokens - 1) // block_tokens,
+                       table.shape[-1] // pages_per_block)
+
+
+def _take_pages(cache, pages):
+    """cache [P, K, S, D] rows for page ids [...] -> [..., K, S, D] in f32."""
+    return jnp.take(cache, pages, axis=0, mode="clip").astype(jnp.float32)
+
+
+def _key_positions(index, pages_per_block: int, page_size: int):
+    """Sequence positions of block `index`'s keys -> int32 [N, S]."""
+    offsets = jnp.arange(pages_per_block * page_size).reshape(pages_per_block, page_size)
+    return index * pages_per_block * page_size + offsets
+
+
+def _empty_state(rows_shape, head_dim: int):
+    """(running max, running sum of exp, running weighted values) for query rows
+    `rows_shape`, before any key."""
+    return (jnp.full(rows_shape, -jnp.inf, jnp.float32), jnp.zeros(rows_shape, jnp.float32),
+            jnp.zeros(rows_shape + (head_dim,), jnp.float32))
+
+
+def _fold_block(state, scores, weigh_values):
+    """Fold one block into the running softmax. scores [..., N, S] with masked keys at -inf;
+    weigh_values(probs [..., N, S]) -> [..., D]. Block 0 holds a valid key for every query
+    row, so the running max is finite from then on and masked keys weigh exactly 0."""
+    running_max, total, weighted = state
+    new_max = jnp.maximum(running_max, jnp.max(scores, axis=(-2, -1)))
+    probs = jnp.exp(scores - new_max[..., None, None])
+    rescale = jnp.exp(running_max - new_max)
+    total = total * rescale + jnp.sum(probs, axis=(-2, -1))
+    weighted = weighted * rescale[..., None] + weigh_values(probs)
+    return new_max, total, weighted
+
+
+def _gather(cache, page_table):
+    """[P, K, S, D] gathered by page_table [..., W] -> [..., K, W*S, D] (the whole table at
+    once; the GPU prefill in prefill.py uses it)."""
+    pages = cache[page_table]  # [..., W, K, S, D]
+    pages = jnp.moveaxis(pages, -3, -4)  # [..., K, W, S, D]
+    shape = pages.shape
+    return pages.reshape(*shape[:-3], shape[-3] * shape[-2], shape[-1])
