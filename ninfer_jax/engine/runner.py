@@ -5,10 +5,10 @@ compiled executables.
 Memory: per layer one (k, v) pair shaped by paged_attention.get_kv_cache_shape over `num_pages`
 pages; page DUMMY_PAGE (0) absorbs the writes of padding rows. Every step donates the caches
 and gets them back, so they are updated in place.
-Shapes: inputs are padded to buckets (decode batch 1, 2, 4, 8; prefill chunk 16, 64, 256, ...;
-page-table widths growing by `width_growth` up to max_context / page_size). `warmup()`
-compiles every bucket so no request waits on a compile; with JAX_COMPILATION_CACHE_DIR set
-the executables also go to JAX's persistent cache, and later starts load them from disk.
+Shapes: inputs are padded to buckets (decode batch 1, 2, 4, 8; prefill chunks and page-table
+widths as `bucket_plan` decides). `warmup()` compiles every bucket so no request waits on a
+compile; with JAX_COMPILATION_CACHE_DIR set the executables also go to JAX's persistent cache,
+and later starts load them from disk.
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ import numpy as np
 
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
 from ninfer_jax.kernels import paged_attention
+from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.model import sampling, steps
 
 log = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8)
 SMALLEST_CHUNK = 16
-CHUNK_GROWTH = 4
 SMALLEST_WIDTH = 8  # pages
 
 
@@ -46,6 +46,20 @@ def geometric_buckets(smallest: int, largest: int, growth: int) -> tuple[int, ..
         sizes.append(size)
         size *= growth
     return tuple(sizes) + (largest,)
+
+
+def bucket_plan(prefill_chunk: int, max_pages: int, *, width_growth: int,
+                attention_follows_lengths: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prefill chunk buckets, page-table width buckets).
+
+    The GPU kernels cost what the page-table width says, so widths grow geometrically and
+    chunks by 4 (few shapes: GPU compiles are slow). The references (CPU) walk pages only up
+    to the real lengths, so one width serves every step at no cost, and the shapes saved pay
+    for chunk buckets growing by 2: a 20-token prompt then runs as 32 rows, not 64."""
+    if attention_follows_lengths:
+        return geometric_buckets(SMALLEST_CHUNK, prefill_chunk, 2), (max_pages,)
+    return (geometric_buckets(SMALLEST_CHUNK, prefill_chunk, 4),
+            geometric_buckets(SMALLEST_WIDTH, max_pages, width_growth))
 
 
 def fit_bucket(buckets: Sequence[int], size: int, what: str) -> int:
@@ -65,7 +79,8 @@ class JaxRunner:
     """Pads scheduler units to compiled shapes, runs one step, returns sampled tokens."""
 
     def __init__(self, artifact, *, num_pages: int, page_size: int = 16, max_batch: int,
-                 max_context: int, prefill_chunk: int, dtype=None, width_growth: int = 4):
+                 max_context: int, prefill_chunk: int, dtype=None, width_growth: int = 4,
+                 attention_follows_lengths: bool | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -76,9 +91,11 @@ class JaxRunner:
         self.params = steps.cast_params(artifact.params, self.dtype)
         self.kv = self._empty_kv()
         self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
-        self.chunk_buckets = geometric_buckets(SMALLEST_CHUNK, prefill_chunk, CHUNK_GROWTH)
-        max_pages = math.ceil(max_context / page_size)
-        self.width_buckets = geometric_buckets(SMALLEST_WIDTH, max_pages, width_growth)
+        if attention_follows_lengths is None:  # the references do; the GPU kernels do not
+            attention_follows_lengths = not use_kernels()
+        self.chunk_buckets, self.width_buckets = bucket_plan(
+            prefill_chunk, math.ceil(max_context / page_size), width_growth=width_growth,
+            attention_follows_lengths=attention_follows_lengths)
         static = dict(static_argnames=("config", "page_size"), donate_argnames=("kv",))
         self._jitted = {"prefill": jax.jit(steps.prefill_step, **static),
                         "decode": jax.jit(steps.decode_step, **static)}

@@ -9,7 +9,7 @@ import pytest
 
 from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
 from ninfer_jax.engine.request import SamplingParams
-from ninfer_jax.engine.runner import JaxRunner, fit_bucket, geometric_buckets
+from ninfer_jax.engine.runner import JaxRunner, bucket_plan, fit_bucket, geometric_buckets
 from ninfer_jax.engine.runner_api import PrefillUnit
 from runner_driver import generate
 
@@ -27,9 +27,10 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(tiny):
-    """Warmed up once: every later step must reuse one of its compiled shapes."""
+    """Warmed up once: every later step must reuse one of its compiled shapes. It buckets
+    page-table widths as for the GPU kernels, so rows also move between widths here."""
     runner = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
-                       prefill_chunk=32)
+                       prefill_chunk=32, attention_follows_lengths=False)
     runner.warmup()
     yield runner
     assert runner.compiled_shapes == set(runner.step_shapes()), "a step compiled after warm-up"
@@ -98,6 +99,15 @@ def test_buckets():
     assert fit_bucket((1, 2, 4, 8), 3, "batch") == 4
     with pytest.raises(ValueError):
         fit_bucket((1, 2), 3, "batch")
+
+
+def test_bucket_plan_gives_the_references_one_width_and_finer_chunks():
+    assert bucket_plan(64, 64, width_growth=4, attention_follows_lengths=True) == (
+        (16, 32, 64), (64,))
+    assert bucket_plan(64, 64, width_growth=4, attention_follows_lengths=False) == (
+        (16, 64), (8, 32, 64))
+    assert bucket_plan(1024, 256, width_growth=2, attention_follows_lengths=False)[1] == (
+        8, 16, 32, 64, 128, 256)
 
 
 def test_warmup_compiles_exactly_the_step_shapes(runner):
