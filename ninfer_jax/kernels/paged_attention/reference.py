@@ -38,15 +38,6 @@ def write_kv(k_cache, v_cache, k_new, v_new, slots):
     return k_cache, v_cache
 
 
-def _gather(cache, page_table):
-    """[P, K, S, D] gathered by page_table [..., W] -> [..., K, W*S, D] (the whole table at
-    once; the GPU prefill in prefill.py uses it)."""
-    pages = cache[page_table]  # [..., W, K, S, D]
-    pages = jnp.moveaxis(pages, -3, -4)  # [..., K, W, S, D]
-    shape = pages.shape
-    return pages.reshape(*shape[:-3], shape[-3] * shape[-2], shape[-1])
-
-
 def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float):
     """One query token per row. q [B, H, D]; page_table [B, W]; lengths [B] valid keys per row
     (the row's own token included, already written; at least 1). Returns [B, H, D] in q's
