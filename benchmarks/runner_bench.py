@@ -1,7 +1,7 @@
 """Prefill and decode speed of JaxRunner on a real artifact (default: the embedded SmolLM2).
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
-        [--prompt 256] [--steps 64]
+        [--prompt 256] [--steps 64] [--max-context N]
 
 Goes through the same path as the server (runner.prefill / runner.decode with padding to
 buckets and on-device sampling, greedy), so the figures include host-side input building and
@@ -68,10 +68,14 @@ def main():
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--prefill-chunk", type=int, default=256)
     parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="the runner's context (page-table width); default: the next power "
+                             "of two above what the run needs")
     args = parser.parse_args()
     artifact = load_artifact(args.artifact or ensure_default_artifact())
     batches = [int(b) for b in args.batches.split(",")]
-    max_context = 2 ** math.ceil(math.log2(max(args.context + args.steps + 1, args.prompt)))
+    max_context = args.max_context or 2 ** math.ceil(
+        math.log2(max(args.context + args.steps + 1, args.prompt)))
     pages = max(batches) * math.ceil(max_context / 16) + 2
     runner = JaxRunner(artifact, num_pages=pages, max_batch=max(batches), max_context=max_context,
                        prefill_chunk=args.prefill_chunk)
@@ -81,7 +85,8 @@ def main():
     print(f"prefill {args.prompt} tokens: {time_prefill(runner, args.prompt):.0f} tok/s")
     for batch in batches:
         rate = time_decode(runner, batch, args.context, args.steps)
-        print(f"decode batch {batch} at context {args.context}: {rate:.1f} tok/s")
+        print(f"decode batch {batch} at context {args.context}: {rate:.1f} tok/s "
+              f"({batch / rate * 1e3:.1f} ms/step)")
 
 
 if __name__ == "__main__":
