@@ -39,6 +39,16 @@ def default_dtype():
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+def has_quantized_projections(params) -> bool:
+    return any(isinstance(leaf, dict) for layer in params["layers"] for leaf in layer.values())
+
+
+def decode_batch_buckets(max_batch: int, min_decode_batch: int) -> tuple[int, ...]:
+    """Batch buckets 1, 2, 4, 8 up to max_batch, starting at min_decode_batch."""
+    sizes = [b for b in BATCH_BUCKETS if min_decode_batch <= b < max_batch]
+    return tuple(sizes) + (max_batch,)
+
+
 def geometric_buckets(smallest: int, largest: int, growth: int) -> tuple[int, ...]:
     """smallest, smallest*growth, ... below largest, then largest itself."""
     sizes, size = [], min(smallest, largest)
@@ -80,7 +90,8 @@ class JaxRunner:
 
     def __init__(self, artifact, *, num_pages: int, page_size: int = 16, max_batch: int,
                  max_context: int, prefill_chunk: int, dtype=None, width_growth: int = 4,
-                 attention_follows_lengths: bool | None = None):
+                 attention_follows_lengths: bool | None = None,
+                 min_decode_batch: int | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -90,7 +101,14 @@ class JaxRunner:
         self.dtype = dtype or default_dtype()
         self.params = steps.cast_params(artifact.params, self.dtype)
         self.kv = self._empty_kv()
-        self.batch_buckets = tuple(b for b in BATCH_BUCKETS if b < max_batch) + (max_batch,)
+        if min_decode_batch is None:
+            # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
+            # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
+            # 2; docs/benchmarks.md), so a lone row runs padded with a dummy row there.
+            # Quantized projections keep batch 1: their one-row kernel is built for it.
+            min_decode_batch = 2 if use_kernels() and not has_quantized_projections(
+                self.params) else 1
+        self.batch_buckets = decode_batch_buckets(max_batch, min(min_decode_batch, max_batch))
         if attention_follows_lengths is None:  # the references do; the GPU kernels do not
             attention_follows_lengths = not use_kernels()
         self.chunk_buckets, self.width_buckets = bucket_plan(

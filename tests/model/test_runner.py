@@ -9,7 +9,8 @@ import pytest
 
 from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
 from ninfer_jax.engine.request import SamplingParams
-from ninfer_jax.engine.runner import JaxRunner, bucket_plan, fit_bucket, geometric_buckets
+from ninfer_jax.engine.runner import (JaxRunner, bucket_plan, decode_batch_buckets, fit_bucket,
+                                      geometric_buckets)
 from ninfer_jax.engine.runner_api import PrefillUnit
 from runner_driver import generate
 
@@ -99,6 +100,22 @@ def test_buckets():
     assert fit_bucket((1, 2, 4, 8), 3, "batch") == 4
     with pytest.raises(ValueError):
         fit_bucket((1, 2), 3, "batch")
+
+
+def test_decode_batch_buckets_can_start_at_two_rows():
+    assert decode_batch_buckets(8, 1) == (1, 2, 4, 8)
+    assert decode_batch_buckets(8, 2) == (2, 4, 8)
+    assert decode_batch_buckets(1, 1) == (1,)
+    assert decode_batch_buckets(6, 2) == (2, 4, 6)
+
+
+def test_a_lone_row_padded_to_two_decodes_the_same_tokens(tiny, runner):
+    """The GPU's two-row minimum: one real row plus a padding row (dummy page only)."""
+    two_row = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
+                        prefill_chunk=32, min_decode_batch=2)
+    assert two_row.batch_buckets == (2,)
+    prompt = prompts(1, seed=11)[0]
+    assert generate(two_row, [prompt], NUM_NEW) == generate(runner, [prompt], NUM_NEW)
 
 
 def test_bucket_plan_gives_the_references_one_width_and_finer_chunks():
