@@ -92,13 +92,9 @@ class MessagesService:
 
     def run_aggregate(self, run: MessagesRun) -> dict:
         run.builder.start(run.prompt_tokens, run.cached_tokens)
-        try:
-            for item in run.assembler.stream():
-                if item is not HEARTBEAT:
-                    self._feed(run, item)
-        finally:
-            if not run.assembler.done:
-                run.handle.cancel()
+        for item in run.assembler.stream():
+            if item is not HEARTBEAT:
+                self._feed(run, item)
         if run.assembler.error is not None:
             raise run.assembler.error
         return self._finish(run, run.assembler.result())

@@ -90,11 +90,7 @@ class CompletionsResource:
             start_sse(resp, openai_event_stream(
                 self._chunks(assembler, envelope, stream, prefix), handle.cancel, request_id))
             return
-        try:
-            result = assembler.run_to_end()
-        finally:
-            if not assembler.done:
-                handle.cancel()
+        result = assembler.run_to_end()
         resp.media = {**envelope, "choices": [self._choice(prefix + result.content,
                                                            result.finish_reason)],
                       "usage": usage_body(result), "timings": result.timings}

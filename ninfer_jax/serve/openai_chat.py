@@ -109,12 +109,7 @@ class ChatCompletionsResource:
             start_sse(resp, openai_event_stream(
                 self._chunks(assembler, envelope, stream), handle.cancel, request_id))
             return
-        try:
-            result = assembler.run_to_end()
-        finally:
-            if not assembler.done:
-                handle.cancel()
-        resp.media = self._aggregate(result, envelope)
+        resp.media = self._aggregate(assembler.run_to_end(), envelope)
 
     @staticmethod
     def _aggregate(result: GenerationResult, envelope: dict) -> dict:

@@ -107,7 +107,17 @@ class OutputAssembler:
     def stream(self, heartbeat_s: float | None = None) -> Iterator[Delta | object]:
         """Deltas until the terminal event. With `heartbeat_s`, HEARTBEAT whenever that long
         passed without visible text: while waiting, prefilling, or while the tokens that
-        arrive are all held back (a long tool-call region)."""
+        arrive are all held back (a long tool-call region).
+
+        A consumer that stops early (an exception, or closing the generator when the client
+        goes away) cancels the request, so nothing keeps running unobserved."""
+        try:
+            yield from self._deltas(heartbeat_s)
+        finally:
+            if not self.done:
+                self.handle.cancel()
+
+    def _deltas(self, heartbeat_s: float | None) -> Iterator[Delta | object]:
         pending, self._pending = self._pending, []
         yield from pending
         last_visible = time.monotonic()

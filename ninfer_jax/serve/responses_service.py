@@ -154,13 +154,9 @@ class ResponsesService:
         builder.emit_terminal()
 
     def run_aggregate(self, run: ResponsesRun) -> dict:
-        try:
-            for item in run.assembler.stream():
-                if item is not HEARTBEAT:
-                    self._feed(run, [item])
-        finally:
-            if not run.assembler.done:
-                run.handle.cancel()
+        for item in run.assembler.stream():
+            if item is not HEARTBEAT:
+                self._feed(run, [item])
         if run.assembler.error is not None:
             raise run.assembler.error
         self._complete(run, run.assembler.result())
