@@ -41,9 +41,17 @@ def log_lines(server) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def records(server, request_id, event):
-    return [r for r in log_lines(server) if r.get("request_id") == request_id
-            and r["event"] == event]
+def records(server, request_id, event, wait_s=10.0):
+    """This request's `event` lines. The log is written by a background thread after the
+    reply is sent, so wait (up to `wait_s`) for at least one to land; an absence check
+    passes wait_s=0 after a line that the server writes later has been seen."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = [r for r in log_lines(server) if r.get("request_id") == request_id
+                 and r["event"] == event]
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
 
 
 def scrape(server) -> dict:
@@ -121,7 +129,7 @@ def test_rejected_request_has_no_start(obs):
     request_id = response.headers["x-request-id"]
     (rejected,) = records(obs, request_id, "request_rejected")
     assert rejected["error"]["code"] == "context_length_exceeded"
-    assert records(obs, request_id, "request_start") == []
+    assert records(obs, request_id, "request_start", wait_s=0) == []
 
 
 def test_throughput_and_stderr_records(obs):
@@ -166,6 +174,15 @@ def test_unusable_log_paths_stop_startup(option, default_artifact_path, tmp_path
 
 def test_capture_replay_compare(obs, tmp_path):
     """Runs last: replays everything this module captured against the same server."""
+    deadline = time.monotonic() + 10
+    while True:  # the earlier tests' last terminal lines may still be on their way to disk
+        lines = log_lines(obs)
+        started = {r["request_id"] for r in lines if r["event"] == "request_start"}
+        ended = {r.get("request_id") for r in lines
+                 if r["event"] in ("request_done", "request_error")}
+        if started <= ended or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     previous = tmp_path / "previous.jsonl"
     shutil.copy(obs.folder / "requests.jsonl", previous)
     capture = tmp_path / "capture.jsonl"
