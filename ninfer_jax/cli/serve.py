@@ -28,7 +28,9 @@ def _kv_capacity(value: str | None):
 @click.option("--model-id", default=None, help="Public model alias (default: artifact name).")
 @click.option("--cors", is_flag=True, help="Permissive browser CORS headers.")
 @click.option("--max-context", default=8192, show_default=True, type=click.IntRange(min=16))
-@click.option("--kv-capacity", default=None, help="Shared KV pool in tokens, or 'auto'.")
+@click.option("--kv-capacity", default=None,
+              help="Shared KV pool in tokens, or 'auto' (free device memory). Default: one "
+                   "--max-context per lane, within the auto bound.")
 @click.option("--max-concurrency", default=1, show_default=True, type=click.IntRange(1, 8))
 @click.option("--max-pending-requests", default=16, show_default=True, type=click.IntRange(min=0))
 @click.option("--pending-timeout-ms", default=30000, show_default=True, type=click.IntRange(min=1))

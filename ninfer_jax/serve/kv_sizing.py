@@ -8,6 +8,9 @@ host's RAM, shared with everything else on the machine, so auto is bounded there
 quarter of the RAM available now (after the weights were read), and at most 16 full contexts
 (`16 * max_context`), in whole pages, never less than one page.
 
+Without --kv-capacity the pool holds one full context per lane (`default_kv_tokens`), within
+the same bound, and never less than one context.
+
 The launcher calls `place_weights` then `auto_kv_tokens_for`, before it builds the runner:
 the runner's own cast of already-placed params is then a no-op, so the measurement sees
 exactly the weights the server will hold.
@@ -84,6 +87,14 @@ def auto_kv_sizing(*, free_device_bytes: int | None, available_host_bytes: int,
     return KvSizing(tokens, bytes_per_token, basis)
 
 
+def default_kv_tokens(*, lanes: int, max_context: int, bound: int, page_size: int) -> int:
+    """The pool when --kv-capacity is not given: a full context for every lane, so that N
+    resident requests do not pause one another, within what `auto` would allow (`bound`);
+    never less than one context, which a lone request must always be able to reach."""
+    tokens = max(max_context, min(lanes * max_context, bound))
+    return -(-tokens // page_size) * page_size
+
+
 def place_weights(artifact, dtype):
     """The artifact with its params cast to `dtype` on the default device (what the runner
     would do), so that free memory can be measured with the weights resident."""
@@ -104,7 +115,7 @@ def auto_kv_tokens_for(artifact, dtype, *, page_size: int, max_context: int) -> 
                             available_host_bytes=host_available_bytes(),
                             bytes_per_token=bytes_per_token_of(artifact.config, dtype),
                             page_size=page_size, max_context=max_context)
-    log.info("--kv-capacity auto: %d tokens (%.1f KiB per token; %s)", sizing.tokens,
+    log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)", sizing.tokens,
              sizing.bytes_per_token / 1024, sizing.basis)
     if sizing.tokens < max_context:
         log.warning("--kv-capacity auto gives %d tokens, less than one --max-context of %d",

@@ -98,11 +98,15 @@ def build_context(config: ServeConfig):
     max_context = min(config.max_context, artifact.config.max_position_embeddings)
     page_size = 16
     auto_tokens = None
-    if config.kv_capacity == "auto":
+    if config.kv_capacity == "auto" or (config.kv_capacity is None and config.max_concurrency > 1):
         artifact = kv_sizing.place_weights(artifact, default_dtype())
         auto_tokens = kv_sizing.auto_kv_tokens_for(
             artifact, default_dtype(), page_size=page_size, max_context=max_context).tokens
     engine_config = EngineConfig.from_serve_config(config, auto_kv_tokens=auto_tokens)
+    if config.kv_capacity is None and auto_tokens is not None:
+        engine_config = dataclasses.replace(engine_config, kv_capacity=kv_sizing.default_kv_tokens(
+            lanes=config.max_concurrency, max_context=max_context, bound=auto_tokens,
+            page_size=page_size))
     if max_context != config.max_context:
         log.warning("--max-context %d exceeds the model's %d positions; using %d",
                     config.max_context, max_context, max_context)

@@ -90,6 +90,8 @@ def test_metrics_move_with_requests(obs):
                       "ninfer_request_queue_seconds"):
         assert grew(f"{histogram}_count") == 2
     assert after[("ninfer_engine_ready", ())] == 1
+    # No --kv-capacity: a full 1024-token context for each of the 4 lanes.
+    assert after[("ninfer_device_kv_capacity_pages", ())] == 4 * 1024 // 16
     for gauge in ("running", "waiting", "paused", "prefilling", "decode_ready"):
         assert after[(f"ninfer_requests_{gauge}", ())] == 0
 

@@ -85,3 +85,15 @@ def test_place_weights_casts_once_so_the_runner_cast_is_free():
     assert placed.params["w"].dtype == jnp.bfloat16 and placed.params["codes"].dtype == jnp.int8
     again = steps.cast_params(placed.params, jnp.bfloat16)
     assert again["w"] is placed.params["w"]  # no second copy on the device
+
+
+def test_default_pool_is_a_context_per_lane_within_the_bound():
+    def default(lanes, bound, max_context=1024):
+        return kv_sizing.default_kv_tokens(lanes=lanes, max_context=max_context, bound=bound,
+                                           page_size=16)
+
+    assert default(8, bound=65536) == 8 * 1024
+    assert default(8, bound=5000) == 5008  # the bound, in whole pages
+    assert default(4, bound=100) == 1024  # never below one full context
+    assert default(1, bound=65536) == 1024
+    assert default(3, bound=65536, max_context=1000) == 3008
