@@ -40,12 +40,14 @@ def _kv_capacity(value: str | None):
 @click.option("--max-request-mib", default=384, show_default=True, type=click.IntRange(min=1))
 @click.option("--no-prefix-reuse", is_flag=True)
 @click.option("--kv-dtype", default="auto", show_default=True,
+              help="KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU).",
               type=click.Choice(["auto", "f32", "bf16"]))
 @click.option("--chat-template", default=None, type=click.Path(exists=True, dir_okay=False))
 @click.option("--default-thinking-budget", default=None, type=click.IntRange(min=1))
 @click.option("--no-thinking", is_flag=True)
 @click.option("--preserve-thinking", is_flag=True)
-@click.option("--vision", is_flag=True)
+@click.option("--vision", is_flag=True,
+              help="Accept media input (needs an artifact with a vision component).")
 @click.option("--response-store-max-records", default=1024, show_default=True,
               type=click.IntRange(min=0))
 @click.option("--response-store-max-mib", default=256, show_default=True,

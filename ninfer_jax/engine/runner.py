@@ -39,6 +39,25 @@ def default_dtype():
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
+KV_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+
+
+def kv_dtype_for(name: str):
+    """`--kv-dtype`: auto stores KV in the compute dtype. On CPU bf16 pages halve the pool's
+    memory (attention reads them back into f32); the GPU kernels read pages in the compute
+    dtype only, so anything else is refused there rather than silently changed."""
+    compute = default_dtype()
+    if name == "auto":
+        return compute
+    if name not in KV_DTYPES:
+        raise ValueError(f"--kv-dtype {name} is not supported (choose auto, f32 or bf16)")
+    dtype = KV_DTYPES[name]
+    if use_kernels() and jnp.dtype(dtype) != jnp.dtype(compute):
+        raise ValueError(f"--kv-dtype {name} is not available with the GPU kernels, which "
+                         f"read {jnp.dtype(compute).name} pages (use auto)")
+    return dtype
+
+
 def has_quantized_projections(params) -> bool:
     return any(isinstance(leaf, dict) for layer in params["layers"] for leaf in layer.values())
 
@@ -89,7 +108,8 @@ class JaxRunner:
     """Pads scheduler units to compiled shapes, runs one step, returns sampled tokens."""
 
     def __init__(self, artifact, *, num_pages: int, page_size: int = 16, max_batch: int,
-                 max_context: int, prefill_chunk: int, dtype=None, width_growth: int = 4,
+                 max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
+                 width_growth: int = 4,
                  attention_follows_lengths: bool | None = None,
                  min_decode_batch: int | None = None):
         if num_pages < 2:
@@ -99,6 +119,7 @@ class JaxRunner:
         self.page_size, self.num_pages, self.max_batch = page_size, num_pages, max_batch
         self.max_context = max_context
         self.dtype = dtype or default_dtype()
+        self.kv_dtype = jnp.dtype(kv_dtype or self.dtype)
         self.params = steps.cast_params(artifact.params, self.dtype)
         self.kv = self._empty_kv()
         if min_decode_batch is None:
@@ -124,7 +145,7 @@ class JaxRunner:
     def _empty_kv(self):
         shape = paged_attention.get_kv_cache_shape(
             self.num_pages, self.page_size, self.config.num_kv_heads, self.config.head_dim)
-        return [(jnp.zeros(shape, self.dtype), jnp.zeros(shape, self.dtype))
+        return [(jnp.zeros(shape, self.kv_dtype), jnp.zeros(shape, self.kv_dtype))
                 for _ in range(self.config.num_layers)]
 
     # ------------------------------------------------------------------ shapes and compiling

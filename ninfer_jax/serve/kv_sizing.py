@@ -107,13 +107,14 @@ def place_weights(artifact, dtype):
     return dataclasses.replace(artifact, params=params)
 
 
-def auto_kv_tokens_for(artifact, dtype, *, page_size: int, max_context: int) -> KvSizing:
-    """Measure and size: call with the weights already placed (`place_weights`)."""
+def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int) -> KvSizing:
+    """Measure and size pages of `kv_dtype`: call with the weights already placed
+    (`place_weights`)."""
     import jax
 
     sizing = auto_kv_sizing(free_device_bytes=device_free_bytes(jax.devices()[0]),
                             available_host_bytes=host_available_bytes(),
-                            bytes_per_token=bytes_per_token_of(artifact.config, dtype),
+                            bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype),
                             page_size=page_size, max_context=max_context)
     log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)", sizing.tokens,
              sizing.bytes_per_token / 1024, sizing.basis)

@@ -85,7 +85,7 @@ def build_context(config: ServeConfig):
     from ninfer_jax.artifact.format import load_artifact
     from ninfer_jax.engine.config import EngineConfig
     from ninfer_jax.engine.engine import Engine
-    from ninfer_jax.engine.runner import JaxRunner, default_dtype
+    from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
     from ninfer_jax.serve.context import ServingContext
     from ninfer_jax.text.chat_template import ChatRenderer
 
@@ -97,11 +97,12 @@ def build_context(config: ServeConfig):
             template = handle.read()
     max_context = min(config.max_context, artifact.config.max_position_embeddings)
     page_size = 16
+    kv_dtype = kv_dtype_for(config.kv_dtype)
     auto_tokens = None
     if config.kv_capacity == "auto" or (config.kv_capacity is None and config.max_concurrency > 1):
         artifact = kv_sizing.place_weights(artifact, default_dtype())
         auto_tokens = kv_sizing.auto_kv_tokens_for(
-            artifact, default_dtype(), page_size=page_size, max_context=max_context).tokens
+            artifact, kv_dtype, page_size=page_size, max_context=max_context).tokens
     engine_config = EngineConfig.from_serve_config(config, auto_kv_tokens=auto_tokens)
     if config.kv_capacity is None and auto_tokens is not None:
         engine_config = dataclasses.replace(engine_config, kv_capacity=kv_sizing.default_kv_tokens(
@@ -113,12 +114,13 @@ def build_context(config: ServeConfig):
         engine_config = dataclasses.replace(engine_config, max_context=max_context)
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(page_size),
                        page_size=page_size, max_batch=config.max_concurrency,
-                       max_context=max_context, prefill_chunk=config.prefill_chunk)
+                       max_context=max_context, prefill_chunk=config.prefill_chunk,
+                       kv_dtype=kv_dtype)
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     engine.start()
-    log.info("model %s (%s): context %d tokens, KV pool %d tokens, %d lanes; warming up",
+    log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes; warming up",
              artifact.name, artifact.config.architecture, max_context, engine.pool_tokens,
-             config.max_concurrency)
+             runner.kv_dtype.name, config.max_concurrency)
     return ServingContext(
         engine=engine, tokenizer=tokenizer,
         renderer=ChatRenderer(template, tokenizer, artifact.chat_format),
@@ -168,9 +170,14 @@ def run_server(config: ServeConfig) -> None:
 
     logging.config.dictConfig(logging_config(config.log_level))
     try:
-        load_artifact(config.artifact, weights=False)  # fail fast, before any fork
+        artifact = load_artifact(config.artifact, weights=False)  # fail fast, before any fork
     except ArtifactError as exc:
         log.error("cannot serve: %s", exc)
+        sys.exit(2)
+    if config.vision and not artifact.components.get("vision"):
+        log.error("cannot serve: --vision needs an artifact with a vision component; %s has "
+                  "none (serve it without --vision: media input is then refused with "
+                  "vision_disabled)", config.artifact)
         sys.exit(2)
     from ninfer_jax.serve.request_log import check_paths
 

@@ -10,6 +10,8 @@ import httpx
 import openai
 import pytest
 
+from conftest import NINFER, free_port
+
 CAPITAL = "What is the capital of France? Answer in one sentence."
 PARIS = "The capital of France is Paris."
 MODEL = "smollm2-135m-instruct"
@@ -145,3 +147,10 @@ def test_stderr_lines_have_the_operational_format(live_server):
     assert lines and all(pattern.match(line) for line in lines if not line.startswith(" "))
     assert any("engine ready" in line for line in lines)
     assert live_server.api_key not in live_server.stderr_text()
+
+
+def test_vision_is_refused_at_startup_without_a_vision_component(default_artifact_path):
+    result = subprocess.run([str(NINFER), "serve", str(default_artifact_path), "--port",
+                             str(free_port()), "--vision"], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "needs an artifact with a vision component" in result.stderr, result.stderr

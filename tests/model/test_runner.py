@@ -10,7 +10,7 @@ import pytest
 from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import (JaxRunner, bucket_plan, decode_batch_buckets, fit_bucket,
-                                      geometric_buckets)
+                                      geometric_buckets, kv_dtype_for)
 from ninfer_jax.engine.runner_api import PrefillUnit
 from runner_driver import generate
 
@@ -116,6 +116,21 @@ def test_a_lone_row_padded_to_two_decodes_the_same_tokens(tiny, runner):
     assert two_row.batch_buckets == (2,)
     prompt = prompts(1, seed=11)[0]
     assert generate(two_row, [prompt], NUM_NEW) == generate(runner, [prompt], NUM_NEW)
+
+
+def test_bf16_kv_pages_on_cpu_keep_the_greedy_tokens(tiny, runner):
+    """--kv-dtype bf16: the pool stores bf16 pages (half the bytes), compute stays f32."""
+    import jax.numpy as jnp
+
+    assert kv_dtype_for("auto") == jnp.float32 and kv_dtype_for("bf16") == jnp.bfloat16
+    with pytest.raises(ValueError, match="fp8"):
+        kv_dtype_for("fp8")
+    half = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
+                     prefill_chunk=32, kv_dtype=kv_dtype_for("bf16"))
+    assert {cache.dtype for layer in half.kv for cache in layer} == {jnp.dtype(jnp.bfloat16)}
+    assert half.params["embed"].dtype == jnp.float32
+    batch = prompts(2, seed=12)
+    assert generate(half, batch, NUM_NEW) == generate(runner, batch, NUM_NEW)
 
 
 def test_bucket_plan_gives_the_references_one_width_and_finer_chunks():
