@@ -11,11 +11,9 @@ import falcon
 
 from ninfer_jax.errors import InvalidRequest
 from ninfer_jax.serve.context import ServingContext
-from ninfer_jax.serve.disconnect import peer_of
-from ninfer_jax.serve.http import MIB, read_json_body
 from ninfer_jax.serve.response_store import ResponseStore
 from ninfer_jax.serve.responses_service import ResponsesService
-from ninfer_jax.serve.sse import start_sse
+from ninfer_jax.serve.service_routes import GenerateResource, ServiceResource
 
 
 def _query(req: falcon.Request) -> dict:
@@ -26,29 +24,12 @@ def _query(req: falcon.Request) -> dict:
     return query
 
 
-class _Resource:
-    def __init__(self, service: ResponsesService):
-        self.service = service
-
-    def _body(self, req: falcon.Request) -> dict:
-        return read_json_body(req, self.service.ctx.config.max_request_mib * MIB)
-
-
-class CreateResource(_Resource):
-    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        run = self.service.start(self._body(req), req.context.request_id, peer_of(req))
-        if run.request.stream:
-            start_sse(resp, self.service.run_stream(run))
-        else:
-            resp.media = self.service.run_aggregate(run)
-
-
-class InputTokensResource(_Resource):
+class InputTokensResource(ServiceResource):
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         resp.media = self.service.count_input_tokens(self._body(req))
 
 
-class ResponseResource(_Resource):
+class ResponseResource(ServiceResource):
     def on_get(self, req, resp, response_id: str) -> None:
         resp.media = self.service.retrieve(response_id, _query(req))
 
@@ -56,12 +37,12 @@ class ResponseResource(_Resource):
         resp.media = self.service.delete(response_id)
 
 
-class InputItemsResource(_Resource):
+class InputItemsResource(ServiceResource):
     def on_get(self, req, resp, response_id: str) -> None:
         resp.media = self.service.list_input_items(response_id, _query(req))
 
 
-class CancelResource(_Resource):
+class CancelResource(ServiceResource):
     def on_post(self, req, resp, response_id: str) -> None:
         self.service.store.get(response_id)  # unknown ids are 404 first
         raise InvalidRequest("Responses run synchronously here; there is no background "
@@ -69,7 +50,7 @@ class CancelResource(_Resource):
                              code="background_not_supported")
 
 
-class CompactResource(_Resource):
+class CompactResource(ServiceResource):
     def on_post(self, req, resp) -> None:
         raise InvalidRequest("Response compaction is not supported by this server.",
                              code="compaction_not_supported")
@@ -80,7 +61,7 @@ def register(app: falcon.App, ctx: ServingContext) -> None:
                           ctx.config.response_store_max_mib)
     ctx.extras["response_store"] = store
     service = ResponsesService(ctx, store)
-    app.add_route("/v1/responses", CreateResource(service))
+    app.add_route("/v1/responses", GenerateResource(service))
     app.add_route("/v1/responses/input_tokens", InputTokensResource(service))
     app.add_route("/v1/responses/compact", CompactResource(service))
     app.add_route("/v1/responses/{response_id}", ResponseResource(service))
