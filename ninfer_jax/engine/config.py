@@ -75,11 +75,14 @@ class EngineConfig:
 
     @classmethod
     def from_serve_config(cls, serve, *, auto_kv_tokens: int | None = None) -> "EngineConfig":
-        """From a serve.config.ServeConfig. `auto_kv_tokens` resolves --kv-capacity auto (the
-        launcher measures free device memory); without it, auto uses the CPU default."""
+        """From a serve.config.ServeConfig. `auto_kv_tokens` is the pool the launcher resolved
+        (serve/kv_sizing.resolve_pool) for --kv-capacity auto or unset; without it, auto uses
+        the CPU default and unset means one --max-context."""
         kv = serve.kv_capacity
-        if kv == "auto":
-            kv = auto_kv_tokens if auto_kv_tokens is not None else CPU_AUTO_KV_TOKENS
+        if kv in ("auto", None) and auto_kv_tokens is not None:
+            kv = auto_kv_tokens
+        elif kv == "auto":
+            kv = CPU_AUTO_KV_TOKENS
         return cls(
             max_concurrency=serve.max_concurrency,
             max_pending=serve.max_pending_requests,

@@ -11,7 +11,8 @@ quarter of the RAM available now (after the weights were read), and at most 16 f
 Without --kv-capacity the pool holds one full context per lane (`default_kv_tokens`), within
 the same bound, and never less than one context.
 
-The launcher calls `place_weights` then `auto_kv_tokens_for`, before it builds the runner:
+The launcher calls `resolve_pool` (`place_weights`, then `auto_kv_tokens_for`) before it builds
+the runner:
 the runner's own cast of already-placed params is then a no-op, so the measurement sees
 exactly the weights the server will hold.
 """
@@ -95,6 +96,23 @@ def default_kv_tokens(*, lanes: int, max_context: int, bound: int, page_size: in
     return -(-tokens // page_size) * page_size
 
 
+def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
+                 page_size: int):
+    """(artifact, pool tokens or None) for a ServeConfig. Measuring places the weights on the
+    device first (the returned artifact holds them); None leaves the pool at one context."""
+    if config.kv_capacity not in ("auto", None):
+        return artifact, config.kv_capacity
+    if config.kv_capacity is None and config.max_concurrency == 1:
+        return artifact, None  # one lane: one context, nothing to measure
+    artifact = place_weights(artifact, compute_dtype)
+    bound = auto_kv_tokens_for(artifact, kv_dtype, page_size=page_size,
+                               max_context=max_context).tokens
+    if config.kv_capacity == "auto":
+        return artifact, bound
+    return artifact, default_kv_tokens(lanes=config.max_concurrency, max_context=max_context,
+                                       bound=bound, page_size=page_size)
+
+
 def place_weights(artifact, dtype):
     """The artifact with its params cast to `dtype` on the default device (what the runner
     would do), so that free memory can be measured with the weights resident."""
@@ -116,8 +134,8 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int) 
                             available_host_bytes=host_available_bytes(),
                             bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype),
                             page_size=page_size, max_context=max_context)
-    log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)", sizing.tokens,
-             sizing.bytes_per_token / 1024, sizing.basis)
+    log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)",
+             sizing.tokens, sizing.bytes_per_token / 1024, sizing.basis)
     if sizing.tokens < max_context:
         log.warning("--kv-capacity auto gives %d tokens, less than one --max-context of %d",
                     sizing.tokens, max_context)

@@ -5,7 +5,8 @@ master: the app is loaded in the worker after the fork (no preload), so the engi
 the device belong to the process that serves requests. Loading reads the artifact, builds the
 JaxRunner and the Engine and starts the engine thread, which compiles every step bucket
 (warm-up) before /health reports ok. With `--kv-capacity auto` the weights are placed on the
-device first and the pool is sized from the memory left (serve/kv_sizing.py). No worker
+device first and the pool is sized from the memory left (serve/kv_sizing.py); so is the
+default pool (one context per lane) when several lanes are asked for. No worker
 timeout (a long stream is not a hung worker), no control socket, graceful shutdown that
 stops the engine.
 
@@ -98,16 +99,9 @@ def build_context(config: ServeConfig):
     max_context = min(config.max_context, artifact.config.max_position_embeddings)
     page_size = 16
     kv_dtype = kv_dtype_for(config.kv_dtype)
-    auto_tokens = None
-    if config.kv_capacity == "auto" or (config.kv_capacity is None and config.max_concurrency > 1):
-        artifact = kv_sizing.place_weights(artifact, default_dtype())
-        auto_tokens = kv_sizing.auto_kv_tokens_for(
-            artifact, kv_dtype, page_size=page_size, max_context=max_context).tokens
-    engine_config = EngineConfig.from_serve_config(config, auto_kv_tokens=auto_tokens)
-    if config.kv_capacity is None and auto_tokens is not None:
-        engine_config = dataclasses.replace(engine_config, kv_capacity=kv_sizing.default_kv_tokens(
-            lanes=config.max_concurrency, max_context=max_context, bound=auto_tokens,
-            page_size=page_size))
+    artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
+                                                 max_context=max_context, page_size=page_size)
+    engine_config = EngineConfig.from_serve_config(config, auto_kv_tokens=kv_tokens)
     if max_context != config.max_context:
         log.warning("--max-context %d exceeds the model's %d positions; using %d",
                     config.max_context, max_context, max_context)

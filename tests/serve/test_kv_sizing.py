@@ -97,3 +97,22 @@ def test_default_pool_is_a_context_per_lane_within_the_bound():
     assert default(4, bound=100) == 1024  # never below one full context
     assert default(1, bound=65536) == 1024
     assert default(3, bound=65536, max_context=1000) == 3008
+
+
+def test_resolve_pool_measures_only_for_auto_or_several_lanes():
+    artifact = dataclasses.make_dataclass("A", ["params", "config"])(
+        {"w": np.ones((2, 3), np.float32)}, SMOLLM2)
+
+    def resolve(**options):
+        serve = ServeConfig(artifact="x", max_context=1024, **options)
+        placed, tokens = kv_sizing.resolve_pool(serve, artifact, jnp.float32, jnp.float32,
+                                                max_context=1024, page_size=16)
+        return placed is not artifact, tokens, EngineConfig.from_serve_config(
+            serve, auto_kv_tokens=tokens).kv_tokens
+
+    assert resolve(kv_capacity=3000) == (False, 3000, 3000)
+    assert resolve() == (False, None, 1024)  # one lane: one context
+    measured, tokens, pool = resolve(max_concurrency=4)
+    assert measured and tokens == pool == 4 * 1024  # this host has room for 4 contexts
+    measured, tokens, pool = resolve(kv_capacity="auto", max_concurrency=4)
+    assert measured and tokens == pool >= 4 * 1024
