@@ -1,7 +1,7 @@
 """Prefill and decode speed of JaxRunner on a real artifact (default: the embedded SmolLM2).
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
-        [--prompt 256] [--steps 64] [--max-context N]
+        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized]
 
 Goes through the same path as the server (runner.prefill / runner.decode with padding to
 buckets and on-device sampling, greedy), so the figures include host-side input building and
@@ -71,6 +71,9 @@ def main():
     parser.add_argument("--max-context", type=int, default=None,
                         help="the runner's context (page-table width); default: the next power "
                              "of two above what the run needs")
+    parser.add_argument("--keep-quantized", action="store_true",
+                        help="off the GPU, dequantize quantized weights in every step instead "
+                             "of once at load (the runner's default before 2026-11-29)")
     args = parser.parse_args()
     artifact = load_artifact(args.artifact or ensure_default_artifact())
     batches = [int(b) for b in args.batches.split(",")]
@@ -78,7 +81,8 @@ def main():
         math.log2(max(args.context + args.steps + 1, args.prompt)))
     pages = max(batches) * math.ceil(max_context / 16) + 2
     runner = JaxRunner(artifact, num_pages=pages, max_batch=max(batches), max_context=max_context,
-                       prefill_chunk=args.prefill_chunk)
+                       prefill_chunk=args.prefill_chunk,
+                       expand_quantized=False if args.keep_quantized else None)
     runner.warmup()
     print(f"{artifact.name}: dtype {np.dtype(runner.dtype).name}, buckets "
           f"chunks {runner.chunk_buckets} widths {runner.width_buckets}")

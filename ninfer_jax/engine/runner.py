@@ -111,7 +111,7 @@ class JaxRunner:
                  max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
                  width_growth: int = 4,
                  attention_follows_lengths: bool | None = None,
-                 min_decode_batch: int | None = None):
+                 min_decode_batch: int | None = None, expand_quantized: bool | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -121,6 +121,10 @@ class JaxRunner:
         self.dtype = dtype or default_dtype()
         self.kv_dtype = jnp.dtype(kv_dtype or self.dtype)
         self.params = steps.cast_params(artifact.params, self.dtype)
+        if expand_quantized is None:  # without the quantized kernels, dense weights are faster
+            expand_quantized = not use_kernels()
+        if expand_quantized and has_quantized_projections(self.params):
+            self.params = steps.expand_quantized(self.params, self.dtype)
         self.kv = self._empty_kv()
         if min_decode_batch is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its

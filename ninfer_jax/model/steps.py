@@ -44,6 +44,22 @@ def cast_params(params, dtype):
     return _map_plain_weights(cast, params)
 
 
+def expand_quantized(params, dtype):
+    """Quantized leaves replaced by the dense `dtype` weights they stand for (the reference's
+    own dequantization, so every product is unchanged). For backends without the quantized
+    kernels: XLA CPU dequantizing inside each step costs ~10x an f32 product
+    (benchmarks/cpu_matmul_bench.py), so the weights are expanded once at load instead."""
+    from ninfer_jax.kernels.quant_matmul import reference
+
+    if isinstance(params, dict):
+        if _is_quantized(params):
+            return reference.dequantize({k: jnp.asarray(v) for k, v in params.items()}, dtype)
+        return {k: expand_quantized(v, dtype) for k, v in params.items()}
+    if isinstance(params, (list, tuple)):
+        return type(params)(expand_quantized(v, dtype) for v in params)
+    return params
+
+
 def _map_plain_weights(fn, tree):
     """Apply fn to plain array leaves; a quantized leaf (a dict with a format key, see
     kernels/quant_matmul/formats.py) is kept whole as a device array dict."""

@@ -133,6 +133,25 @@ def test_bf16_kv_pages_on_cpu_keep_the_greedy_tokens(tiny, runner):
     assert generate(half, batch, NUM_NEW) == generate(runner, batch, NUM_NEW)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantized_weights_expanded_at_load_decode_the_same_tokens(tiny, fmt):
+    """Off the GPU a quantized artifact's leaves are dequantized once at load; the products
+    must be exactly those of the per-step reference dequantization."""
+    import copy
+
+    from ninfer_jax.artifact.convert_common import quantize_projections
+
+    params = quantize_projections(copy.deepcopy(tiny[1].params), fmt)
+    artifact = types.SimpleNamespace(config=tiny[1].config, params=params)
+    common = dict(num_pages=64, page_size=8, max_batch=2, max_context=128, prefill_chunk=32)
+    expanded = JaxRunner(artifact, **common)
+    per_step = JaxRunner(artifact, **common, expand_quantized=False)
+    assert not any(isinstance(leaf, dict) for leaf in expanded.params["layers"][0].values())
+    assert isinstance(per_step.params["layers"][0]["wq"], dict)
+    batch = prompts(2, seed=13)
+    assert generate(expanded, batch, NUM_NEW) == generate(per_step, batch, NUM_NEW)
+
+
 def test_bucket_plan_gives_the_references_one_width_and_finer_chunks():
     assert bucket_plan(64, 64, width_growth=4, attention_follows_lengths=True) == (
         (16, 32, 64), (64,))

@@ -27,6 +27,8 @@ DECODE_MAX_ROWS = 64
 def matmul(x, w, *, out_dtype=None):
     """x [..., K] @ w -> [..., N] in out_dtype (default x's dtype); w is any weight leaf."""
     if not isinstance(w, dict):
+        if w.shape[0] != x.shape[-1]:
+            w = w[:x.shape[-1]]  # an expanded quantized leaf keeps its zero group-padding rows
         return jnp.matmul(x, w, preferred_element_type=out_dtype)
     rows = x.size // x.shape[-1]
     if use_kernels() and rows <= DECODE_MAX_ROWS:
