@@ -9,7 +9,9 @@ get their own.
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
+import time
 
 import numpy as np
 
@@ -107,3 +109,25 @@ def build_harness(artifact, tokenizer=None, *, chat_format=None, template=None, 
                          model_id=serve_config.model_id or metadata["name"], config=serve_config,
                          metadata=metadata, max_context=max_context)
     return Harness(ctx, engine, runner, book, create_app(ctx))
+
+
+def wait_for(predicate, timeout=10.0) -> bool:
+    """Poll `predicate` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def read_log(h) -> list[dict]:
+    """Every request-log line so far (flushed first: the writer is a background thread)."""
+    assert h.ctx.extras["request_log"].flush()
+    with open(h.ctx.config.request_log_jsonl, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def by_id(lines, request_id, event=None):
+    return [r for r in lines if r.get("request_id") == request_id
+            and (event is None or r["event"] == event)]

@@ -11,7 +11,7 @@ import time
 import pytest
 from falcon import testing
 
-from harness import build_harness
+from harness import build_harness, wait_for
 from ninfer_jax.engine.request import GenerationRequest, SamplingParams
 
 MODEL = "smollm2-135m-instruct"
@@ -56,15 +56,6 @@ def hold_lane(h, max_tokens=2000):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     return handle
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def error_code(result, dialect):

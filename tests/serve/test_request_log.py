@@ -4,38 +4,17 @@ rejections without a start, no text and no API key anywhere, argv redaction, the
 and the start-up path checks."""
 import json
 import os
-import time
 
 import pytest
 from falcon import testing
 
-from harness import build_harness
+from harness import build_harness, by_id, read_log, wait_for
 from ninfer_jax.serve.request_log import SCHEMA, check_output_path, redact_argv
 
 API_KEY = "sk-test-very-secret"
 SECRET_PROMPT = "zebra quartz lantern"  # must never reach the log
 SCRIPT_REPLY = "Mellifluous answer"
 COMMON = ("event", "schema", "schema_version", "timestamp_unix_ms", "server_instance_id")
-
-
-def read_log(h) -> list[dict]:
-    assert h.ctx.extras["request_log"].flush()
-    with open(h.ctx.config.request_log_jsonl, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle]
-
-
-def by_id(lines, request_id, event=None):
-    return [r for r in lines if r.get("request_id") == request_id
-            and (event is None or r["event"] == event)]
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 @pytest.fixture(scope="module")

@@ -9,29 +9,9 @@ import time
 
 from falcon import testing
 
-from harness import build_harness
+from harness import build_harness, by_id, read_log, wait_for
 
 TERMINALS = ("request_done", "request_error")
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
-
-
-def read_log(h) -> list[dict]:
-    assert h.ctx.extras["request_log"].flush()
-    with open(h.ctx.config.request_log_jsonl, encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle]
-
-
-def by_id(lines, request_id, event=None):
-    return [r for r in lines if r.get("request_id") == request_id
-            and (event is None or r["event"] == event)]
 
 
 def assert_one_terminal_per_start(lines):

@@ -7,7 +7,7 @@ import time
 import pytest
 from falcon import testing
 
-from harness import build_harness
+from harness import build_harness, wait_for
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from ninfer_jax.errors import QueueTimeout
 from ninfer_jax.serve.output import HEARTBEAT
@@ -58,15 +58,6 @@ def slow(default_artifact, default_tokenizer):
     h.book.add("ramble", "la", end=False)
     yield h
     h.close()
-
-
-def wait_for(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_client_disconnect_cancels_the_request(slow):
