@@ -74,13 +74,14 @@ class EngineConfig:
         return math.ceil(self.kv_tokens / page_size) + 1
 
     @classmethod
-    def from_serve_config(cls, serve, *, auto_kv_tokens: int | None = None) -> "EngineConfig":
-        """From a serve.config.ServeConfig. `auto_kv_tokens` is the pool the launcher resolved
-        (serve/kv_sizing.resolve_pool) for --kv-capacity auto or unset; without it, auto uses
-        the CPU default and unset means one --max-context."""
+    def from_serve_config(cls, serve, *, resolved_kv_tokens: int | None = None
+                          ) -> "EngineConfig":
+        """From a serve.config.ServeConfig. `resolved_kv_tokens` is the pool the launcher
+        resolved (serve/kv_sizing.resolve_pool) for --kv-capacity auto or unset; without it,
+        auto uses the CPU default and unset means one --max-context."""
         kv = serve.kv_capacity
-        if kv in ("auto", None) and auto_kv_tokens is not None:
-            kv = auto_kv_tokens
+        if kv in ("auto", None) and resolved_kv_tokens is not None:
+            kv = resolved_kv_tokens
         elif kv == "auto":
             kv = CPU_AUTO_KV_TOKENS
         return cls(

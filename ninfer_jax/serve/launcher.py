@@ -101,7 +101,7 @@ def build_context(config: ServeConfig):
     kv_dtype = kv_dtype_for(config.kv_dtype)
     artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
                                                  max_context=max_context, page_size=page_size)
-    engine_config = EngineConfig.from_serve_config(config, auto_kv_tokens=kv_tokens)
+    engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
     if max_context != config.max_context:
         log.warning("--max-context %d exceeds the model's %d positions; using %d",
                     config.max_context, max_context, max_context)

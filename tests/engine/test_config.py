@@ -28,7 +28,7 @@ def test_from_serve_config():
     assert (config.max_concurrency, config.max_pending, config.pending_timeout) == (4, 2, 1.5)
     assert (config.prefill_chunk, config.decode_share, config.max_context) == (256, 0.5, 2048)
     assert config.kv_capacity == CPU_AUTO_KV_TOKENS and not config.prefix_reuse
-    measured = EngineConfig.from_serve_config(serve, auto_kv_tokens=4096)
+    measured = EngineConfig.from_serve_config(serve, resolved_kv_tokens=4096)
     assert measured.kv_capacity == 4096
     assert EngineConfig.from_serve_config(ServeConfig(artifact="x")).kv_tokens == 8192
 

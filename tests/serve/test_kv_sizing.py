@@ -72,7 +72,7 @@ def test_host_available_bytes_is_plausible():
 
 def test_measured_tokens_reach_the_engine_config():
     serve = ServeConfig(artifact="x", kv_capacity="auto", max_context=1024)
-    engine = EngineConfig.from_serve_config(serve, auto_kv_tokens=5824)
+    engine = EngineConfig.from_serve_config(serve, resolved_kv_tokens=5824)
     assert engine.kv_tokens == 5824 and engine.num_pages(16) == 5824 // 16 + 1
 
 
@@ -108,7 +108,7 @@ def test_resolve_pool_measures_only_for_auto_or_several_lanes():
         placed, tokens = kv_sizing.resolve_pool(serve, artifact, jnp.float32, jnp.float32,
                                                 max_context=1024, page_size=16)
         return placed is not artifact, tokens, EngineConfig.from_serve_config(
-            serve, auto_kv_tokens=tokens).kv_tokens
+            serve, resolved_kv_tokens=tokens).kv_tokens
 
     assert resolve(kv_capacity=3000) == (False, 3000, 3000)
     assert resolve() == (False, None, 1024)  # one lane: one context
