@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import math
 
-# Bounds of --max-concurrency (resident execution lanes), as the serving contract fixes them.
-MIN_LANES, MAX_LANES = 1, 8
+# Bounds of --max-concurrency (resident execution lanes): the contract's 1..8, widened to 256
+# for GPUs, where large decode batches are what keeps the device busy.
+MIN_LANES, MAX_LANES = 1, 256
 # Without --kv-capacity the pool follows --max-context; on CPU "auto" means this many tokens
 # (a bounded default: host memory is shared with everything else on the machine).
 CPU_AUTO_KV_TOKENS = 65536

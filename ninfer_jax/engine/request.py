@@ -63,6 +63,9 @@ class GenerationRequest:
     session_key: str | None = None
     arrival_time: float = dataclasses.field(default_factory=time.monotonic)
     deadline: float | None = None  # monotonic time by which admission must happen
+    # Background work (TensorFold's `priority: "background"`) waits behind foreground
+    # requests and yields its lane or pages to them; its delivered tokens are never repeated.
+    background: bool = False
     # Free-form labels for logs (protocol name etc.); never read by scheduling.
     labels: dict = dataclasses.field(default_factory=dict)
 
