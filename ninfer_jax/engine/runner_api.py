@@ -40,11 +40,36 @@ class PrefillUnit:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeRow:
+    """One token of a ragged step's row region: computes the KV of `token` at `position`
+    and samples what follows it. A decode row is one such token; later a verify row is K+1
+    consecutive ones of one sequence (each sees the keys up to its own position)."""
+
     seq_id: int
     token: int  # the last committed token, whose KV is not yet in the cache
     position: int  # its position
     page_table: np.ndarray  # int32, covers position
     sample: SampleSpec
+    # The token is still on the device: the previous step sampled it in this output slot
+    # (`CHUNK_SLOT` for its chunk, else that plan's row index). `token` is then ignored.
+    from_previous: int | None = None
+
+
+CHUNK_SLOT = -1  # DecodeRow.from_previous naming the previous step's chunk sample
+
+
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """One ragged step: an optional prefill chunk of one sequence plus any number of rows
+    (at most max_batch), run as one compiled call."""
+
+    chunk: PrefillUnit | None
+    rows: tuple[DecodeRow, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    chunk_token: int | None  # the chunk's sample when it asked for one
+    row_tokens: np.ndarray  # int32 [len(rows)]
 
 
 class StepRunner(Protocol):
@@ -53,10 +78,12 @@ class StepRunner(Protocol):
     max_batch: int
 
     def warmup(self) -> None:
-        """Compile every step shape bucket before the server reports healthy."""
+        """Compile the step shapes needed to serve before the server reports healthy."""
 
-    def prefill(self, unit: PrefillUnit) -> int | None:
-        """Run one prefill chunk; return the sampled next token when unit.sample is set."""
+    def launch(self, plan: StepPlan) -> object:
+        """Dispatch one step and return at once (a handle for `collect`). Steps run on the
+        device in launch order, so a plan may name the previous step's samples
+        (`from_previous`) before they reach the host."""
 
-    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
-        """One decode step for len(rows) <= max_batch rows; returns int32 [len(rows)]."""
+    def collect(self, handle: object) -> StepResult:
+        """Wait for a launched step's samples. Handles are collected in launch order."""
