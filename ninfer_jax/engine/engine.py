@@ -4,9 +4,9 @@ Threading model: HTTP threads call `submit()` (validation and admission capacity
 synchronously there), `RequestHandle.cancel()/stop_at()` and `stats()`. They share only a
 small inbox and a counter with the engine thread, guarded by one condition variable; the
 engine thread sleeps on it when idle (no polling) and wakes on submit, cancel and stop_at.
-Each round the engine thread drains the inbox, applies controls, asks the scheduler for one
-unit of work, runs it on the runner and commits the results, then publishes a fresh
-immutable stats snapshot (read by other threads without locking).
+Each round the engine thread drains the inbox, applies controls and advances the step loop
+(step_loop.py: plan and launch step n+1, then collect step n and commit its tokens), then
+publishes a fresh immutable stats snapshot (read by other threads without locking).
 
 A runner exception is an engine-wide failure: every request in flight gets
 Failed(EngineUnavailable), `healthy` turns false and later submissions are refused.
@@ -21,7 +21,8 @@ from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle
 from ninfer_jax.engine.runner_api import StepRunner
-from ninfer_jax.engine.scheduler import Schedule, Scheduler
+from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.step_loop import StepLoop
 from ninfer_jax.engine.stats import EngineStats, build_stats
 from ninfer_jax.errors import (
     ContextLengthExceeded, EngineUnavailable, InvalidRequest, Overloaded,
@@ -41,6 +42,7 @@ class Engine:
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids)
         self.scheduler.life.on_terminal = self._on_terminal
+        self.loop = StepLoop(self.scheduler, runner)
         self.ready = threading.Event()  # set once warm-up finished
         self._cond = threading.Condition()
         self._inbox: list[RequestHandle] = []  # guarded by _cond
@@ -146,9 +148,10 @@ class Engine:
 
     def _round(self) -> bool:
         """One scheduling round; False once the engine is stopping."""
-        scheduler = self.scheduler
+        scheduler, loop = self.scheduler, self.loop
         with self._cond:
-            while not (self._inbox or self._woken or self._stopping or scheduler.has_work()):
+            while not (self._inbox or self._woken or self._stopping or scheduler.has_work()
+                       or loop.in_flight):
                 self._cond.wait()
             if self._stopping:
                 return False
@@ -156,26 +159,12 @@ class Engine:
         for handle in inbox:
             scheduler.add(handle)
         scheduler.apply_controls()
-        schedule = scheduler.schedule()
-        if schedule is not None:
-            self._execute(schedule)
-        elif scheduler.has_work():
+        if not loop.advance() and scheduler.has_work():
             # Not expected (an idle scheduler with work always admits some); never spin.
             with self._cond:
                 self._cond.wait(0.01)
         self._publish_stats()
         return True
-
-    def _execute(self, schedule: Schedule) -> None:
-        started = time.perf_counter()
-        if schedule.prefill is not None:
-            sampled = [self.runner.prefill(schedule.prefill)]
-        else:
-            sampled = self.runner.decode(schedule.decode)
-            if len(sampled) != len(schedule.decode):
-                raise RuntimeError(f"runner returned {len(sampled)} tokens for "
-                                   f"{len(schedule.decode)} rows")
-        self.scheduler.postprocess(schedule, sampled, time.perf_counter() - started)
 
     def _fail_everything(self, error: EngineUnavailable) -> None:
         with self._cond:

@@ -12,16 +12,27 @@ being processed),
     sampled:  next = (greedy + 7919 * seed + 104729 * sample_index) mod vocab_size
 so a seeded row depends only on its own context, seed and sample index, never on its batch.
 Pass `next_token=` to script other behaviour (see `scripted`).
+
+Dispatch is asynchronous, like JAX's: `launch` queues the step for a "device" thread and
+returns at once; the device runs steps strictly in launch order (sleeping `prefill_sleep` /
+`decode_sleep` per step to model their cost) and `collect` waits for one step's samples. A
+row that names the previous step's output (`from_previous`) reads it there, on the device
+side, exactly as the compiled step does. `async_dispatch=False` runs each step inside
+`launch` instead (same results, for tests that want the step on their own thread).
 """
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Callable, Sequence
 
 import numpy as np
 
 from ninfer_jax.engine.pages import DUMMY_PAGE
-from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
+from ninfer_jax.engine.runner_api import (
+    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
+)
 
 NextToken = Callable[[np.ndarray, SampleSpec], int]
 EMPTY_SLOT = -1
@@ -46,24 +57,41 @@ def scripted(script: Sequence[int], end_token: int) -> NextToken:
     return next_token
 
 
+class _Launched:
+    """A step queued on the fake device; `done` is set once its samples exist."""
+
+    def __init__(self, plan: StepPlan):
+        self.plan = plan
+        self.done = threading.Event()
+        self.result: StepResult | None = None
+        self.error: BaseException | None = None
+
+
 class FakeRunner:
     def __init__(self, *, num_pages: int = 64, page_size: int = 4, max_batch: int = 8,
                  vocab_size: int = 1000, next_token: NextToken | None = None,
                  prefill_sleep: float = 0.0, decode_sleep: float = 0.0,
-                 warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None):
+                 warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None,
+                 async_dispatch: bool = True):
         self.page_size = page_size
         self.num_pages = num_pages
         self.max_batch = max_batch
         self.vocab_size = vocab_size
         self.next_token = next_token or weighted_sum_next_token(vocab_size)
-        self.prefill_sleep = prefill_sleep  # seconds per prefill unit
-        self.decode_sleep = decode_sleep  # seconds per decode step
+        self.prefill_sleep = prefill_sleep  # seconds per step that carries a prefill chunk
+        self.decode_sleep = decode_sleep  # seconds per step of decode rows only
         self.warmup_sleep = warmup_sleep
         self.warmup_gate = warmup_gate  # a threading.Event warm-up waits for (tests)
-        self.fail_at_step = fail_at_step  # raise on this step (0-based) to test engine failure
+        self.fail_at_step = fail_at_step  # raise once `steps` holds this many records
+        self.async_dispatch = async_dispatch
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
-        self.steps: list[tuple] = []  # ("prefill", seq_id, start, T) / ("decode", seq ids)
+        # One record per executed unit: ("prefill", seq_id, start, T) / ("decode", seq ids)
+        self.steps: list[tuple] = []
+        self.plans: list[StepPlan] = []  # every launched plan, in order
         self.is_warm = False
+        self._previous: StepResult | None = None  # device side: the last step's samples
+        self._queue: "queue.Queue[_Launched]" = queue.Queue()
+        self._device: threading.Thread | None = None
 
     def warmup(self) -> None:
         if self.warmup_gate is not None:
@@ -71,8 +99,76 @@ class FakeRunner:
         time.sleep(self.warmup_sleep)
         self.is_warm = True
 
-    def prefill(self, unit: PrefillUnit) -> int | None:
-        self._step(("prefill", unit.seq_id, unit.start, len(unit.tokens)), self.prefill_sleep)
+    # ------------------------------------------------------------------ launch / collect
+
+    def launch(self, plan: StepPlan) -> _Launched:
+        if len(plan.rows) > self.max_batch:
+            raise ValueError(f"step of {len(plan.rows)} rows (max {self.max_batch})")
+        self.plans.append(plan)
+        launched = _Launched(plan)
+        if not self.async_dispatch:
+            self._execute(launched)
+            return launched
+        if self._device is None:
+            self._device = threading.Thread(target=self._device_loop, name="fake-device",
+                                            daemon=True)
+            self._device.start()
+        self._queue.put(launched)
+        return launched
+
+    def collect(self, launched: _Launched) -> StepResult:
+        launched.done.wait()
+        if launched.error is not None:
+            raise launched.error
+        return launched.result
+
+    def _device_loop(self) -> None:
+        while True:
+            self._execute(self._queue.get())
+
+    def _execute(self, launched: _Launched) -> None:
+        try:
+            launched.result = self._run(launched.plan)
+        except BaseException as exc:  # surfaces in collect, as a device error would
+            launched.error = exc
+        launched.done.set()
+
+    def _run(self, plan: StepPlan) -> StepResult:
+        if self.fail_at_step is not None and len(self.steps) >= self.fail_at_step:
+            raise RuntimeError("fake device failure")
+        sleep = self.prefill_sleep if plan.chunk is not None else self.decode_sleep
+        if sleep:
+            time.sleep(sleep)
+        chunk_token = None
+        if plan.chunk is not None:
+            chunk_token = self._prefill(plan.chunk)
+        rows = np.empty(len(plan.rows), np.int32)
+        if plan.rows:
+            self.steps.append(("decode", tuple(r.seq_id for r in plan.rows)))
+        # Every row writes its KV before any row reads (one step, as on the device).
+        tokens = [self._row_token(row) for row in plan.rows]
+        for row, token in zip(plan.rows, tokens):
+            self._write(row.page_table, row.position, token)
+        for i, row in enumerate(plan.rows):
+            rows[i] = self.next_token(self._read(row.page_table, row.position + 1), row.sample)
+        result = StepResult(chunk_token=chunk_token, row_tokens=rows)
+        self._previous = result
+        return result
+
+    def _row_token(self, row: DecodeRow) -> int:
+        if row.from_previous is None:
+            return int(row.token)
+        previous = self._previous
+        if previous is None:
+            raise AssertionError("a row reads the previous step's output, but none ran")
+        if row.from_previous == CHUNK_SLOT:
+            if previous.chunk_token is None:
+                raise AssertionError("a row reads a chunk sample the previous step lacks")
+            return int(previous.chunk_token)
+        return int(previous.row_tokens[row.from_previous])
+
+    def _prefill(self, unit: PrefillUnit) -> int | None:
+        self.steps.append(("prefill", unit.seq_id, unit.start, len(unit.tokens)))
         for offset, token in enumerate(unit.tokens):
             self._write(unit.page_table, unit.start + offset, int(token))
         if unit.sample is None:
@@ -80,24 +176,7 @@ class FakeRunner:
         end = unit.start + len(unit.tokens)
         return self.next_token(self._read(unit.page_table, end), unit.sample)
 
-    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
-        if not 1 <= len(rows) <= self.max_batch:
-            raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
-        self._step(("decode", tuple(r.seq_id for r in rows)), self.decode_sleep)
-        out = np.empty(len(rows), np.int32)
-        for i, row in enumerate(rows):
-            self._write(row.page_table, row.position, row.token)
-            out[i] = self.next_token(self._read(row.page_table, row.position + 1), row.sample)
-        return out
-
     # ------------------------------------------------------------------ fake KV
-
-    def _step(self, record: tuple, sleep: float) -> None:
-        if self.fail_at_step is not None and len(self.steps) >= self.fail_at_step:
-            raise RuntimeError("fake device failure")
-        self.steps.append(record)
-        if sleep:
-            time.sleep(sleep)
 
     def _slot(self, page_table: np.ndarray, position: int) -> tuple[int, int]:
         index = position // self.page_size

@@ -92,11 +92,11 @@ class Lifecycle:
                  seq.request_id, seq.seq_id, cached_tokens, seq.prefill_target - cached_tokens)
         self._emit("restored", seq)
 
-    def computed(self, seq: Sequence, count: int, *, is_prefill: bool) -> None:
-        """`count` more tokens of `seq` got KV in the step just run."""
-        start = seq.num_computed
-        seq.num_computed += count
-        replayed = max(0, min(seq.num_computed, seq.high_water) - start)
+    def computed(self, seq: Sequence, start: int, end: int, *, is_prefill: bool) -> None:
+        """A collected step computed KV for positions [start, end) of `seq` (the scheduler
+        already advanced num_computed when it launched the step)."""
+        count = end - start
+        replayed = max(0, min(end, seq.high_water) - start)
         fresh = count - replayed
         seq.counters["replayed_tokens"] += replayed
         self.counters.replayed_tokens += replayed
@@ -107,12 +107,12 @@ class Lifecycle:
             self.counters.prefill_units += 1
         else:
             seq.counters["decode_rounds"] += 1
-        if replayed and seq.num_computed >= seq.high_water:
+        if replayed and end >= seq.high_water:
             log.info("replay complete request_id=%s seq=%d replayed_tokens=%d",
                      seq.request_id, seq.seq_id, seq.counters["replayed_tokens"])
             self._emit("replay_complete", seq)
-        seq.high_water = max(seq.high_water, seq.num_computed)
-        processed = min(seq.num_computed, seq.num_prompt)
+        seq.high_water = max(seq.high_water, end)
+        processed = min(end, seq.num_prompt)
         if processed > seq.num_prompt_reported:
             seq.num_prompt_reported = processed
             seq.handle.publish(PromptProgress(processed=processed, total=seq.num_prompt,

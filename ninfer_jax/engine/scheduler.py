@@ -1,20 +1,35 @@
 """Scheduler: every host-side decision about which tokens run next.
 
-The engine thread calls, once per round:
-    apply_controls()          cancellations, stop_at truncations, queue deadlines
-    schedule() -> Schedule    one PrefillUnit, or one compact decode batch (or None: idle)
-    postprocess(s, sampled)   commit tokens, apply stops and TokenPolicy, free pages
+The engine loop (engine/step_loop.py) calls, once per step:
+    apply_controls()            cancellations, stop_at truncations, queue deadlines
+    schedule() -> StepPlan      one ragged step: a prefill chunk and/or decode rows
+                                (None: nothing to run now; NEEDS_SYNC: collect first)
+    launched(plan)              the plan is on the device: advance KV frontiers, note pending
+    postprocess(plan, result)   when its tokens arrive: commit, stops, TokenPolicy, free pages
 and nothing else touches the sequences, so no locks are needed here.
 
+Launch/collect: step n+1 is planned and launched while step n still runs. A token step n
+samples is *pending* until collected; a row of step n+1 feeds it back on the device
+(`DecodeRow.from_previous`). A sequence that finishes in step n (end token, stop, cancel)
+was already given a row in step n+1: that row's token is dropped at collect, and its KV write
+lands in pages released meanwhile, which is harmless because steps run in launch order.
+Rows whose next step needs the host's view of the last token (presence/frequency penalties,
+a TokenPolicy) sit out while their token is pending.
+
 Policies (see also sequence.py for the prefill/decode rule):
-- Lanes: at most max_concurrency resident sequences; decode batches hold every decode-ready
-  resident, oldest first, never an empty row.
-- Prefill: one chunk of the oldest resident that needs prefill. While decodes are also ready,
-  they get rounds worth `decode_share` of the prefill time (a credit carried across rounds).
-- Pressure: before a unit runs its pages are reserved; when the pool is short, pages only
-  the prefix cache holds are reclaimed first, then the youngest resident is paused (pages
-  freed, tokens kept), so the oldest always progresses. A request that alone outgrows the
-  whole pool finishes with "length".
+- Lanes: at most max_concurrency resident sequences; every step carries every decode-ready
+  resident (oldest first, up to max_batch), plus one prefill chunk of the oldest resident
+  that needs one. Fairness is counted in tokens, not time: decode rows ride along with each
+  chunk, so streams advance every step. With decode_share 0 prompts go first: a step with a
+  chunk carries no decode rows.
+- Priority: background requests are admitted only when no foreground request waits; when a
+  foreground request waits for a lane or pages, the youngest background resident yields
+  (paused: tokens kept, pages freed, resumed later by replay, nothing delivered twice).
+- Pressure: before a step runs its pages are reserved; when the pool is short, pages only
+  the prefix cache holds are reclaimed first, then the youngest resident (background ones
+  first) is paused, so the oldest always progresses. A sequence in the step in flight is
+  never paused: the plan asks the loop to collect first (NEEDS_SYNC). A request that alone
+  outgrows the whole pool finishes with "length".
 - Admission: the oldest paused sequence is restored first when its frontier plus one unit
   fits with a page of headroom per resident (so it is not paused again at once; one paused
   again before it ran anything waits until some request ends); otherwise fresh requests
@@ -25,7 +40,6 @@ from __future__ import annotations
 
 import bisect
 import collections
-import dataclasses
 import logging
 import time
 from typing import Callable, Iterable
@@ -37,20 +51,28 @@ from ninfer_jax.engine.lifecycle import Lifecycle, TokenPolicyError
 from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
-from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
+from ninfer_jax.engine.runner_api import (
+    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
+)
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.errors import InternalError
 
 log = logging.getLogger("ninfer_jax.engine.scheduler")
 
 
-@dataclasses.dataclass(frozen=True)
-class Schedule:
-    """One round of work: exactly one of `prefill` / `decode` is set."""
+class _NeedsSync:
+    """schedule()'s answer when the next plan must wait for the step in flight: a sequence in
+    it would have to be paused, so its tokens must be committed first."""
 
-    seqs: tuple[Sequence, ...]
-    prefill: PrefillUnit | None = None
-    decode: tuple[DecodeRow, ...] = ()
+    def __repr__(self) -> str:
+        return "NEEDS_SYNC"
+
+
+NEEDS_SYNC = _NeedsSync()
+
+
+class _Sync(Exception):
+    """Raised inside planning when it must stop and wait for the step in flight."""
 
 
 class Scheduler:
@@ -69,9 +91,9 @@ class Scheduler:
         self.life = Lifecycle(pool, clock, eos_ids, config.max_context)
         self.counters = self.life.counters
         self._next_seq_id = 0
-        self._decode_credit = 0.0  # seconds of decode owed to running streams
-        self._contended = False  # the last plan had both prefill and decode work waiting
         self._paused_now: set[int] = set()
+        # seq id -> launched, uncollected steps that hold it
+        self._in_flight: collections.Counter[int] = collections.Counter()
 
     # ------------------------------------------------------------------ intake and controls
 
@@ -112,56 +134,79 @@ class Scheduler:
 
     # ------------------------------------------------------------------ planning
 
-    def schedule(self) -> Schedule | None:
-        self._paused_now: set[int] = set()  # never restore within the round that paused it
-        while True:
-            self._admit()
-            if not self.resident:
-                return None
-            planned = self._plan()
-            if planned is not None:
-                return planned
+    def schedule(self):
+        """The next step's plan, None when nothing can run now, or NEEDS_SYNC."""
+        self._paused_now = set()  # never restore within the round that paused it
+        try:
+            while True:
+                self._yield_background()
+                self._admit()
+                if not self.resident:
+                    return None
+                planned = self._plan()
+                if planned is not None:
+                    return planned if planned.chunk or planned.rows else None
+        except _Sync:
+            return NEEDS_SYNC
 
-    def _plan(self) -> Schedule | None:
-        """None when a reservation paused or ended the chosen work (the caller re-plans)."""
-        prefill_seq = next((s for s in self.resident if s.needs_prefill), None)
-        has_decode = any(s.is_decode_ready for s in self.resident)
-        if prefill_seq is None and not has_decode:
+    def _plan(self) -> StepPlan | None:
+        """None when a reservation paused or ended chosen work (the caller re-plans)."""
+        chunk_seq = next((s for s in self.resident if s.needs_prefill), None)
+        ready = [s for s in self.resident if s.is_decode_ready and self._can_decode(s)]
+        if chunk_seq is None and not ready and not self._in_flight and not any(
+                s.is_decode_ready for s in self.resident):
             # Every resident either lacks KV for several tokens or for exactly its last one;
             # anything else is a bug, and re-planning would spin forever.
             raise RuntimeError("scheduler invariant broken: a resident has nothing to run")
-        self._contended = prefill_seq is not None and has_decode
-        if not self._contended:
-            self._decode_credit = 0.0  # no contention: nothing owed either way
-        if prefill_seq is not None and (not has_decode or self._decode_credit <= 0):
-            return self._plan_prefill(prefill_seq)
-        return self._plan_decode()
+        if chunk_seq is not None and self.config.decode_share == 0:
+            ready = []  # prompts first
+        ready = ready[: self.max_batch]
+        chunk_end = None
+        if chunk_seq is not None:
+            chunk_end = min(chunk_seq.prefill_target,
+                            chunk_seq.num_computed + self.config.prefill_chunk)
+        # Oldest first: a reservation only ever pauses younger sequences.
+        wanted = sorted(ready + ([chunk_seq] if chunk_seq is not None else []),
+                        key=lambda s: s.seq_id)
+        for seq in wanted:
+            if seq.status is not Status.RESIDENT:
+                continue
+            end = chunk_end if seq is chunk_seq else seq.num_total
+            if not self._reserve(seq, end):
+                if seq is chunk_seq or not any(s.status is Status.RESIDENT for s in wanted):
+                    return None
+        if chunk_seq is not None and chunk_seq.status is not Status.RESIDENT:
+            return None
+        chunk = self._chunk_unit(chunk_seq, chunk_end) if chunk_seq is not None else None
+        rows = tuple(self._decode_row(s) for s in ready if s.status is Status.RESIDENT)
+        return StepPlan(chunk=chunk, rows=rows)
 
-    def _plan_prefill(self, seq: Sequence) -> Schedule | None:
+    def _can_decode(self, seq: Sequence) -> bool:
+        """Whether `seq` may take a row in the next step."""
+        request = seq.request
+        if seq.num_output_total >= request.max_tokens or seq.num_total >= self.config.max_context:
+            return False  # its pending token already ends it
+        if seq.pending_slots and (request.token_policy is not None
+                                  or _uses_output(request.sampling)):
+            return False  # its next row needs the committed last token on the host
+        return True
+
+    def _chunk_unit(self, seq: Sequence, end: int) -> PrefillUnit:
         start = seq.num_computed
-        end = min(seq.prefill_target, start + self.config.prefill_chunk)
-        if not self._reserve(seq, end):
-            return None
         sample = None
-        if end == len(seq.tokens) and seq.num_output == 0 and seq.request.max_tokens > 0:
+        if end == seq.num_total and seq.num_output_total == 0 and seq.request.max_tokens > 0:
             sample = self._sample_spec(seq)
-        unit = PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
-                           start=start, page_table=self._page_table(seq),
-                           sample=sample)
-        return Schedule(seqs=(seq,), prefill=unit)
+        return PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
+                           start=start, page_table=self._page_table(seq), sample=sample)
 
-    def _plan_decode(self) -> Schedule | None:
-        ready = [s for s in self.resident if s.is_decode_ready][: self.max_batch]
-        for seq in ready:  # oldest first: a reservation only ever pauses younger ones
-            if seq.status is Status.RESIDENT:
-                self._reserve(seq, len(seq.tokens))
-        batch = tuple(s for s in ready if s.status is Status.RESIDENT)
-        if not batch:
-            return None
-        rows = tuple(DecodeRow(seq_id=s.seq_id, token=s.tokens[-1], position=len(s.tokens) - 1,
-                               page_table=self._page_table(s),
-                               sample=self._sample_spec(s)) for s in batch)
-        return Schedule(seqs=batch, decode=rows)
+    def _decode_row(self, seq: Sequence) -> DecodeRow:
+        position = seq.num_total - 1
+        if seq.pending_slots:
+            return DecodeRow(seq_id=seq.seq_id, token=0, position=position,
+                             page_table=self._page_table(seq), sample=self._sample_spec(seq),
+                             from_previous=seq.pending_slots[-1])
+        return DecodeRow(seq_id=seq.seq_id, token=seq.tokens[-1], position=position,
+                         page_table=self._page_table(seq), sample=self._sample_spec(seq))
 
     @staticmethod
     def _page_table(seq: Sequence) -> np.ndarray:
@@ -179,9 +224,27 @@ class Scheduler:
     def _sample_spec(seq: Sequence) -> SampleSpec:
         params = seq.request.sampling
         # Committed output only matters to the penalties; skip the copy otherwise.
-        uses_output = params.presence_penalty != 0 or params.frequency_penalty != 0
-        return SampleSpec(params=params, sample_index=seq.num_output,
-                          output_ids=tuple(seq.output_ids) if uses_output else ())
+        return SampleSpec(params=params, sample_index=seq.num_output_total,
+                          output_ids=tuple(seq.output_ids) if _uses_output(params) else ())
+
+    # ------------------------------------------------------------------ launch
+
+    def launched(self, plan: StepPlan) -> None:
+        """`plan` was dispatched: its KV counts as computed for planning and for the prefix
+        cache (every later step runs after it on the device) and its samples are pending."""
+        seqs = {s.seq_id: s for s in self.resident}
+        if plan.chunk is not None:
+            seq = seqs[plan.chunk.seq_id]
+            seq.num_computed = plan.chunk.start + len(plan.chunk.tokens)
+            if plan.chunk.sample is not None:
+                seq.pending_slots.append(CHUNK_SLOT)
+            self._in_flight[seq.seq_id] += 1
+            self._publish_prefix(seq)
+        for index, row in enumerate(plan.rows):
+            seq = seqs[row.seq_id]
+            seq.num_computed = row.position + 1
+            seq.pending_slots.append(index)
+            self._in_flight[seq.seq_id] += 1
 
     # ------------------------------------------------------------------ pressure
 
@@ -196,16 +259,26 @@ class Scheduler:
                 if missing > 0:
                     seq.pages.extend(self.pool.alloc(missing))
                 return True
-            victim = self.resident[-1]
-            if victim is self.resident[0]:
-                # Alone and still short: the sequence outgrew the whole pool.
+            victim = self._victim()
+            if len(self.resident) == 1:
+                # Alone and still short: the sequence outgrew the whole pool. Its tokens in
+                # flight are collected first: they were sampled, so they are delivered.
+                if self._in_flight[seq.seq_id]:
+                    raise _Sync()
                 self._end(seq, "length")
                 return False
             self._pause(victim)
             if victim is seq:
                 return False
 
+    def _victim(self) -> Sequence:
+        """Who yields pages: the youngest background resident, else the youngest one."""
+        background = [s for s in self.resident if s.request.background]
+        return background[-1] if background else self.resident[-1]
+
     def _pause(self, seq: Sequence) -> None:
+        if self._in_flight[seq.seq_id]:
+            raise _Sync()  # collect its step first, so its tokens are committed
         self.resident.remove(seq)
         if seq.num_computed == seq.computed_at_restore:
             seq.restore_gate = self._num_ended() + 1  # wait until something ends
@@ -214,15 +287,27 @@ class Scheduler:
         seq.cache_cursor = (0, ROOT)
         bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
 
+    def _yield_background(self) -> None:
+        """The oldest waiting foreground request takes the lane or the pages it lacks from
+        background residents, youngest first."""
+        head = next((s for s in self.waiting if not s.request.background), None)
+        while head is not None:
+            background = [s for s in self.resident if s.request.background]
+            if not background or (len(self.resident) < self.config.max_concurrency
+                                  and self._fits(head)):
+                return
+            self._pause(background[-1])
+
     # ------------------------------------------------------------------ admission
 
     def _admit(self) -> None:
         while len(self.resident) < self.config.max_concurrency:
-            oldest_paused = self.paused[0] if self.paused else None
-            if (oldest_paused is not None and oldest_paused.seq_id not in self._paused_now
+            oldest_paused = self._restorable()
+            if (oldest_paused is not None
                     and (not self.resident or self._num_ended() >= oldest_paused.restore_gate)
                     and self._fits(oldest_paused, headroom=len(self.resident))):
-                seq = self.paused.pop(0)
+                self.paused.remove(oldest_paused)
+                seq = oldest_paused
                 self.life.restore(seq, self._reuse_cached(seq))
                 seq.computed_at_restore = seq.num_computed
             else:
@@ -232,15 +317,30 @@ class Scheduler:
                 self.life.admit(seq, self._reuse_cached(seq))
             bisect.insort(self.resident, seq, key=lambda s: s.seq_id)
 
+    def _restorable(self) -> Sequence | None:
+        """The paused sequence to restore next: the oldest, but background work stays paused
+        while a foreground request waits."""
+        foreground_waits = any(not s.request.background for s in self.waiting)
+        for seq in self.paused:
+            if seq.seq_id in self._paused_now:
+                continue
+            if seq.request.background and foreground_waits:
+                continue
+            return seq
+        return None
+
     def _pick_waiting(self) -> Sequence | None:
         if not self.waiting:
             return None
-        head = self.waiting[0]
+        foreground = [s for s in self.waiting if not s.request.background]
+        queue = foreground or list(self.waiting)
+        head = queue[0]
         if self._fits(head):
-            return self.waiting.popleft()
+            self.waiting.remove(head)
+            return head
         if head.times_bypassed >= self.config.max_bypass:
             return None  # strict FIFO until the head gets in
-        for seq in list(self.waiting)[1:]:
+        for seq in queue[1:]:
             if self._fits(seq):
                 head.times_bypassed += 1
                 self.waiting.remove(seq)
@@ -297,32 +397,53 @@ class Scheduler:
 
     # ------------------------------------------------------------------ results
 
-    def postprocess(self, schedule: Schedule, sampled, elapsed: float) -> None:
-        """Apply a round's results: `sampled` holds one token per decode row, or the prefill's
-        sampled token (ignored when the unit did not sample); `elapsed` is the step's time."""
-        if schedule.prefill is not None:
-            seq, unit = schedule.seqs[0], schedule.prefill
-            if self._contended:
-                self._decode_credit += self.config.decode_share * elapsed
-            self.counters.prefill_seconds += elapsed
-            self.life.computed(seq, len(unit.tokens), is_prefill=True)
-            self._publish_prefix(seq)
-            if unit.sample is not None:
-                self._commit(seq, int(sampled[0]), from_decode=False)
-            elif seq.num_output == 0 and not seq.needs_prefill:
-                self._end(seq, "length")  # max_tokens 0: prompt processed, nothing to sample
-            return
-        if self._contended:
-            self._decode_credit -= elapsed
-        self.counters.record_decode(len(schedule.seqs), elapsed)
-        for seq, token in zip(schedule.seqs, sampled):
-            self.life.computed(seq, 1, is_prefill=False)
-            self._publish_prefix(seq)
+    def postprocess(self, plan: StepPlan, result: StepResult, seconds: float) -> None:
+        """Apply a collected step: commit its samples to the sequences still running (those
+        that ended meanwhile drop theirs) and account its time (`seconds`, split between
+        prefill and decode by their share of the step's tokens)."""
+        self._in_flight.subtract(self._step_seq_ids(plan))
+        self._in_flight += collections.Counter()  # drop the zero counts
+        live = {s.seq_id: s for s in self.resident}
+        num_rows = len(plan.rows)
+        chunk_tokens = len(plan.chunk.tokens) if plan.chunk is not None else 0
+        prefill_share = chunk_tokens / (chunk_tokens + num_rows) if chunk_tokens else 0.0
+        if plan.chunk is not None:
+            self.counters.prefill_seconds += seconds * prefill_share
+            seq = live.get(plan.chunk.seq_id)
+            if seq is not None:
+                self._apply_chunk(seq, plan.chunk, result.chunk_token)
+        if num_rows:
+            self.counters.record_decode(num_rows, seconds * (1.0 - prefill_share))
+        for row, token in zip(plan.rows, result.row_tokens):
+            seq = live.get(row.seq_id)
+            if seq is None or seq.status is not Status.RESIDENT:
+                continue  # ended while the step ran: its extra token is dropped
+            self.life.computed(seq, row.position, row.position + 1, is_prefill=False)
+            seq.pending_slots.pop(0)
             self._commit(seq, int(token), from_decode=True)
+            self._publish_prefix(seq)
+
+    def _apply_chunk(self, seq: Sequence, unit: PrefillUnit, token) -> None:
+        self.life.computed(seq, unit.start, unit.start + len(unit.tokens), is_prefill=True)
+        self._publish_prefix(seq)
+        if unit.sample is not None:
+            seq.pending_slots.pop(0)
+            self._commit(seq, int(token), from_decode=False)
+        elif seq.request.max_tokens == 0 and unit.start + len(unit.tokens) == seq.num_prompt:
+            self._end(seq, "length")  # max_tokens 0: prompt processed, nothing to sample
+
+    @staticmethod
+    def _step_seq_ids(plan: StepPlan) -> list[int]:
+        ids = [row.seq_id for row in plan.rows]
+        if plan.chunk is not None:
+            ids.append(plan.chunk.seq_id)
+        return ids
 
     def _publish_prefix(self, seq: Sequence) -> None:
-        if self.cache is not None:
-            seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages, seq.num_computed,
+        if self.cache is not None and seq.status is Status.RESIDENT:
+            # Only committed tokens name a page's contents (a pending token's KV may exist).
+            seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages,
+                                                  min(seq.num_computed, len(seq.tokens)),
                                                   seq.cache_cursor)
 
     def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
@@ -345,6 +466,7 @@ class Scheduler:
                 group.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
+        seq.pending_slots.clear()
 
     def _end(self, seq: Sequence, reason: str, matched: int | None = None) -> None:
         self._detach(seq)
@@ -377,3 +499,8 @@ class Scheduler:
         if self.cache is not None:
             holders.append(self.cache.pages())
         return holders
+
+
+def _uses_output(params) -> bool:
+    """Whether sampling reads the committed output (presence/frequency penalties)."""
+    return params.presence_penalty != 0 or params.frequency_penalty != 0

@@ -9,6 +9,12 @@ follows from the gap between the two:
   replay after a pause, leave such gaps), then the sequence is decode-ready: exactly one
   committed token lacks KV, and a decode row computes it and samples the next.
 Replay therefore never samples: it rebuilds KV up to the frontier and resumes decoding.
+
+Launch/collect: the scheduler plans step n+1 while step n runs. It advances `num_computed` when
+a step is launched (steps run on the device in launch order, so a later step always sees the
+KV), and a token sampled by a launched step but not yet collected is *pending*: it exists on
+the device only. `pending_slots` holds its output slot in the launched step, so the next plan
+can feed it back without the host seeing it. `tokens` holds committed tokens only.
 """
 from __future__ import annotations
 
@@ -32,7 +38,10 @@ class Sequence:
     tokens: list[int]  # prompt + committed output
     num_prompt: int
     status: Status = Status.WAITING
-    num_computed: int = 0  # leading tokens whose KV is in `pages`
+    num_computed: int = 0  # leading tokens whose KV is in `pages` (or in a launched step)
+    # Output slots, in the launched steps, of tokens sampled but not yet collected (oldest
+    # first; at most one per step in flight).
+    pending_slots: list = dataclasses.field(default_factory=list)
     pages: list[int] = dataclasses.field(default_factory=list)
     page_table: object = None  # int32 array of `pages`, rebuilt by the scheduler on change
     page_table_key: tuple = ()
@@ -74,9 +83,22 @@ class Sequence:
         return len(self.tokens) - self.num_prompt
 
     @property
+    def num_pending(self) -> int:
+        return len(self.pending_slots)
+
+    @property
+    def num_total(self) -> int:
+        """Committed plus pending tokens: the sequence as the device will have it."""
+        return len(self.tokens) + len(self.pending_slots)
+
+    @property
+    def num_output_total(self) -> int:
+        return self.num_total - self.num_prompt
+
+    @property
     def prefill_target(self) -> int:
         """How many leading tokens must have KV before the next sample."""
-        return len(self.tokens) if self.num_output == 0 else len(self.tokens) - 1
+        return self.num_total if self.num_output_total == 0 else self.num_total - 1
 
     @property
     def needs_prefill(self) -> bool:
@@ -84,7 +106,7 @@ class Sequence:
 
     @property
     def is_decode_ready(self) -> bool:
-        return self.num_output > 0 and len(self.tokens) - self.num_computed == 1
+        return self.num_output_total > 0 and self.num_total - self.num_computed == 1
 
     @property
     def is_replaying(self) -> bool:

@@ -12,7 +12,9 @@ from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import (
     Finished, GenerationRequest, RequestHandle, SamplingParams, TERMINAL,
 )
+from ninfer_jax.engine.runner_api import StepPlan
 from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.step_loop import StepLoop
 
 VOCAB = 1000
 GREEDY = SamplingParams(temperature=0.0)
@@ -50,17 +52,22 @@ def prompt_of(length: int, salt: int = 0) -> list[int]:
 
 
 class Driver:
-    """A Scheduler and a FakeRunner driven round by round on the test's thread."""
+    """A Scheduler, a FakeRunner and the engine's StepLoop driven round by round on the
+    test's thread. With `overlap` (the engine's way) step n+1 is launched before step n is
+    collected; the fake runner dispatches asynchronously like the real one."""
 
-    def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), elapsed=0.001, **config):
-        self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB)
+    def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), overlap=True,
+                 async_dispatch=True, **config):
+        self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB,
+                                 async_dispatch=async_dispatch)
         self.config = EngineConfig(**config)
         self.pool = PagePool(num_pages)
         self.scheduler = Scheduler(self.config, self.pool, page_size=page_size,
                                    max_batch=self.runner.max_batch, eos_ids=eos_ids)
-        self.elapsed = elapsed  # the step time reported to postprocess (decode_share)
+        self.loop = StepLoop(self.scheduler, self.runner, overlap=overlap)
         self.handles: list[RequestHandle] = []
-        self.schedules = []
+        self.schedules: list[StepPlan] = []  # every launched plan, in order
+        self.loop.on_step = self.schedules.append
 
     def submit(self, request) -> RequestHandle:
         handle = RequestHandle(request)
@@ -71,23 +78,18 @@ class Driver:
     def step(self) -> bool:
         """One round; False when the scheduler has nothing left to do."""
         self.scheduler.apply_controls()
-        schedule = self.scheduler.schedule()
+        advanced = self.loop.advance()
         self.check_pages()
-        if schedule is None:
+        if not advanced:
             return self.scheduler.has_work()
-        if schedule.prefill is not None:
-            sampled = [self.runner.prefill(schedule.prefill)]
-        else:
-            sampled = self.runner.decode(schedule.decode)
-        self.schedules.append(schedule)
-        self.scheduler.postprocess(schedule, sampled, self.elapsed)
-        self.check_pages()
         return True
 
     def run(self, max_rounds=100_000) -> None:
         for _ in range(max_rounds):
             if not self.step():
-                return
+                self.loop.drain()
+                if not self.scheduler.has_work():
+                    return
         raise AssertionError("the scheduler did not finish")
 
     def request_pages(self) -> int:

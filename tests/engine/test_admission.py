@@ -42,7 +42,9 @@ def finished_from(events):
 
 
 def round_kinds(driver):
-    return "".join("P" if s.prefill else "D" for s in driver.schedules)
+    """P: a chunk alone, D: decode rows alone, M: a chunk and decode rows in one step."""
+    return "".join("M" if s.chunk and s.rows else "P" if s.chunk else "D"
+                   for s in driver.schedules)
 
 
 def start_long_prompt_behind_a_stream(decode_share):
@@ -61,9 +63,10 @@ def test_decode_share_zero_prefills_whole_prompts_first():
     assert list(finished(stream).output_ids) == expected_output(prompt_of(3), 12)
 
 
-def test_decode_share_gives_streams_rounds_between_chunks():
-    driver, _ = start_long_prompt_behind_a_stream(1.0)
-    # Equal step times: each chunk buys exactly one decode round.
-    assert round_kinds(driver).startswith("PDPDPDPDP")
-    driver, _ = start_long_prompt_behind_a_stream(0.5)
-    assert round_kinds(driver).startswith("PDPPDPPD")
+def test_streams_ride_along_with_every_prefill_chunk():
+    driver, stream = start_long_prompt_behind_a_stream(0.25)
+    # Each of the five chunks shares its step with the stream's decode row.
+    assert round_kinds(driver).startswith("MMMMM")
+    stream_rows = [s for s in driver.schedules[:5] if any(r.seq_id == 0 for r in s.rows)]
+    assert len(stream_rows) == 5
+    assert list(finished(stream).output_ids) == expected_output(prompt_of(3), 12)

@@ -9,7 +9,10 @@ from ninfer_jax.serve.config import ServeConfig
 
 def test_bounds_are_checked():
     with pytest.raises(ValueError):
-        EngineConfig(max_concurrency=9)
+        EngineConfig(max_concurrency=257)
+    with pytest.raises(ValueError):
+        EngineConfig(max_concurrency=0)
+    assert EngineConfig(max_concurrency=256).max_concurrency == 256
     with pytest.raises(ValueError):
         EngineConfig(decode_share=-0.1)
     assert EngineConfig(max_concurrency=8, max_pending=3).max_outstanding == 11

@@ -82,7 +82,7 @@ def test_identical_prompt_reuses_full_pages():
     assert first_events[-1].output_ids == second_events[-1].output_ids
     assert list(second_events[-1].output_ids) == expected_output(prompt, 4)
     assert second_events[-1].usage.cached_tokens == 8
-    starts = [(s.prefill.start, len(s.prefill.tokens)) for s in driver.schedules if s.prefill]
+    starts = [(s.chunk.start, len(s.chunk.tokens)) for s in driver.schedules if s.chunk]
     assert starts == [(0, 11), (8, 3)]
     assert driver.scheduler.counters.cached_tokens == 8
 

@@ -25,7 +25,7 @@ def test_single_request_events_and_output():
     assert (end.usage.prompt_tokens, end.usage.completion_tokens) == (10, 5)
     assert end.counters["prefill_units"] == 3 and end.counters["decode_rounds"] == 4
     assert driver.request_pages() == 0
-    units = [(s.prefill.start, len(s.prefill.tokens)) for s in driver.schedules if s.prefill]
+    units = [(s.chunk.start, len(s.chunk.tokens)) for s in driver.schedules if s.chunk]
     assert units == [(0, 4), (4, 4), (8, 2)]
 
 
@@ -37,7 +37,7 @@ def test_prompt_only_request_processes_the_prompt_and_samples_nothing():
     assert not [e for e in events if isinstance(e, Tokens)]
     end = terminal(events)
     assert end.reason == "length" and end.output_ids == ()
-    assert all(s.prefill.sample is None for s in driver.schedules)
+    assert all(s.chunk.sample is None for s in driver.schedules)
 
 
 def test_stop_token_ends_with_stop_and_is_counted():
@@ -98,7 +98,7 @@ def test_token_policy_inserts_tokens_and_prefill_fills_the_gap():
     assert list(end.output_ids) == expected_output(prompt, 10, forced=policy.adjust)
     assert end.output_ids[3:5] == (900, 901)
     # The forced tokens (positions 7+3 .. 7+4) got their KV from a prefill unit.
-    gap_units = [s.prefill for s in driver.schedules if s.prefill and s.prefill.start > 0]
+    gap_units = [s.chunk for s in driver.schedules if s.chunk and s.chunk.start > 0]
     assert [(u.start, len(u.tokens), u.sample) for u in gap_units] == [(9, 2, None)]
 
 
@@ -140,7 +140,7 @@ def test_cancelled_waiting_request_never_starts():
     assert finished(first).reason == "length"
     events = drain(second)
     assert [type(e) for e in events] == [Finished] and events[0].reason == "cancelled"
-    started = {s.seqs[0].seq_id for s in driver.schedules if s.prefill}
+    started = {s.chunk.seq_id for s in driver.schedules if s.chunk}
     assert started == {0}
 
 
@@ -161,7 +161,7 @@ def test_admission_is_fifo():
     driver.run()
     admitted_at = [next(e.time for e in drain(h) if isinstance(e, Admitted)) for h in handles]
     assert admitted_at == sorted(admitted_at)
-    order = [s.seqs[0].seq_id for s in driver.schedules if s.prefill]
+    order = [s.chunk.seq_id for s in driver.schedules if s.chunk]
     assert order == [0, 1, 2, 3]
 
 
@@ -173,11 +173,11 @@ def test_decode_batches_are_compact_and_bounded():
     driver.run()
     for i, (handle, n) in enumerate(zip(handles, lengths)):
         assert list(finished(handle).output_ids) == expected_output(prompt_of(3 + i, salt=i), n)
-    sizes = [len(s.decode) for s in driver.schedules if s.decode]
+    sizes = [len(s.rows) for s in driver.schedules if s.rows]
     assert max(sizes) == 3 and min(sizes) >= 1
     for schedule in driver.schedules:
-        if schedule.decode:  # every row is a live, decode-ready sequence, oldest first
-            ids = [row.seq_id for row in schedule.decode]
+        if schedule.rows:  # every row is a live, decode-ready sequence, oldest first
+            ids = [row.seq_id for row in schedule.rows]
             assert ids == sorted(ids) and len(set(ids)) == len(ids)
 
 
