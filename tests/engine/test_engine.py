@@ -178,3 +178,25 @@ def test_ready_only_after_warmup():
         wait_for(lambda: engine.stats().ready)
     finally:
         engine.shutdown()
+
+
+def test_streams_keep_decoding_during_a_long_prefill_with_async_dispatch(make_engine):
+    """The fake device runs steps after `launch` returns, as JAX does: a stream that is
+    decoding when a 16-chunk prompt arrives gets a token in every step that carries one of
+    those chunks (the old decode-share timer measured dispatch time and starved it)."""
+    runner = FakeRunner(num_pages=200, page_size=4, vocab_size=VOCAB, prefill_sleep=0.01,
+                        decode_sleep=0.002)
+    engine = make_engine(runner, max_concurrency=2, prefill_chunk=8)
+    stream = engine.submit(make_request(prompt_of(3), max_tokens=200))
+    wait_for(lambda: any(s[0] == "decode" for s in list(runner.steps)))
+    long_prompt = prompt_of(128, salt=1)  # 16 chunks of 8
+    prompt_handle = engine.submit(make_request(long_prompt, max_tokens=1))
+    end = terminal(collect(prompt_handle))
+    assert list(end.output_ids) == expected_output(long_prompt, 1)
+    chunk_steps = [plan for plan in list(runner.plans)
+                   if plan.chunk is not None and plan.chunk.seq_id == 1]
+    assert len(chunk_steps) == 16
+    # Every chunk step also decoded the stream (the stream had 200 tokens to go).
+    assert all([row.seq_id for row in plan.rows] == [0] for plan in chunk_steps)
+    stream.cancel()
+    assert terminal(collect(stream)).reason == "cancelled"
