@@ -1,17 +1,23 @@
-"""The dense decoder families `llama` and `qwen3` (QK-norm) as two pure steps over paged KV.
+"""The dense decoder families `llama` and `qwen3` (QK-norm) as pure steps over paged KV.
 
+    ragged(params, kv, batch: RaggedBatch, prev_out) -> (logits[1 + B, V], kv)
     prefill(params, kv, tokens[T], start, num_tokens, page_table[W]) -> (logits_last[V], kv)
     decode(params, kv, tokens[B], positions[B], page_tables[B, W])   -> (logits[B, V], kv)
 
+`ragged` is the one forward: a prefill chunk and B independent row tokens (model/ragged_batch.py)
+go through the dense parts together as C + B rows, and attention splits them again
+(kernels.ragged_attention). `prefill` (B = 0) and `decode` (C = 0) are its two special cases.
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
-layer, each shaped by `paged_attention.get_kv_cache_shape`. Attention and cache writes go through
-the kernels.paged_attention entry points only, so the GPU kernels plug in there. Activations
-run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and logits are computed in f32.
+layer, each shaped by `paged_attention.get_kv_cache_shape`. Cache writes go through
+paged_attention.write_kv and attention through kernels.ragged_attention only, so the GPU kernels
+plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
+logits are computed in f32.
 
 Layers are a Python loop (unrolled in the compiled step) over per-layer cache arrays: each cache
 is donated and updated in place, which a lax.scan over stacked caches cannot do (see
 docs/architecture.md, "Compiled steps", for the measurements behind this choice).
-Shape letters: N rows of a step (T chunk tokens or B batch rows), W page-table width, S page size.
+Shape letters: N rows of a step (C chunk tokens + B row tokens, or T chunk tokens alone),
+W page-table width, S page size.
 """
 from __future__ import annotations
 
@@ -19,10 +25,22 @@ import functools
 
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import paged_attention
+from ninfer_jax.kernels import paged_attention, ragged_attention
+from ninfer_jax.model import ragged_batch
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import (apply_rope, embed, linear, rms_norm, rope_inverse_frequencies,
                                      rope_tables, swiglu_mlp)
+
+
+def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
+           page_size: int):
+    """One ragged step: every chunk and row token writes its K/V, the chunk attends causally
+    over its sequence and each row token to keys 0..its position. `prev_out` (int32, or None)
+    supplies the row tokens with row_src >= 0. Returns the f32 logits of the 1 + B sampled rows
+    (row 0: after the chunk's last real token, meaningless when C == 0) and the caches."""
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
+                     page_size)
+    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
@@ -30,27 +48,28 @@ def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelC
     """One chunk of one sequence at positions start..start+T-1. Rows >= num_tokens are padding:
     their KV goes to the dummy page and their outputs are ignored. Returns the f32 logits of the
     last real token and the updated caches."""
-    T = tokens.shape[0]
-    positions = start + jnp.arange(T, dtype=jnp.int32)
-    pages = jnp.take(page_table, positions // page_size, mode="clip")
-    pages = jnp.where(jnp.arange(T) < num_tokens, pages, paged_attention.DUMMY_PAGE)
-    slots = pages * page_size + positions % page_size
-    attend = functools.partial(paged_attention.paged_prefill_attention, page_table=page_table,
-                               start=start, scale=config.head_dim ** -0.5)
-    x, kv = _layers(params, kv, embed(params["embed"], tokens), positions, slots, attend, config)
-    last = jnp.take(x, num_tokens - 1, axis=0)
-    return _logits(params, last, config), kv
+    batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
 def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int):
     """One new token per row. Padding rows carry DUMMY_PAGE page tables (and position 0), so
     their cache writes land in the dummy page. Returns f32 logits [B, V] and the caches."""
-    row_pages = jnp.take_along_axis(page_tables, (positions // page_size)[:, None], axis=1)[:, 0]
-    slots = row_pages * page_size + positions % page_size
-    attend = functools.partial(paged_attention.paged_decode_attention, page_table=page_tables,
-                               lengths=positions + 1, scale=config.head_dim ** -0.5)
-    x, kv = _layers(params, kv, embed(params["embed"], tokens), positions, slots, attend, config)
+    batch = ragged_batch.rows_only(tokens, positions, page_tables)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
     return _logits(params, x, config), kv
+
+
+def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
+    """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
+    attend = functools.partial(
+        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
+        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
+        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
+        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
+    return _layers(params, kv, embed(params["embed"], tokens), ragged_batch.step_positions(batch),
+                   ragged_batch.step_slots(batch, page_size), attend, config)
 
 
 def _layers(params, kv, x, positions, slots, attend, config: ModelConfig):

@@ -3,6 +3,12 @@
 engine/runner.py jits these (config and page_size static, the KV caches donated) and is the
 only caller. Each step returns the sampled token(s) plus the updated caches, so one small int32
 array is all that crosses back to the host per step.
+
+`ragged_step` is the engine-core step: one prefill chunk and B row tokens (RaggedBatch,
+model/ragged_batch.py) in one call. Its output has a fixed size [1 + max_rows] and is fed to
+the next step as `prev_out`, so a row may name a token that is still on the device: the host
+can launch step n+1 before step n's samples arrive. `prefill_step` and `decode_step` are the
+two single-region steps the current runner compiles.
 """
 from __future__ import annotations
 
@@ -11,9 +17,29 @@ import jax.numpy as jnp
 from ninfer_jax.kernels.quant_matmul.formats import QUANTIZED_FORMATS
 from ninfer_jax.model import llama, sampling
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
 
-# architecture -> module providing prefill/decode with the llama.py signatures
+# architecture -> module providing ragged/prefill/decode with the llama.py signatures
 FAMILIES = {"llama": llama, "qwen3": llama}
+
+
+def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
+                config: ModelConfig, page_size: int):
+    """One ragged step (see llama.ragged); returns (out int32 [1 + max_rows], kv).
+
+    prev_out: the previous step's `out` (int32 [1 + max_rows], any values before the first
+    step); max_rows is its length - 1, so it is fixed per compiled shape. `sampling_batch` has
+    1 + B rows: the chunk, then the row tokens. out[0] is the token after the chunk's last real
+    token (meaningless when C == 0), out[1 + i] the token after row token i, and entries past
+    1 + B are zero."""
+    num_rows = batch.row_tokens.shape[0]
+    if num_rows > prev_out.shape[0] - 1:
+        raise ValueError(f"{num_rows} row tokens exceed max_rows={prev_out.shape[0] - 1}")
+    family = FAMILIES[config.architecture]
+    logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size)
+    sampled = sampling.sample(logits, sampling_batch)  # [1 + B]
+    out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
+    return out, kv
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

@@ -1,0 +1,100 @@
+"""The metadata of one ragged step and the per-token arrays every model family derives from it.
+
+A ragged step runs two regions of tokens through one forward, concatenated as C + B rows:
+  chunk region  C tokens of one sequence's prefill chunk (C static, possibly 0; the last
+                C - chunk_len are padding);
+  row region    B single tokens, each with its own position and page table: decode rows,
+                the K+1 tokens of a speculative verify row, and padding rows.
+Padding (chunk tokens past chunk_len, rows with an all-DUMMY_PAGE table at position 0) writes
+its K/V to the dummy page only. A row token may come from the previous step's device output
+(`row_src` >= 0), so the host can launch a step before it has read the last one's samples.
+Shape letters: C chunk tokens, B row tokens, W page-table width, S page size, H hidden.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
+
+FROM_HOST = -1  # row_src value: the row's token is row_tokens[i], not a previous output
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedBatch:
+    """Inputs of one ragged step (a pytree of arrays; every shape is part of the compile)."""
+
+    chunk_tokens: jax.Array  # int32 [C]: the chunk's token ids (C may be 0: no chunk region)
+    chunk_start: jax.Array  # int32 []: position of chunk_tokens[0]
+    chunk_len: jax.Array  # int32 []: real chunk tokens (>= 1 when C > 0), padding after them
+    chunk_table: jax.Array  # int32 [W]: the chunk's sequence page table, DUMMY_PAGE-padded
+    row_tokens: jax.Array  # int32 [B]: host token ids of the row region
+    row_src: jax.Array  # int32 [B]: FROM_HOST, or j >= 0: the token is prev_out[j]
+    row_positions: jax.Array  # int32 [B]: absolute position of each row token
+    row_tables: jax.Array  # int32 [B, W]: each row token's sequence page table
+
+
+jax.tree_util.register_dataclass(
+    RaggedBatch, data_fields=[f.name for f in dataclasses.fields(RaggedBatch)], meta_fields=[])
+
+
+def chunk_only(tokens, start, num_tokens, page_table) -> RaggedBatch:
+    """A batch with the chunk region only (B = 0): the plain prefill step."""
+    return RaggedBatch(tokens, start, num_tokens, page_table,
+                       row_tokens=jnp.zeros(0, jnp.int32), row_src=jnp.zeros(0, jnp.int32),
+                       row_positions=jnp.zeros(0, jnp.int32),
+                       row_tables=jnp.zeros((0, page_table.shape[0]), jnp.int32))
+
+
+def rows_only(tokens, positions, page_tables) -> RaggedBatch:
+    """A batch with the row region only (C = 0): the plain decode step."""
+    return RaggedBatch(jnp.zeros(0, jnp.int32), jnp.int32(0), jnp.int32(0),
+                       jnp.full(page_tables.shape[1:], DUMMY_PAGE, jnp.int32), tokens,
+                       jnp.full(tokens.shape, FROM_HOST, jnp.int32), positions, page_tables)
+
+
+def num_chunk_tokens(batch: RaggedBatch) -> int:
+    return batch.chunk_tokens.shape[0]
+
+
+def step_tokens(batch: RaggedBatch, prev_out=None):
+    """Token ids of all C + B rows, row tokens with row_src >= 0 read from prev_out."""
+    rows = jnp.asarray(batch.row_tokens, jnp.int32)
+    if prev_out is not None:
+        fed_back = jnp.take(prev_out, batch.row_src, mode="clip").astype(jnp.int32)
+        rows = jnp.where(batch.row_src >= 0, fed_back, rows)
+    return jnp.concatenate([jnp.asarray(batch.chunk_tokens, jnp.int32), rows])
+
+
+def step_positions(batch: RaggedBatch):
+    """Absolute positions of all C + B rows."""
+    C = num_chunk_tokens(batch)
+    chunk = batch.chunk_start + jnp.arange(C, dtype=jnp.int32)
+    return jnp.concatenate([chunk, jnp.asarray(batch.row_positions, jnp.int32)])
+
+
+def step_slots(batch: RaggedBatch, page_size: int):
+    """Flat cache slots (page * S + offset) where each of the C + B rows writes its K/V;
+    chunk padding goes to the dummy page (rows carry their own dummy tables)."""
+    C = num_chunk_tokens(batch)
+    chunk_positions = batch.chunk_start + jnp.arange(C, dtype=jnp.int32)
+    chunk_pages = jnp.take(batch.chunk_table, chunk_positions // page_size, mode="clip")
+    chunk_pages = jnp.where(jnp.arange(C) < batch.chunk_len, chunk_pages, DUMMY_PAGE)
+    positions = jnp.asarray(batch.row_positions, jnp.int32)
+    row_pages = jnp.take_along_axis(batch.row_tables, (positions // page_size)[:, None],
+                                    axis=1)[:, 0]
+    pages = jnp.concatenate([chunk_pages, row_pages])
+    return pages * page_size + step_positions(batch) % page_size
+
+
+def sampled_rows(x, batch: RaggedBatch):
+    """Of the step's final residual x [C + B, H], the 1 + B rows that are sampled: the
+    chunk's last real token (a zero row when C == 0, never used), then every row token."""
+    C = num_chunk_tokens(batch)
+    if C:
+        last = jnp.take(x[:C], batch.chunk_len - 1, axis=0, mode="clip")
+    else:
+        last = jnp.zeros(x.shape[1:], x.dtype)
+    return jnp.concatenate([last[None], x[C:]])
