@@ -1,16 +1,20 @@
 """Prefill and decode speed of JaxRunner on a real artifact (default: the embedded SmolLM2).
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
-        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized]
+        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--json]
 
-Goes through the same path as the server (runner.prefill / runner.decode with padding to
-buckets and on-device sampling, greedy), so the figures include host-side input building and
-the one device->host copy per step. Compilation is excluded: the runner warms up first (set
-JAX_COMPILATION_CACHE_DIR to reuse executables across runs).
+Goes through the same path as the engine: padded ragged steps with on-device sampling
+(greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
+n is collected, each row fed the token the previous step sampled on the device), so the
+figures include host-side input building and the one device->host copy per step: the bare
+step's ceiling for the live server. `sync` figures wait for every step before the next.
+Compilation is excluded: the runner warms up first (set JAX_COMPILATION_CACHE_DIR to reuse
+executables across runs). --json prints one JSON object per measurement.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import time
 
@@ -20,7 +24,7 @@ from ninfer_jax.artifact import load_artifact
 from ninfer_jax.artifact.default_model import ensure_default_artifact
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import JaxRunner
-from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
+from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan
 
 GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
 
@@ -44,19 +48,32 @@ def time_prefill(runner, prompt_len: int, repeats: int = 3) -> float:
     return prompt_len * repeats / (time.perf_counter() - started)
 
 
-def time_decode(runner, batch: int, context: int, steps: int) -> float:
-    pages_per_row = math.ceil((context + steps + 1) / runner.page_size)
+def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool) -> float:
+    pages_per_row = math.ceil((context + steps + 2) / runner.page_size)
     tables = [np.arange(1 + r * pages_per_row, 1 + (r + 1) * pages_per_row, dtype=np.int32)
               for r in range(batch)]
 
-    def rows(step):
+    def plan(step, fed_back):
         position = context + step
-        return [DecodeRow(r, 100 + r, position, tables[r][:position // runner.page_size + 1],
-                          SampleSpec(GREEDY.params, step)) for r in range(batch)]
-    runner.decode(rows(0))
+        return StepPlan(chunk=None, rows=tuple(
+            DecodeRow(r, 100 + r, position, tables[r][:position // runner.page_size + 1],
+                      SampleSpec(GREEDY.params, step), from_previous=r if fed_back else None)
+            for r in range(batch)))
+
+    def run(first, count):
+        if not pipelined:
+            for step in range(first, first + count):
+                runner.collect(runner.launch(plan(step, False)))
+            return
+        in_flight = runner.launch(plan(first, False))
+        for step in range(first + 1, first + count):
+            launched = runner.launch(plan(step, True))
+            runner.collect(in_flight)
+            in_flight = launched
+        runner.collect(in_flight)
+    run(0, 2)
     started = time.perf_counter()
-    for step in range(steps):
-        runner.decode(rows(step))
+    run(0, steps)
     return batch * steps / (time.perf_counter() - started)
 
 
@@ -74,6 +91,7 @@ def main():
     parser.add_argument("--keep-quantized", action="store_true",
                         help="off the GPU, dequantize quantized weights in every step instead "
                              "of once at load (the runner's default before 2026-11-29)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args()
     artifact = load_artifact(args.artifact or ensure_default_artifact())
     batches = [int(b) for b in args.batches.split(",")]
@@ -84,13 +102,33 @@ def main():
                        prefill_chunk=args.prefill_chunk,
                        expand_quantized=False if args.keep_quantized else None)
     runner.warmup()
-    print(f"{artifact.name}: dtype {np.dtype(runner.dtype).name}, buckets "
-          f"chunks {runner.chunk_buckets} widths {runner.width_buckets}")
-    print(f"prefill {args.prompt} tokens: {time_prefill(runner, args.prompt):.0f} tok/s")
+    runner.compile_done.wait()
+    records = []
+    prefill_rate = time_prefill(runner, args.prompt)
+    records.append({"op": "prefill", "prompt": args.prompt, "tok_per_s": prefill_rate})
     for batch in batches:
-        rate = time_decode(runner, batch, args.context, args.steps)
-        print(f"decode batch {batch} at context {args.context}: {rate:.1f} tok/s "
-              f"({batch / rate * 1e3:.1f} ms/step)")
+        for mode in ("pipelined", "sync"):
+            rate = time_decode(runner, batch, args.context, args.steps,
+                               pipelined=mode == "pipelined")
+            records.append({"op": "decode", "mode": mode, "batch": batch,
+                            "context": args.context, "tok_per_s": rate,
+                            "ms_per_step": batch / rate * 1e3})
+    header = {"artifact": artifact.name, "dtype": np.dtype(runner.dtype).name,
+              "row_buckets": runner.row_buckets, "chunk_buckets": runner.chunk_buckets,
+              "max_context": max_context}
+    if args.json:
+        for record in records:
+            print(json.dumps({**header, **record}), flush=True)
+        return
+    print(f"{artifact.name}: dtype {header['dtype']}, rows {runner.row_buckets}, "
+          f"chunks {runner.chunk_buckets}")
+    for record in records:
+        if record["op"] == "prefill":
+            print(f"prefill {args.prompt} tokens: {record['tok_per_s']:.0f} tok/s")
+        else:
+            print(f"decode batch {record['batch']} at context {args.context} "
+                  f"({record['mode']}): {record['tok_per_s']:.1f} tok/s "
+                  f"({record['ms_per_step']:.2f} ms/step)")
 
 
 if __name__ == "__main__":

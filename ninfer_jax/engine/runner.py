@@ -1,20 +1,34 @@
 """JaxRunner: the only place that runs compiled model steps (implements runner_api.StepRunner).
 
-Threading: used by the engine thread only; it owns the params, the KV pool arrays and the
+Threading: used by the engine thread only, except that `warmup()` may leave a background
+thread compiling the less urgent step shapes; it owns the params, the KV pool arrays and the
 compiled executables.
 Memory: per layer one (k, v) pair shaped by paged_attention.get_kv_cache_shape over `num_pages`
 pages; page DUMMY_PAGE (0) absorbs the writes of padding rows. Every step donates the caches
 and gets them back, so they are updated in place.
-Shapes: inputs are padded to buckets (decode batch 1, 2, 4, 8; prefill chunks and page-table
-widths as `bucket_plan` decides). `warmup()` compiles every bucket so no request waits on a
-compile; with JAX_COMPILATION_CACHE_DIR set the executables also go to JAX's persistent cache,
-and later starts load them from disk.
+Steps: one compiled body, `steps.ragged_step`: an optional prefill chunk plus a region of
+single-token rows (decode now, verify rows later). Its output, the tokens sampled after the
+chunk and after every row, stays on the device and is passed to the next step, whose rows can
+name an entry (`DecodeRow.from_previous`): that is how step n+1 is launched before step n's
+tokens reach the host. `collect` copies one small int32 array back.
+Shapes: (chunk bucket C, row bucket R) pairs, one page-table width (`max_context` pages: both
+attention paths cost what the real lengths say, not the width). Decode-only steps (C = 0) get
+every row bucket (1 or 2, 4, ... up to max_batch); steps with a chunk get a sparser set of
+row buckets. `warmup()` compiles, in parallel, the few shapes that can serve any step
+(the smallest and largest decode steps, the largest chunk step) before the server reports
+ready; the rest compile after, in a background thread on GPUs (all before ready on CPU, where
+compiles compete with serving for two cores). A step uses the cheapest compiled shape that
+holds it, so it never waits for a compile. With JAX_COMPILATION_CACHE_DIR set, executables go
+to JAX's persistent cache and later starts load them from disk.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import logging
 import math
+import os
+import threading
 import time
 from typing import Sequence
 
@@ -22,16 +36,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
+from ninfer_jax.engine.runner_api import (
+    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
+)
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.model import sampling, steps
 
 log = logging.getLogger(__name__)
 
-BATCH_BUCKETS = (1, 2, 4, 8)
 SMALLEST_CHUNK = 16
-SMALLEST_WIDTH = 8  # pages
 
 
 def default_dtype():
@@ -62,10 +76,9 @@ def has_quantized_projections(params) -> bool:
     return any(isinstance(leaf, dict) for layer in params["layers"] for leaf in layer.values())
 
 
-def decode_batch_buckets(max_batch: int, min_decode_batch: int) -> tuple[int, ...]:
-    """Batch buckets 1, 2, 4, 8 up to max_batch, starting at min_decode_batch."""
-    sizes = [b for b in BATCH_BUCKETS if min_decode_batch <= b < max_batch]
-    return tuple(sizes) + (max_batch,)
+def row_buckets(max_rows: int, min_rows: int) -> tuple[int, ...]:
+    """Row buckets min_rows, 2*min_rows, ... doubling up to max_rows (always included)."""
+    return geometric_buckets(min(min_rows, max_rows), max_rows, 2)
 
 
 def geometric_buckets(smallest: int, largest: int, growth: int) -> tuple[int, ...]:
@@ -77,18 +90,17 @@ def geometric_buckets(smallest: int, largest: int, growth: int) -> tuple[int, ..
     return tuple(sizes) + (largest,)
 
 
-def bucket_plan(prefill_chunk: int, max_pages: int, *, width_growth: int,
-                attention_follows_lengths: bool) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(prefill chunk buckets, page-table width buckets).
+def chunk_buckets(prefill_chunk: int, *, growth: int) -> tuple[int, ...]:
+    """Prefill chunk buckets: 16, 16*growth, ... up to prefill_chunk. On GPUs chunks grow by 4
+    (compiles are slow, padding is cheap); on CPU by 2, so a 20-token prompt runs as 32 rows."""
+    return geometric_buckets(SMALLEST_CHUNK, prefill_chunk, growth)
 
-    The GPU kernels cost what the page-table width says, so widths grow geometrically and
-    chunks by 4 (few shapes: GPU compiles are slow). The references (CPU) walk pages only up
-    to the real lengths, so one width serves every step at no cost, and the shapes saved pay
-    for chunk buckets growing by 2: a 20-token prompt then runs as 32 rows, not 64."""
-    if attention_follows_lengths:
-        return geometric_buckets(SMALLEST_CHUNK, prefill_chunk, 2), (max_pages,)
-    return (geometric_buckets(SMALLEST_CHUNK, prefill_chunk, 4),
-            geometric_buckets(SMALLEST_WIDTH, max_pages, width_growth))
+
+def chunk_row_buckets(rows: Sequence[int], *, growth: int) -> tuple[int, ...]:
+    """The row buckets steps with a chunk use: every `growth`-th size from the smallest, and
+    the largest. A chunk's cost dwarfs a few padding rows, so fewer shapes are worth it."""
+    picked = [b for i, b in enumerate(rows) if i % growth == 0]
+    return tuple(sorted(set(picked) | {rows[-1]}))
 
 
 def fit_bucket(buckets: Sequence[int], size: int, what: str) -> int:
@@ -104,14 +116,19 @@ def enable_persistent_cache() -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Launched:
+    out: jax.Array  # int32 [1 + max_batch] on the device
+    plan: StepPlan
+
+
 class JaxRunner:
-    """Pads scheduler units to compiled shapes, runs one step, returns sampled tokens."""
+    """Pads step plans to compiled shapes, launches them, collects the sampled tokens."""
 
     def __init__(self, artifact, *, num_pages: int, page_size: int = 16, max_batch: int,
                  max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
-                 width_growth: int = 4,
-                 attention_follows_lengths: bool | None = None,
-                 min_decode_batch: int | None = None, expand_quantized: bool | None = None):
+                 min_rows: int | None = None, expand_quantized: bool | None = None,
+                 background_compile: bool | None = None, compile_threads: int | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -121,30 +138,40 @@ class JaxRunner:
         self.dtype = dtype or default_dtype()
         self.kv_dtype = jnp.dtype(kv_dtype or self.dtype)
         self.params = steps.cast_params(artifact.params, self.dtype)
+        kernels = use_kernels()
         if expand_quantized is None:  # without the quantized kernels, dense weights are faster
-            expand_quantized = not use_kernels()
+            expand_quantized = not kernels
         if expand_quantized and has_quantized_projections(self.params):
             self.params = steps.expand_quantized(self.params, self.dtype)
         self.kv = self._empty_kv()
-        if min_decode_batch is None:
+        self._kv_spec = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.kv)
+        if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
             # 2; docs/benchmarks.md), so a lone row runs padded with a dummy row there.
-            # Quantized projections keep batch 1: their one-row kernel is built for it.
-            min_decode_batch = 2 if use_kernels() and not has_quantized_projections(
-                self.params) else 1
-        self.batch_buckets = decode_batch_buckets(max_batch, min(min_decode_batch, max_batch))
-        if attention_follows_lengths is None:  # the references do; the GPU kernels do not
-            attention_follows_lengths = not use_kernels()
-        self.chunk_buckets, self.width_buckets = bucket_plan(
-            prefill_chunk, math.ceil(max_context / page_size), width_growth=width_growth,
-            attention_follows_lengths=attention_follows_lengths)
-        static = dict(static_argnames=("config", "page_size"), donate_argnames=("kv",))
-        self._jitted = {"prefill": jax.jit(steps.prefill_step, **static),
-                        "decode": jax.jit(steps.decode_step, **static)}
-        self._executables: dict[tuple, object] = {}
+            # Quantized projections keep one row: their one-row kernel is built for it.
+            min_rows = 2 if kernels and not has_quantized_projections(self.params) else 1
+        self.row_buckets = row_buckets(max_batch, min_rows)
+        self.chunk_buckets = chunk_buckets(prefill_chunk, growth=4 if kernels else 2)
+        self.chunk_rows = chunk_row_buckets(
+            self.row_buckets, growth=2 if kernels else len(self.row_buckets))
+        self.width = math.ceil(max_context / page_size)  # page-table entries per row
+        self.background_compile = kernels if background_compile is None else background_compile
+        self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
+        self._jitted = jax.jit(steps.ragged_step, static_argnames=("config", "page_size"),
+                               donate_argnames=("kv",))
+        self._executables: dict[tuple[int, int], object] = {}
+        self._compile_lock = threading.Lock()
+        self._prev_out = jnp.zeros(1 + max_batch, jnp.int32)
         self._zero_bias: dict[int, jax.Array] = {}
         self.is_warm = False
+        self.compile_done = threading.Event()  # every shape compiled (background included)
+
+    # the pre-v2 names, still read by tests and tools
+    @property
+    def batch_buckets(self) -> tuple[int, ...]:
+        return self.row_buckets
 
     def _empty_kv(self):
         shape = paged_attention.get_kv_cache_shape(
@@ -154,54 +181,108 @@ class JaxRunner:
 
     # ------------------------------------------------------------------ shapes and compiling
 
-    def step_shapes(self) -> list[tuple[str, int, int]]:
-        """Every (kind, rows, width) the runner can be asked for. A prefill chunk bucket pairs
-        only with widths that can hold more tokens than the next smaller chunk bucket."""
-        shapes = [("decode", b, w) for b in self.batch_buckets for w in self.width_buckets]
-        smaller = (0,) + self.chunk_buckets[:-1]
-        for chunk, below in zip(self.chunk_buckets, smaller):
-            shapes += [("prefill", chunk, w) for w in self.width_buckets
-                       if w * self.page_size > below]
+    def step_shapes(self) -> list[tuple[int, int]]:
+        """Every (chunk tokens, rows) shape the runner compiles: decode-only steps at every
+        row bucket, chunk steps at the sparser chunk row buckets."""
+        shapes = [(0, rows) for rows in self.row_buckets]
+        shapes += [(chunk, rows) for chunk in self.chunk_buckets for rows in self.chunk_rows]
         return shapes
 
+    def essential_shapes(self) -> list[tuple[int, int]]:
+        """The shapes that can serve any step between them (by padding), compiled first."""
+        largest = (self.chunk_buckets[-1], self.row_buckets[-1])
+        return list(dict.fromkeys([(0, self.row_buckets[0]), (0, self.row_buckets[-1]),
+                                   largest]))
+
     @property
-    def compiled_shapes(self) -> set[tuple[str, int, int]]:
+    def compiled_shapes(self) -> set[tuple[int, int]]:
         return set(self._executables)
 
+    def compile_progress(self) -> tuple[int, int]:
+        """(shapes compiled, shapes planned), for /health while loading and the logs."""
+        return len(self._executables), len(self.step_shapes())
+
     def warmup(self) -> None:
-        """Compile every step shape, then run each once on padding inputs (they only write
-        the dummy page): an executable's first run pays a one-time set-up, measured at
-        0.3-0.4 s per shape on CPU, that would otherwise land on a request's first token."""
+        """Compile the essential shapes (in parallel), run each once on padding inputs (they
+        only write the dummy page: an executable's first run pays a one-time set-up, 0.3-0.4 s
+        per shape on CPU, that would otherwise land on a request), then compile the rest:
+        now, or in a background thread when `background_compile`."""
         started = time.perf_counter()
-        shapes = self.step_shapes()
-        for kind, rows, width in shapes:
-            self._executable(kind, rows, width)
+        essential = self.essential_shapes()
+        rest = [shape for shape in self.step_shapes() if shape not in essential]
+        if not self.background_compile:
+            essential, rest = essential + rest, []
+        self._compile_all(essential)
         compiled = time.perf_counter()
-        for kind, rows, width in shapes:
-            _, self.kv = self._executable(kind, rows, width)(
-                self.params, self.kv, *self._example_inputs(kind, rows, width))
+        for shape in essential:
+            out, self.kv = self._executables[shape](
+                self.params, self.kv, self._prev_out, *self._example_inputs(*shape))
         jax.block_until_ready(self.kv)
         self.is_warm = True
-        log.info("compiled %d step shapes in %.1f s, first runs %.1f s", len(shapes),
-                 compiled - started, time.perf_counter() - compiled)
+        log.info("compiled %d step shapes in %.1f s, first runs %.1f s%s", len(essential),
+                 compiled - started, time.perf_counter() - compiled,
+                 f"; {len(rest)} more compile in the background" if rest else "")
+        if not rest:
+            self.compile_done.set()
+            return
+        threading.Thread(target=self._compile_rest, args=(rest,), name="ninfer-compile",
+                         daemon=True).start()
 
-    def _executable(self, kind: str, rows: int, width: int):
-        key = (kind, rows, width)
-        if key not in self._executables:
+    def _compile_rest(self, shapes) -> None:
+        started = time.perf_counter()
+        try:
+            self._compile_all(shapes)
+            log.info("background compile: %d more step shapes in %.1f s", len(shapes),
+                     time.perf_counter() - started)
+        except Exception:  # the essential shapes still serve every step
+            log.exception("background compile failed; steps keep using the compiled shapes")
+        finally:
+            self.compile_done.set()
+
+    def _compile_all(self, shapes) -> None:
+        if len(shapes) <= 1 or self.compile_threads <= 1:
+            for shape in shapes:
+                self._compile(shape)
+            return
+        with concurrent.futures.ThreadPoolExecutor(self.compile_threads) as pool:
+            for future in [pool.submit(self._compile, shape) for shape in shapes]:
+                future.result()
+
+    def _compile(self, shape: tuple[int, int]) -> None:
+        if shape in self._executables:
+            return
+        example = self._example_inputs(*shape)
+        with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
+            # Abstract caches: the engine thread donates the real ones while this traces.
+            lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out, *example,
+                                         config=self.config, page_size=self.page_size)
+        self._executables[shape] = lowered.compile()
+
+    def _shape_for(self, num_chunk: int, num_rows: int) -> tuple[int, int]:
+        """The cheapest compiled shape holding the step (fewest padded tokens)."""
+        chunk = 0 if num_chunk == 0 else fit_bucket(self.chunk_buckets, num_chunk,
+                                                    "prefill chunk")
+        rows = fit_bucket(self.row_buckets, num_rows, "row count")
+        if (chunk, rows) in self._executables:
+            return chunk, rows
+        fitting = [s for s in list(self._executables) if s[0] >= chunk and s[1] >= rows
+                   and (chunk == 0 or s[0] > 0)]
+        if not fitting:
             if self.is_warm:
-                log.warning("compiling %s after warm-up (a bucket was missed)", key)
-            example = self._example_inputs(kind, rows, width)
-            lowered = self._jitted[kind].lower(self.params, self.kv, *example,
-                                               config=self.config, page_size=self.page_size)
-            self._executables[key] = lowered.compile()
-        return self._executables[key]
+                log.warning("compiling step shape %s after warm-up", (chunk, rows))
+            shape = (chunk, rows) if num_chunk else (0, rows)
+            self._compile(shape)
+            return shape
+        return min(fitting, key=lambda s: (s[0] + s[1], s))
 
-    def _example_inputs(self, kind: str, rows: int, width: int):
-        batch = self._sampling([], 1 if kind == "prefill" else rows)
-        zeros = np.zeros(rows, np.int32)
-        if kind == "prefill":
-            return zeros, np.int32(0), np.int32(1), np.zeros(width, np.int32), batch
-        return zeros, zeros, np.zeros((rows, width), np.int32), batch
+    def _example_inputs(self, chunk: int, rows: int):
+        batch = steps.RaggedBatch(
+            chunk_tokens=np.zeros(chunk, np.int32), chunk_start=np.int32(0),
+            chunk_len=np.int32(1), chunk_table=np.zeros(self.width, np.int32),
+            row_tokens=np.zeros(rows, np.int32), row_src=np.full(rows, -1, np.int32),
+            row_positions=np.zeros(rows, np.int32),
+            row_tables=np.zeros((rows, self.width), np.int32))
+        return batch, self._sampling([], 1 + rows)
 
     def _sampling(self, specs: Sequence[SampleSpec | None], rows: int) -> sampling.SamplingBatch:
         """Host sampling inputs; the [rows, V] bias is sent only when some row has penalties,
@@ -216,41 +297,71 @@ class JaxRunner:
 
     # ------------------------------------------------------------------ steps
 
-    def prefill(self, unit: PrefillUnit) -> int | None:
-        num_tokens = len(unit.tokens)
-        end = unit.start + num_tokens
-        if num_tokens < 1 or end > self.max_context:
-            raise ValueError(f"prefill of {num_tokens} tokens at {unit.start} exceeds the context")
-        chunk = fit_bucket(self.chunk_buckets, num_tokens, "prefill chunk")
-        width = fit_bucket(self.width_buckets, len(unit.page_table), "page table")
-        _check_covers(unit.page_table, end, self.page_size)
-        tokens = np.zeros(chunk, np.int32)
-        tokens[:num_tokens] = unit.tokens
-        page_table = _padded_row(unit.page_table, width)
-        token, self.kv = self._executable("prefill", chunk, width)(
-            self.params, self.kv, tokens, np.int32(unit.start), np.int32(num_tokens), page_table,
-            self._sampling([unit.sample], 1))
-        # Without a sample nothing is read back, so consecutive chunks queue up on the device.
-        return None if unit.sample is None else int(np.asarray(token)[0])
+    def launch(self, plan: StepPlan) -> _Launched:
+        rows = plan.rows
+        if len(rows) > self.max_batch:
+            raise ValueError(f"step of {len(rows)} rows (max {self.max_batch})")
+        unit = plan.chunk
+        shape = self._shape_for(len(unit.tokens) if unit is not None else 0, max(1, len(rows)))
+        batch = self._host_batch(unit, rows, *shape)
+        specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
+        out, self.kv = self._executables[shape](
+            self.params, self.kv, self._prev_out, batch, self._sampling(specs, 1 + shape[1]))
+        self._prev_out = out
+        return _Launched(out=out, plan=plan)
 
-    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
-        if not 1 <= len(rows) <= self.max_batch:
-            raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
-        batch = fit_bucket(self.batch_buckets, len(rows), "decode batch")
-        width = fit_bucket(self.width_buckets, max(len(r.page_table) for r in rows), "page table")
-        tokens, positions = np.zeros(batch, np.int32), np.zeros(batch, np.int32)
+    def collect(self, launched: _Launched) -> StepResult:
+        host = np.asarray(launched.out)
+        plan = launched.plan
+        chunk_token = None
+        if plan.chunk is not None and plan.chunk.sample is not None:
+            chunk_token = int(host[0])
+        return StepResult(chunk_token=chunk_token,
+                          row_tokens=host[1:1 + len(plan.rows)].astype(np.int32))
+
+    def _host_batch(self, unit: PrefillUnit | None, rows: Sequence[DecodeRow], chunk: int,
+                    num_rows: int) -> steps.RaggedBatch:
+        chunk_tokens = np.zeros(chunk, np.int32)
+        chunk_table = np.full(self.width, paged_attention.DUMMY_PAGE, np.int32)
+        start, length = 0, 1  # a padding chunk writes and reads the dummy page only
+        if unit is not None:
+            length = len(unit.tokens)
+            start = unit.start
+            if length < 1 or start + length > self.max_context:
+                raise ValueError(f"prefill of {length} tokens at {start} exceeds the context")
+            _check_covers(unit.page_table, start + length, self.page_size)
+            chunk_tokens[:length] = unit.tokens
+            chunk_table[:len(unit.page_table)] = unit.page_table
+        tokens, positions = np.zeros(num_rows, np.int32), np.zeros(num_rows, np.int32)
+        sources = np.full(num_rows, -1, np.int32)
         # Padding rows: position 0 in an all-dummy page table, so they write the dummy page.
-        page_tables = np.full((batch, width), paged_attention.DUMMY_PAGE, np.int32)
+        tables = np.full((num_rows, self.width), paged_attention.DUMMY_PAGE, np.int32)
         for i, row in enumerate(rows):
             if row.position >= self.max_context:
                 raise ValueError(f"decode position {row.position} exceeds the context")
             _check_covers(row.page_table, row.position + 1, self.page_size)
-            tokens[i], positions[i] = row.token, row.position
-            page_tables[i, :len(row.page_table)] = row.page_table
-        sampled, self.kv = self._executable("decode", batch, width)(
-            self.params, self.kv, tokens, positions, page_tables,
-            self._sampling([r.sample for r in rows], batch))
-        return np.asarray(sampled)[:len(rows)].astype(np.int32)
+            positions[i] = row.position
+            tables[i, :len(row.page_table)] = row.page_table
+            if row.from_previous is None:
+                tokens[i] = row.token
+            else:
+                sources[i] = 0 if row.from_previous == CHUNK_SLOT else 1 + row.from_previous
+        return steps.RaggedBatch(
+            chunk_tokens=chunk_tokens, chunk_start=np.int32(start), chunk_len=np.int32(length),
+            chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
+            row_positions=positions, row_tables=tables)
+
+    # ------------------------------------------------------------------ one step, synchronously
+
+    def prefill(self, unit: PrefillUnit) -> int | None:
+        """One chunk alone, waited for (tests and tools); its sample when it asks for one."""
+        return self.collect(self.launch(StepPlan(chunk=unit))).chunk_token
+
+    def decode(self, rows: Sequence[DecodeRow]) -> np.ndarray:
+        """One step of decode rows alone, waited for (tests and tools)."""
+        if not 1 <= len(rows) <= self.max_batch:
+            raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
+        return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
 
 
 def _padded_row(page_table, width: int) -> np.ndarray:

@@ -9,9 +9,9 @@ import pytest
 
 from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
 from ninfer_jax.engine.request import SamplingParams
-from ninfer_jax.engine.runner import (JaxRunner, bucket_plan, decode_batch_buckets, fit_bucket,
-                                      geometric_buckets, kv_dtype_for)
-from ninfer_jax.engine.runner_api import PrefillUnit
+from ninfer_jax.engine.runner import (JaxRunner, chunk_buckets, chunk_row_buckets, fit_bucket,
+                                      geometric_buckets, kv_dtype_for, row_buckets)
+from ninfer_jax.engine.runner_api import CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan
 from runner_driver import generate
 
 NUM_NEW = 12
@@ -28,10 +28,9 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(tiny):
-    """Warmed up once: every later step must reuse one of its compiled shapes. It buckets
-    page-table widths as for the GPU kernels, so rows also move between widths here."""
+    """Warmed up once: every later step must reuse one of its compiled shapes."""
     runner = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
-                       prefill_chunk=32, attention_follows_lengths=False)
+                       prefill_chunk=32)
     runner.warmup()
     yield runner
     assert runner.compiled_shapes == set(runner.step_shapes()), "a step compiled after warm-up"
@@ -102,17 +101,26 @@ def test_buckets():
         fit_bucket((1, 2), 3, "batch")
 
 
-def test_decode_batch_buckets_can_start_at_two_rows():
-    assert decode_batch_buckets(8, 1) == (1, 2, 4, 8)
-    assert decode_batch_buckets(8, 2) == (2, 4, 8)
-    assert decode_batch_buckets(1, 1) == (1,)
-    assert decode_batch_buckets(6, 2) == (2, 4, 6)
+def test_row_buckets_double_and_can_start_at_two_rows():
+    assert row_buckets(8, 1) == (1, 2, 4, 8)
+    assert row_buckets(8, 2) == (2, 4, 8)
+    assert row_buckets(1, 1) == (1,)
+    assert row_buckets(6, 2) == (2, 4, 6)
+    assert row_buckets(256, 2) == (2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def test_chunk_steps_use_fewer_row_buckets():
+    gpu_rows = row_buckets(256, 2)
+    assert chunk_row_buckets(gpu_rows, growth=2) == (2, 8, 32, 128, 256)
+    assert chunk_row_buckets((1, 2, 4), growth=3) == (1, 4)
+    assert chunk_buckets(1024, growth=4) == (16, 64, 256, 1024)
+    assert chunk_buckets(64, growth=2) == (16, 32, 64)
 
 
 def test_a_lone_row_padded_to_two_decodes_the_same_tokens(tiny, runner):
     """The GPU's two-row minimum: one real row plus a padding row (dummy page only)."""
     two_row = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
-                        prefill_chunk=32, min_decode_batch=2)
+                        prefill_chunk=32, min_rows=2)
     assert two_row.batch_buckets == (2,)
     prompt = prompts(1, seed=11)[0]
     assert generate(two_row, [prompt], NUM_NEW) == generate(runner, [prompt], NUM_NEW)
@@ -152,20 +160,53 @@ def test_quantized_weights_expanded_at_load_decode_the_same_tokens(tiny, fmt):
     assert generate(expanded, batch, NUM_NEW) == generate(per_step, batch, NUM_NEW)
 
 
-def test_bucket_plan_gives_the_references_one_width_and_finer_chunks():
-    assert bucket_plan(64, 64, width_growth=4, attention_follows_lengths=True) == (
-        (16, 32, 64), (64,))
-    assert bucket_plan(64, 64, width_growth=4, attention_follows_lengths=False) == (
-        (16, 64), (8, 32, 64))
-    assert bucket_plan(1024, 256, width_growth=2, attention_follows_lengths=False)[1] == (
-        8, 16, 32, 64, 128, 256)
-
-
 def test_warmup_compiles_exactly_the_step_shapes(runner):
-    expected = {("decode", b, w) for b in (1, 2, 4, 8) for w in (8, 16)}
-    expected |= {("prefill", c, w) for c in (16, 32) for w in (8, 16)}
+    expected = {(0, b) for b in (1, 2, 4, 8)} | {(c, b) for c in (16, 32) for b in (1, 8)}
     assert set(runner.step_shapes()) == expected
     assert runner.compiled_shapes == expected
-    # 100 positions ingested in chunks of 32 (both chunk buckets, the wide table), batch 3 -> 4.
+    assert runner.compile_progress() == (len(expected), len(expected))
+    # 100 positions ingested in chunks of 32, batch 3 -> 4.
     generate(runner, [list(range(70)), list(range(5)), list(range(9))], 30)
     assert runner.compiled_shapes == expected
+
+
+def test_background_compile_serves_from_the_essential_shapes(tiny, runner):
+    """Ready after the few shapes that hold any step; the rest compile in a thread, and a
+    step meanwhile runs padded in the cheapest compiled shape, with the same tokens."""
+    lazy = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
+                     prefill_chunk=32, background_compile=True, compile_threads=2)
+    assert lazy.essential_shapes() == [(0, 1), (0, 8), (32, 8)]
+    lazy.warmup()
+    assert set(lazy.essential_shapes()) <= lazy.compiled_shapes
+    chunk, rows = lazy._shape_for(5, 3)  # whatever has compiled by now, never a new compile
+    assert (chunk, rows) in lazy.compiled_shapes and chunk >= 16 and rows >= 4
+    batch = prompts(3, seed=14)
+    assert generate(lazy, batch, NUM_NEW) == generate(runner, batch, NUM_NEW)
+    assert lazy.compile_done.wait(600)
+    assert lazy.compiled_shapes == set(lazy.step_shapes())
+
+
+def test_a_mixed_step_equals_its_parts_and_rows_read_the_previous_output(tiny, runner):
+    """One step with a chunk of sequence A and a decode row of sequence B gives the tokens
+    the separate steps give; a row naming the previous step's output decodes the token that
+    step sampled without the host seeing it."""
+    greedy = SamplingParams(temperature=0.0)
+    prompt_a, prompt_b = (p[:30] for p in prompts(2, seed=21))  # one chunk each
+    table_a, table_b = np.arange(1, 9, dtype=np.int32), np.arange(20, 28, dtype=np.int32)
+
+    def chunk_of(prompt, table):
+        return PrefillUnit(0, np.asarray(prompt, np.int32), 0, table, SampleSpec(greedy, 0))
+
+    alone_b = runner.prefill(chunk_of(prompt_b, table_b))
+    second_b = runner.decode([DecodeRow(1, alone_b, len(prompt_b), table_b,
+                                        SampleSpec(greedy, 1))])[0]
+    alone_a = runner.prefill(chunk_of(prompt_a, table_a))
+    # Again, B's prompt in one step, then A's chunk mixed with B's first decode row, which
+    # takes its token from the previous step's chunk sample.
+    first = runner.launch(StepPlan(chunk=chunk_of(prompt_b, table_b)))
+    mixed = runner.launch(StepPlan(chunk=chunk_of(prompt_a, table_a), rows=(
+        DecodeRow(1, 0, len(prompt_b), table_b, SampleSpec(greedy, 1),
+                  from_previous=CHUNK_SLOT),)))
+    assert runner.collect(first).chunk_token == alone_b
+    result = runner.collect(mixed)
+    assert result.chunk_token == alone_a and result.row_tokens.tolist() == [second_b]
