@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import pathlib
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
-from ninfer_jax.artifact.format import ArtifactContents
+from ninfer_jax.artifact.format import ArtifactContents, check_metadata
 from ninfer_jax.artifact.qwen_vocab import qwen_tokenizer_json
 from ninfer_jax.artifact.templates import builtin_template
 from ninfer_jax.model.config import ModelConfig
@@ -148,11 +149,13 @@ def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
         source["tiny"] = True
     contents = ArtifactContents(
         name=name or (f"{preset_name}-tiny" if shrunk else preset_name), config=config,
-        params=random_params(config, seed=seed, dtype=dtype, progress=progress),
-        tokenizer_json=tokenizer_json, chat_template=builtin_template(preset.template),
+        params={}, tokenizer_json=tokenizer_json, chat_template=builtin_template(preset.template),
         special_tokens=_special_tokens(preset, tokenizer), chat_format=_chat_format(preset),
         source=source, weight_formats=common.weight_formats(config, dtype, None),
         notes=preset.notes + ("; built with tiny dimensions (--tiny)" if shrunk else ""))
+    # Checked before drawing weights, which takes minutes at 8B shapes.
+    check_metadata(contents.metadata(), pathlib.Path(f"<init-random {preset_name}>"))
+    contents.params = random_params(config, seed=seed, dtype=dtype, progress=progress)
     return common.apply_quantization(contents, quantized, progress)
 
 

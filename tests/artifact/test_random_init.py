@@ -1,12 +1,15 @@
 """init-random: presets, seeded determinism, finite scaled weights, quantized projections."""
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.artifact.format import load_artifact
-from ninfer_jax.artifact.random_init import PRESETS, init_random, random_params, random_tensor
+from ninfer_jax.artifact.random_init import (PRESETS, QWEN3_VOCAB, init_random, random_params,
+                                             random_tensor)
 
 
 def test_qwen3_tiny_artifact(qwen3_tiny_dir):
@@ -135,3 +138,23 @@ def test_llama3_template_renders_calls_and_results_in_llama3_turns():
         "<|start_header_id|>assistant<|end_header_id|>\n\n")
     assert prompt.ids[:2] == [128000, 128006]
     assert prompt.ids[-2:] == [128007, *tokenizer.encode("\n\n")]
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset):
+    from ninfer_jax.artifact.format import check_metadata
+
+    metadata = init_random(preset, tiny=True).metadata()
+    metadata["config"] = PRESETS[preset].config.to_dict()  # the 8B shapes, no 8B weights
+    assert check_metadata(metadata, pathlib.Path("m")) == PRESETS[preset].config
+
+
+def test_inconsistent_metadata_fails_before_writing(tmp_path):
+    from ninfer_jax.artifact.format import save_artifact
+    from ninfer_jax.errors import ArtifactError
+
+    contents = init_random("qwen3-tiny")
+    contents.special_tokens = dict(contents.special_tokens, eos_ids=[QWEN3_VOCAB])
+    with pytest.raises(ArtifactError, match="eos id 151669 is outside the vocabulary"):
+        save_artifact(tmp_path / "bad.ninfer", contents)
+    assert list(tmp_path.iterdir()) == []  # not even a staging directory
