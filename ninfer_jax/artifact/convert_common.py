@@ -16,7 +16,9 @@ QUANTIZED = ("int8", "fp8", "int4", "nvfp4")
 WEIGHT_CHOICES = DTYPES + QUANTIZED
 # Control spellings recorded under special_tokens.named when the vocabulary has them.
 NAMED_CONTROLS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
-                  "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+                  "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
+                  "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                  "<|end_header_id|>", "<|eot_id|>")
 REASONING_MARKERS = {"open": "<think>", "close": "</think>"}
 
 ProgressFn = Callable[[int, int, str], None]

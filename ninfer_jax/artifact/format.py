@@ -133,6 +133,8 @@ def save_artifact(out: str | os.PathLike, contents: ArtifactContents, *,
     out = pathlib.Path(out).absolute()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists")
+    # Before any weight is written: a bad metadata field must not cost gigabytes of writing.
+    check_metadata(contents.metadata(), out / METADATA_FILE)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
                                             dir=out.parent))
@@ -196,6 +198,17 @@ def read_metadata(file: pathlib.Path, display: pathlib.Path | None = None) -> di
         raise ArtifactError(display, f"not valid JSON ({exc})") from None
     if not isinstance(metadata, dict):
         raise ArtifactError(display, "must hold a JSON object")
+    _check_header(metadata, display)
+    return metadata
+
+
+def check_metadata(metadata: dict[str, Any], display: pathlib.Path) -> ModelConfig:
+    """Everything load_artifact checks in metadata.json, on a dict; returns its config."""
+    _check_header(metadata, display)
+    return _config_from_metadata(metadata, display)
+
+
+def _check_header(metadata: dict[str, Any], display: pathlib.Path) -> None:
     version = metadata.get("format_version")
     if version != FORMAT_VERSION:
         raise ArtifactError(display, f"format_version is {version!r}; this build reads "
@@ -205,7 +218,6 @@ def read_metadata(file: pathlib.Path, display: pathlib.Path | None = None) -> di
         if key not in metadata:
             raise ArtifactError(display, f"missing field {key!r}")
     _check_fields(metadata, display)
-    return metadata
 
 
 def _check_fields(metadata: dict[str, Any], display: pathlib.Path) -> None:

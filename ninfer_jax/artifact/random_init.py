@@ -1,5 +1,10 @@
-"""`ninfer init-random`: artifacts with random weights, a real Qwen tokenizer and our own
-Qwen-style chat templates, for protocol tests (tiny presets) and GPU benchmarks (8B shapes).
+"""`ninfer init-random`: artifacts with random weights, a real tokenizer built offline and our
+own chat templates, for protocol tests (tiny presets) and GPU benchmarks (8B shapes).
+
+Each preset fixes the architecture, the vocabulary (artifact/qwen_vocab.py: Qwen3, Qwen3.5, or
+a Llama-3-layout stand-in), the special tokens, the chat template and format. `tiny=True`
+keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query heads with the
+preset's grouping), so every preset can be built, loaded and served in CI.
 
 Weights are seeded per tensor (the seed and the tensor name pick the stream), scaled so that
 activations stay finite: projections ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm weights
@@ -10,20 +15,26 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import pathlib
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
-from ninfer_jax.artifact.format import ArtifactContents
+from ninfer_jax.artifact.format import ArtifactContents, check_metadata
 from ninfer_jax.artifact.qwen_vocab import qwen_tokenizer_json
 from ninfer_jax.artifact.templates import builtin_template
 from ninfer_jax.model.config import ModelConfig
 
 QWEN3_VOCAB = 151669  # 151,643 ranks + 26 control tokens
 QWEN3_5_VOCAB = 248077  # 248,044 ranks + 33 control tokens
+LLAMA3_VOCAB = 128256  # 128,000 ranks + 256 control tokens
 _BLOCK = 1 << 22  # values drawn per large tensor; the rest repeats them at a random phase
 REASONING = {"open": "<think>", "close": "</think>"}
+QWEN_EOS = ("<|im_end|>", "<|endoftext|>")  # end of turn first: it also ends a chat reply
+# What `tiny` changes: dimensions only (the query heads keep the preset's grouping).
+TINY_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
+             "head_dim": 16}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +45,10 @@ class Preset:
     tool_call_format: str
     dtype: str  # default storage dtype
     notes: str
+    eos: tuple[str, ...] = QWEN_EOS  # spellings of the end tokens
+    pad: str = "<|endoftext|>"
+    bos: str | None = None  # written by the template; also prepended to raw prompts
+    thinks: bool = True  # <think> reasoning markers, thinking unless the request says not
 
 
 def _dense(arch, vocab, hidden, ffn, layers, heads, kv_heads, head_dim, theta, eps, tied,
@@ -59,12 +74,23 @@ PRESETS = {
         _dense("qwen3", 151936, 4096, 12288, 36, 32, 8, 128, 1e6, 1e-6, False, 40960),
         "qwen3", "qwen3", "hermes", "bf16", "random weights in Qwen3-8B shapes, for benchmarks"),
     "llama3-8b": Preset(
-        _dense("llama", 128256, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
-        "qwen3", "qwen3", "hermes", "bf16",
-        "random weights in Llama-3-8B shapes, for benchmarks; uses the Qwen3 tokenizer and "
-        "template because no Llama-3 vocabulary is available offline (ids past the Qwen "
-        "vocabulary are never produced since the model's vocabulary is smaller)"),
+        _dense("llama", LLAMA3_VOCAB, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
+        "llama3", "llama3", "hermes", "bf16",
+        "random weights in Llama-3-8B shapes, for benchmarks; a Llama-3-layout stand-in "
+        "vocabulary (Qwen's first 128,000 BPE ranks plus Llama-3's 256 control tokens at "
+        "their ids, since Meta's vocabulary is not available offline) and a Llama-3-style "
+        "header template written for ninfer-jax, with hermes-style tool calls as text",
+        eos=("<|eot_id|>", "<|end_of_text|>"), pad="<|end_of_text|>", bos="<|begin_of_text|>",
+        thinks=False),
 }
+
+
+def tiny_config(config: ModelConfig) -> ModelConfig:
+    """The same model at TINY_DIMS: vocabulary, norms, RoPE, tying, qk-norm and the query
+    heads per KV head unchanged."""
+    group = config.num_heads // config.num_kv_heads
+    heads = TINY_DIMS["num_heads"]
+    return dataclasses.replace(config, **TINY_DIMS, num_kv_heads=max(1, heads // group))
 
 
 def _stream(seed: int, name: str) -> np.random.Generator:
@@ -106,26 +132,47 @@ def random_params(config: ModelConfig, *, seed: int, dtype: str,
 
 
 def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
-                weights: str | None = None, name: str | None = None,
+                weights: str | None = None, name: str | None = None, tiny: bool = False,
                 progress: common.ProgressFn | None = None) -> ArtifactContents:
-    """Artifact contents for a preset; `weights` may quantize the projection matrices."""
+    """Artifact contents for a preset; `weights` may quantize the projection matrices and
+    `tiny` shrinks the dimensions (everything else of the preset stays)."""
     if preset_name not in PRESETS:
         raise ValueError(f"unknown preset {preset_name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
+    config = tiny_config(preset.config) if tiny else preset.config
     dtype, quantized = common.resolve_formats(dtype, weights, default_dtype=preset.dtype)
     tokenizer_json = qwen_tokenizer_json(preset.vocabulary)
     tokenizer = Tokenizer.from_str(tokenizer_json)
-    eos_ids = [tokenizer.token_to_id("<|im_end|>"), tokenizer.token_to_id("<|endoftext|>")]
+    source = {"kind": "random", "preset": preset_name, "seed": seed}
+    shrunk = config != preset.config  # --tiny on a tiny preset changes nothing
+    if shrunk:
+        source["tiny"] = True
     contents = ArtifactContents(
-        name=name or preset_name, config=preset.config,
-        params=random_params(preset.config, seed=seed, dtype=dtype, progress=progress),
-        tokenizer_json=tokenizer_json, chat_template=builtin_template(preset.template),
-        special_tokens=common.special_tokens(tokenizer, eos_ids=eos_ids, bos_id=None,
-                                             pad_id=tokenizer.token_to_id("<|endoftext|>"),
-                                             add_bos=False),
-        chat_format={"tool_call_format": preset.tool_call_format, "reasoning": dict(REASONING),
-                     "thinking_default": True},
-        source={"kind": "random", "preset": preset_name, "seed": seed},
-        weight_formats=common.weight_formats(preset.config, dtype, None),
-        notes=preset.notes)
+        name=name or (f"{preset_name}-tiny" if shrunk else preset_name), config=config,
+        params={}, tokenizer_json=tokenizer_json, chat_template=builtin_template(preset.template),
+        special_tokens=_special_tokens(preset, tokenizer), chat_format=_chat_format(preset),
+        source=source, weight_formats=common.weight_formats(config, dtype, None),
+        notes=preset.notes + ("; built with tiny dimensions (--tiny)" if shrunk else ""))
+    # Checked before drawing weights, which takes minutes at 8B shapes.
+    check_metadata(contents.metadata(), pathlib.Path(f"<init-random {preset_name}>"))
+    contents.params = random_params(config, seed=seed, dtype=dtype, progress=progress)
     return common.apply_quantization(contents, quantized, progress)
+
+
+def _special_tokens(preset: Preset, tokenizer: Tokenizer) -> dict:
+    def token_id(spelling: str) -> int:
+        found = tokenizer.token_to_id(spelling)
+        if found is None:  # a preset naming a token its vocabulary lacks is a bug here
+            raise ValueError(f"vocabulary {preset.vocabulary!r} has no token {spelling!r}")
+        return found
+
+    bos_id = token_id(preset.bos) if preset.bos else None
+    return common.special_tokens(tokenizer, eos_ids=[token_id(t) for t in preset.eos],
+                                 bos_id=bos_id, pad_id=token_id(preset.pad),
+                                 add_bos=bos_id is not None)
+
+
+def _chat_format(preset: Preset) -> dict:
+    return {"tool_call_format": preset.tool_call_format,
+            "reasoning": dict(REASONING) if preset.thinks else None,
+            "thinking_default": preset.thinks}

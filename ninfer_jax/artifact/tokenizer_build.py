@@ -127,14 +127,21 @@ def merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
 
 
 def tokenizer_from_tiktoken(rank_file: pathlib.Path, *, pre_tokenizer_kind: str,
-                            added: list[AddedSpec]) -> Tokenizer:
-    """A `tokenizers` equivalent of a tiktoken encoding (NFC-normalised like Qwen's)."""
+                            added: list[AddedSpec], num_ranks: int | None = None,
+                            nfc: bool = True) -> Tokenizer:
+    """A `tokenizers` equivalent of a tiktoken encoding (NFC-normalised like Qwen's unless
+    `nfc` is False). `num_ranks` keeps only the ranks below it (the merges are derived from
+    the kept ranks alone, so the cut vocabulary is a consistent BPE of its own)."""
     ranks = read_tiktoken_ranks(rank_file)
     if sorted(ranks.values()) != list(range(len(ranks))):
         raise ValueError(f"{rank_file}: ranks are not the contiguous range 0..{len(ranks) - 1}")
+    if num_ranks is not None:
+        if not 256 <= num_ranks <= len(ranks):
+            raise ValueError(f"{rank_file}: cannot keep {num_ranks} of {len(ranks)} ranks")
+        ranks = {raw: rank for raw, rank in ranks.items() if rank < num_ranks}
     vocab = {bytes_to_token(raw): rank for raw, rank in ranks.items()}
     merges = [(bytes_to_token(a), bytes_to_token(b)) for a, b in merges_from_ranks(ranks)]
     # ignore_merges: a pre-token that is itself a vocabulary entry maps to it directly, as in
     # tiktoken, even when no merge sequence would reach it.
     return build_bpe_tokenizer(vocab, merges, pre_tokenizer_kind=pre_tokenizer_kind,
-                               added=added, nfc=True, ignore_merges=True)
+                               added=added, nfc=nfc, ignore_merges=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from ninfer_jax.artifact.random_init import PRESETS, TINY_DIMS  # numpy + tokenizers, no jax
 from ninfer_jax.errors import ArtifactError
 
 
@@ -42,20 +43,25 @@ def convert(src, out, name, dtype, weights, force, quiet):
 
 
 @click.command("init-random")
-@click.option("--preset", required=True,
-              type=click.Choice(["qwen3-tiny", "qwen3.5-tiny", "qwen3-8b", "llama3-8b"]))
+@click.option("--preset", required=True, type=click.Choice(list(PRESETS)))
 @click.argument("out", type=click.Path())
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--dtype", default=None, type=click.Choice(["f32", "bf16"]),
               help="Storage dtype of float weights (default: f32 for tiny presets, bf16 for 8B).")
 @click.option("--weights", default=None, type=click.Choice(WEIGHT_CHOICES),
               help="Format of the projection matrices (default: --dtype).")
+@click.option("--tiny", is_flag=True,
+              help=f"Tiny dimensions (hidden {TINY_DIMS['hidden_size']}, "
+                   f"{TINY_DIMS['num_layers']} layers, {TINY_DIMS['num_heads']} query heads) "
+                   "with everything else of the preset: architecture, vocabulary, special "
+                   "tokens, chat template and format, qk-norm, tying, RoPE, head grouping.")
 @click.option("--name", default=None, help="Public model name (default: the preset).")
 @click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
-def init_random(preset, out, seed, dtype, weights, name, force, quiet):
-    """Write an artifact with random weights, the real Qwen tokenizer and a Qwen-style chat
-    template (tiny presets for tests, 8B shapes for GPU benchmarks)."""
+def init_random(preset, out, seed, dtype, weights, tiny, name, force, quiet):
+    """Write an artifact with random weights, a real tokenizer built offline (Qwen3, Qwen3.5,
+    or a Llama-3-layout stand-in) and our own chat template (tiny presets for tests, 8B shapes
+    for GPU benchmarks)."""
     import pathlib
 
     from ninfer_jax.artifact.convert_common import stderr_progress
@@ -65,7 +71,7 @@ def init_random(preset, out, seed, dtype, weights, name, force, quiet):
     if pathlib.Path(out).exists() and not force:
         raise click.ClickException(f"{out} already exists (pass --force to replace it)")
     try:
-        contents = build(preset, seed=seed, dtype=dtype, weights=weights, name=name,
+        contents = build(preset, seed=seed, dtype=dtype, weights=weights, name=name, tiny=tiny,
                          progress=None if quiet else stderr_progress)
         path = save_artifact(out, contents, overwrite=force)
     except (ArtifactError, FileExistsError, ValueError) as exc:

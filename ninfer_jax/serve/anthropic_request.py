@@ -48,6 +48,7 @@ class AnthropicRequest:
     stop_sequences: tuple[str, ...] = ()
     thinking_budget: int | None = None  # budget_tokens of thinking.type "enabled"
     thinking_mode: str | None = None  # disabled | adaptive | enabled | None (unspecified)
+    background: bool = False  # `priority` (an extension: Anthropic's API has no such field)
 
 
 def _with_examples(description: str | None, examples, param: str) -> str | None:
@@ -183,6 +184,7 @@ def _sampling(body: dict, request: AnthropicRequest) -> None:
             fields.require_string(s, f"stop_sequences[{n}]", non_empty=True)
             for n, s in enumerate(fields.require_list(stops, "stop_sequences")))
     request.stream = bool(fields.opt_bool(body.get("stream"), "stream"))
+    request.background = fields.is_background(body.get("priority"))
 
 
 def _max_tokens(value) -> int | None:

@@ -1,7 +1,7 @@
 """Validation of a Chat Completions (and Completions) request body into typed options.
 
 Three kinds of field: those the engine executes (sampling, limits, stop strings, tools,
-thinking options), those that are accepted because their value is neutral or advisory
+thinking options, priority), those that are accepted because their value is neutral or advisory
 (metadata, user, all-zero logit_bias, logprobs:false, ...), and those whose behaviour the
 engine cannot provide, rejected with a field-specific 400 that says what is missing. Unknown
 top-level fields are ignored. A malformed value names its field.
@@ -12,8 +12,9 @@ import dataclasses
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.generation import GenerationOptions, ToolChoice
-from ninfer_jax.serve.responses_fields import (check_enum, opt_bool, opt_int, opt_number,
-                                               require_list, require_object, require_string)
+from ninfer_jax.serve.responses_fields import (check_enum, is_background, opt_bool, opt_int,
+                                               opt_number, require_list, require_object,
+                                               require_string)
 from ninfer_jax.serve.sampling import SAMPLING_FIELDS
 
 MAX_STOP_STRINGS = 4
@@ -129,7 +130,7 @@ def base_options(body: dict, protocol: str) -> GenerationOptions:
         max_tokens=limit, max_tokens_param=limit_param, sampling=sampling_fields(body),
         seed=seed, stop=stop_strings(body.get("stop")),
         ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol,
-        stream=body.get("stream") is True)
+        background=is_background(body.get("priority")), stream=body.get("stream") is True)
 
 
 def check_chat_unsupported(body: dict) -> None:

@@ -4,8 +4,9 @@
 artifact's chat template (tools filtered by tool_choice, thinking defaults from the server
 flags), resolves sampling (model defaults < process flags < request fields, --greedy last),
 the output budget (explicit, else the remaining context capped by --default-max-tokens) and
-the token policies (thinking budget, forced tool call), and describes how the output must be
-parsed (`OutputPlan`). `prepare_raw` does the same for a raw completion prompt. `start`
+the token policies (thinking budget, forced tool call), carries the request's priority
+(background or foreground) to the engine, and describes how the output must be parsed
+(`OutputPlan`). `prepare_raw` does the same for a raw completion prompt. `start`
 hands the request to the engine and waits for its admission, which every dialect does before
 it writes a byte: overload (raised by submit), a queue timeout and a client that left while
 queued (raised while waiting) are all plain HTTP outcomes, never events inside a stream.
@@ -53,6 +54,7 @@ class GenerationOptions:
     thinking_budget_param: str = "thinking_budget"
     protocol: str = "chat"
     session_key: str | None = None
+    background: bool = False  # the request's `priority` (responses_fields.is_background)
     stream: bool = False  # recorded in the request log only
 
 
@@ -252,7 +254,7 @@ def _request(ctx, request_id, prompt_ids, options, max_tokens, thinking, policie
         stop_token_ids=ctx.eos_ids, ignore_eos=options.ignore_eos, token_policy=token_policy,
         cache_breakpoints=breakpoints, session_key=options.session_key, arrival_time=arrival,
         deadline=arrival + ctx.config.pending_timeout_ms / 1000.0,
-        labels={"protocol": options.protocol})
+        background=options.background, labels={"protocol": options.protocol})
 
 
 @dataclasses.dataclass

@@ -90,10 +90,10 @@ class RequestTrace:
         self.observer.track(self)
         body = records.started(self)
         self.observer.emit("request_start", body)
-        log.info("request %s start %s: prompt %d tokens, max %d, %s", self.request_id,
+        log.info("request %s start %s: prompt %d tokens, max %d, %s, %s", self.request_id,
                  self.shape["protocol"], body["prompt_tokens"], body["max_tokens"],
                  "greedy" if body["sampling"]["greedy"] else
-                 f"sampled ({self.seed_source} seed)")
+                 f"sampled ({self.seed_source} seed)", body["priority"])
 
     # ------------------------------------------------------------------ generation
 

@@ -1,4 +1,4 @@
-"""Typed field readers shared by the Responses and Anthropic adapters.
+"""Typed field readers shared by the wire adapters (Chat and Completions, Responses, Anthropic).
 
 Every reader takes the raw JSON value and its dotted parameter path, and raises
 `InvalidRequest(param=path)` for a malformed value, so each 400 names the exact field.
@@ -15,6 +15,7 @@ from typing import Any
 from ninfer_jax.errors import InvalidRequest
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+PRIORITY_CLASSES = ("foreground", "background")
 # Template options with a typed request field; a kwargs value must agree with it.
 STANDARD_TEMPLATE_OPTIONS = ("enable_thinking", "preserve_thinking", "reasoning_effort")
 # Prompt structure the request fields own; kwargs may not override it.
@@ -103,6 +104,23 @@ def check_enum(value, param: str, allowed) -> Any:
             f"'{param}' must be one of {', '.join(map(str, allowed))}; got {value!r}.",
             param=param)
     return value
+
+
+def is_background(value, param: str = "priority") -> bool:
+    """The request `priority` of every dialect: TensorFold's "background" | "foreground", or
+    vLLM's integer where lower runs earlier and 0 is the default, so > 0 is background and
+    <= 0 foreground. Absent (or null) is foreground."""
+    if value is None:
+        return False
+    if value in PRIORITY_CLASSES:
+        return value == "background"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = repr(value) if isinstance(value, (str, float)) else type_name(value)
+        raise InvalidRequest(f"'{param}' must be 'background', 'foreground' or an integer "
+                             f"(> 0: background); got {shown}.", param=param)
+    return value > 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,7 @@ CREATE_FIELDS = PROMPT_FIELDS | {
     "stream", "store", "max_output_tokens", "temperature", "top_p", "metadata",
     "client_metadata", "max_tool_calls", "top_logprobs", "service_tier", "background",
     "include", "stream_options", "prompt_cache_key", "prompt_cache_options",
-    "prompt_cache_retention", "safety_identifier", "user",
+    "prompt_cache_retention", "safety_identifier", "user", "priority",
 }
 # Recognized OpenAI features that this server cannot provide at all.
 UNSUPPORTED_FIELDS = {
@@ -57,6 +57,9 @@ class ResponsesRequest:
     temperature: float | None = None
     top_p: float | None = None
     implicit_cache: bool = True
+    # `priority` background (yields to foreground work); unrelated to the wire's `background`
+    # (asynchronous execution), which is rejected.
+    background_priority: bool = False
 
 
 def check_fields(body: dict, allowed: frozenset) -> None:
@@ -203,6 +206,7 @@ def parse_request(body, public_model_id: str, *, count_only: bool = False) -> Re
                                                    "max_output_tokens", 0)
         request.temperature = fields.opt_number(body.get("temperature"), "temperature", 0, 2)
         request.top_p = fields.opt_number(body.get("top_p"), "top_p", 0, 1)
+        request.background_priority = fields.is_background(body.get("priority"))
     return request
 
 

@@ -92,7 +92,7 @@ class ResponsesService:
             sampling={"temperature": request.temperature, "top_p": request.top_p},
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
-            stream=request.stream)
+            background=request.background_priority, stream=request.stream)
         try:
             prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
         except ContextLengthExceeded as error:

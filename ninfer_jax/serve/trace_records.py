@@ -91,6 +91,7 @@ def started(trace) -> dict:
         "preserve_thinking": trace.shape["preserve_thinking"],
         "enable_thinking": prepared.thinking, "thinking_budget": prepared.thinking_budget,
         "prompt_tokens": len(request.prompt_ids), "max_tokens": request.max_tokens,
+        "priority": "background" if request.background else "foreground",
         "num_tools_offered": len(plan.tools),
         "tool_parsing": plan.tool_format is not None,
         "policies": _policy_flags(prepared),

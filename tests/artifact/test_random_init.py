@@ -1,12 +1,15 @@
 """init-random: presets, seeded determinism, finite scaled weights, quantized projections."""
 from __future__ import annotations
 
+import pathlib
+
 import numpy as np
 import pytest
 
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.artifact.format import load_artifact
-from ninfer_jax.artifact.random_init import PRESETS, init_random, random_params, random_tensor
+from ninfer_jax.artifact.random_init import (PRESETS, QWEN3_VOCAB, init_random, random_params,
+                                             random_tensor)
 
 
 def test_qwen3_tiny_artifact(qwen3_tiny_dir):
@@ -65,7 +68,21 @@ def test_eight_billion_presets_have_the_published_shapes():
     assert 8.1e9 < count("qwen3-8b") < 8.3e9
     assert 7.9e9 < count("llama3-8b") < 8.1e9
     assert PRESETS["llama3-8b"].config.vocab_size == 128256
-    assert "Qwen3 tokenizer" in PRESETS["llama3-8b"].notes
+    assert "Llama-3-layout stand-in vocabulary" in PRESETS["llama3-8b"].notes
+
+
+def test_llama3_metadata_uses_the_llama3_layout():
+    contents = init_random("llama3-8b", tiny=True)
+    special = contents.special_tokens
+    assert special["eos_ids"] == [128009, 128001]  # <|eot_id|>, <|end_of_text|>
+    assert special["bos_id"] == 128000 and special["add_bos"] is True
+    assert special["named"]["<|start_header_id|>"] == 128006
+    assert contents.chat_format == {"tool_call_format": "hermes", "reasoning": None,
+                                    "thinking_default": False}
+    assert contents.chat_template.startswith("{#- Llama-3-style")
+    assert contents.source == {"kind": "random", "preset": "llama3-8b", "seed": 0, "tiny": True}
+    assert contents.name == "llama3-8b-tiny"
+    assert init_random("qwen3-tiny", tiny=True).name == "qwen3-tiny"  # already tiny
 
 
 def test_qwen35_tiny_metadata_says_it_is_a_dense_stand_in():
@@ -98,3 +115,46 @@ def test_format_choices_resolve():
     assert common.resolve_formats("bf16", "int8") == ("bf16", "int8")
     with pytest.raises(ValueError, match="contradicts"):
         common.resolve_formats("f32", "bf16")
+
+
+def test_llama3_template_renders_calls_and_results_in_llama3_turns():
+    from ninfer_jax.text.chat_template import ChatRenderer
+    from ninfer_jax.text.conversation import Conversation, Message, ToolCall
+    from ninfer_jax.text.tokenizer import Tokenizer
+
+    contents = init_random("llama3-8b", tiny=True)
+    tokenizer = Tokenizer(contents.tokenizer_json, eos_ids=contents.special_tokens["eos_ids"],
+                          bos_id=contents.special_tokens["bos_id"])
+    renderer = ChatRenderer(contents.chat_template, tokenizer, contents.chat_format)
+    call = ToolCall("c1", "lookup", '{"q": "x"}')
+    prompt = renderer.render(Conversation([
+        Message("user", "Find x"), Message("assistant", "", tool_calls=[call]),
+        Message("tool", "42", tool_call_id="c1")], []))
+    assert prompt.text == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nFind x<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n<tool_call>\n"
+        '{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call><|eot_id|>'
+        "<|start_header_id|>ipython<|end_header_id|>\n\n42<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert prompt.ids[:2] == [128000, 128006]
+    assert prompt.ids[-2:] == [128007, *tokenizer.encode("\n\n")]
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset):
+    from ninfer_jax.artifact.format import check_metadata
+
+    metadata = init_random(preset, tiny=True).metadata()
+    metadata["config"] = PRESETS[preset].config.to_dict()  # the 8B shapes, no 8B weights
+    assert check_metadata(metadata, pathlib.Path("m")) == PRESETS[preset].config
+
+
+def test_inconsistent_metadata_fails_before_writing(tmp_path):
+    from ninfer_jax.artifact.format import save_artifact
+    from ninfer_jax.errors import ArtifactError
+
+    contents = init_random("qwen3-tiny")
+    contents.special_tokens = dict(contents.special_tokens, eos_ids=[QWEN3_VOCAB])
+    with pytest.raises(ArtifactError, match="eos id 151669 is outside the vocabulary"):
+        save_artifact(tmp_path / "bad.ninfer", contents)
+    assert list(tmp_path.iterdir()) == []  # not even a staging directory

@@ -1,0 +1,124 @@
+"""Every `ninfer init-random` preset, built at tiny dimensions through the CLI, loads and
+answers: its template renders with the preset's own control tokens, its end tokens lie in the
+vocabulary, and the real JaxRunner + Engine generate tokens that stop where they should."""
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ninfer_jax.artifact.format import load_artifact
+from ninfer_jax.artifact.random_init import PRESETS, TINY_DIMS
+from ninfer_jax.cli.main import main
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.engine import Engine
+from ninfer_jax.engine.request import Finished, GenerationRequest, SamplingParams, Tokens
+from ninfer_jax.engine.runner import JaxRunner
+from ninfer_jax.text.chat_template import ChatRenderer
+from ninfer_jax.text.conversation import Conversation, Message, ToolSpec
+
+MAX_CONTEXT, PAGE_SIZE, CHUNK = 128, 16, 64  # few compiled shapes per preset
+NUM_NEW = 4
+LOOKUP = ToolSpec("lookup", "Find a fact", {"type": "object", "properties": {}})
+# What each preset must keep at any size: (end of turn = first eos, beginning of text or None).
+TURN_TOKENS = {"qwen3-tiny": ("<|im_end|>", None), "qwen3.5-tiny": ("<|im_end|>", None),
+               "qwen3-8b": ("<|im_end|>", None),
+               "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>")}
+
+
+def cli_presets() -> list[str]:
+    command = main.get_command(click.Context(main), "init-random")
+    option = next(p for p in command.params if p.name == "preset")
+    return list(option.type.choices)
+
+
+def test_the_cli_offers_every_preset_and_each_is_covered_here():
+    assert cli_presets() == list(PRESETS) == list(TURN_TOKENS)
+
+
+@pytest.fixture(scope="module", params=list(PRESETS))
+def tiny(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp("preset") / f"{request.param}.ninfer"
+    result = CliRunner().invoke(main, ["init-random", "--preset", request.param, "--tiny",
+                                       str(out), "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return request.param, load_artifact(out)
+
+
+def test_tiny_keeps_everything_but_the_dimensions(tiny):
+    name, artifact = tiny
+    full, config = PRESETS[name].config, artifact.config
+    for field, value in TINY_DIMS.items():
+        assert getattr(config, field) == value, field
+    kept = ("architecture", "vocab_size", "rms_norm_eps", "rope_theta", "rope_scaling",
+            "tie_word_embeddings", "qk_norm", "max_position_embeddings")
+    assert {f: getattr(config, f) for f in kept} == {f: getattr(full, f) for f in kept}
+    group = full.num_heads // full.num_kv_heads
+    assert config.num_heads // config.num_kv_heads == min(group, config.num_heads)
+    assert artifact.chat_format["tool_call_format"] == PRESETS[name].tool_call_format
+    assert artifact.name == name if config == full else artifact.name == f"{name}-tiny"
+
+
+def test_end_tokens_and_template_agree_with_the_vocabulary(tiny):
+    name, artifact = tiny
+    tokenizer = artifact.load_tokenizer()
+    end_of_turn, begin = TURN_TOKENS[name]
+    assert all(0 <= i < min(tokenizer.vocab_size, artifact.config.vocab_size)
+               for i in artifact.eos_ids)
+    assert artifact.eos_ids[0] == tokenizer.token_to_id(end_of_turn)
+    assert all(tokenizer.is_control(i) for i in artifact.eos_ids)
+    rendered = _render(artifact, tokenizer, tools=[LOOKUP])
+    assert rendered.ids.count(artifact.eos_ids[0]) == 2  # closes the system and user turns
+    assert '"name": "lookup"' in rendered.text and "Say hi." in rendered.text
+    bos = artifact.metadata["special_tokens"]["bos_id"]
+    assert bos == (tokenizer.token_to_id(begin) if begin else None)
+    assert (rendered.ids[0] == bos) if begin else (bos not in rendered.ids)
+
+
+def _render(artifact, tokenizer, tools=()):
+    renderer = ChatRenderer(artifact.chat_template, tokenizer, artifact.chat_format)
+    messages = [Message("system", "Be brief."), Message("user", "Say hi.")]
+    return renderer.render(Conversation(messages, list(tools)))
+
+
+@pytest.fixture(scope="module")
+def engine(tiny):
+    _, artifact = tiny
+    config = EngineConfig(max_concurrency=1, max_context=MAX_CONTEXT, prefill_chunk=CHUNK)
+    runner = JaxRunner(artifact, num_pages=config.num_pages(PAGE_SIZE), page_size=PAGE_SIZE,
+                       max_batch=1, max_context=MAX_CONTEXT, prefill_chunk=CHUNK)
+    engine = Engine(runner, config, eos_ids=artifact.eos_ids)
+    engine.start()
+    assert engine.wait_ready(300)
+    yield engine
+    engine.shutdown(timeout=10)
+
+
+def _generate(engine, request_id, prompt, stop_ids) -> tuple[list[int], Finished]:
+    request = GenerationRequest(request_id, list(prompt), SamplingParams(temperature=0.0),
+                                NUM_NEW, stop_token_ids=frozenset(stop_ids))
+    streamed, finished = [], None
+    for event in engine.submit(request).events():
+        if isinstance(event, Tokens):
+            streamed.extend(event.ids)
+        elif isinstance(event, Finished):
+            finished = event
+    assert finished is not None, "the request failed"
+    assert list(finished.output_ids) == streamed
+    return streamed, finished
+
+
+def test_the_preset_answers_through_the_real_runner(tiny, engine):
+    _, artifact = tiny
+    tokenizer = artifact.load_tokenizer()
+    prompt = _render(artifact, tokenizer).ids
+    output, finished = _generate(engine, "length", prompt, artifact.eos_ids)
+    assert finished.reason == "length" and len(output) == NUM_NEW
+    assert all(0 <= t < artifact.config.vocab_size for t in output)
+    assert isinstance(tokenizer.decode(output), str)
+    assert finished.usage.prompt_tokens == len(prompt)
+    # A stop token ends the reply where it is generated (greedy: the same tokens again).
+    stop = output[1]
+    stopped, finished = _generate(engine, "stop", prompt, {*artifact.eos_ids, stop})
+    assert finished.reason == "stop" and finished.matched_stop_token == stop
+    assert stopped == output[:output.index(stop) + 1]
