@@ -190,7 +190,7 @@ class Bench:
             command = self.serve_bench(server, "--concurrency", str(concurrency),
                                        "--requests-per-client", str(per_client),
                                        "--max-tokens", str(self.args.max_tokens))
-            record = self.serve_bench_run("load", "level", command, server)
+            record = self.serve_bench_run("load", "level", command, server, preset)
             if record is None:
                 continue
             bare = step.get(concurrency)
@@ -204,7 +204,8 @@ class Bench:
         command = self.serve_bench(server, "--interference", str(self.args.interference),
                                    "--long-prompt", str(self.args.long_prompt),
                                    "--max-tokens", str(self.args.interference_max_tokens))
-        record = self.serve_bench_run("interference", "interference", command, server)
+        record = self.serve_bench_run("interference", "interference", command, server,
+                                      preset)
         if record is not None:
             self.results.add("interference", command, preset=preset, **record)
 
@@ -213,8 +214,8 @@ class Bench:
                 "completions", "--prompt-tokens", str(self.args.prompt_tokens), "--json",
                 *extra]
 
-    def serve_bench_run(self, stage: str, cap_key: str, command: list[str],
-                        server: Server) -> dict | None:
+    def serve_bench_run(self, stage: str, cap_key: str, command: list[str], server: Server,
+                        preset: str) -> dict | None:
         """Run one serve_bench command; its JSON record plus the /metrics counter deltas."""
         cap = self.capped(stage, cap_key)
         if cap is None:
@@ -224,8 +225,9 @@ class Bench:
         after = parse_metrics(http_get(server.url + "/metrics")[1], METRICS)
         lines = [json.loads(x) for x in run["stdout"].splitlines() if x.startswith("{")]
         if run["rc"] != 0 or not lines:
-            self.results.add(stage, command, rc=run["rc"], seconds=run["seconds"],
-                             timed_out=run["timed_out"], failed=True)
+            self.results.add(stage, command, preset=preset, rc=run["rc"],
+                             seconds=run["seconds"], timed_out=run["timed_out"], failed=True,
+                             server_alive=server.proc.poll() is None)
             return None
         return {**lines[-1], "seconds": run["seconds"],
                 "metrics_delta": {k: after[k] - before.get(k, 0.0) for k in after}}
@@ -271,7 +273,9 @@ def print_summary(rows: list[dict]) -> None:
             figure = row.get("skipped") or f"FAILED rc={row.get('rc')} " \
                 f"timed_out={row.get('timed_out')}"
         elif stage in ("cold", "warm", "start") and "ready_s" in row:
-            figure = f"listening {row['listening_s']} s, /health ok {row['ready_s']} s"
+            figure = (f"listening {row['listening_s']} s, /health ok {row['ready_s']} s"
+                      if row["ready_s"] is not None else
+                      f"NOT READY: exited rc={row['exit_rc']}; see server-{stage}.log")
         elif stage == "step":
             figure = f"decode tok/s {row['decode_tok_s']}, prefill {row['prefill_tok_s']}"
         elif stage == "load":
