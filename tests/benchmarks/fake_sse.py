@@ -1,5 +1,6 @@
-"""A stand-in for `ninfer serve`'s streaming completions: one chunk per token at a fixed
-interval, then the usage chunk, so the benchmark's figures can be checked against known
+"""A stand-in for `ninfer serve`'s streaming completions and chat completions (a chat
+prompt's length is its word count): one chunk per token at a fixed interval, then the usage
+chunk, so the benchmark's figures can be checked against known
 timings. A prompt longer than `long_prompt` waits `long_delay` s before its first token."""
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.server.bodies.append(body)
-        prompt = body.get("prompt")
+        is_chat = self.path == "/v1/chat/completions"
+        prompt = body["messages"][0]["content"].split() if is_chat else body.get("prompt")
         if not isinstance(prompt, list) or not body.get("ignore_eos"):
             self._json(400, {"error": {"message": "token ids and ignore_eos expected"}})
             return
@@ -50,7 +52,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             sent = []
             for _ in range(body["max_tokens"]):
                 sent.append(time.perf_counter())
-                self._event({"choices": [{"index": 0, "text": "x", "finish_reason": None}]})
+                choice = {"index": 0, "delta": {"content": "x"}} if is_chat else {
+                    "index": 0, "text": "x", "finish_reason": None}
+                self._event({"choices": [choice]})
                 time.sleep(self.server.interval)
             rate = (len(sent) - 1) / (sent[-1] - sent[0]) if len(sent) > 1 else 0.0
             self._event({"choices": [], "usage": {"prompt_tokens": len(prompt),

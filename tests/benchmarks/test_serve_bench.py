@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from fake_sse import FakeCompletions
 
@@ -101,13 +102,21 @@ def test_levels_against_a_server_of_known_timing(fake, capsys):
     assert all(b["ignore_eos"] and b["stream"] and b["temperature"] == 0 for b in fake.bodies)
 
 
+def test_chat_levels_use_the_padded_prompts(fake, capsys):
+    rc = serve_bench.main(["--url", fake.url, "--prompt-tokens", "40", "--max-tokens", "3",
+                           "--concurrency", "2", "--requests-per-client", "1", "--json"])
+    assert rc == 0
+    [level] = _json_lines(capsys)
+    assert level["api"] == "chat" and level["output_tokens"] == 6 and level["num_errors"] == 0
+    assert level["prompt_tokens"] == 41  # 40 words asked, + "Context:"
+
+
 def test_a_refused_request_is_reported_not_raised(fake):
-    args = serve_bench.parse_args(["--url", fake.url, "--api", "chat"])
-    args.headers, args.model = {}, "fake-model"
-    import httpx
     with httpx.Client(base_url=fake.url) as client:
-        result = serve_bench.one_request(client, *serve_bench.request_body(args, 0, 0, 4))
+        result = serve_bench.one_request(client, "/v1/completions",
+                                         {"prompt": [1, 2], "max_tokens": 2, "stream": True})
     assert result["error"].startswith("HTTP 400") and result["chunks"] == []
+    assert result["tokens"] == 0
 
 
 def test_interference_measures_the_late_prompt_and_the_streams(fake, capsys):
