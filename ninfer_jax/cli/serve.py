@@ -5,6 +5,7 @@ import sys
 
 import click
 
+from ninfer_jax.engine.config import MAX_LANES, MIN_LANES
 from ninfer_jax.serve.config import SamplingOverrides, ServeConfig
 
 
@@ -31,11 +32,15 @@ def _kv_capacity(value: str | None):
 @click.option("--kv-capacity", default=None,
               help="Shared KV pool in tokens, or 'auto' (free device memory). Default: one "
                    "--max-context per lane, within the auto bound.")
-@click.option("--max-concurrency", default=1, show_default=True, type=click.IntRange(1, 8))
+@click.option("--max-concurrency", default=1, show_default=True,
+              type=click.IntRange(MIN_LANES, MAX_LANES),
+              help="Resident execution lanes (also the largest decode batch).")
 @click.option("--max-pending-requests", default=16, show_default=True, type=click.IntRange(min=0))
 @click.option("--pending-timeout-ms", default=30000, show_default=True, type=click.IntRange(min=1))
 @click.option("--prefill-chunk", default=1024, show_default=True, type=click.IntRange(min=16))
-@click.option("--decode-share", default=0.25, show_default=True, type=click.FloatRange(0, 16))
+@click.option("--decode-share", default=0.25, show_default=True, type=click.FloatRange(0, 16),
+              help="0: a step that prefills a prompt chunk carries no decode rows (prompts "
+                   "first); above 0 running streams decode in every step, chunks included.")
 @click.option("--default-max-tokens", default=8192, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-request-mib", default=384, show_default=True, type=click.IntRange(min=1))
 @click.option("--no-prefix-reuse", is_flag=True)

@@ -239,6 +239,10 @@ class JaxRunner:
         finally:
             self.compile_done.set()
 
+    def compile_shapes(self, shapes) -> None:
+        """Compile these (chunk, rows) shapes now, in parallel (benchmarks pin exact shapes)."""
+        self._compile_all(list(shapes))
+
     def _compile_all(self, shapes) -> None:
         if len(shapes) <= 1 or self.compile_threads <= 1:
             for shape in shapes:
