@@ -69,8 +69,10 @@ class CoreProcess:
 
     def close_in_child(self) -> None:
         """In a forked HTTP worker: drop the inherited control end, so that only the
-        launcher's exit closes it."""
+        launcher's exit closes it, and forget the core as a child: multiprocessing's exit
+        handler would otherwise try to join it from the worker (not its parent)."""
         self.control.close()
+        getattr(multiprocessing.process, "_children", set()).discard(self.process)
 
     def stop(self, timeout: float = SHUTDOWN_TIMEOUT_S + 5) -> None:
         if os.getpid() != self._owner_pid or not self.process.is_alive():

@@ -233,7 +233,8 @@ def register(app, ctx) -> None:
         add_listener(observer.on_scheduling)
     observer.start()
     interval_ms = ctx.config.log_stats_interval_ms
-    if interval_ms > 0:
+    # With several HTTP workers the engine core reports throughput once (engine_setup.py).
+    if interval_ms > 0 and ctx.config.http_workers == 1:
         reporter = ThroughputReporter(ctx.engine, interval_ms / 1000.0, writer)
         ctx.extras["throughput"] = reporter
         reporter.start()
