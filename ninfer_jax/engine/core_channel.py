@@ -45,6 +45,7 @@ class Hello:
 
     config: EngineConfig
     pool_tokens: int
+    runtime: dict  # what JAX runs on in the core (version, backend, devices), for logs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,6 +56,7 @@ class EngineClient:
         self.ready = threading.Event()  # the core's warm-up finished
         self.config = None  # EngineConfig, from Hello
         self.pool_tokens = 0
+        self.runtime: dict = {}  # the core's JAX version, backend, devices
         self._thread = threading.Thread(target=self._receive_forever,
                                         name="ninfer-core-client", daemon=True)
         self._thread.start()
@@ -160,6 +161,7 @@ class EngineClient:
                     listener(item)
             elif isinstance(item, Hello):
                 self.config, self.pool_tokens = item.config, item.pool_tokens
+                self.runtime = item.runtime
                 self._built.set()
         if self._stats.ready and self.config is not None:
             self.ready.set()

@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import secrets
 import signal
+import sys
 import threading
 from multiprocessing.connection import Listener
 from typing import Callable
@@ -120,6 +121,18 @@ def _core_main(spec: CoreSpec, address: str, authkey: bytes, control) -> None:
     server.shutdown()
 
 
+def describe_runtime() -> dict:
+    """JAX's version, backend and devices, when the engine imported JAX (a fake does not)."""
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return {}
+    try:
+        return {"jax": jax.__version__, "backend": jax.default_backend(),
+                "devices": [getattr(d, "device_kind", str(d)) for d in jax.devices()]}
+    except Exception:  # noqa: BLE001 - describing the runtime must never stop start-up
+        return {"jax": getattr(jax, "__version__", None)}
+
+
 class _Worker:
     """One HTTP worker's connection and the handles of its requests (by the worker's key)."""
 
@@ -158,7 +171,7 @@ class CoreServer:
             return
         with self._lock:
             self.engine = engine
-            self._hello = Hello(engine.config, engine.pool_tokens)
+            self._hello = Hello(engine.config, engine.pool_tokens, describe_runtime())
             for worker in self._workers:
                 self._enqueue(worker, self._hello)
 

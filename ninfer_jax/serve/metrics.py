@@ -129,13 +129,16 @@ class EngineCollector:
         ctx = self.ctx
         info = GaugeMetricFamily("ninfer_model_info", "Served model identity.",
                                  labels=["model", "architecture", "backend"])
-        info.add_metric([ctx.model_id, ctx.architecture, _backend()], 1.0)
+        info.add_metric([ctx.model_id, ctx.architecture, _backend(ctx.engine)], 1.0)
         return info
 
 
-def _backend() -> str:
+def _backend(engine) -> str:
     import sys
 
+    runtime = getattr(engine, "runtime", None)  # an engine-core client: JAX runs there
+    if runtime is not None:
+        return runtime.get("backend", "none")
     jax = sys.modules.get("jax")
     try:
         return jax.default_backend() if jax is not None else "none"

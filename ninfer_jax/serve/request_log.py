@@ -143,9 +143,12 @@ class JsonlWriter:
 # ----------------------------------------------------------------------------- server_start
 
 
-def _runtime() -> dict:
+def _runtime(engine) -> dict:
     info = {"pid": os.getpid(), "python": platform.python_version(),
             "platform": platform.platform(terse=True)}
+    runtime = getattr(engine, "runtime", None)  # an engine-core client: JAX runs there
+    if runtime is not None:
+        return {**info, **runtime}
     jax = sys.modules.get("jax")  # only describe JAX when the server already uses it
     if jax is not None:
         try:
@@ -203,7 +206,7 @@ def server_start_record(ctx) -> dict:
             "log_level": config.log_level,
             "capture_requests": config.capture_requests is not None,
         },
-        "runtime": _runtime(),
+        "runtime": _runtime(engine),
         "argv": redact_argv(config.argv),
     }
 

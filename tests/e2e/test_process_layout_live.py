@@ -79,6 +79,10 @@ def test_only_the_engine_core_loads_jax(live_server):
     core, workers = roles(live_server)
     assert has_jax(core)
     assert len(workers) == 1 and not has_jax(workers[0])
+    # The worker still reports what JAX runs on: the core told it.
+    metrics = httpx.get(live_server.url + "/metrics", headers=live_server.headers).text
+    info = [line for line in metrics.splitlines() if line.startswith("ninfer_model_info{")]
+    assert len(info) == 1 and 'backend="cpu"' in info[0]
 
 
 def test_two_http_workers_share_one_core_until_it_dies(server_factory):
