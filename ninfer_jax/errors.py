@@ -22,6 +22,11 @@ class NinferError(Exception):
         if code is not None:
             self.code = code
 
+    def __reduce__(self):
+        # Errors cross the engine-core channel (Failed events, submit refusals). The default
+        # reduction calls cls(*args), which subclasses with other signatures cannot take.
+        return _rebuild_error, (type(self), self.args, self.__dict__)
+
 
 class InvalidRequest(NinferError):
     """Malformed or out-of-range request value (HTTP 400)."""
@@ -110,6 +115,13 @@ class EngineUnavailable(NinferError):
 class InternalError(NinferError):
     status = 500
     code = "internal_error"
+
+
+def _rebuild_error(cls, args, state):
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ArtifactError(Exception):

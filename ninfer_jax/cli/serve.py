@@ -71,7 +71,17 @@ def _kv_capacity(value: str | None):
 @click.option("--frequency-penalty", default=None, type=click.FloatRange(-2, 2))
 @click.option("--seed", default=None, type=int)
 @click.option("--greedy", is_flag=True)
+@click.option("--device", default=0, show_default=True, type=click.IntRange(min=0),
+              help="CUDA device index (among CUDA_VISIBLE_DEVICES when set) the engine core "
+                   "uses. On CPU: accepted, no effect beyond the core's environment.")
+@click.option("--no-cuda-graph", is_flag=True,
+              help="Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
+                   "On CPU: accepted, no effect beyond the core's environment.")
 @click.option("--http-threads", default=32, show_default=True, type=click.IntRange(min=2))
+@click.option("--http-workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="HTTP worker processes sharing the one engine core. Above 1 it needs the "
+                   "Responses store off (--response-store-max-records 0) and no "
+                   "--request-log-jsonl / --capture-requests: those are per worker.")
 def serve(artifact, kv_capacity, temperature, top_p, top_k, min_p, presence_penalty,
           frequency_penalty, seed, greedy, **options):
     """Serve ARTIFACT (default: the embedded SmolLM2-135M-Instruct) over HTTP."""

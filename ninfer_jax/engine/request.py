@@ -136,14 +136,34 @@ class RequestHandle:
         self._done = False
         # Called (from any thread) after cancel()/stop_at() so the engine can wake up.
         self._on_control = on_control
+        self._sink = None  # forward(): events go to sink(handle, event), not the queue
 
     # -- engine side
     def publish(self, event: Event) -> None:
-        if self._done:
-            return
-        if isinstance(event, TERMINAL):
-            self._done = True
-        self._events.put(event)
+        with self._lock:
+            if self._done:
+                return
+            if isinstance(event, TERMINAL):
+                self._done = True
+            sink = self._sink
+            if sink is None:
+                self._events.put(event)
+                return
+        sink(self, event)
+
+    def forward(self, sink) -> None:
+        """Hand every event to `sink(handle, event)` instead of the queue, those published
+        so far first, in order. The engine-core process relays a handle's events to the HTTP
+        worker that owns the request this way; `sink` runs on the publishing (engine) thread
+        and must only enqueue."""
+        with self._lock:
+            while True:
+                try:
+                    event = self._events.get_nowait()
+                except queue.Empty:
+                    break
+                sink(self, event)
+            self._sink = sink
 
     @property
     def cancel_requested(self) -> bool:

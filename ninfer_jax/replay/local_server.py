@@ -53,9 +53,9 @@ class LocalServer:
     def start(self, ready_timeout: float = 1800.0) -> str:
         """Load, warm up and listen; returns the base URL."""
         from ninfer_jax.serve.app import create_app
-        from ninfer_jax.serve.launcher import build_context
+        from ninfer_jax.serve.engine_setup import build_local_context
 
-        self.ctx = build_context(self.config)
+        self.ctx = build_local_context(self.config)
         app = create_app(self.ctx)
         if not self.ctx.engine.wait_ready(ready_timeout) or not self.ctx.engine.healthy:
             raise RuntimeError("the in-process engine did not become ready")

@@ -61,7 +61,11 @@ class ServeConfig:
     log_level: str = "info"
     # sampling
     sampling: SamplingOverrides = SamplingOverrides()
+    # device (applied to the engine-core process's environment only)
+    device: int = 0  # CUDA device index among the visible ones
+    no_cuda_graph: bool = False  # XLA command buffers (CUDA graphs) off
     # gunicorn
     http_threads: int = 32
+    http_workers: int = 1  # HTTP worker processes sharing the one engine core
     # argv as typed, kept for the request log's server_start record (redacted there)
     argv: tuple[str, ...] = ()

@@ -1,7 +1,9 @@
 """ServingContext: everything a wire adapter needs, built once per worker process.
 
 Adapters receive it through `register(app, ctx)` and never reach for globals. It holds the
-engine (anything with `submit`, `stats`, `healthy` and a `ready` event), the tokenizer and chat
+engine (anything with `submit`, `stats`, `healthy` and a `ready` event: in `ninfer serve` an
+engine/core_client.EngineClient talking to the engine-core process, in tests and replay an
+in-process Engine), the tokenizer and chat
 renderer of the loaded artifact, the public model id, the ServeConfig and what the artifact's
 metadata says about its chat format (reasoning markers, tool-call format, thinking default).
 """

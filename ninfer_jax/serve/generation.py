@@ -24,8 +24,8 @@ from ninfer_jax.serve import sampling as sampling_mod
 from ninfer_jax.serve.context import ServingContext
 from ninfer_jax.serve.disconnect import NO_PEER, PeerWatch
 from ninfer_jax.serve.output import OutputAssembler
-from ninfer_jax.serve.policies import (EARLY_CLOSE_GUIDANCE, ForcedToolCall, PolicyChain,
-                                       ThinkingBudget)
+from ninfer_jax.serve.policies import (EARLY_CLOSE_GUIDANCE, BlankToken, ForcedToolCall,
+                                       PlainEncode, PolicyChain, ThinkingBudget)
 from ninfer_jax.text.conversation import Conversation, ToolSpec
 from ninfer_jax.text.tool_parsers import tool_format
 
@@ -164,7 +164,7 @@ def _thinking_budget(ctx, options, thinking, starts_in_reasoning, max_tokens):
                           close_id=close_id, suffix_ids=suffix,
                           starts_in_reasoning=starts_in_reasoning, max_tokens=max_tokens,
                           stop_ids=ctx.eos_ids,
-                          is_blank=lambda token: not ctx.tokenizer.decode([token]).strip())
+                          is_blank=BlankToken(ctx.tokenizer))
 
 
 def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):
@@ -177,7 +177,7 @@ def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):
     markers = ctx.reasoning_markers or (None, None)
     tokenizer = ctx.tokenizer
     return ForcedToolCall(
-        decode=tokenizer.decode, encode=lambda text: tokenizer.encode(text, special=False),
+        decode=tokenizer.decode, encode=PlainEncode(tokenizer),
         prefix_ids=tokenizer.encode(fmt.call_prefix, special=True),
         names=[t.qualified_name for t in tools], terminator=fmt.name_terminator,
         open_id=_single_token(ctx, markers[0]) if markers[0] else None,

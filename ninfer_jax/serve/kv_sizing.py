@@ -11,9 +11,10 @@ quarter of the RAM available now (after the weights were read), and at most 16 f
 Without --kv-capacity the pool holds one full context per lane (`default_kv_tokens`), within
 the same bound, and never less than one context.
 
-The launcher calls `resolve_pool` (`place_weights`, then `auto_kv_tokens_for`) before it builds
-the runner:
-the runner's own cast of already-placed params is then a no-op, so the measurement sees
+The engine core calls `resolve_pool` (serve/engine_setup.py: `place_weights`, then
+`auto_kv_tokens_for`) before it builds the runner; only that process imports JAX (the two
+functions that need it import it in their bodies), HTTP workers never size the pool. The
+runner's own cast of already-placed params is then a no-op, so the measurement sees
 exactly the weights the server will hold.
 """
 from __future__ import annotations

@@ -1,28 +1,36 @@
-"""`run_server(config)`: gunicorn, run programmatically, serving one resident engine.
+"""`run_server(config)`: the engine-core process plus gunicorn's HTTP workers around it.
 
-One worker process (gthread, `config.http_threads` HTTP threads). Nothing heavy happens in the
-master: the app is loaded in the worker after the fork (no preload), so the engine thread and
-the device belong to the process that serves requests. Loading reads the artifact, builds the
-JaxRunner and the Engine and starts the engine thread, which compiles every step bucket
-(warm-up) before /health reports ok. With `--kv-capacity auto` the weights are placed on the
-device first and the pool is sized from the memory left (serve/kv_sizing.py); so is the
-default pool (one context per lane) when several lanes are asked for. No worker
-timeout (a long stream is not a hung worker), no control socket, graceful shutdown that
-stops the engine.
+The launcher (gunicorn's master process) first starts the engine core
+(engine/core_process.py, spawned: the only process that imports JAX; serve/engine_setup.py
+says what it builds and with which environment: --device, --no-cuda-graph) and waits until
+its socket listens. Then gunicorn forks `--http-workers` gthread workers
+(`--http-threads` HTTP threads each). Each worker loads the artifact without weights
+(tokenizer, template, metadata) and connects an EngineClient, which waits until the core has
+built its engine; warm-up goes on in the core while /health says "loading". No worker
+timeout (a long stream is not a hung worker), no control socket. Shutdown (SIGTERM, SIGINT)
+stops the workers gracefully, then the core; if the launcher dies, the core sees its control
+pipe close and stops too.
+
+Several workers share one engine; what a worker keeps for itself is refused or shared:
+the Responses store and the JSONL files (request log, capture) need `--http-workers 1`;
+/metrics' request counters go through prometheus_client's multiprocess files; the throughput
+report runs in the core.
 
 Stderr records read `YYYY-MM-DD HH:MM:SS.mmm LEVEL message` (gunicorn's own included).
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import logging.config
+import os
+import shutil
 import socket
 import sys
+import tempfile
 
 from gunicorn.app.base import BaseApplication
 
-from ninfer_jax.serve import kv_sizing
+from ninfer_jax.serve import engine_setup
 from ninfer_jax.serve.config import ServeConfig
 
 log = logging.getLogger("ninfer_jax.serve")
@@ -81,50 +89,55 @@ def _tune_socket(sock) -> None:
         pass  # not a TCP socket (tests, unix sockets): nothing to tune
 
 
-def build_context(config: ServeConfig):
-    """Load the artifact, build runner + engine (started: warm-up runs in its thread)."""
-    from ninfer_jax.artifact.format import load_artifact
-    from ninfer_jax.engine.config import EngineConfig
-    from ninfer_jax.engine.engine import Engine
-    from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
+def serving_context(config: ServeConfig, artifact, engine):
+    """The worker's ServingContext: the artifact's text side around `engine` (an
+    EngineClient, or an in-process Engine for replay), whose config gives the context."""
     from ninfer_jax.serve.context import ServingContext
     from ninfer_jax.text.chat_template import ChatRenderer
 
-    artifact = load_artifact(config.artifact, weights=True)
     tokenizer = artifact.load_tokenizer()
     template = artifact.chat_template
     if config.chat_template:
         with open(config.chat_template, encoding="utf-8") as handle:
             template = handle.read()
-    max_context = min(config.max_context, artifact.config.max_position_embeddings)
-    page_size = 16
-    kv_dtype = kv_dtype_for(config.kv_dtype)
-    artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
-                                                 max_context=max_context, page_size=page_size)
-    engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
-    if max_context != config.max_context:
-        log.warning("--max-context %d exceeds the model's %d positions; using %d",
-                    config.max_context, max_context, max_context)
-        engine_config = dataclasses.replace(engine_config, max_context=max_context)
-    runner = JaxRunner(artifact, num_pages=engine_config.num_pages(page_size),
-                       page_size=page_size, max_batch=config.max_concurrency,
-                       max_context=max_context, prefill_chunk=config.prefill_chunk,
-                       kv_dtype=kv_dtype)
-    engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
-    engine.start()
-    log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes; warming up",
-             artifact.name, artifact.config.architecture, max_context, engine.pool_tokens,
-             runner.kv_dtype.name, config.max_concurrency)
     return ServingContext(
         engine=engine, tokenizer=tokenizer,
         renderer=ChatRenderer(template, tokenizer, artifact.chat_format),
         model_id=config.model_id or artifact.name, config=config, metadata=artifact.metadata,
-        max_context=max_context)
+        max_context=engine.config.max_context)
+
+
+def build_worker_context(config: ServeConfig, address: str, authkey: bytes):
+    """In an HTTP worker: connect to the engine core and wait until its engine is built."""
+    from ninfer_jax.artifact.format import load_artifact
+    from ninfer_jax.engine.core_client import EngineClient
+
+    artifact = load_artifact(config.artifact, weights=False)
+    client = EngineClient(address, authkey)
+    client.wait_built()
+    return serving_context(config, artifact, client)
+
+
+def check_http_workers(config: ServeConfig) -> None:
+    """ValueError for options whose state lives in one worker, with several workers."""
+    if config.http_workers == 1:
+        return
+    if config.response_store_max_records > 0 and config.response_store_max_mib > 0:
+        raise ValueError(f"--http-workers {config.http_workers}: the Responses store is kept "
+                         "per worker (previous_response_id and GET /v1/responses/{id} would "
+                         "miss on the other workers); turn it off with "
+                         "--response-store-max-records 0, or serve with --http-workers 1")
+    for option, value in (("--request-log-jsonl", config.request_log_jsonl),
+                          ("--capture-requests", config.capture_requests)):
+        if value:
+            raise ValueError(f"--http-workers {config.http_workers}: {option} is written by "
+                             "one worker process; serve with --http-workers 1 to use it")
 
 
 class NinferApplication(BaseApplication):
-    def __init__(self, config: ServeConfig):
+    def __init__(self, config: ServeConfig, core):
         self.config = config
+        self.core = core  # engine/core_process.CoreProcess
         self.ctx = None
         super().__init__()
 
@@ -133,11 +146,13 @@ class NinferApplication(BaseApplication):
         settings = {
             "bind": [f"[{config.host}]:{config.port}" if ":" in config.host
                      else f"{config.host}:{config.port}"],
-            "workers": 1, "worker_class": "gthread", "threads": config.http_threads,
+            "workers": config.http_workers, "worker_class": "gthread",
+            "threads": config.http_threads,
             "timeout": 0, "graceful_timeout": GRACEFUL_TIMEOUT_S, "keepalive": 5,
             "preload_app": False, "control_socket_disable": True, "accesslog": None,
             "logconfig_dict": logging_config(config.log_level),
-            "proc_name": "ninfer-serve", "worker_exit": self._worker_exit,
+            "proc_name": "ninfer-serve", "post_fork": self._post_fork,
+            "worker_exit": self._worker_exit,
         }
         for key, value in settings.items():
             self.cfg.set(key, value)
@@ -146,14 +161,16 @@ class NinferApplication(BaseApplication):
         # Runs in the worker process, after the fork.
         from ninfer_jax.serve.app import create_app
 
-        self.ctx = build_context(self.config)
+        self.ctx = build_worker_context(self.config, self.core.address, self.core.authkey)
         return _KeepAliveSockets(create_app(self.ctx))
+
+    def _post_fork(self, server, worker) -> None:
+        self.core.close_in_child()
 
     def _worker_exit(self, server, worker) -> None:
         if self.ctx is not None:
             from ninfer_jax.serve.request_log import shutdown as close_logs
 
-            log.info("shutting down the engine")
             self.ctx.engine.shutdown(timeout=GRACEFUL_TIMEOUT_S)
             close_logs(self.ctx)
 
@@ -180,6 +197,39 @@ def run_server(config: ServeConfig) -> None:
     except ValueError as exc:
         log.error("cannot serve: %s", exc)
         sys.exit(2)
+    try:
+        check_http_workers(config)
+        core_env = engine_setup.core_environment(config, os.environ)
+    except ValueError as exc:
+        log.error("cannot serve: %s", exc)
+        sys.exit(2)
     log.info("starting ninfer-jax on http://%s:%d (artifact %s)", config.host, config.port,
              config.artifact)
-    NinferApplication(config).run()
+    log.info("engine core: --device %d (CUDA_VISIBLE_DEVICES=%s), CUDA graphs %s%s; "
+             "%d HTTP worker(s)", config.device, core_env["CUDA_VISIBLE_DEVICES"],
+             "off" if config.no_cuda_graph else "on",
+             f" (XLA_FLAGS={core_env['XLA_FLAGS']})" if "XLA_FLAGS" in core_env else "",
+             config.http_workers)
+    _serve(config)
+
+
+def _serve(config: ServeConfig) -> None:
+    from ninfer_jax.engine.core_process import start_core
+
+    run_dir = tempfile.mkdtemp(prefix="ninfer-serve-")
+    core = start_core(engine_setup.core_spec(config, os.environ),
+                      os.path.join(run_dir, "engine-core.sock"))
+    launcher_pid = os.getpid()
+    try:
+        core.wait_listening()
+        if config.http_workers > 1:
+            # Read by prometheus_client when a worker first imports it (serve/metrics.py).
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(run_dir, "metrics")
+            os.mkdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+        NinferApplication(config, core).run()
+    finally:
+        # gunicorn's forked workers unwind this stack too: only the launcher cleans up.
+        if os.getpid() == launcher_pid:
+            log.info("stopping the engine core")
+            core.stop()
+            shutil.rmtree(run_dir, ignore_errors=True)

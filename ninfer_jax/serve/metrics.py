@@ -9,14 +9,21 @@ Two sources, neither of which touches the device or waits on the engine thread:
 - `ServeMetrics` holds what the HTTP side counts through the request trace: requests by
   outcome and the TTFT / duration / queue histograms (each observed once per request).
 
+With several HTTP workers (--http-workers) each worker counts only its own requests, so the
+launcher sets PROMETHEUS_MULTIPROC_DIR before forking them: prometheus_client then keeps
+those counters in per-process files and a scrape on any worker sums every worker's. The
+engine series come from the one engine core's snapshot either way.
+
 The route sits behind the same API-key middleware as the API. After an engine failure the last
 snapshot is still served, with ninfer_engine_ready 0.
 """
 from __future__ import annotations
 
+import os
+
 import falcon
 from prometheus_client import (CollectorRegistry, Counter, Histogram,
-                               disable_created_metrics)
+                               disable_created_metrics, multiprocess)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
@@ -122,13 +129,16 @@ class EngineCollector:
         ctx = self.ctx
         info = GaugeMetricFamily("ninfer_model_info", "Served model identity.",
                                  labels=["model", "architecture", "backend"])
-        info.add_metric([ctx.model_id, ctx.architecture, _backend()], 1.0)
+        info.add_metric([ctx.model_id, ctx.architecture, _backend(ctx.engine)], 1.0)
         return info
 
 
-def _backend() -> str:
+def _backend(engine) -> str:
     import sys
 
+    runtime = getattr(engine, "runtime", None)  # an engine-core client: JAX runs there
+    if runtime is not None:
+        return runtime.get("backend", "none")
     jax = sys.modules.get("jax")
     try:
         return jax.default_backend() if jax is not None else "none"
@@ -149,25 +159,33 @@ def _zero_counter(name, doc, labels, label_values) -> CounterMetricFamily:
 
 class ServeMetrics:
     def __init__(self, ctx):
-        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry = CollectorRegistry(auto_describe=False)  # what a scrape renders
+        own = self.registry
+        shared_dir = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+        if shared_dir:
+            # The request series below are written to this worker's file and rendered by
+            # summing every worker's file: registering them for rendering too would count
+            # this worker twice.
+            own = CollectorRegistry(auto_describe=False)
+            multiprocess.MultiProcessCollector(self.registry, path=shared_dir)
         self.registry.register(EngineCollector(ctx))
         self.requests = Counter(
             "ninfer_requests", "Generation requests by outcome (validation failures before "
-            "preparation and token counting excluded).", ["outcome"], registry=self.registry)
+            "preparation and token counting excluded).", ["outcome"], registry=own)
         for outcome in OUTCOMES:
             self.requests.labels(outcome)  # every outcome is visible from the start
         self.response_failures = Counter(
             "ninfer_response_failures", "Response rendering/storage failures after an outcome.",
-            registry=self.registry)
+            registry=own)
         self.ttft = Histogram(
             "ninfer_time_to_first_token_seconds", "Preparation start to first committed token.",
-            buckets=LATENCY_BUCKETS, registry=self.registry)
+            buckets=LATENCY_BUCKETS, registry=own)
         self.duration = Histogram(
             "ninfer_request_duration_seconds", "Preparation start to the engine outcome.",
-            buckets=LATENCY_BUCKETS, registry=self.registry)
+            buckets=LATENCY_BUCKETS, registry=own)
         self.queue = Histogram(
             "ninfer_request_queue_seconds", "Submission to admission (initial queue wait).",
-            buckets=LATENCY_BUCKETS, registry=self.registry)
+            buckets=LATENCY_BUCKETS, registry=own)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,6 +13,12 @@ the output it is shown is shorter than what it has seen).
   a tool name; then the name is held to the offered names: a token that leaves every offered
   name is replaced by the rest of the first name its written part starts, plus the
   terminator. The model writes the arguments.
+
+Policies are built here and run inside the engine-core process: they cross the channel
+pickled with their request (callables are module-level classes or bound methods, never
+lambdas; the tokenizer travels by reference). What the engine-side copy records and the HTTP
+side reads afterwards (`ThinkingBudget.applied`) comes back with the terminal event
+(`outcome()` there, `adopt_outcome()` here).
 """
 from __future__ import annotations
 
@@ -38,6 +44,26 @@ def never_raises(adjust):
             log.exception("%s failed; keeping the sampled token", type(self).__name__)
             return [sampled]
     return guarded
+
+
+class BlankToken:
+    """`is_blank(token)`: the token decodes to whitespace only."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, token: int) -> bool:
+        return not self.tokenizer.decode([token]).strip()
+
+
+class PlainEncode:
+    """`encode(text)`: client-text ids (control spellings stay text)."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, special=False)
 
 
 class ThinkingBudget:
@@ -89,6 +115,12 @@ class ThinkingBudget:
             return [sampled]  # never a partial control suffix
         self.applied += 1
         return list(self.suffix_ids)
+
+    def outcome(self) -> int:
+        return self.applied
+
+    def adopt_outcome(self, applied: int) -> None:
+        self.applied = applied
 
 
 class ForcedToolCall:
@@ -160,6 +192,14 @@ class PolicyChain:
 
     def __init__(self, policies: Sequence):
         self.policies = list(policies)
+
+    def outcome(self) -> tuple:
+        return tuple(getattr(p, "outcome", lambda: None)() for p in self.policies)
+
+    def adopt_outcome(self, outcomes: tuple) -> None:
+        for policy, outcome in zip(self.policies, outcomes):
+            if outcome is not None:
+                policy.adopt_outcome(outcome)
 
     def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]:
         for policy in self.policies:

@@ -143,9 +143,12 @@ class JsonlWriter:
 # ----------------------------------------------------------------------------- server_start
 
 
-def _runtime() -> dict:
+def _runtime(engine) -> dict:
     info = {"pid": os.getpid(), "python": platform.python_version(),
             "platform": platform.platform(terse=True)}
+    runtime = getattr(engine, "runtime", None)  # an engine-core client: JAX runs there
+    if runtime is not None:
+        return {**info, **runtime}
     jax = sys.modules.get("jax")  # only describe JAX when the server already uses it
     if jax is not None:
         try:
@@ -203,7 +206,7 @@ def server_start_record(ctx) -> dict:
             "log_level": config.log_level,
             "capture_requests": config.capture_requests is not None,
         },
-        "runtime": _runtime(),
+        "runtime": _runtime(engine),
         "argv": redact_argv(config.argv),
     }
 
@@ -233,7 +236,8 @@ def register(app, ctx) -> None:
         add_listener(observer.on_scheduling)
     observer.start()
     interval_ms = ctx.config.log_stats_interval_ms
-    if interval_ms > 0:
+    # With several HTTP workers the engine core reports throughput once (engine_setup.py).
+    if interval_ms > 0 and ctx.config.http_workers == 1:
         reporter = ThroughputReporter(ctx.engine, interval_ms / 1000.0, writer)
         ctx.extras["throughput"] = reporter
         reporter.start()

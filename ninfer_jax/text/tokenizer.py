@@ -18,6 +18,7 @@ are not applied. Thread-safe: the instance is only read after construction. No j
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pathlib
 import re
 from typing import Iterable, Sequence
@@ -57,12 +58,25 @@ class Tokenizer:
         self.eos_ids = tuple(eos_ids)
         self.bos_id = bos_id
         self.add_bos = add_bos
+        self._file: str | None = None  # set by from_file: then pickled by reference
+        self._json: str | None = tokenizer_json
+
+    def __reduce__(self):
+        # Token policies hold a tokenizer and cross to the engine-core process with every
+        # request: a file-backed one travels as its path (loaded once per process there),
+        # not as its multi-megabyte vocabulary.
+        options = (self.eos_ids, self.bos_id, self.add_bos)
+        if self._file is not None:
+            return _cached_from_file, (self._file, *options)
+        return _from_json, (self._json, self.source, *options)
 
     @classmethod
     def from_file(cls, path: str | pathlib.Path, **kwargs) -> "Tokenizer":
         path = pathlib.Path(path)
         try:
-            return cls(path.read_text(encoding="utf-8"), source=str(path), **kwargs)
+            tokenizer = cls(path.read_text(encoding="utf-8"), source=str(path), **kwargs)
+            tokenizer._file, tokenizer._json = str(path), None
+            return tokenizer
         except FileNotFoundError:
             raise ArtifactError(path, "missing") from None
         except Exception as exc:  # tokenizers raises plain Exception on malformed JSON
@@ -155,6 +169,17 @@ class Tokenizer:
     def is_byte_level(self) -> bool:
         """True when every token maps to exact bytes (`token_bytes` is exact)."""
         return self._byte_of_char is not None and "ByteLevel" in type(self._full.decoder).__name__
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_from_file(path: str, eos_ids: tuple, bos_id, add_bos: bool) -> Tokenizer:
+    return Tokenizer.from_file(path, eos_ids=eos_ids, bos_id=bos_id, add_bos=add_bos)
+
+
+def _from_json(tokenizer_json: str, source: str, eos_ids: tuple, bos_id,
+               add_bos: bool) -> Tokenizer:
+    return Tokenizer(tokenizer_json, eos_ids=eos_ids, bos_id=bos_id, add_bos=add_bos,
+                     source=source)
 
 
 def _is_control(token: tokenizers.AddedToken) -> bool:

@@ -105,3 +105,27 @@ def test_a_failing_policy_keeps_the_sampled_token():
 
     policy = forced(decode=broken)
     assert policy.adjust([], 3) == [3]
+
+
+def test_policies_built_like_generation_does_pickle_small_and_behave_the_same(
+        default_tokenizer):
+    # What generation.py builds crosses to the engine-core process with every request.
+    import pickle
+
+    from ninfer_jax.serve.policies import BlankToken, PlainEncode
+
+    tokenizer = default_tokenizer
+    call = ForcedToolCall(decode=tokenizer.decode, encode=PlainEncode(tokenizer),
+                          prefix_ids=tokenizer.encode("<tool_call>\n{\"name\": \"", special=True),
+                          names=["get_weather"], terminator="\"", open_id=None, close_id=None,
+                          starts_in_reasoning=False, may_open_thinking=False)
+    chain = PolicyChain([budget(is_blank=BlankToken(tokenizer)), call])
+    data = pickle.dumps(chain)
+    assert len(data) < 4096  # the tokenizer travels as a file reference, not its vocabulary
+    copy = pickle.loads(data)
+    samples = tokenizer.encode("Sure get_wrong\" x", special=False)
+    assert run(copy, samples) == run(chain, samples)
+    assert copy.outcome() == chain.outcome() == (1, None)  # the budget closed once
+    chain.policies[0].applied = 0
+    chain.adopt_outcome(copy.outcome())
+    assert chain.policies[0].applied == 1

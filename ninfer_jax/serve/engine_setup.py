@@ -1,0 +1,104 @@
+"""The engine the serve options ask for, built inside the engine-core process.
+
+`core_spec(config)` is what the launcher hands to engine/core_process.start_core: the
+environment the core starts with (`core_environment`: --device, --no-cuda-graph) and
+`build_engine`, which the core calls to load the artifact with its weights, size the KV pool
+(serve/kv_sizing.py), build the JaxRunner and the Engine (not started: the core adds its
+listener, then starts it, and warm-up runs on the engine thread). Everything importing JAX
+happens in these functions' bodies, so HTTP workers can import this module's callers freely.
+
+`build_local_context` builds the same engine in-process, with a ServingContext around it,
+for `ninfer replay --artifact` (one process, no HTTP workers).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Mapping
+
+from ninfer_jax.serve import kv_sizing
+from ninfer_jax.serve.config import ServeConfig
+
+log = logging.getLogger("ninfer_jax.serve")
+
+PAGE_SIZE = 16
+# XLA's switch for CUDA command buffers, the graphs it captures for decode steps; an empty
+# value enables none of the command types.
+NO_COMMAND_BUFFERS_FLAG = "--xla_gpu_enable_command_buffer="
+
+
+def core_environment(config: ServeConfig, base: Mapping[str, str]) -> dict[str, str]:
+    """Variables the engine core sets before importing JAX. --device N picks the Nth of the
+    devices `base` already makes visible (all of them when CUDA_VISIBLE_DEVICES is unset);
+    --no-cuda-graph appends the command-buffer switch to any XLA_FLAGS in `base`."""
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    device = str(config.device)
+    if visible:
+        choices = [d.strip() for d in visible.split(",") if d.strip()]
+        if config.device >= len(choices):
+            raise ValueError(f"--device {config.device}: CUDA_VISIBLE_DEVICES={visible} makes "
+                             f"only {len(choices)} device(s) visible")
+        device = choices[config.device]
+    env = {"CUDA_VISIBLE_DEVICES": device}
+    if config.no_cuda_graph:
+        flags = base.get("XLA_FLAGS", "").strip()
+        env["XLA_FLAGS"] = f"{flags} {NO_COMMAND_BUFFERS_FLAG}".strip()
+    return env
+
+
+def core_spec(config: ServeConfig, base_env: Mapping[str, str]):
+    from ninfer_jax.engine.core_process import CoreSpec
+    from ninfer_jax.serve.launcher import logging_config
+
+    return CoreSpec(factory=build_engine, args=(config,),
+                    env=core_environment(config, base_env),
+                    logging=logging_config(config.log_level))
+
+
+def build_engine(config: ServeConfig):
+    """Load the artifact with its weights and build runner + Engine (not started)."""
+    from ninfer_jax.artifact.format import load_artifact
+    from ninfer_jax.engine.config import EngineConfig
+    from ninfer_jax.engine.engine import Engine
+    from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
+
+    artifact = load_artifact(config.artifact, weights=True)
+    max_context = effective_max_context(config, artifact)
+    kv_dtype = kv_dtype_for(config.kv_dtype)
+    artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
+                                                 max_context=max_context, page_size=PAGE_SIZE)
+    engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
+    engine_config = dataclasses.replace(engine_config, max_context=max_context)
+    runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
+                       page_size=PAGE_SIZE, max_batch=config.max_concurrency,
+                       max_context=max_context, prefill_chunk=config.prefill_chunk,
+                       kv_dtype=kv_dtype)
+    engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
+    log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes; warming up",
+             artifact.name, artifact.config.architecture, max_context, engine.pool_tokens,
+             runner.kv_dtype.name, config.max_concurrency)
+    if config.http_workers > 1 and config.log_stats_interval_ms > 0:
+        # One throughput report for the server, not one per HTTP worker (request_log.py).
+        from ninfer_jax.serve.throughput import ThroughputReporter
+
+        ThroughputReporter(engine, config.log_stats_interval_ms / 1000.0).start()
+    return engine
+
+
+def effective_max_context(config: ServeConfig, artifact) -> int:
+    max_context = min(config.max_context, artifact.config.max_position_embeddings)
+    if max_context != config.max_context:
+        log.warning("--max-context %d exceeds the model's %d positions; using %d",
+                    config.max_context, max_context, max_context)
+    return max_context
+
+
+def build_local_context(config: ServeConfig):
+    """An in-process engine (started) and the ServingContext around it (replay)."""
+    from ninfer_jax.artifact.format import load_artifact
+    from ninfer_jax.serve.launcher import serving_context
+
+    engine = build_engine(config)
+    engine.start()
+    artifact = load_artifact(config.artifact, weights=False)
+    return serving_context(config, artifact, engine)

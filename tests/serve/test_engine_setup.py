@@ -1,0 +1,49 @@
+"""Start-up decisions of the launcher: the engine core's environment (--device,
+--no-cuda-graph) and the options that cannot run with several HTTP workers."""
+import pytest
+
+from ninfer_jax.serve.config import ServeConfig
+from ninfer_jax.serve.engine_setup import NO_COMMAND_BUFFERS_FLAG, core_environment
+from ninfer_jax.serve.launcher import check_http_workers
+
+
+def config(**options) -> ServeConfig:
+    return ServeConfig(artifact="model.ninfer", **options)
+
+
+def test_device_selects_a_cuda_device_for_the_core_only():
+    assert core_environment(config(), {}) == {"CUDA_VISIBLE_DEVICES": "0"}
+    assert core_environment(config(device=3), {}) == {"CUDA_VISIBLE_DEVICES": "3"}
+
+
+def test_device_indexes_the_devices_already_visible():
+    base = {"CUDA_VISIBLE_DEVICES": "4, 6,7"}
+    assert core_environment(config(device=1), base)["CUDA_VISIBLE_DEVICES"] == "6"
+    with pytest.raises(ValueError, match="--device 3: CUDA_VISIBLE_DEVICES=4, 6,7 makes only 3"):
+        core_environment(config(device=3), base)
+
+
+def test_no_cuda_graph_appends_to_existing_xla_flags():
+    assert "XLA_FLAGS" not in core_environment(config(), {"XLA_FLAGS": "--a=1"})
+    env = core_environment(config(no_cuda_graph=True), {"XLA_FLAGS": "--a=1 "})
+    assert env["XLA_FLAGS"] == f"--a=1 {NO_COMMAND_BUFFERS_FLAG}"
+    env = core_environment(config(no_cuda_graph=True), {})
+    assert env["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer="
+
+
+def test_one_http_worker_accepts_every_option():
+    check_http_workers(config(request_log_jsonl="log.jsonl", capture_requests="c.jsonl"))
+
+
+def test_several_workers_refuse_the_per_worker_responses_store():
+    with pytest.raises(ValueError, match="--response-store-max-records 0"):
+        check_http_workers(config(http_workers=2))
+    check_http_workers(config(http_workers=2, response_store_max_records=0))
+    check_http_workers(config(http_workers=2, response_store_max_mib=0))
+
+
+@pytest.mark.parametrize("option", ["request_log_jsonl", "capture_requests"])
+def test_several_workers_refuse_the_jsonl_files(option):
+    with pytest.raises(ValueError, match=option.replace("_", "-")):
+        check_http_workers(config(http_workers=2, response_store_max_records=0,
+                                  **{option: "out.jsonl"}))
