@@ -77,7 +77,9 @@ def _kv_capacity(value: str | None):
 @click.option("--no-cuda-graph", is_flag=True,
               help="Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
                    "On CPU: accepted, no effect beyond the core's environment.")
-@click.option("--http-threads", default=32, show_default=True, type=click.IntRange(min=2))
+@click.option("--http-threads", default=None, type=click.IntRange(min=2),
+              help="HTTP threads per worker (one per open stream). Default: enough for every "
+                   "lane and pending request, at least 32.")
 @click.option("--http-workers", default=1, show_default=True, type=click.IntRange(1, 64),
               help="HTTP worker processes sharing the one engine core. Above 1 it needs the "
                    "Responses store off (--response-store-max-records 0) and no "

@@ -143,9 +143,14 @@ class JaxRunner:
             expand_quantized = not kernels
         if expand_quantized and has_quantized_projections(self.params):
             self.params = steps.expand_quantized(self.params, self.dtype)
-        self.kv = self._empty_kv()
-        self._kv_spec = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.kv)
+        # The pool is allocated on first use (after warm-up compiled the essential shapes:
+        # XLA's GPU autotuner needs scratch copies of the largest weights while it compiles,
+        # and the pool takes nearly all the memory that is free then).
+        self._kv = None
+        shape = paged_attention.get_kv_cache_shape(
+            self.num_pages, self.page_size, self.config.num_kv_heads, self.config.head_dim)
+        spec = jax.ShapeDtypeStruct(shape, self.kv_dtype)
+        self._kv_spec = [(spec, spec) for _ in range(self.config.num_layers)]
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
@@ -173,11 +178,17 @@ class JaxRunner:
     def batch_buckets(self) -> tuple[int, ...]:
         return self.row_buckets
 
-    def _empty_kv(self):
-        shape = paged_attention.get_kv_cache_shape(
-            self.num_pages, self.page_size, self.config.num_kv_heads, self.config.head_dim)
-        return [(jnp.zeros(shape, self.kv_dtype), jnp.zeros(shape, self.kv_dtype))
-                for _ in range(self.config.num_layers)]
+    @property
+    def kv(self):
+        """Per layer the (k, v) page arrays; allocated (zeros) on first use."""
+        if self._kv is None:
+            self._kv = [(jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype))
+                        for k, v in self._kv_spec]
+        return self._kv
+
+    @kv.setter
+    def kv(self, value) -> None:
+        self._kv = value
 
     # ------------------------------------------------------------------ shapes and compiling
 
@@ -229,9 +240,12 @@ class JaxRunner:
                          daemon=True).start()
 
     def _compile_rest(self, shapes) -> None:
+        """One shape at a time: with the pool allocated, the memory left over is sized for
+        one compile's scratch (serve/kv_sizing.py reserves it)."""
         started = time.perf_counter()
         try:
-            self._compile_all(shapes)
+            for shape in shapes:
+                self._compile(shape)
             log.info("background compile: %d more step shapes in %.1f s", len(shapes),
                      time.perf_counter() - started)
         except Exception:  # the essential shapes still serve every step

@@ -65,7 +65,16 @@ class ServeConfig:
     device: int = 0  # CUDA device index among the visible ones
     no_cuda_graph: bool = False  # XLA command buffers (CUDA graphs) off
     # gunicorn
-    http_threads: int = 32
+    http_threads: int | None = None  # per worker; None: see http_threads_per_worker
     http_workers: int = 1  # HTTP worker processes sharing the one engine core
     # argv as typed, kept for the request log's server_start record (redacted there)
     argv: tuple[str, ...] = ()
+
+
+def http_threads_per_worker(config: ServeConfig) -> int:
+    """gthread holds one thread per open connection, so every lane and pending request needs
+    one (plus a few for /health and /metrics), shared among the workers; at least 32."""
+    if config.http_threads is not None:
+        return config.http_threads
+    needed = config.max_concurrency + config.max_pending_requests + 16
+    return max(32, -(-needed // config.http_workers))

@@ -25,7 +25,7 @@ import os
 
 import numpy as np
 
-from ninfer_jax.engine.config import auto_kv_tokens, kv_bytes_per_token
+from ninfer_jax.engine.config import AUTO_KV_HEADROOM_BYTES, auto_kv_tokens, kv_bytes_per_token
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -76,11 +76,24 @@ def cpu_auto_kv_tokens(available_bytes: int, bytes_per_token: int, *, page_size:
     return max(1, tokens // page_size) * page_size
 
 
+def compile_scratch_bytes(params) -> int:
+    """Device memory a step compile needs on top of the pool: XLA's GPU autotuner runs
+    candidate kernels on scratch copies of a matmul's operands, the largest being a copy of
+    the largest weight (the LM head) and its output, so twice that weight's bytes."""
+    import jax
+
+    sizes = [leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(params)]
+    return 2 * max(sizes, default=0)
+
+
 def auto_kv_sizing(*, free_device_bytes: int | None, available_host_bytes: int,
-                   bytes_per_token: int, page_size: int, max_context: int) -> KvSizing:
+                   bytes_per_token: int, page_size: int, max_context: int,
+                   scratch_bytes: int = 0) -> KvSizing:
     if free_device_bytes is not None:
-        tokens = auto_kv_tokens(free_device_bytes, bytes_per_token, page_size=page_size)
-        basis = f"{free_device_bytes / 2**30:.2f} GiB free on the device, 1 GiB left over"
+        tokens = auto_kv_tokens(free_device_bytes, bytes_per_token, page_size=page_size,
+                                headroom_bytes=AUTO_KV_HEADROOM_BYTES + scratch_bytes)
+        basis = (f"{free_device_bytes / 2**30:.2f} GiB free on the device, 1 GiB + "
+                 f"{scratch_bytes / 2**30:.2f} GiB of compile scratch left over")
     else:
         tokens = cpu_auto_kv_tokens(available_host_bytes, bytes_per_token,
                                     page_size=page_size, max_context=max_context)
@@ -134,7 +147,8 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int) 
     sizing = auto_kv_sizing(free_device_bytes=device_free_bytes(jax.devices()[0]),
                             available_host_bytes=host_available_bytes(),
                             bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype),
-                            page_size=page_size, max_context=max_context)
+                            page_size=page_size, max_context=max_context,
+                            scratch_bytes=compile_scratch_bytes(artifact.params))
     log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)",
              sizing.tokens, sizing.bytes_per_token / 1024, sizing.basis)
     if sizing.tokens < max_context:

@@ -31,7 +31,7 @@ import tempfile
 from gunicorn.app.base import BaseApplication
 
 from ninfer_jax.serve import engine_setup
-from ninfer_jax.serve.config import ServeConfig
+from ninfer_jax.serve.config import ServeConfig, http_threads_per_worker
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -147,7 +147,7 @@ class NinferApplication(BaseApplication):
             "bind": [f"[{config.host}]:{config.port}" if ":" in config.host
                      else f"{config.host}:{config.port}"],
             "workers": config.http_workers, "worker_class": "gthread",
-            "threads": config.http_threads,
+            "threads": http_threads_per_worker(config),
             "timeout": 0, "graceful_timeout": GRACEFUL_TIMEOUT_S, "keepalive": 5,
             "preload_app": False, "control_socket_disable": True, "accesslog": None,
             "logconfig_dict": logging_config(config.log_level),

@@ -47,3 +47,15 @@ def test_several_workers_refuse_the_jsonl_files(option):
     with pytest.raises(ValueError, match=option.replace("_", "-")):
         check_http_workers(config(http_workers=2, response_store_max_records=0,
                                   **{option: "out.jsonl"}))
+
+
+def test_http_threads_default_to_one_per_lane_and_pending_request():
+    from ninfer_jax.serve.config import ServeConfig, http_threads_per_worker
+
+    assert http_threads_per_worker(ServeConfig(artifact="a")) == 32
+    many = ServeConfig(artifact="a", max_concurrency=256, max_pending_requests=16)
+    assert http_threads_per_worker(many) == 256 + 16 + 16
+    shared = ServeConfig(artifact="a", max_concurrency=256, http_workers=4,
+                         response_store_max_records=0)
+    assert http_threads_per_worker(shared) == 72
+    assert http_threads_per_worker(ServeConfig(artifact="a", http_threads=5)) == 5

@@ -116,3 +116,19 @@ def test_resolve_pool_measures_only_for_auto_or_several_lanes():
     assert measured and tokens == pool == 4 * 1024  # this host has room for 4 contexts
     measured, tokens, pool = resolve(kv_capacity="auto", max_concurrency=4)
     assert measured and tokens == pool >= 4 * 1024
+
+
+def test_device_pool_leaves_room_for_a_compile_of_the_largest_weight():
+    """GPU compiles autotune on copies of a matmul's operands: the pool leaves twice the
+    largest weight free besides the 1 GiB headroom."""
+    import numpy as np
+
+    params = {"embed": np.zeros((1000, 64), np.float32), "w": np.zeros((8, 8), np.float32)}
+    assert kv_sizing.compile_scratch_bytes(params) == 2 * 1000 * 64 * 4
+    per_token = 11520 * 2
+    sizing = kv_sizing.auto_kv_sizing(free_device_bytes=4 * GIB, available_host_bytes=GIB,
+                                      bytes_per_token=per_token, page_size=16,
+                                      max_context=8192, scratch_bytes=GIB)
+    # 4 GiB - 1 GiB headroom - 1 GiB scratch: the same 2 GiB as above.
+    assert sizing.tokens == 93200
+    assert "compile scratch" in sizing.basis
