@@ -52,7 +52,8 @@ def test_several_workers_refuse_the_jsonl_files(option):
 def test_http_threads_default_to_one_per_lane_and_pending_request():
     from ninfer_jax.serve.config import ServeConfig, http_threads_per_worker
 
-    assert http_threads_per_worker(ServeConfig(artifact="a")) == 32
+    assert http_threads_per_worker(ServeConfig(artifact="a")) == 1 + 16 + 16
+    assert http_threads_per_worker(ServeConfig(artifact="a", max_pending_requests=0)) == 32
     many = ServeConfig(artifact="a", max_concurrency=256, max_pending_requests=16)
     assert http_threads_per_worker(many) == 256 + 16 + 16
     shared = ServeConfig(artifact="a", max_concurrency=256, http_workers=4,
