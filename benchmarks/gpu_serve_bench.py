@@ -46,14 +46,16 @@ GPU_DEFAULTS = dict(
     runner_args="--batches 1,8,64,256 --context 384 --prompt 256 --steps 32 --json",
     levels="1,8,64,256", prompt_tokens=256, max_tokens=256, min_requests=4,
     interference=63, long_prompt=4000, interference_max_tokens=2048,
-    caps="install=60,artifact=150,step=150,cold=200,warm=120,level=90,interference=90")
+    caps="install=60,artifact=150,step=150,cold=200,compiled=150,warm=120,level=90,"
+         "interference=90")
 SMOKE_DEFAULTS = dict(
     presets="qwen3-tiny", work="/tmp/gsb-smoke", total=400.0,
     serve_args="--max-concurrency 4 --max-context 512 --http-threads 16 --prefill-chunk 256",
     runner_args="--batches 1,2 --context 48 --prompt 32 --steps 4 --json",
     levels="1,2", prompt_tokens=32, max_tokens=8, min_requests=2,
     interference=3, long_prompt=300, interference_max_tokens=200,
-    caps="install=60,artifact=60,step=120,cold=120,warm=90,level=60,interference=60")
+    caps="install=60,artifact=60,step=120,cold=120,compiled=60,warm=90,level=60,"
+         "interference=60")
 
 
 def parse_runner_output(text: str) -> dict:
@@ -115,6 +117,10 @@ class Bench:
         if cap is None:
             self.results.add(stage, "", skipped="no time left in --total")
         return cap
+
+    def capped_seconds(self, cap_key: str) -> float:
+        """A cap for a wait inside a stage (0 when no time is left)."""
+        return self.budget.cap(self.caps[cap_key]) or 0.0
 
     def install(self) -> None:
         wheels = sorted(glob.glob(os.path.join(self.args.wheels, "*.whl")))
@@ -249,7 +255,9 @@ def run_preset(bench: Bench, preset: str) -> None:
     if "cold" in stages:
         server = bench.serve("cold", preset, path, cache)
         if server is not None:
-            bench.results.add("cold", "", preset=preset, stop_s=server.stop(),
+            # Let the background compiles finish so the restart finds every shape cached.
+            compiled = server.wait_compiled(bench.capped_seconds("compiled"))
+            bench.results.add("cold", "", preset=preset, **compiled, stop_s=server.stop(),
                               cache_after=dir_size(cache))
     if not stages & {"warm", "load", "interference"}:
         return
@@ -259,6 +267,8 @@ def run_preset(bench: Bench, preset: str) -> None:
     if server is None:
         return
     try:
+        bench.results.add(label, "", preset=preset,
+                          **server.wait_compiled(bench.capped_seconds("compiled")))
         if "load" in stages:
             bench.load(preset, server, step)
         if "interference" in stages:

@@ -127,6 +127,23 @@ class Server:
         return {"listening_s": listening, "ready_s": ready, "timed_out": ready is None and
                 self.proc.poll() is None, "exit_rc": self.proc.poll(), "health": trace}
 
+    def wait_compiled(self, cap_s: float) -> dict:
+        """Poll /health until every step shape has compiled (GPU servers are ready after a
+        few and compile the rest in the background); seconds waited and the last counts."""
+        started = time.monotonic()
+        body = {}
+        while time.monotonic() - started < cap_s and self.proc.poll() is None:
+            status, text = http_get(self.url + "/health")
+            body = json_or_text(text)
+            if isinstance(body, dict) and body.get("total_shapes") and (
+                    body.get("compiled_shapes") == body.get("total_shapes")):
+                return {"compiled_wait_s": round(time.monotonic() - started, 3),
+                        "compiled_shapes": body.get("compiled_shapes"), "all_compiled": True}
+            time.sleep(0.5)
+        return {"compiled_wait_s": round(time.monotonic() - started, 3),
+                "compiled_shapes": body.get("compiled_shapes") if isinstance(body, dict)
+                else None, "all_compiled": False}
+
     def log_lines(self, pattern: str, limit: int = 20) -> list[str]:
         """This start's log lines matching the regex (the first `limit` of them)."""
         with open(self.log_path, errors="replace") as log:

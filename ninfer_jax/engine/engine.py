@@ -43,6 +43,8 @@ class Engine:
                                    max_batch=runner.max_batch, eos_ids=eos_ids)
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)
+        if hasattr(runner, "on_compiled"):
+            runner.on_compiled = self._on_compiled
         self.ready = threading.Event()  # set once warm-up finished
         self._cond = threading.Condition()
         self._inbox: list[RequestHandle] = []  # guarded by _cond
@@ -124,6 +126,14 @@ class Engine:
             self._woken = True
             self._cond.notify()
 
+    def _on_compiled(self) -> None:
+        """A step shape finished compiling (warm-up or background): show it in the stats.
+        Before ready nothing else publishes; after, the engine thread does at its next round."""
+        if not self.ready.is_set():
+            self._publish_stats()
+        else:
+            self._on_control(None)
+
     def _on_terminal(self, seq) -> None:
         with self._cond:
             self._outstanding -= 1
@@ -175,6 +185,9 @@ class Engine:
         self.scheduler.fail_all(error)
 
     def _publish_stats(self) -> None:
-        self._stats = build_stats(self.scheduler.counters, gauges=self.scheduler.gauges(),
+        compiled, total = self.runner.compile_progress()
+        gauges = self.scheduler.gauges()
+        gauges.update(compiled_shapes=compiled, total_shapes=total)
+        self._stats = build_stats(self.scheduler.counters, gauges=gauges,
                                   ready=self.ready.is_set(), healthy=self._healthy)
 

@@ -99,6 +99,9 @@ class FakeRunner:
         time.sleep(self.warmup_sleep)
         self.is_warm = True
 
+    def compile_progress(self) -> tuple[int, int]:
+        return (1 if self.is_warm else 0), 1
+
     # ------------------------------------------------------------------ launch / collect
 
     def launch(self, plan: StepPlan) -> _Launched:

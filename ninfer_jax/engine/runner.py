@@ -46,6 +46,8 @@ from ninfer_jax.model import sampling, steps
 log = logging.getLogger(__name__)
 
 SMALLEST_CHUNK = 16
+GPU_SMALLEST_CHUNK = 64
+BACKGROUND_COMPILE_THREADS = 2
 
 
 def default_dtype():
@@ -90,10 +92,13 @@ def geometric_buckets(smallest: int, largest: int, growth: int) -> tuple[int, ..
     return tuple(sizes) + (largest,)
 
 
-def chunk_buckets(prefill_chunk: int, *, growth: int) -> tuple[int, ...]:
-    """Prefill chunk buckets: 16, 16*growth, ... up to prefill_chunk. On GPUs chunks grow by 4
-    (compiles are slow, padding is cheap); on CPU by 2, so a 20-token prompt runs as 32 rows."""
-    return geometric_buckets(SMALLEST_CHUNK, prefill_chunk, growth)
+def chunk_buckets(prefill_chunk: int, *, growth: int,
+                  smallest: int = SMALLEST_CHUNK) -> tuple[int, ...]:
+    """Prefill chunk buckets: smallest, smallest*growth, ... up to prefill_chunk. On GPUs
+    chunks start at 64 and grow by 4 (compiles are slow; an 8B step reads its weights for
+    ~3.4 ms whatever the tokens, so a few hundred padding tokens cost little); on CPU they
+    start at 16 and grow by 2, so a 20-token prompt runs as 32 rows."""
+    return geometric_buckets(smallest, prefill_chunk, growth)
 
 
 def chunk_row_buckets(rows: Sequence[int], *, growth: int) -> tuple[int, ...]:
@@ -158,9 +163,11 @@ class JaxRunner:
             # Quantized projections keep one row: their one-row kernel is built for it.
             min_rows = 2 if kernels and not has_quantized_projections(self.params) else 1
         self.row_buckets = row_buckets(max_batch, min_rows)
-        self.chunk_buckets = chunk_buckets(prefill_chunk, growth=4 if kernels else 2)
+        self.chunk_buckets = (chunk_buckets(prefill_chunk, growth=4, smallest=GPU_SMALLEST_CHUNK)
+                              if kernels else chunk_buckets(prefill_chunk, growth=2))
+        # Steps with a chunk: GPU row buckets x16 apart (2, 32, 256), CPU the two extremes.
         self.chunk_rows = chunk_row_buckets(
-            self.row_buckets, growth=2 if kernels else len(self.row_buckets))
+            self.row_buckets, growth=4 if kernels else len(self.row_buckets))
         self.width = math.ceil(max_context / page_size)  # page-table entries per row
         self.background_compile = kernels if background_compile is None else background_compile
         self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
@@ -172,6 +179,7 @@ class JaxRunner:
         self._zero_bias: dict[int, jax.Array] = {}
         self.is_warm = False
         self.compile_done = threading.Event()  # every shape compiled (background included)
+        self.on_compiled = None  # called (from any thread) after each shape compiles
 
     # the pre-v2 names, still read by tests and tools
     @property
@@ -220,6 +228,7 @@ class JaxRunner:
         now, or in a background thread when `background_compile`."""
         started = time.perf_counter()
         essential = self.essential_shapes()
+        # Decode shapes first: a decode step padded to a far larger row bucket costs the most.
         rest = [shape for shape in self.step_shapes() if shape not in essential]
         if not self.background_compile:
             essential, rest = essential + rest, []
@@ -240,12 +249,13 @@ class JaxRunner:
                          daemon=True).start()
 
     def _compile_rest(self, shapes) -> None:
-        """One shape at a time: with the pool allocated, the memory left over is sized for
-        one compile's scratch (serve/kv_sizing.py reserves it)."""
+        """Two shapes at a time: with the pool allocated, the memory left over is sized for
+        about two compiles' autotuning scratch (serve/kv_sizing.py reserves it)."""
         started = time.perf_counter()
         try:
-            for shape in shapes:
-                self._compile(shape)
+            with concurrent.futures.ThreadPoolExecutor(BACKGROUND_COMPILE_THREADS) as pool:
+                for future in [pool.submit(self._compile, shape) for shape in shapes]:
+                    future.result()
             log.info("background compile: %d more step shapes in %.1f s", len(shapes),
                      time.perf_counter() - started)
         except Exception:  # the essential shapes still serve every step
@@ -275,6 +285,8 @@ class JaxRunner:
             lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out, *example,
                                          config=self.config, page_size=self.page_size)
         self._executables[shape] = lowered.compile()
+        if self.on_compiled is not None:
+            self.on_compiled()
 
     def _shape_for(self, num_chunk: int, num_rows: int) -> tuple[int, int]:
         """The cheapest compiled shape holding the step (fewest padded tokens)."""

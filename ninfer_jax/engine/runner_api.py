@@ -80,6 +80,9 @@ class StepRunner(Protocol):
     def warmup(self) -> None:
         """Compile the step shapes needed to serve before the server reports healthy."""
 
+    def compile_progress(self) -> tuple[int, int]:
+        """(step shapes compiled, step shapes planned)."""
+
     def launch(self, plan: StepPlan) -> object:
         """Dispatch one step and return at once (a handle for `collect`). Steps run on the
         device in launch order, so a plan may name the previous step's samples

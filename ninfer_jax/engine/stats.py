@@ -56,6 +56,9 @@ class EngineStats:
     kv_pages_cached: int  # pages the prefix cache retains (also counted in kv_pages_used)
     page_size: int
     max_concurrency: int
+    # compiled step shapes: the rest compile after ready on GPUs (the runner's warm-up)
+    compiled_shapes: int
+    total_shapes: int
     # cumulative counters
     prompt_tokens: int
     cached_tokens: int
@@ -81,6 +84,7 @@ class EngineStats:
             "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": capacity,
             "kv_pages_cached": 0,
             "page_size": page_size, "max_concurrency": max_concurrency,
+            "compiled_shapes": 0, "total_shapes": 0,
         }, ready=ready, healthy=healthy)
 
 

@@ -77,9 +77,10 @@ def cpu_auto_kv_tokens(available_bytes: int, bytes_per_token: int, *, page_size:
 
 
 def compile_scratch_bytes(params) -> int:
-    """Device memory a step compile needs on top of the pool: XLA's GPU autotuner runs
+    """Device memory step compiles need on top of the pool: XLA's GPU autotuner runs
     candidate kernels on scratch copies of a matmul's operands, the largest being a copy of
-    the largest weight (the LM head) and its output, so twice that weight's bytes."""
+    the largest weight (the LM head); the runner compiles two shapes at a time after the pool
+    is allocated, so twice that weight's bytes."""
     import jax
 
     sizes = [leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(params)]

@@ -27,7 +27,11 @@ class HealthResource:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         status = engine_status(self.ctx)
         resp.status = falcon.HTTP_200 if status == "ok" else falcon.HTTP_503
-        resp.media = {"status": status}
+        stats = self.ctx.engine.stats()
+        # Step shapes compiled: on a GPU the server is ready after the few that can serve any
+        # step, and the rest compile in the background.
+        resp.media = {"status": status, "compiled_shapes": stats.compiled_shapes,
+                      "total_shapes": stats.total_shapes}
 
 
 def model_card(ctx: ServingContext) -> dict:

@@ -23,7 +23,10 @@ def ask(client, content, **kwargs):
 
 
 def test_health_models_and_request_ids(live_server):
-    assert httpx.get(live_server.url + "/health").json() == {"status": "ok"}
+    health = httpx.get(live_server.url + "/health").json()
+    assert health["status"] == "ok"
+    # On CPU every step shape compiles before ready.
+    assert health["compiled_shapes"] == health["total_shapes"] > 0
     with live_server.http() as http:
         listing = http.get("/v1/models")
         assert listing.headers["x-request-id"]

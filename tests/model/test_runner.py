@@ -112,6 +112,8 @@ def test_row_buckets_double_and_can_start_at_two_rows():
 def test_chunk_steps_use_fewer_row_buckets():
     gpu_rows = row_buckets(256, 2)
     assert chunk_row_buckets(gpu_rows, growth=2) == (2, 8, 32, 128, 256)
+    assert chunk_row_buckets(gpu_rows, growth=4) == (2, 32, 256)
+    assert chunk_buckets(1024, growth=4, smallest=64) == (64, 256, 1024)
     assert chunk_row_buckets((1, 2, 4), growth=3) == (1, 4)
     assert chunk_buckets(1024, growth=4) == (16, 64, 256, 1024)
     assert chunk_buckets(64, growth=2) == (16, 32, 64)
