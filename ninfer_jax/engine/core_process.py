@@ -38,6 +38,8 @@ from ninfer_jax.engine.core_channel import (
 from ninfer_jax.engine.request import TERMINAL
 from ninfer_jax.errors import EngineUnavailable, InternalError, NinferError
 
+CORE_SWITCH_INTERVAL_S = 0.0005
+
 log = logging.getLogger("ninfer_jax.engine")
 
 SHUTDOWN_TIMEOUT_S = 10.0
@@ -102,6 +104,9 @@ def start_core(spec: CoreSpec, address: str) -> CoreProcess:
 
 def _core_main(spec: CoreSpec, address: str, authkey: bytes, control) -> None:
     os.environ.update(spec.env)
+    # The engine thread waits on the device with the GIL released; when its step is done it
+    # must get the GIL back at once, not after another thread's default 5 ms time slice.
+    sys.setswitchinterval(CORE_SWITCH_INTERVAL_S)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -164,6 +169,7 @@ class CoreServer:
         try:
             engine = spec.factory(*spec.args)
             engine.add_scheduling_listener(self._on_scheduling)
+            engine.round_listeners.append(self._flush)
             engine.start()
         except BaseException:
             log.exception("the engine core could not build its engine")
@@ -260,19 +266,30 @@ class CoreServer:
                 worker.handles.pop(key, None)
                 if self._owners.get(handle.request.request_id) is worker:
                     del self._owners[handle.request.request_id]
-        self._enqueue(worker, Relayed(key, event, outcome))
+        self._enqueue(worker, Relayed(key, event, outcome), wake=False)
 
     def _on_scheduling(self, event) -> None:
         worker = self._owners.get(event.request_id)  # one dict read: no waiting here
         if worker is not None:
-            self._enqueue(worker, event)
+            self._enqueue(worker, event, wake=False)
 
     # ------------------------------------------------------------------ sender
 
-    def _enqueue(self, worker: _Worker, item) -> None:
+    def _enqueue(self, worker: _Worker, item, wake: bool = True) -> None:
+        """Queue an item for a worker. The engine thread's items (events, scheduling
+        events) wait for the end of its round (`_flush`), so each round reaches a worker
+        as one message and the sender thread wakes once per round, not once per token:
+        every wake-up takes the GIL from the engine thread."""
         with self._cond:
             self._outbox[worker].append(item)
-            self._cond.notify()
+            if wake:
+                self._cond.notify()
+
+    def _flush(self) -> None:
+        """End of an engine round: send what it queued."""
+        with self._cond:
+            if self._outbox:
+                self._cond.notify()
 
     def _send_forever(self) -> None:
         while True:

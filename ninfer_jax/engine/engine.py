@@ -43,6 +43,9 @@ class Engine:
                                    max_batch=runner.max_batch, eos_ids=eos_ids)
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)
+        # Called on the engine thread after every round (the engine-core process flushes
+        # the round's events to the HTTP workers in one message); they must only enqueue.
+        self.round_listeners: list = []
         if hasattr(runner, "on_compiled"):
             runner.on_compiled = self._on_compiled
         self.ready = threading.Event()  # set once warm-up finished
@@ -166,14 +169,21 @@ class Engine:
             if self._stopping:
                 return False
             inbox, self._inbox, self._woken = self._inbox, [], False
+        host_work = scheduler.counters.host_work
+        started = time.perf_counter()
         for handle in inbox:
             scheduler.add(handle)
         scheduler.apply_controls()
+        host_work["engine_boundary"] += time.perf_counter() - started
         if not loop.advance() and scheduler.has_work():
             # Not expected (an idle scheduler with work always admits some); never spin.
             with self._cond:
                 self._cond.wait(0.01)
+        started = time.perf_counter()
         self._publish_stats()
+        for listener in self.round_listeners:
+            listener()
+        host_work["engine_maintenance"] += time.perf_counter() - started
         return True
 
     def _fail_everything(self, error: EngineUnavailable) -> None:

@@ -119,6 +119,9 @@ class FakeRunner:
         self._queue.put(launched)
         return launched
 
+    def wait(self, launched: _Launched) -> None:
+        launched.done.wait()
+
     def collect(self, launched: _Launched) -> StepResult:
         launched.done.wait()
         if launched.error is not None:

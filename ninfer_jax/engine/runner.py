@@ -340,6 +340,9 @@ class JaxRunner:
         self._prev_out = out
         return _Launched(out=out, plan=plan)
 
+    def wait(self, launched: _Launched) -> None:
+        launched.out.block_until_ready()
+
     def collect(self, launched: _Launched) -> StepResult:
         host = np.asarray(launched.out)
         plan = launched.plan

@@ -88,5 +88,8 @@ class StepRunner(Protocol):
         device in launch order, so a plan may name the previous step's samples
         (`from_previous`) before they reach the host."""
 
+    def wait(self, handle: object) -> None:
+        """Block until a launched step has finished on the device."""
+
     def collect(self, handle: object) -> StepResult:
         """Wait for a launched step's samples. Handles are collected in launch order."""

@@ -10,6 +10,11 @@ import dataclasses
 import time
 
 OUTCOMES = ("stop", "length", "cancelled", "timeout", "failed")
+# engine_boundary: intake and controls; program_submit: planning and launching a step;
+# program_post: reading a collected step's samples; engine_commit_output: committing tokens
+# and publishing events; engine_maintenance: stats snapshots and round listeners.
+HOST_PHASES = ("engine_boundary", "program_submit", "program_post", "engine_commit_output",
+               "engine_maintenance")
 
 
 @dataclasses.dataclass
@@ -31,6 +36,10 @@ class EngineCounters:
     decode_seconds: float = 0.0  # time inside runner.decode
     requests: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     decode_batch_sizes: dict = dataclasses.field(default_factory=dict)  # size -> rounds
+    # Engine-thread wall time: blocked on the device in collect, and host work by phase
+    # (HOST_PHASES: each segment counted once; device waits excluded).
+    device_wait_seconds: float = 0.0
+    host_work: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(HOST_PHASES, 0.0))
 
     def record_decode(self, batch_size: int, seconds: float) -> None:
         self.decode_rounds += 1
@@ -75,6 +84,8 @@ class EngineStats:
     decode_seconds: float
     requests: dict  # outcome -> count
     decode_batch_sizes: dict  # batch size -> rounds
+    device_wait_seconds: float
+    host_work: dict  # phase -> seconds
 
     @classmethod
     def empty(cls, *, page_size: int = 0, capacity: int = 0, max_concurrency: int = 0,
@@ -93,9 +104,11 @@ _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 
 def build_stats(counters: EngineCounters, *, gauges: dict, ready: bool,
                 healthy: bool) -> EngineStats:
-    # Built every round, so no dataclasses.asdict (a slow deep copy); only the two dicts
-    # need copying for the snapshot to share nothing mutable with the engine thread.
+    # Built every round, so no dataclasses.asdict (a slow deep copy); only the dicts need
+    # copying for the snapshot to share nothing mutable with the engine thread.
     totals = {name: getattr(counters, name) for name in _COUNTER_NAMES}
     totals["requests"] = dict(counters.requests)
     totals["decode_batch_sizes"] = dict(counters.decode_batch_sizes)
+    totals["host_work"] = dict(counters.host_work)
+    gauges = {"compiled_shapes": 0, "total_shapes": 0, **gauges}  # runners without compiles
     return EngineStats(time=time.monotonic(), ready=ready, healthy=healthy, **gauges, **totals)

@@ -38,8 +38,10 @@ class StepLoop:
 
     def advance(self) -> bool:
         """Plan, launch and collect what is due; False when there was nothing to do."""
+        started = self.clock()
         plan = self.scheduler.schedule()
         if plan is None or plan is NEEDS_SYNC:
+            self._host("program_submit", started)
             if self._in_flight is None:
                 return False
             self._collect()
@@ -48,12 +50,18 @@ class StepLoop:
         self.scheduler.launched(plan)
         if self.on_step is not None:
             self.on_step(plan)
+        launched = self._host("program_submit", started)
         if self._in_flight is not None:
             self._collect()
-        self._in_flight = (plan, handle, self.clock())
+        self._in_flight = (plan, handle, launched)
         if not self.overlap:
             self._collect()
         return True
+
+    def _host(self, phase: str, since: float) -> float:
+        now = self.clock()
+        self.scheduler.counters.host_work[phase] += now - since
+        return now
 
     def drain(self) -> None:
         """Collect the step in flight, if any."""
@@ -63,11 +71,17 @@ class StepLoop:
     def _collect(self) -> None:
         plan, handle, launched_at = self._in_flight
         self._in_flight = None
+        counters = self.scheduler.counters
+        waiting = self.clock()
+        self.runner.wait(handle)
+        now = self.clock()
+        counters.device_wait_seconds += now - waiting
         result = self.runner.collect(handle)
         if len(result.row_tokens) != len(plan.rows):
             raise RuntimeError(f"runner returned {len(result.row_tokens)} tokens for "
                                f"{len(plan.rows)} rows")
-        now = self.clock()
+        read = self._host("program_post", now)
         seconds = now - max(launched_at, self._last_collect)
         self._last_collect = now
         self.scheduler.postprocess(plan, result, seconds)
+        self._host("engine_commit_output", read)

@@ -27,6 +27,8 @@ from prometheus_client import (CollectorRegistry, Counter, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
+from ninfer_jax.engine.stats import HOST_PHASES
+
 # Outcomes of requests_total: rejected at preparation, the engine's finish reasons, a queue
 # timeout, and failures without an outcome.
 OUTCOMES = ("rejected", "stop", "length", "cancelled", "timeout", "failed")
@@ -77,13 +79,13 @@ ENGINE_COUNTERS = (
     ("ninfer_prefill_units_total", "Prefill units run.", "prefill_units"),
     ("ninfer_decode_rounds_total", "Decode rounds run.", "decode_rounds"),
     ("ninfer_decode_rows_total", "Decode rows run (sum of batch sizes).", "decode_rows"),
-    ("ninfer_device_wait_seconds_total", "Wall time inside runner steps (prefill + decode); "
-     "host submission included.", ("prefill_seconds", "decode_seconds")),
+    ("ninfer_device_wait_seconds_total", "Engine-thread wall time blocked on the device "
+     "waiting for a step's samples (not kernel time: steps overlap host work).",
+     "device_wait_seconds"),
 )
 TRANSFER_RESOURCES = ("state", "main_kv", "backend_kv")
 TRANSFER_DIRECTIONS = ("device_to_host", "host_to_device")
-HOST_WORK_PHASES = ("engine_boundary", "program_submit", "program_post", "engine_commit_output",
-                    "engine_maintenance")
+HOST_WORK_PHASES = HOST_PHASES
 
 
 def _value(stats, field) -> float:
@@ -121,9 +123,12 @@ class EngineCollector:
                             "Host/device context payload transfers (not implemented).",
                             ["resource", "direction"],
                             [[r, d] for r in TRANSFER_RESOURCES for d in TRANSFER_DIRECTIONS])
-        yield _zero_counter("ninfer_host_work_seconds_total",
-                            "Engine host work by phase (not instrumented yet).", ["phase"],
-                            [[p] for p in HOST_WORK_PHASES])
+        host_work = CounterMetricFamily("ninfer_host_work_seconds_total",
+                                        "Engine-thread host work by phase.", labels=["phase"])
+        phases = getattr(stats, "host_work", None) or {}
+        for phase in HOST_WORK_PHASES:
+            host_work.add_metric([phase], float(phases.get(phase, 0.0)))
+        yield host_work
 
     def _info(self) -> GaugeMetricFamily:
         ctx = self.ctx

@@ -200,3 +200,17 @@ def test_streams_keep_decoding_during_a_long_prefill_with_async_dispatch(make_en
     assert all([row.seq_id for row in plan.rows] == [0] for plan in chunk_steps)
     stream.cancel()
     assert terminal(collect(stream)).reason == "cancelled"
+
+
+def test_host_work_and_device_wait_are_measured_by_phase(make_engine):
+    runner = FakeRunner(num_pages=33, page_size=4, vocab_size=VOCAB, decode_sleep=0.002)
+    engine = make_engine(runner, max_concurrency=2)
+    handle = engine.submit(make_request(prompt_of(5), max_tokens=6))
+    terminal(collect(handle))
+    wait_for(lambda: engine.stats().requests["length"] == 1)
+    stats = engine.stats()
+    # Six decode-bearing steps of 2 ms each are waited for, not counted as host work.
+    assert stats.device_wait_seconds >= 0.008
+    assert set(stats.host_work) == {"engine_boundary", "program_submit", "program_post",
+                                    "engine_commit_output", "engine_maintenance"}
+    assert stats.host_work["program_submit"] > 0 and stats.host_work["engine_commit_output"] > 0
