@@ -86,12 +86,21 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int | None, str]:
 
 
 def parse_metrics(text: str, names) -> dict:
-    """The named counters of a Prometheus text page, each summed over its labels."""
+    """The named counters of a Prometheus text page, each summed over its labels; a name
+    given as `name:label` keeps one entry per value of that label (`name:label=value`)."""
+    split = {n.split(":")[0]: n.split(":")[1] for n in names if ":" in n}
     values: dict = {}
     for line in text.splitlines():
-        match = re.match(r"^([a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)$", line)
-        if match and match.group(1) in names:
-            values[match.group(1)] = values.get(match.group(1), 0.0) + float(match.group(2))
+        match = re.match(r"^([a-z_]+)(?:\{([^}]*)\})?\s+([-+0-9.eE]+|NaN)$", line)
+        if not match:
+            continue
+        name, labels, value = match.group(1), match.group(2) or "", float(match.group(3))
+        if name in split:
+            label = re.search(split[name] + r'="([^"]*)"', labels)
+            key = f"{name}:{split[name]}={label.group(1) if label else ''}"
+            values[key] = values.get(key, 0.0) + value
+        elif name in names:
+            values[name] = values.get(name, 0.0) + value
     return values
 
 

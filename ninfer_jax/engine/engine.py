@@ -30,6 +30,8 @@ from ninfer_jax.errors import (
 
 log = logging.getLogger("ninfer_jax.engine")
 
+STATS_PERIOD_S = 0.01  # stats snapshots while the engine is busy: at most one per 10 ms
+
 
 class Engine:
     def __init__(self, runner: StepRunner, config: EngineConfig, eos_ids=()):
@@ -180,7 +182,11 @@ class Engine:
             with self._cond:
                 self._cond.wait(0.01)
         started = time.perf_counter()
-        self._publish_stats()
+        # A snapshot costs about a microsecond per resident: at most one per STATS_PERIOD_S
+        # while busy, and always one when the engine goes idle (nothing else would follow).
+        idle = not (scheduler.has_work() or loop.in_flight)
+        if idle or time.monotonic() - self._stats.time >= STATS_PERIOD_S:
+            self._publish_stats()
         for listener in self.round_listeners:
             listener()
         host_work["engine_maintenance"] += time.perf_counter() - started
