@@ -41,13 +41,15 @@ from ninfer_jax.engine.runner_api import (
 )
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
-from ninfer_jax.model import sampling, steps
+from ninfer_jax.model import packed_inputs, sampling, steps
 
 log = logging.getLogger(__name__)
 
 SMALLEST_CHUNK = 16
 GPU_SMALLEST_CHUNK = 64
-BACKGROUND_COMPILE_THREADS = 2
+# Shapes compiled at once after ready; each may hold a scratch copy of the largest weight
+# while XLA autotunes (serve/kv_sizing.compile_scratch_bytes leaves room for that).
+BACKGROUND_COMPILE_THREADS = 4
 
 
 def default_dtype():
@@ -171,8 +173,10 @@ class JaxRunner:
         self.width = math.ceil(max_context / page_size)  # page-table entries per row
         self.background_compile = kernels if background_compile is None else background_compile
         self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
-        self._jitted = jax.jit(steps.ragged_step, static_argnames=("config", "page_size"),
+        self._jitted = jax.jit(steps.packed_step,
+                               static_argnames=("config", "page_size", "layout"),
                                donate_argnames=("kv",))
+        self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
         self._compile_lock = threading.Lock()
         self._prev_out = jnp.zeros(1 + max_batch, jnp.int32)
@@ -249,8 +253,8 @@ class JaxRunner:
                          daemon=True).start()
 
     def _compile_rest(self, shapes) -> None:
-        """Two shapes at a time: with the pool allocated, the memory left over is sized for
-        about two compiles' autotuning scratch (serve/kv_sizing.py reserves it)."""
+        """BACKGROUND_COMPILE_THREADS shapes at a time: with the pool allocated, the memory
+        left over is sized for that many compiles' autotuning scratch."""
         started = time.perf_counter()
         try:
             with concurrent.futures.ThreadPoolExecutor(BACKGROUND_COMPILE_THREADS) as pool:
@@ -283,7 +287,8 @@ class JaxRunner:
         with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
             # Abstract caches: the engine thread donates the real ones while this traces.
             lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out, *example,
-                                         config=self.config, page_size=self.page_size)
+                                         config=self.config, page_size=self.page_size,
+                                         layout=self._layout(*shape))
         self._executables[shape] = lowered.compile()
         if self.on_compiled is not None:
             self.on_compiled()
@@ -305,25 +310,29 @@ class JaxRunner:
             return shape
         return min(fitting, key=lambda s: (s[0] + s[1], s))
 
-    def _example_inputs(self, chunk: int, rows: int):
-        batch = steps.RaggedBatch(
-            chunk_tokens=np.zeros(chunk, np.int32), chunk_start=np.int32(0),
-            chunk_len=np.int32(1), chunk_table=np.zeros(self.width, np.int32),
-            row_tokens=np.zeros(rows, np.int32), row_src=np.full(rows, -1, np.int32),
-            row_positions=np.zeros(rows, np.int32),
-            row_tables=np.zeros((rows, self.width), np.int32))
-        return batch, self._sampling([], 1 + rows)
+    def _layout(self, chunk: int, rows: int) -> packed_inputs.PackedLayout:
+        return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width)
 
-    def _sampling(self, specs: Sequence[SampleSpec | None], rows: int) -> sampling.SamplingBatch:
-        """Host sampling inputs; the [rows, V] bias is sent only when some row has penalties,
-        otherwise a device-resident zero array stands in."""
-        with_bias = any(s is not None and sampling.needs_bias(s) for s in specs)
-        batch = sampling.host_batch(specs, rows, self.config.vocab_size, with_bias=with_bias)
-        if not with_bias:
-            if rows not in self._zero_bias:
-                self._zero_bias[rows] = jnp.zeros((rows, self.config.vocab_size), jnp.float32)
-            batch = dataclasses.replace(batch, logit_bias=self._zero_bias[rows])
-        return batch
+    def _example_inputs(self, chunk: int, rows: int):
+        layout = self._layout(chunk, rows)
+        return (np.zeros(layout.num_ints, np.int32), np.zeros(layout.num_floats, np.float32),
+                self._bias([], layout.sampled))
+
+    def _bias(self, specs: Sequence[SampleSpec | None], rows: int):
+        """The [rows, V] penalty bias: built on the host only when some row has penalties,
+        otherwise a device-resident zero array."""
+        if any(s is not None and sampling.needs_bias(s) for s in specs):
+            bias = np.zeros((rows, self.config.vocab_size), np.float32)
+            for row, spec in enumerate(specs):
+                if spec is not None and sampling.needs_bias(spec):
+                    params = spec.params
+                    bias[row] = sampling.penalty_bias(spec.output_ids, params.presence_penalty,
+                                                      params.frequency_penalty,
+                                                      self.config.vocab_size)
+            return bias
+        if rows not in self._zero_bias:
+            self._zero_bias[rows] = jnp.zeros((rows, self.config.vocab_size), jnp.float32)
+        return self._zero_bias[rows]
 
     # ------------------------------------------------------------------ steps
 
@@ -333,10 +342,12 @@ class JaxRunner:
             raise ValueError(f"step of {len(rows)} rows (max {self.max_batch})")
         unit = plan.chunk
         shape = self._shape_for(len(unit.tokens) if unit is not None else 0, max(1, len(rows)))
-        batch = self._host_batch(unit, rows, *shape)
+        layout = self._layout(*shape)
         specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
+        ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
         out, self.kv = self._executables[shape](
-            self.params, self.kv, self._prev_out, batch, self._sampling(specs, 1 + shape[1]))
+            self.params, self.kv, self._prev_out, ints, floats,
+            self._bias(specs, layout.sampled))
         self._prev_out = out
         return _Launched(out=out, plan=plan)
 
@@ -353,7 +364,8 @@ class JaxRunner:
                           row_tokens=host[1:1 + len(plan.rows)].astype(np.int32))
 
     def _host_batch(self, unit: PrefillUnit | None, rows: Sequence[DecodeRow], chunk: int,
-                    num_rows: int) -> steps.RaggedBatch:
+                    num_rows: int) -> dict:
+        """The RaggedBatch fields of a step, as numpy arrays by field name."""
         chunk_tokens = np.zeros(chunk, np.int32)
         chunk_table = np.full(self.width, paged_attention.DUMMY_PAGE, np.int32)
         start, length = 0, 1  # a padding chunk writes and reads the dummy page only
@@ -379,10 +391,9 @@ class JaxRunner:
                 tokens[i] = row.token
             else:
                 sources[i] = 0 if row.from_previous == CHUNK_SLOT else 1 + row.from_previous
-        return steps.RaggedBatch(
-            chunk_tokens=chunk_tokens, chunk_start=np.int32(start), chunk_len=np.int32(length),
-            chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
-            row_positions=positions, row_tables=tables)
+        return dict(chunk_tokens=chunk_tokens, chunk_start=start, chunk_len=length,
+                    chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
+                    row_positions=positions, row_tables=tables)
 
     # ------------------------------------------------------------------ one step, synchronously
 

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from ninfer_jax.kernels.quant_matmul.formats import QUANTIZED_FORMATS
 from ninfer_jax.model import llama, sampling
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
 
 # architecture -> module providing ragged/prefill/decode with the llama.py signatures
@@ -40,6 +41,15 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     sampled = sampling.sample(logits, sampling_batch)  # [1 + B]
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
     return out, kv
+
+
+def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig,
+                page_size: int, layout: PackedLayout):
+    """`ragged_step` over inputs packed into one int32 and one float32 buffer
+    (model/packed_inputs.py): two host-to-device transfers per launch instead of fifteen."""
+    batch, sampling_batch = unpack(layout, ints, floats, bias)
+    return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
+                       page_size=page_size)
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

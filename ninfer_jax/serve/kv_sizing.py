@@ -79,12 +79,14 @@ def cpu_auto_kv_tokens(available_bytes: int, bytes_per_token: int, *, page_size:
 def compile_scratch_bytes(params) -> int:
     """Device memory step compiles need on top of the pool: XLA's GPU autotuner runs
     candidate kernels on scratch copies of a matmul's operands, the largest being a copy of
-    the largest weight (the LM head); the runner compiles two shapes at a time after the pool
-    is allocated, so twice that weight's bytes."""
+    the largest weight (the LM head); the runner compiles BACKGROUND_COMPILE_THREADS shapes
+    at a time after the pool is allocated, so that many copies of that weight."""
     import jax
 
+    from ninfer_jax.engine.runner import BACKGROUND_COMPILE_THREADS
+
     sizes = [leaf.size * leaf.dtype.itemsize for leaf in jax.tree_util.tree_leaves(params)]
-    return 2 * max(sizes, default=0)
+    return BACKGROUND_COMPILE_THREADS * max(sizes, default=0)
 
 
 def auto_kv_sizing(*, free_device_bytes: int | None, available_host_bytes: int,

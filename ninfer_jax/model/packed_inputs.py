@@ -1,0 +1,136 @@
+"""One step's small inputs packed into two host arrays, and unpacked inside the step.
+
+A ragged step takes a RaggedBatch (8 int arrays) and a SamplingBatch (7 arrays). Passed as
+numpy arrays, each is its own host-to-device transfer at every launch; on the H200 those
+transfers and their bookkeeping were most of the host's launch cost. The runner instead
+writes every integer into one int32 buffer and every float into one float32 buffer (plus the
+penalty bias, sent only when some row has one), and the compiled step slices them back
+apart at static offsets (`PackedLayout`).
+
+int32 buffer, in order (R = 1 + B sampled rows: the chunk's, then each row token's):
+    chunk_tokens [C], chunk_start [1], chunk_len [1], chunk_table [W],
+    row_tokens [B], row_src [B], row_positions [B], row_tables [B * W],
+    top_k [R], seed_high [R], seed_low [R] (uint32 bit patterns), sample_index [R],
+    is_greedy [R] (0/1)
+float32 buffer: temperature [R], top_p [R], min_p [R]
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ninfer_jax.model.ragged_batch import RaggedBatch
+from ninfer_jax.model.sampling import SamplingBatch
+
+
+@dataclasses.dataclass(frozen=True)
+class PackedLayout:
+    """The static shape of a packed step: chunk tokens C, row tokens B, table width W."""
+
+    chunk: int
+    rows: int
+    width: int
+
+    @property
+    def sampled(self) -> int:
+        return 1 + self.rows
+
+    def int_fields(self) -> list[tuple[str, int]]:
+        C, B, W, R = self.chunk, self.rows, self.width, self.sampled
+        return [("chunk_tokens", C), ("chunk_start", 1), ("chunk_len", 1), ("chunk_table", W),
+                ("row_tokens", B), ("row_src", B), ("row_positions", B),
+                ("row_tables", B * W), ("top_k", R), ("seed_high", R), ("seed_low", R),
+                ("sample_index", R), ("is_greedy", R)]
+
+    @property
+    def num_ints(self) -> int:
+        return sum(size for _, size in self.int_fields())
+
+    @property
+    def num_floats(self) -> int:
+        return 3 * self.sampled
+
+    def offsets(self) -> dict[str, tuple[int, int]]:
+        """field -> (start, size) in the int32 buffer."""
+        spans, start = {}, 0
+        for name, size in self.int_fields():
+            spans[name] = (start, size)
+            start += size
+        return spans
+
+
+def unpack(layout: PackedLayout, ints, floats, bias) -> tuple[RaggedBatch, SamplingBatch]:
+    """Inside the step: the RaggedBatch and SamplingBatch the packed buffers hold."""
+    spans = layout.offsets()
+
+    def field(name):
+        start, size = spans[name]
+        return jax.lax.slice_in_dim(ints, start, start + size)
+
+    B, W, R = layout.rows, layout.width, layout.sampled
+    batch = RaggedBatch(
+        chunk_tokens=field("chunk_tokens"), chunk_start=field("chunk_start")[0],
+        chunk_len=field("chunk_len")[0], chunk_table=field("chunk_table"),
+        row_tokens=field("row_tokens"), row_src=field("row_src"),
+        row_positions=field("row_positions"), row_tables=field("row_tables").reshape(B, W))
+    words = jnp.stack([field("seed_high"), field("seed_low")], axis=1)
+    sampling = SamplingBatch(
+        temperature=floats[:R], top_k=field("top_k"), top_p=floats[R:2 * R],
+        min_p=floats[2 * R:], seed_words=jax.lax.bitcast_convert_type(words, jnp.uint32),
+        sample_index=field("sample_index"), is_greedy=field("is_greedy") != 0,
+        logit_bias=bias)
+    return batch, sampling
+
+
+class HostPacker:
+    """Builds the packed buffers of one step on the host (the runner's side).
+
+    Per-request sampling values are computed once per SamplingParams and cached, since a
+    request's params object is the same every step."""
+
+    def __init__(self):
+        self._params: dict = {}
+
+    def pack(self, layout: PackedLayout, batch: dict, specs) -> tuple[np.ndarray, np.ndarray]:
+        """`batch`: RaggedBatch fields as numpy arrays; `specs`: R SampleSpecs or None
+        (padding rows sample greedily)."""
+        spans = layout.offsets()
+        ints = np.zeros(layout.num_ints, np.int32)
+        floats = np.zeros(layout.num_floats, np.float32)
+        for name, value in batch.items():
+            start, size = spans[name]
+            ints[start:start + size] = np.ravel(value)
+        R = layout.sampled
+        values = np.zeros((R, 7), np.float64)  # temperature, top_p, min_p, top_k, hi, lo, greedy
+        values[:] = (1.0, 1.0, 0.0, 20, 0, 0, 1)
+        index = np.zeros(R, np.int32)
+        for row, spec in enumerate(specs):
+            if spec is None:
+                continue
+            values[row] = self._values(spec.params)
+            index[row] = spec.sample_index
+        floats[:] = values[:, :3].T.reshape(-1)
+        for column, name in ((3, "top_k"), (4, "seed_high"), (5, "seed_low"), (6, "is_greedy")):
+            start, _ = spans[name]
+            ints[start:start + R] = values[:, column].astype(np.uint32).view(np.int32)
+        start, _ = spans["sample_index"]
+        ints[start:start + R] = index
+        return ints, floats
+
+    def _values(self, params) -> tuple:
+        cached = self._params.get(params)
+        if cached is None:
+            from ninfer_jax.engine.request import TOP_K_CAP
+            from ninfer_jax.model.sampling import seed_words
+
+            high, low = seed_words(params.seed)
+            top_k = TOP_K_CAP if params.top_k <= 0 else min(params.top_k, TOP_K_CAP)
+            cached = (max(params.temperature, 0.0), params.top_p, params.min_p, top_k, high,
+                      low, 1 if params.is_greedy else 0)
+            if len(self._params) > 4096:
+                self._params.clear()
+            self._params[params] = cached
+        return cached
