@@ -41,16 +41,22 @@ jax.tree_util.register_dataclass(
 
 
 def sample(logits, batch: SamplingBatch):
-    """Pick one token per row: logits f32 [B, V] -> int32 [B]."""
+    """Pick one token per row: logits f32 [B, V] -> int32 [B]. A step whose rows are all
+    greedy skips the top-k and the draws (a top-k over a 150k vocabulary for hundreds of rows
+    is not free); greedy rows get the same argmax either way."""
     logits = logits.astype(jnp.float32) + batch.logit_bias
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    candidates, candidate_ids = jax.lax.top_k(logits, TOP_K_CAP)  # [B, TOP_K_CAP], descending
-    keys = jax.vmap(row_key)(batch.seed_words, batch.sample_index)
-    temperature = jnp.where(batch.is_greedy, 1.0, batch.temperature)
-    picks = jax.vmap(_draw_candidate)(keys, candidates, temperature, batch.top_k, batch.top_p,
-                                      batch.min_p)
-    drawn = jnp.take_along_axis(candidate_ids, picks[:, None], axis=1)[:, 0].astype(jnp.int32)
-    return jnp.where(batch.is_greedy, greedy, drawn)
+
+    def with_draws():
+        candidates, candidate_ids = jax.lax.top_k(logits, TOP_K_CAP)  # [B, TOP_K_CAP]
+        keys = jax.vmap(row_key)(batch.seed_words, batch.sample_index)
+        temperature = jnp.where(batch.is_greedy, 1.0, batch.temperature)
+        picks = jax.vmap(_draw_candidate)(keys, candidates, temperature, batch.top_k,
+                                          batch.top_p, batch.min_p)
+        drawn = jnp.take_along_axis(candidate_ids, picks[:, None], axis=1)[:, 0]
+        return jnp.where(batch.is_greedy, greedy, drawn.astype(jnp.int32))
+
+    return jax.lax.cond(jnp.all(batch.is_greedy), lambda: greedy, with_draws)
 
 
 def row_key(seed_words, sample_index):
