@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
@@ -184,6 +185,8 @@ class JaxRunner:
         self.is_warm = False
         self.compile_done = threading.Event()  # every shape compiled (background included)
         self.on_compiled = None  # called (from any thread) after each shape compiles
+        # Executables kept on disk next to JAX's cache: a restart loads them untraced.
+        self._store = ExecutableStore.from_environment(self._fingerprint())
 
     # the pre-v2 names, still read by tests and tools
     @property
@@ -280,8 +283,28 @@ class JaxRunner:
             for future in [pool.submit(self._compile, shape) for shape in shapes]:
                 future.result()
 
+    def _fingerprint(self) -> dict:
+        """What a stored executable depends on besides the traced source (executable_store)."""
+        leaves = jax.tree_util.tree_flatten_with_path(self.params)[0]
+        device = jax.devices()[0]
+        return {"jax": jax.__version__, "backend": jax.default_backend(),
+                "device": getattr(device, "device_kind", str(device)),
+                "xla_flags": os.environ.get("XLA_FLAGS", ""), "kernels": use_kernels(),
+                "config": self.config.to_dict(), "dtype": jnp.dtype(self.dtype).name,
+                "params": [(jax.tree_util.keystr(path), leaf.shape, str(leaf.dtype))
+                           for path, leaf in leaves],
+                "kv": [(k.shape, str(k.dtype)) for k, _ in self._kv_spec[:1]],
+                "num_layers": len(self._kv_spec), "page_size": self.page_size,
+                "width": self.width, "max_batch": self.max_batch}
+
     def _compile(self, shape: tuple[int, int]) -> None:
         if shape in self._executables:
+            return
+        stored = self._store.load(shape) if self._store is not None else None
+        if stored is not None:
+            self._executables[shape] = stored
+            if self.on_compiled is not None:
+                self.on_compiled()
             return
         example = self._example_inputs(*shape)
         with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
@@ -289,7 +312,10 @@ class JaxRunner:
             lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out, *example,
                                          config=self.config, page_size=self.page_size,
                                          layout=self._layout(*shape))
-        self._executables[shape] = lowered.compile()
+        compiled = lowered.compile()
+        self._executables[shape] = compiled
+        if self._store is not None:
+            self._store.save(shape, compiled)
         if self.on_compiled is not None:
             self.on_compiled()
 

@@ -212,3 +212,30 @@ def test_a_mixed_step_equals_its_parts_and_rows_read_the_previous_output(tiny, r
     assert runner.collect(first).chunk_token == alone_b
     result = runner.collect(mixed)
     assert result.chunk_token == alone_a and result.row_tokens.tolist() == [second_b]
+
+
+def test_a_restart_loads_stored_executables_without_tracing(tiny, runner, tmp_path,
+                                                            monkeypatch):
+    """With a cache directory the compiled steps are stored; a second runner for the same
+    model and shapes loads them (no tracing at all) and decodes the same tokens. Another
+    configuration never picks them up."""
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    common = dict(num_pages=64, page_size=8, max_batch=2, max_context=128, prefill_chunk=32)
+    first = JaxRunner(tiny[1], **common)
+    first.warmup()
+    stored = list((tmp_path / "ninfer-executables").glob("*.exe"))
+    assert len(stored) == len(first.step_shapes())
+
+    class NoTracing:
+        def lower(self, *args, **kwargs):
+            raise AssertionError("a stored executable was traced again")
+
+    second = JaxRunner(tiny[1], **common)
+    second._jitted = NoTracing()
+    second.warmup()
+    batch = prompts(2, seed=15)
+    assert generate(second, batch, NUM_NEW) == generate(runner, batch, NUM_NEW)
+    other = JaxRunner(tiny[1], **dict(common, max_context=64))
+    other._jitted = NoTracing()
+    with pytest.raises(AssertionError, match="traced again"):
+        other.warmup()
