@@ -19,6 +19,7 @@ CPU_AUTO_KV_TOKENS = 65536
 
 # --kv-capacity auto leaves this much device memory unclaimed (the serving contract's margin).
 AUTO_KV_HEADROOM_BYTES = 1 << 30
+AUTO_POOL_GRANULE_PAGES = 512
 
 
 def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int,
@@ -30,9 +31,14 @@ def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int,
 def auto_kv_tokens(free_bytes: int, bytes_per_token: int, *, page_size: int,
                    headroom_bytes: int = AUTO_KV_HEADROOM_BYTES) -> int:
     """--kv-capacity auto: the tokens (whole pages) that fit in `free_bytes` (measured after
-    the weights are resident) minus the headroom, at least one page."""
+    the weights are resident) minus the headroom, at least one page. Large pools are rounded
+    down to whole AUTO_POOL_GRANULE_PAGES: free memory varies by a few MiB between starts, and
+    a pool one page different changes every step's shapes, so a restart would find neither
+    its stored executables nor JAX's cache (run 9: 695488 then 695744 tokens)."""
     usable = max(0, free_bytes - headroom_bytes)
     pages = usable // (bytes_per_token * page_size)
+    if pages >= 64 * AUTO_POOL_GRANULE_PAGES:  # at most 1/64 of the pool left unused
+        pages -= pages % AUTO_POOL_GRANULE_PAGES
     return max(1, pages) * page_size
 
 

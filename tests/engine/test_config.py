@@ -42,3 +42,15 @@ def test_auto_kv_tokens_leaves_the_headroom_in_whole_pages():
     free = (1 << 30) + per_token * 16 * 10 + 5  # room for exactly 10 pages past the headroom
     assert auto_kv_tokens(free, per_token, page_size=16) == 160
     assert auto_kv_tokens(100, per_token, page_size=16) == 16  # never below one page
+
+
+def test_large_auto_pools_are_rounded_so_restarts_keep_their_shapes():
+    from ninfer_jax.engine.config import AUTO_POOL_GRANULE_PAGES
+
+    per_page = 1024 * 16
+    big = 100 * AUTO_POOL_GRANULE_PAGES * per_page
+    a = auto_kv_tokens(big + 3 * per_page, 1024, page_size=16, headroom_bytes=0)
+    b = auto_kv_tokens(big + 200 * per_page, 1024, page_size=16, headroom_bytes=0)
+    assert a == b == 100 * AUTO_POOL_GRANULE_PAGES * 16
+    small = auto_kv_tokens(37 * per_page, 1024, page_size=16, headroom_bytes=0)
+    assert small == 37 * 16  # small pools keep every page
