@@ -1,7 +1,8 @@
 """Model configuration: the architecture hyper-parameters stored in an artifact's metadata.
 
-One dataclass for the dense families (`llama`, `qwen3`); hybrid families extend it with their
-own fields later. `to_dict`/`from_dict` are the metadata.json representation.
+One dataclass for every family: the dense `llama` and `qwen3`, and the hybrid `qwen3_5`
+(dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE), whose extra fields default to "absent" so
+dense configs are unchanged. `to_dict`/`from_dict` are the metadata.json representation.
 
 Params pytree (weights stored as [in, out] so a projection is `x @ w`):
     embed        [V, H]
@@ -14,13 +15,35 @@ Params pytree (weights stored as [in, out] so a projection is `x @ w`):
         mlp_norm [H]
         w_gate [H, F]  w_up [H, F]  w_down [F, H]
 A quantized weight leaf is a dict (see kernels/quant_matmul) instead of a plain array.
+
+Hybrid families (model/hybrid.py). Every norm weight named *_norm except `gdn_norm` is
+zero-centred (applied as 1 + w). layer_types[i] says what layer i holds:
+    every layer:  attn_norm [H]  mlp_norm [H]
+    "full_attention" (gated attention):
+        wq [H, NH*2D]      per head: D query columns then D gate columns (HF q_proj layout)
+        wk [H, NK*D]  wv [H, NK*D]  wo [NH*D, H]  q_norm [D]  k_norm [D]
+    "linear_attention" (Gated DeltaNet; Hk/Hv key/value heads, dk/dv their dims, K conv taps,
+    conv_dim = 2*Hk*dk + Hv*dv):
+        in_qkv [H, conv_dim]  (Q | K | V columns)   in_z [H, Hv*dv]
+        in_b [H, Hv]  in_a [H, Hv]  conv [K, conv_dim]  dt_bias [Hv]  A_log [Hv]
+        gdn_norm [dv]  (plain RMSNorm weight, not zero-centred)   out [Hv*dv, H]
+    MLP, dense layers (qwen3_5, and mlp_only_layers of MoE models): w_gate w_up w_down
+    MLP, MoE layers (E experts of width I, shared expert of width Is):
+        router [H, E]  experts_gate_up [E, H, 2I] (gate columns first)  experts_down [E, I, H]
+        shared_gate [H, 1]  shared_w_gate [H, Is]  shared_w_up [H, Is]  shared_w_down [Is, H]
+        (the shared_* leaves are absent when shared_expert_intermediate_size == 0)
+The MTP head is a separate artifact component (params["mtp"] when loaded):
+    fc [2H, H]  pre_fc_norm_embedding [H]  pre_fc_norm_hidden [H]  norm [H]
+    layers: list of mtp_num_layers dicts shaped like a "full_attention" layer (with its MLP)
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-ARCHITECTURES = ("llama", "qwen3")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next")
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+LAYER_TYPES = ("full_attention", "linear_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,12 +62,62 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qk_norm: bool = False  # qwen3
     max_position_embeddings: int = 8192
+    # Hybrid families only (defaults: absent).
+    layer_types: tuple[str, ...] | None = None  # per layer, one of LAYER_TYPES
+    partial_rotary_factor: float = 1.0  # RoPE rotates the first head_dim * factor dims
+    attn_output_gate: bool = False  # gated attention: sigmoid(gate) * attention output
+    linear_num_key_heads: int = 0  # Gated DeltaNet Hk
+    linear_num_value_heads: int = 0  # Hv, a multiple of Hk
+    linear_key_head_dim: int = 0  # dk
+    linear_value_head_dim: int = 0  # dv
+    linear_conv_kernel_dim: int = 0  # K, causal depthwise conv taps
+    num_experts: int = 0  # 0: dense MLP in every layer
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = True  # renormalise the top-k router weights
+    mlp_only_layers: tuple[int, ...] = ()  # MoE models: layers with a dense MLP instead
+    mtp_num_layers: int = 0  # layers of the MTP head stored in the artifact's mtp component
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
             raise ValueError(f"unknown architecture {self.architecture!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
+        # metadata.json gives lists; the config is hashed as a jit static argument
+        if self.layer_types is not None:
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if self.is_hybrid:
+            if self.layer_types is None or len(self.layer_types) != self.num_layers:
+                raise ValueError("a hybrid config needs one layer_types entry per layer")
+            if set(self.layer_types) - set(LAYER_TYPES):
+                raise ValueError(f"layer_types must be among {LAYER_TYPES}")
+            if self.linear_num_value_heads % max(self.linear_num_key_heads, 1):
+                raise ValueError("linear_num_value_heads must be a multiple of "
+                                 "linear_num_key_heads")
+        elif self.layer_types is not None or self.num_experts:
+            raise ValueError(f"{self.architecture} has no layer_types or experts")
+
+    @property
+    def is_hybrid(self) -> bool:
+        return self.architecture in HYBRID_ARCHITECTURES
+
+    def is_moe_layer(self, i: int) -> bool:
+        return self.num_experts > 0 and i not in self.mlp_only_layers
+
+    @property
+    def linear_conv_dim(self) -> int:
+        """Channels of a Gated DeltaNet layer's conv (Q | K | V)."""
+        return (2 * self.linear_num_key_heads * self.linear_key_head_dim
+                + self.linear_num_value_heads * self.linear_value_head_dim)
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Per-sequence recurrent state of one Gated DeltaNet layer: the conv state (the
+        last K - 1 conv inputs, compute dtype) and the delta-rule state (float32)."""
+        return {"conv": (self.linear_conv_kernel_dim - 1, self.linear_conv_dim),
+                "recurrent": (self.linear_num_value_heads, self.linear_key_head_dim,
+                              self.linear_value_head_dim)}
 
     def __hash__(self):
         # Explicit because rope_scaling is a dict; the config is a static argument of jitted steps.
@@ -57,6 +130,7 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelConfig":
         names = {f.name for f in dataclasses.fields(cls)}
+        data = dict(data)
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown model config fields: {sorted(unknown)}")
@@ -69,6 +143,10 @@ class ModelConfig:
         shapes: dict[str, tuple[int, ...]] = {"embed": (V, H), "final_norm": (H,)}
         if not self.tie_word_embeddings:
             shapes["lm_head"] = (H, V)
+        if self.is_hybrid:
+            for i in range(self.num_layers):
+                shapes.update(self._hybrid_layer_shapes(i, f"layers.{i}."))
+            return shapes
         for i in range(self.num_layers):
             p = f"layers.{i}."
             shapes.update({
@@ -79,4 +157,32 @@ class ModelConfig:
             if self.qk_norm:
                 shapes[p + "q_norm"] = (D,)
                 shapes[p + "k_norm"] = (D,)
+        return shapes
+
+    def _hybrid_layer_shapes(self, i: int, p: str) -> dict[str, tuple[int, ...]]:
+        H, NH, NK, D = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim
+        shapes = {p + "attn_norm": (H,), p + "mlp_norm": (H,)}
+        if self.layer_types[i] == "full_attention":
+            q_cols = NH * D * (2 if self.attn_output_gate else 1)
+            shapes.update({p + "wq": (H, q_cols), p + "wk": (H, NK * D), p + "wv": (H, NK * D),
+                           p + "wo": (NH * D, H), p + "q_norm": (D,), p + "k_norm": (D,)})
+        else:
+            Hv, dv = self.linear_num_value_heads, self.linear_value_head_dim
+            shapes.update({
+                p + "in_qkv": (H, self.linear_conv_dim), p + "in_z": (H, Hv * dv),
+                p + "in_b": (H, Hv), p + "in_a": (H, Hv),
+                p + "conv": (self.linear_conv_kernel_dim, self.linear_conv_dim),
+                p + "dt_bias": (Hv,), p + "A_log": (Hv,), p + "gdn_norm": (dv,),
+                p + "out": (Hv * dv, H)})
+        if self.is_moe_layer(i):
+            E, I, Is = self.num_experts, self.moe_intermediate_size, \
+                self.shared_expert_intermediate_size
+            shapes.update({p + "router": (H, E), p + "experts_gate_up": (E, H, 2 * I),
+                           p + "experts_down": (E, I, H)})
+            if Is:
+                shapes.update({p + "shared_gate": (H, 1), p + "shared_w_gate": (H, Is),
+                               p + "shared_w_up": (H, Is), p + "shared_w_down": (Is, H)})
+        else:
+            F = self.intermediate_size
+            shapes.update({p + "w_gate": (H, F), p + "w_up": (H, F), p + "w_down": (F, H)})
         return shapes

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
 
 FROM_HOST = -1  # row_src value: the row's token is row_tokens[i], not a previous output
+DUMMY_STATE_SLOT = 0  # the state slot of padding rows (hybrid families)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +35,12 @@ class RaggedBatch:
     row_src: jax.Array  # int32 [B]: FROM_HOST, or j >= 0: the token is prev_out[j]
     row_positions: jax.Array  # int32 [B]: absolute position of each row token
     row_tables: jax.Array  # int32 [B, W]: each row token's sequence page table
+    # Hybrid families only (None for dense ones): the state slot (engine/state_slots) holding
+    # each sequence's Gated DeltaNet conv and recurrent state. Slot 0 is the dummy slot that
+    # padding reads and writes, like DUMMY_PAGE. A chunk with chunk_start == 0 starts from a
+    # zero state; any other chunk continues from its slot's state.
+    chunk_state_slot: jax.Array | None = None  # int32 []
+    row_state_slots: jax.Array | None = None  # int32 [B]
 
 
 jax.tree_util.register_dataclass(
