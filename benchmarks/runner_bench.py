@@ -2,6 +2,7 @@
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
         [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--json]
+        [--profile DIR]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
 (greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
@@ -9,7 +10,9 @@ n is collected, each row fed the token the previous step sampled on the device),
 figures include host-side input building and the one device->host copy per step: the bare
 step's ceiling for the live server. `sync` figures wait for every step before the next.
 Compilation is excluded: the runner warms up first (set JAX_COMPILATION_CACHE_DIR to reuse
-executables across runs). --json prints one JSON object per measurement.
+executables across runs). --json prints one JSON object per measurement. --profile DIR also
+traces each batch's pipelined decode once more under jax.profiler and prints where the
+device's time went per step (benchmarks/trace_summary.py).
 """
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ def time_prefill(runner, prompt_len: int, repeats: int = 3) -> float:
     return prompt_len * repeats / (time.perf_counter() - started)
 
 
-def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool) -> float:
+def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool,
+                trace_dir: str | None = None) -> float:
     pages_per_row = math.ceil((context + steps + 2) / runner.page_size)
     tables = [np.arange(1 + r * pages_per_row, 1 + (r + 1) * pages_per_row, dtype=np.int32)
               for r in range(batch)]
@@ -74,7 +78,13 @@ def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool
     run(0, 2)
     started = time.perf_counter()
     run(0, steps)
-    return batch * steps / (time.perf_counter() - started)
+    rate = batch * steps / (time.perf_counter() - started)
+    if trace_dir is not None:
+        import jax
+
+        with jax.profiler.trace(trace_dir):
+            run(0, steps)
+    return rate
 
 
 def main():
@@ -92,6 +102,9 @@ def main():
                         help="off the GPU, dequantize quantized weights in every step instead "
                              "of once at load (the runner's default before 2026-11-29)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="trace each batch's pipelined decode under DIR/batchN and print "
+                             "the device time per step by kernel")
     args = parser.parse_args()
     artifact = load_artifact(args.artifact or ensure_default_artifact())
     batches = [int(b) for b in args.batches.split(",")]
@@ -111,11 +124,18 @@ def main():
     records.append({"op": "prefill", "prompt": args.prompt, "tok_per_s": prefill_rate})
     for batch in batches:
         for mode in ("pipelined", "sync"):
+            trace_dir = (f"{args.profile}/batch{batch}"
+                         if args.profile and mode == "pipelined" else None)
             rate = time_decode(runner, batch, args.context, args.steps,
-                               pipelined=mode == "pipelined")
+                               pipelined=mode == "pipelined", trace_dir=trace_dir)
             records.append({"op": "decode", "mode": mode, "batch": batch,
                             "context": args.context, "tok_per_s": rate,
                             "ms_per_step": batch / rate * 1e3})
+            if trace_dir is not None:
+                from trace_summary import summarize
+
+                for summary in summarize(trace_dir, args.steps):
+                    records.append({"op": "profile", "batch": batch, **summary})
     header = {"artifact": artifact.name, "dtype": np.dtype(runner.dtype).name,
               "row_buckets": runner.row_buckets, "chunk_buckets": runner.chunk_buckets,
               "max_context": max_context}
@@ -126,7 +146,9 @@ def main():
     print(f"{artifact.name}: dtype {header['dtype']}, rows {runner.row_buckets}, "
           f"chunks {runner.chunk_buckets}")
     for record in records:
-        if record["op"] == "prefill":
+        if record["op"] == "profile":
+            print(json.dumps(record))
+        elif record["op"] == "prefill":
             print(f"prefill {args.prompt} tokens: {record['tok_per_s']:.0f} tok/s")
         else:
             print(f"decode batch {record['batch']} at context {args.context} "
