@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from typing import Mapping
 
 from ninfer_jax.serve import kv_sizing
@@ -62,7 +63,9 @@ def build_engine(config: ServeConfig):
     from ninfer_jax.engine.engine import Engine
     from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
 
+    started = time.perf_counter()
     artifact = load_artifact(config.artifact, weights=True)
+    read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
     kv_dtype = kv_dtype_for(config.kv_dtype)
     artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
@@ -74,6 +77,8 @@ def build_engine(config: ServeConfig):
                        max_context=max_context, prefill_chunk=config.prefill_chunk,
                        kv_dtype=kv_dtype)
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
+    log.info("weights read in %.1f s, placed on the device in %.1f s", read - started,
+             time.perf_counter() - read)
     log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes; warming up",
              artifact.name, artifact.config.architecture, max_context, engine.pool_tokens,
              runner.kv_dtype.name, config.max_concurrency)
