@@ -136,7 +136,8 @@ class JaxRunner:
     def __init__(self, artifact, *, num_pages: int, page_size: int = 16, max_batch: int,
                  max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
                  min_rows: int | None = None, expand_quantized: bool | None = None,
-                 background_compile: bool | None = None, compile_threads: int | None = None):
+                 background_compile: bool | None = None, compile_threads: int | None = None,
+                 greedy_variants: bool | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -176,10 +177,16 @@ class JaxRunner:
         self.background_compile = kernels if background_compile is None else background_compile
         self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
         self._jitted = jax.jit(steps.packed_step,
-                               static_argnames=("config", "page_size", "layout"),
+                               static_argnames=("config", "page_size", "layout", "draws"),
                                donate_argnames=("kv",))
+        # GPU: every decode-only shape also gets a variant without the draws, which steps
+        # whose rows are all greedy use once it has compiled (sampling.sample: the draws'
+        # top-k is a sort of the vocabulary there, and the CPU's run-time skip would stall the
+        # launch). Chunk steps keep one variant: their chunk dwarfs the sort.
+        self.greedy_variants = kernels if greedy_variants is None else greedy_variants
         self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
+        self._greedy_executables: dict[tuple[int, int], object] = {}
         self._compile_lock = threading.Lock()
         self._prev_out = jnp.zeros(1 + max_batch, jnp.int32)
         self._zero_bias: dict[int, jax.Array] = {}
@@ -225,9 +232,15 @@ class JaxRunner:
     def compiled_shapes(self) -> set[tuple[int, int]]:
         return set(self._executables)
 
+    def greedy_shapes(self) -> list[tuple[int, int]]:
+        """The shapes that also get a variant without the draws."""
+        return [(0, rows) for rows in self.row_buckets] if self.greedy_variants else []
+
     def compile_progress(self) -> tuple[int, int]:
-        """(shapes compiled, shapes planned), for /health while loading and the logs."""
-        return len(self._executables), len(self.step_shapes())
+        """(executables compiled, executables planned), for /health while loading and the
+        logs: every step shape plus the greedy variants."""
+        return (len(self._executables) + len(self._greedy_executables),
+                len(self.step_shapes()) + len(self.greedy_shapes()))
 
     def warmup(self) -> None:
         """Compile the essential shapes (in parallel), run each once on padding inputs (they
@@ -240,6 +253,7 @@ class JaxRunner:
         rest = [shape for shape in self.step_shapes() if shape not in essential]
         if not self.background_compile:
             essential, rest = essential + rest, []
+        greedy = self.greedy_shapes()
         self._compile_all(essential)
         compiled = time.perf_counter()
         for shape in essential:
@@ -249,20 +263,23 @@ class JaxRunner:
         self.is_warm = True
         log.info("compiled %d step shapes in %.1f s, first runs %.1f s%s", len(essential),
                  compiled - started, time.perf_counter() - compiled,
-                 f"; {len(rest)} more compile in the background" if rest else "")
-        if not rest:
+                 f"; {len(rest) + len(greedy)} more compile in the background"
+                 if rest or greedy else "")
+        if not rest and not greedy:
             self.compile_done.set()
             return
-        threading.Thread(target=self._compile_rest, args=(rest,), name="ninfer-compile",
+        threading.Thread(target=self._compile_rest, args=(rest, greedy), name="ninfer-compile",
                          daemon=True).start()
 
-    def _compile_rest(self, shapes) -> None:
+    def _compile_rest(self, shapes, greedy_shapes=()) -> None:
         """BACKGROUND_COMPILE_THREADS shapes at a time: with the pool allocated, the memory
-        left over is sized for that many compiles' autotuning scratch."""
+        left over is sized for that many compiles' autotuning scratch. The greedy variants
+        come last: until they exist, greedy steps run the shapes with draws (same tokens)."""
         started = time.perf_counter()
+        shapes = [(shape, True) for shape in shapes] + [(s, False) for s in greedy_shapes]
         try:
             with concurrent.futures.ThreadPoolExecutor(BACKGROUND_COMPILE_THREADS) as pool:
-                for future in [pool.submit(self._compile, shape) for shape in shapes]:
+                for future in [pool.submit(self._compile, *job) for job in shapes]:
                     future.result()
             log.info("background compile: %d more step shapes in %.1f s", len(shapes),
                      time.perf_counter() - started)
@@ -272,16 +289,20 @@ class JaxRunner:
             self.compile_done.set()
 
     def compile_shapes(self, shapes) -> None:
-        """Compile these (chunk, rows) shapes now, in parallel (benchmarks pin exact shapes)."""
-        self._compile_all(list(shapes))
+        """Compile these (chunk, rows) shapes now, in parallel, with their greedy variants
+        (benchmarks pin exact shapes)."""
+        shapes = list(shapes)
+        greedy = set(self.greedy_shapes())
+        self._compile_all(shapes, [shape for shape in shapes if shape in greedy])
 
-    def _compile_all(self, shapes) -> None:
-        if len(shapes) <= 1 or self.compile_threads <= 1:
-            for shape in shapes:
-                self._compile(shape)
+    def _compile_all(self, shapes, greedy_shapes=()) -> None:
+        jobs = [(shape, True) for shape in shapes] + [(s, False) for s in greedy_shapes]
+        if len(jobs) <= 1 or self.compile_threads <= 1:
+            for job in jobs:
+                self._compile(*job)
             return
         with concurrent.futures.ThreadPoolExecutor(self.compile_threads) as pool:
-            for future in [pool.submit(self._compile, shape) for shape in shapes]:
+            for future in [pool.submit(self._compile, *job) for job in jobs]:
                 future.result()
 
     def _fingerprint(self) -> dict:
@@ -298,12 +319,14 @@ class JaxRunner:
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
                 "width": self.width, "max_batch": self.max_batch}
 
-    def _compile(self, shape: tuple[int, int]) -> None:
-        if shape in self._executables:
+    def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
+        executables = self._executables if draws else self._greedy_executables
+        if shape in executables:
             return
-        stored = self._store.load(shape) if self._store is not None else None
+        key = shape if draws else (*shape, "greedy")
+        stored = self._store.load(key) if self._store is not None else None
         if stored is not None:
-            self._executables[shape] = stored
+            executables[shape] = stored
             if self.on_compiled is not None:
                 self.on_compiled()
             return
@@ -312,11 +335,11 @@ class JaxRunner:
             # Abstract caches: the engine thread donates the real ones while this traces.
             lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out, *example,
                                          config=self.config, page_size=self.page_size,
-                                         layout=self._layout(*shape))
+                                         layout=self._layout(*shape), draws=draws)
         compiled = lowered.compile()
-        self._executables[shape] = compiled
+        executables[shape] = compiled
         if self._store is not None:
-            self._store.save(shape, compiled)
+            self._store.save(key, compiled)
         if self.on_compiled is not None:
             self.on_compiled()
 
@@ -372,7 +395,10 @@ class JaxRunner:
         layout = self._layout(*shape)
         specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
         ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
-        out, self.kv = self._executables[shape](
+        executable = self._executables[shape]
+        if self.greedy_variants and all(s is None or s.params.is_greedy for s in specs):
+            executable = self._greedy_executables.get(shape, executable)
+        out, self.kv = executable(
             self.params, self.kv, self._prev_out, ints, floats,
             self._bias(specs, layout.sampled))
         self._prev_out = out

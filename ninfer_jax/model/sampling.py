@@ -40,17 +40,21 @@ jax.tree_util.register_dataclass(
     meta_fields=[])
 
 
-def sample(logits, batch: SamplingBatch):
+def sample(logits, batch: SamplingBatch, *, draws: bool = True):
     """Pick one token per row: logits f32 [B, V] -> int32 [B]; greedy rows get the argmax.
 
-    On the CPU a step whose rows are all greedy skips the top-k and the draws (lax.cond: XLA
-    CPU runs it inline, and a top-k over the vocabulary for every row is not free there). On
-    the GPU the draws always run: XLA:GPU evaluates a conditional's predicate on the host,
-    which blocks the launching thread until the step's logits exist, so step n+1 could not be
-    queued behind step n (runner_bench run 10: at 64 rows the pipelined step fell to the
-    synchronous one, 11.5 ms, with the device idle 47% of the time)."""
+    `draws=False` (static) compiles the argmax alone, for steps the host knows to be all
+    greedy: on the H200 the top-k of the draws is a segmented sort of the whole vocabulary,
+    1.2 ms of an 8.7 ms step at 64 rows and 2.5 of 16 at 256 (runner_bench run 11).
+    On the CPU a step whose rows are all greedy also skips them at run time (lax.cond: XLA
+    CPU runs it inline). On the GPU that cond is not used: XLA:GPU evaluates a
+    conditional's predicate on the host, which blocks the launching thread until the step's
+    logits exist, so step n+1 could not be queued behind step n (runner_bench run 10: at 64
+    rows the pipelined step fell to the synchronous one, 11.5 ms, the device idle 47%)."""
     logits = logits.astype(jnp.float32) + batch.logit_bias
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    if not draws:
+        return greedy
 
     def with_draws():
         candidates, candidate_ids = jax.lax.top_k(logits, TOP_K_CAP)  # [B, TOP_K_CAP]
