@@ -252,6 +252,11 @@ def test_all_greedy_steps_use_the_variant_without_draws(tiny, runner):
     assert variants.compile_done.wait(600)
     num_shapes = len(variants.step_shapes()) + len(variants.row_buckets)
     assert variants.compile_progress() == (num_shapes, num_shapes)
+    # What compiled after warm-up runs once on padding when the engine is idle, then no more.
+    primed = 0
+    while variants.prime_one():
+        primed += 1
+    assert primed == len(variants.greedy_shapes())  # the step shapes all ran in warm-up here
     used = []
     for shape, executable in list(variants._greedy_executables.items()):
         def recording(*args, _shape=shape, _executable=executable):
