@@ -40,6 +40,7 @@ QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4")
 TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml")
 # Per-head Gated DeltaNet vectors kept in f32 with the norms (the decay is exp(-exp(A_log))).
 F32_VECTORS = ("dt_bias", "A_log")
+MTP_NORMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden")  # norms not named *norm
 
 
 @dataclasses.dataclass
@@ -116,9 +117,14 @@ class Artifact:
 
 def tensor_group(name: str) -> str:
     """The weight_formats group of a params name: embed, lm_head, layers, mtp or norms."""
-    if name.endswith("norm") or name.rsplit(".", 1)[-1] in F32_VECTORS:
+    if is_norm(name) or name.rsplit(".", 1)[-1] in F32_VECTORS:
         return "norms"
     return name.split(".", 1)[0]
+
+
+def is_norm(name: str) -> bool:
+    """Whether a params name is an RMSNorm weight (`layers.0.attn_norm`, `mtp.pre_fc_norm_hidden`)."""
+    return name.endswith("norm") or name.rsplit(".", 1)[-1] in MTP_NORMS
 
 
 def expected_dtype(name: str, weight_formats: dict[str, str]) -> str | None:

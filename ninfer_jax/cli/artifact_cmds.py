@@ -47,7 +47,7 @@ def convert(src, out, name, dtype, weights, force, quiet):
 @click.argument("out", type=click.Path())
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--dtype", default=None, type=click.Choice(["f32", "bf16"]),
-              help="Storage dtype of float weights (default: f32 for tiny presets, bf16 for 8B).")
+              help="Storage dtype of float weights (default: f32 for tiny presets, bf16 for full-size ones).")
 @click.option("--weights", default=None, type=click.Choice(WEIGHT_CHOICES),
               help="Format of the projection matrices (default: --dtype).")
 @click.option("--tiny", is_flag=True,
