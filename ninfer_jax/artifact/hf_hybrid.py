@@ -61,8 +61,9 @@ def canonical_name(hf_name: str) -> str:
 
 
 def is_skipped(hf_name: str) -> bool:
-    return canonical_name(hf_name).startswith(SKIPPED_PREFIXES) or \
-        canonical_name(hf_name).endswith("rotary_emb.inv_freq")
+    """Vision-tower tensors and RoPE tables (recomputed from rope_theta) are not converted."""
+    base = canonical_name(hf_name)
+    return base.startswith(SKIPPED_PREFIXES) or base.endswith("rotary_emb.inv_freq")
 
 
 def mtp_layer_count(hf_names: list[str]) -> int:
@@ -88,7 +89,7 @@ def hybrid_params(sources: list, config: ModelConfig, dtype: str,
                 continue
             common.add_to_params(params, name, common.store(name, value, dtype), config.num_layers)
     for prefix, parts in experts.items():
-        for name, value in _stack_experts(prefix, parts, config):
+        for name, value in _stack_experts(sources[0][0].path.parent, prefix, parts, config):
             common.add_to_params(params, name, common.store(name, value, dtype))
     return params
 
@@ -151,15 +152,15 @@ def _linear_dims(config: ModelConfig) -> tuple[int, int, int, int]:
             config.linear_num_value_heads // Hk)
 
 
-def _stack_experts(prefix: str, parts: dict[tuple[str, int], np.ndarray],
+def _stack_experts(directory: pathlib.Path, prefix: str, parts: dict[tuple[str, int], np.ndarray],
                    config: ModelConfig) -> list[tuple[str, np.ndarray]]:
     """Per-expert gate/up/down [out, in] tensors -> experts_gate_up, experts_down."""
     E = config.num_experts
     missing = [f"{kind}:{j}" for kind in ("gate", "up", "down") for j in range(E)
                if (kind, j) not in parts]
     if missing or len(parts) != 3 * E:
-        raise ArtifactError(prefix, f"experts incomplete or beyond num_experts={E} "
-                                    f"(missing {missing[:4]})")
+        raise ArtifactError(directory, f"{prefix}mlp.experts incomplete or beyond "
+                                       f"num_experts={E} (missing {missing[:4]})")
     gate_up = np.stack([np.concatenate([parts["gate", j].T, parts["up", j].T], axis=1)
                         for j in range(E)])
     down = np.stack([parts["down", j].T for j in range(E)])
