@@ -75,7 +75,9 @@ def mtp_layer_count(hf_names: list[str]) -> int:
 
 def hybrid_params(sources: list, config: ModelConfig, dtype: str,
                   progress: common.ProgressFn | None) -> dict:
-    """Params (text model and `mtp`) from (SafetensorsFile, hf_name) pairs."""
+    """Params (text model and `mtp`) from (SafetensorsFile, hf_name) pairs. One-per-expert
+    tensors wait, in the storage dtype, until their layer has all 3E of them, then are stacked:
+    a layer's experts, not the model's, are held twice."""
     params: dict = {}
     experts: dict[str, dict[tuple[str, int], np.ndarray]] = {}
     for index, (file, hf_name) in enumerate(sources, start=1):
@@ -84,18 +86,46 @@ def hybrid_params(sources: list, config: ModelConfig, dtype: str,
         if is_skipped(hf_name):
             continue
         array = np.asarray(file.get(hf_name), dtype=np.float32)
-        for name, value in _convert(file.path, hf_name, array, config, experts):
+        expert = _expert_part(hf_name)
+        if expert:
+            prefix, key = expert
+            if key[1] >= config.num_experts:
+                raise ArtifactError(file.path, f"{hf_name}: expert {key[1]} is beyond "
+                                               f"num_experts={config.num_experts}")
+            parts = experts.setdefault(prefix, {})
+            parts[key] = common.cast(array, dtype)
+            converted = _stack_experts(prefix, experts.pop(prefix), config) \
+                if len(parts) == 3 * config.num_experts else []
+        else:
+            converted = _convert(file.path, hf_name, array, config)
+        for name, value in converted:
             if name == "lm_head" and config.tie_word_embeddings:
                 continue
             common.add_to_params(params, name, common.store(name, value, dtype), config.num_layers)
-    for prefix, parts in experts.items():
-        for name, value in _stack_experts(sources[0][0].path.parent, prefix, parts, config):
-            common.add_to_params(params, name, common.store(name, value, dtype))
+    if experts:
+        prefix, parts = next(iter(experts.items()))
+        missing = sorted({f"{kind}:{j}" for kind in ("gate", "up", "down")
+                          for j in range(config.num_experts)} - {f"{k}:{j}" for k, j in parts})
+        raise ArtifactError(sources[0][0].path.parent,
+                            f"{prefix}mlp.experts incomplete (missing {missing[:4]})")
     return params
 
 
-def _convert(path: pathlib.Path, hf_name: str, array: np.ndarray, config: ModelConfig,
-             experts: dict) -> list[tuple[str, np.ndarray]]:
+def _expert_part(hf_name: str) -> tuple[str, tuple[str, int]] | None:
+    """(our layer prefix, (gate|up|down, expert index)) of a one-per-expert tensor."""
+    match = _LAYER.match(canonical_name(hf_name))
+    expert = _EXPERT.match(match.group(3)) if match else None
+    if expert is None:
+        return None
+    return _prefix(match), (expert.group(2), int(expert.group(1)))
+
+
+def _prefix(match: re.Match) -> str:
+    return f"{'mtp.' if match.group(1) == 'mtp.layers' else ''}layers.{int(match.group(2))}."
+
+
+def _convert(path: pathlib.Path, hf_name: str, array: np.ndarray,
+             config: ModelConfig) -> list[tuple[str, np.ndarray]]:
     base = canonical_name(hf_name)
     if base in GLOBAL_TENSORS:
         name = GLOBAL_TENSORS[base]
@@ -103,12 +133,7 @@ def _convert(path: pathlib.Path, hf_name: str, array: np.ndarray, config: ModelC
     match = _LAYER.match(base)
     if match is None:
         raise ArtifactError(path, f"unsupported tensor {hf_name!r}")
-    prefix = f"{'mtp.' if match.group(1) == 'mtp.layers' else ''}layers.{int(match.group(2))}."
-    rest = match.group(3)
-    expert = _EXPERT.match(rest)
-    if expert:
-        experts.setdefault(prefix, {})[(expert.group(2), int(expert.group(1)))] = array
-        return []
+    prefix, rest = _prefix(match), match.group(3)
     if rest == "linear_attn.in_proj_qkvz":
         qkv, z = ungroup_qkvz(array, config)
         return [(prefix + "in_qkv", qkv), (prefix + "in_z", z)]
@@ -152,15 +177,11 @@ def _linear_dims(config: ModelConfig) -> tuple[int, int, int, int]:
             config.linear_num_value_heads // Hk)
 
 
-def _stack_experts(directory: pathlib.Path, prefix: str, parts: dict[tuple[str, int], np.ndarray],
+def _stack_experts(prefix: str, parts: dict[tuple[str, int], np.ndarray],
                    config: ModelConfig) -> list[tuple[str, np.ndarray]]:
-    """Per-expert gate/up/down [out, in] tensors -> experts_gate_up, experts_down."""
+    """All 3E per-expert gate/up/down [out, in] tensors of a layer -> experts_gate_up,
+    experts_down."""
     E = config.num_experts
-    missing = [f"{kind}:{j}" for kind in ("gate", "up", "down") for j in range(E)
-               if (kind, j) not in parts]
-    if missing or len(parts) != 3 * E:
-        raise ArtifactError(directory, f"{prefix}mlp.experts incomplete or beyond "
-                                       f"num_experts={E} (missing {missing[:4]})")
     gate_up = np.stack([np.concatenate([parts["gate", j].T, parts["up", j].T], axis=1)
                         for j in range(E)])
     down = np.stack([parts["down", j].T for j in range(E)])

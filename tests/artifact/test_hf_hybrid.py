@@ -200,13 +200,23 @@ def test_multimodal_wrapper_converts_its_language_model(tmp_path):
                                   tensors["model.language_model.embed_tokens.weight"])
 
 
-def test_incomplete_experts_are_refused(tmp_path):
+def test_incomplete_or_extra_experts_are_refused(tmp_path):
     model = build_model("qwen3_next")
     save_checkpoint(model, tmp_path / "hf", mtp=False)
     write_safetensors(tmp_path / "hf" / "extra.safetensors", {
         "model.layers.0.mlp.experts.9.up_proj.weight": np.zeros((12, HIDDEN), np.float32)})
-    with pytest.raises(ArtifactError, match="experts incomplete"):
+    with pytest.raises(ArtifactError, match="expert 9 is beyond num_experts=4"):
         convert(tmp_path / "hf", tmp_path / "x.ninfer")
+    (tmp_path / "hf" / "extra.safetensors").unlink()
+    write_packed_checkpoint(model, tmp_path / "short")
+    tensors = state(model)
+    del tensors["model.layers.0.mlp.experts.gate_up_proj"]
+    for j in range(3):  # one-per-expert gate and down of experts 0-2 only
+        tensors[f"model.layers.0.mlp.experts.{j}.gate_proj.weight"] = np.zeros((12, HIDDEN),
+                                                                            np.float32)
+    write_safetensors(tmp_path / "short" / "model.safetensors", tensors)
+    with pytest.raises(ArtifactError, match=r"layers.0.mlp.experts incomplete \(missing \['down:0'"):
+        convert(tmp_path / "short", tmp_path / "x.ninfer")
     assert not (tmp_path / "x.ninfer").exists()
 
 
