@@ -10,7 +10,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact.components import mtp_expected_shapes
-from ninfer_jax.artifact.format import tensor_group
+from ninfer_jax.artifact.tensor_groups import tensor_group
 from ninfer_jax.model.config import ModelConfig
 
 DTYPES = ("f32", "bf16")

@@ -25,6 +25,8 @@ import numpy as np
 
 from ninfer_jax.artifact import weights_io
 from ninfer_jax.artifact.components import MTP_DIR, mtp_expected_shapes, split_mtp
+from ninfer_jax.artifact.tensor_groups import (FLOAT_FORMATS, expected_dtype,  # noqa: F401
+                                               is_norm, tensor_group)
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.config import ARCHITECTURES, ModelConfig
 
@@ -34,13 +36,9 @@ TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
 WEIGHTS_DIR = "weights"
 COMPONENTS = ("text", "mtp", "dflash", "vision")
-FLOAT_FORMATS = {"f32": "float32", "bf16": "bfloat16"}
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4")
 TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml")
-# Per-head Gated DeltaNet vectors kept in f32 with the norms (the decay is exp(-exp(A_log))).
-F32_VECTORS = ("dt_bias", "A_log")
-MTP_NORMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden")  # norms not named *norm
 
 
 @dataclasses.dataclass
@@ -110,27 +108,6 @@ class Artifact:
         from ninfer_jax.text.tokenizer import Tokenizer
 
         return Tokenizer.from_artifact(self)
-
-
-# ----------------------------------------------------------------------------- tensor groups
-
-
-def tensor_group(name: str) -> str:
-    """The weight_formats group of a params name: embed, lm_head, layers, mtp or norms."""
-    if is_norm(name) or name.rsplit(".", 1)[-1] in F32_VECTORS:
-        return "norms"
-    return name.split(".", 1)[0]
-
-
-def is_norm(name: str) -> bool:
-    """Whether a params name is an RMSNorm weight (`layers.0.attn_norm`, `mtp.pre_fc_norm_hidden`)."""
-    return name.endswith("norm") or name.rsplit(".", 1)[-1] in MTP_NORMS
-
-
-def expected_dtype(name: str, weight_formats: dict[str, str]) -> str | None:
-    """numpy dtype name a plain array must have, or None for a quantized group."""
-    group_format = weight_formats.get(tensor_group(name), "f32")
-    return FLOAT_FORMATS.get(group_format)
 
 
 # ----------------------------------------------------------------------------- save

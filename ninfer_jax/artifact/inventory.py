@@ -10,8 +10,9 @@ import numpy as np
 
 from ninfer_jax.artifact import weights_io
 from ninfer_jax.artifact.components import MTP_DIR, MTP_PREFIX, mtp_expected_shapes
-from ninfer_jax.artifact.format import FLOAT_FORMATS, WEIGHTS_DIR, load_artifact, tensor_group
+from ninfer_jax.artifact.format import WEIGHTS_DIR, load_artifact
 from ninfer_jax.artifact.hybrid_report import format_hybrid, hybrid_summary
+from ninfer_jax.artifact.tensor_groups import FLOAT_FORMATS, tensor_group
 from ninfer_jax.errors import ArtifactError
 
 _FLOAT_NAMES = {numpy_name: name for name, numpy_name in FLOAT_FORMATS.items()}

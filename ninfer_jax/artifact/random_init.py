@@ -23,11 +23,12 @@ from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.artifact.components import mtp_expected_shapes
-from ninfer_jax.artifact.format import ArtifactContents, check_metadata, is_norm
+from ninfer_jax.artifact.format import ArtifactContents, check_metadata
 from ninfer_jax.artifact.presets import (LLAMA3_VOCAB, PRESETS, QWEN3_5_VOCAB,  # noqa: F401
                                          QWEN3_VOCAB, TINY_DIMS, Preset, tiny_config)
 from ninfer_jax.artifact.qwen_vocab import qwen_tokenizer_json
 from ninfer_jax.artifact.templates import builtin_template
+from ninfer_jax.artifact.tensor_groups import is_norm
 from ninfer_jax.model.config import ModelConfig
 
 _BLOCK = 1 << 22  # values drawn per large tensor; the rest repeats them at a random phase
