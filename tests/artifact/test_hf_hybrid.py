@@ -221,6 +221,8 @@ def test_incomplete_or_extra_experts_are_refused(tmp_path):
 
 
 def test_cli_converts_a_moe_checkpoint_with_quantized_projections(tmp_path):
+    import json
+
     from click.testing import CliRunner
 
     from ninfer_jax.cli.main import main
@@ -241,3 +243,8 @@ def test_cli_converts_a_moe_checkpoint_with_quantized_projections(tmp_path):
     for leaf in ("experts_gate_up", "router", "shared_gate", "conv", "in_b"):
         assert str(linear[leaf].dtype) == "bfloat16", leaf
     assert str(linear["A_log"].dtype) == str(linear["dt_bias"].dtype) == "float32"
+    inspected = CliRunner().invoke(main, ["inspect-artifact", str(out), "--json"])
+    report = json.loads(inspected.output)
+    assert report["hybrid"]["layers"]["pattern"] == "1 linear, 1 full, 1 linear"
+    assert report["hybrid"]["moe"]["experts"] == 4 and report["hybrid"]["mtp"]["layers"] == 1
+    assert {r["name"]: r["format"] for r in report["tensors"]}["mtp.fc.int8"] == "int8"
