@@ -8,7 +8,8 @@
 go through the dense parts together as C + B rows, and attention splits them again
 (kernels.ragged_attention). `prefill` (B = 0) and `decode` (C = 0) are its two special cases.
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
-layer, each shaped by `paged_attention.get_kv_cache_shape`. Cache writes go through
+layer, each shaped by `paged_attention.get_kv_cache_shape` (`init_caches`, `cache_shapes`: the
+same signatures as model/hybrid.py's, so the runner builds any family's caches one way). Cache writes go through
 paged_attention.write_kv and attention through kernels.ragged_attention only, so the GPU kernels
 plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
 logits are computed in f32.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import paged_attention, ragged_attention
@@ -64,6 +66,24 @@ def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, p
     batch = ragged_batch.rows_only(tokens, positions, page_tables)
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
     return _logits(params, x, config), kv
+
+
+def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
+                 dtype, kv_dtype):
+    """One (k, v) pair of jax.ShapeDtypeStruct per layer; dense models keep no per-sequence
+    state, so num_state_slots and dtype are unused."""
+    del num_state_slots, dtype
+    spec = jax.ShapeDtypeStruct(paged_attention.get_kv_cache_shape(
+        num_pages, page_size, config.num_kv_heads, config.head_dim), kv_dtype)
+    return [(spec, spec) for _ in range(config.num_layers)]
+
+
+def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
+                dtype, kv_dtype):
+    """Zero caches of cache_shapes."""
+    specs = cache_shapes(config, num_pages=num_pages, page_size=page_size,
+                         num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype)
+    return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
 
 
 def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
