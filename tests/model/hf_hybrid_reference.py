@@ -20,11 +20,11 @@ ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 _OUR_ARCHITECTURE = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe",
                      "qwen3_next": "qwen3_next"}
 _COMMON = dict(
-    vocab_size=96, hidden_size=32, num_hidden_layers=4, num_attention_heads=4,
+    vocab_size=96, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
     num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=256,
     linear_conv_kernel_dim=4, linear_key_head_dim=8, linear_value_head_dim=12,
     linear_num_key_heads=2, linear_num_value_heads=4, attn_implementation="eager",
-    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    layer_types=["linear_attention", "full_attention", "linear_attention"],
     rope_parameters={"rope_type": "default", "rope_theta": 1000.0, "partial_rotary_factor": 0.5})
 _MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=12,
             shared_expert_intermediate_size=20)
