@@ -139,9 +139,12 @@ def test_chunks_at_odd_offsets_then_decode_match_transformers(world):
 
 def test_mixed_step_and_decode_rows_of_different_lengths_match_transformers(world):
     """Sequence 0 (prompt 9, slot 1) and 1 (prompt 22, slot 4) decode while sequence 2
-    (slot 3) prefills; then all three decode together at different positions."""
+    (slot 3, reused) prefills; then all three decode together at different positions."""
     kv = world.empty_caches()
-    for chunk in ((0, 0, 9, 1), (1, 0, 17, 4), (1, 17, 5, 4), (2, 0, 17, 3)):
+    # Slot 3 first holds another sequence's state: a chunk at position 0 must not read it.
+    # Sequence 0's 2-token chunk keeps part of its conv state from the chunk before.
+    for chunk in ((1, 0, 17, 3), (0, 0, 7, 1), (0, 7, 2, 1), (1, 0, 17, 4), (1, 17, 5, 4),
+                  (2, 0, 17, 3)):
         _, kv = world.ragged(world.params, kv, world.batch(chunk=chunk), None)
     slots = {0: 1, 1: 4, 2: 3}
     mixed = world.batch(chunk=(2, 17, 12, 3), rows=[(1, 22, 4), None, (0, 9, 1)])
@@ -192,3 +195,19 @@ def llama_config():
     from ninfer_jax.model.config import ModelConfig
     return ModelConfig(architecture="llama", vocab_size=32, hidden_size=16, intermediate_size=24,
                        num_layers=2, num_heads=2, num_kv_heads=1, head_dim=8)
+
+
+def test_bf16_step_keeps_cache_dtypes_and_stays_near_f32(world):
+    """The compute dtype path: conv state and KV in bf16, the recurrent state in f32, every
+    cache leaf keeping its shape and dtype through a mixed step (as donation needs)."""
+    if world.config.architecture != "qwen3_next":
+        pytest.skip("one family suffices: qwen3_next has MoE and dense-MLP layers")
+    params = steps.cast_params(world.params, jnp.bfloat16)
+    kv = hybrid.init_caches(world.config, num_pages=NUM_PAGES, page_size=PAGE_SIZE,
+                            num_state_slots=NUM_STATE_SLOTS, dtype=jnp.bfloat16,
+                            kv_dtype=jnp.bfloat16)
+    batch = world.batch(chunk=(1, 0, 17, 2), rows=[None, None])
+    logits, new_kv = world.ragged(params, kv, batch, None)
+    assert jax.tree_util.tree_map(lambda a: (a.shape, a.dtype), new_kv) == \
+        jax.tree_util.tree_map(lambda a: (a.shape, a.dtype), kv)
+    np.testing.assert_allclose(np.asarray(logits[0]), world.expected[1][16], atol=0.1)
