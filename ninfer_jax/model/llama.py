@@ -9,9 +9,9 @@ go through the dense parts together as C + B rows, and attention splits them aga
 (kernels.ragged_attention). `prefill` (B = 0) and `decode` (C = 0) are its two special cases.
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
 layer, each shaped by `paged_attention.get_kv_cache_shape` (`init_caches`, `cache_shapes`: the
-same signatures as model/hybrid.py's, so the runner builds any family's caches one way). Cache writes go through
-paged_attention.write_kv and attention through kernels.ragged_attention only, so the GPU kernels
-plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
+same signatures as model/hybrid.py's, so the runner builds any family's caches one way).
+Cache writes go through paged_attention.write_kv and attention through
+kernels.ragged_attention only, so the GPU kernels plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
 logits are computed in f32.
 
 Layers are a Python loop (unrolled in the compiled step) over per-layer cache arrays: each cache
