@@ -7,11 +7,12 @@
 `ragged` is the one forward: a prefill chunk and B independent row tokens (model/ragged_batch.py)
 go through the dense parts together as C + B rows, and attention splits them again
 (kernels.ragged_attention). `prefill` (B = 0) and `decode` (C = 0) are its two special cases.
+`init_caches` / `cache_shapes` build the caches the runner donates (the family interface every
+family module provides; dense families ignore the state-slot count).
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
-layer, each shaped by `paged_attention.get_kv_cache_shape` (`init_caches`, `cache_shapes`: the
-same signatures as model/hybrid.py's, so the runner builds any family's caches one way).
-Cache writes go through paged_attention.write_kv and attention through
-kernels.ragged_attention only, so the GPU kernels plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
+layer, each shaped by `paged_attention.get_kv_cache_shape`. Cache writes go through
+paged_attention.write_kv and attention through kernels.ragged_attention only, so the GPU kernels
+plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
 logits are computed in f32.
 
 Layers are a Python loop (unrolled in the compiled step) over per-layer cache arrays: each cache
@@ -68,24 +69,6 @@ def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, p
     return _logits(params, x, config), kv
 
 
-def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                 dtype, kv_dtype):
-    """One (k, v) pair of jax.ShapeDtypeStruct per layer; dense models keep no per-sequence
-    state, so num_state_slots and dtype are unused."""
-    del num_state_slots, dtype
-    spec = jax.ShapeDtypeStruct(paged_attention.get_kv_cache_shape(
-        num_pages, page_size, config.num_kv_heads, config.head_dim), kv_dtype)
-    return [(spec, spec) for _ in range(config.num_layers)]
-
-
-def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                dtype, kv_dtype):
-    """Zero caches of cache_shapes."""
-    specs = cache_shapes(config, num_pages=num_pages, page_size=page_size,
-                         num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype)
-    return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
-
-
 def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
     """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
     attend = functools.partial(
@@ -133,3 +116,20 @@ def _logits(params, x, config: ModelConfig):
     h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     return linear(h, head, out_dtype=jnp.float32).astype(jnp.float32)
+
+
+def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
+                 dtype, kv_dtype):
+    """The caches' jax.ShapeDtypeStructs: one (k, v) pair per layer. Dense families have no
+    recurrent state, so `num_state_slots` and the compute `dtype` are unused."""
+    del num_state_slots, dtype
+    shape = paged_attention.get_kv_cache_shape(num_pages, page_size, config.num_kv_heads,
+                                               config.head_dim)
+    spec = jax.ShapeDtypeStruct(shape, kv_dtype)
+    return [(spec, spec) for _ in range(config.num_layers)]
+
+
+def init_caches(config: ModelConfig, **sizes):
+    """Zeroed caches shaped by `cache_shapes` (same keyword arguments)."""
+    return jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype),
+                        cache_shapes(config, **sizes))
