@@ -17,13 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import QUANTIZED_FORMATS
-from ninfer_jax.model import llama, sampling
+from ninfer_jax.model import hybrid, llama, sampling
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
 
-# architecture -> module providing ragged/prefill/decode with the llama.py signatures
-FAMILIES = {"llama": llama, "qwen3": llama}
+# architecture -> module providing ragged/prefill/decode and init_caches/cache_shapes with the
+# llama.py signatures (hybrid prefill/decode also take the state slot(s))
+FAMILIES = {"llama": llama, "qwen3": llama,
+            "qwen3_5": hybrid, "qwen3_5_moe": hybrid, "qwen3_next": hybrid}
 
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
