@@ -35,6 +35,10 @@ Policies (see also sequence.py for the prefill/decode rule):
   again before it ran anything waits until some request ends); otherwise fresh requests
   enter FIFO, and a later one that fits may overtake a head that does not, at most
   `max_bypass` times per head.
+- State slots (hybrid models, engine/state_slots.py): a resident holds one slot from admission
+  or restore until it is paused or ends, so a lane also needs a free slot. A slot's state
+  exists only from position 0 on, so hybrid models run without the prefix cache (cached KV
+  pages cannot rebuild it) and a restored sequence replays from position 0.
 """
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.errors import InternalError
 
 log = logging.getLogger("ninfer_jax.engine.scheduler")
@@ -78,22 +83,35 @@ class _Sync(Exception):
 class Scheduler:
     def __init__(self, config: EngineConfig, pool: PagePool, *, page_size: int,
                  max_batch: int, eos_ids: Iterable[int] = (),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 slots: StateSlotPool | None = None):
         self.config = config
         self.pool = pool
+        self.slots = slots if slots is not None else StateSlotPool(0)
         self.page_size = page_size
         self.max_batch = min(max_batch, config.max_concurrency)
         self.clock = clock
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
         self.paused: list[Sequence] = []  # sorted by seq_id: restore order
-        self.cache = PrefixCache(pool, page_size) if config.prefix_reuse else None
-        self.life = Lifecycle(pool, clock, eos_ids, config.max_context)
+        self.cache = self._prefix_cache(config, pool, page_size)
+        self.life = Lifecycle(pool, clock, eos_ids, config.max_context, self.slots)
         self.counters = self.life.counters
         self._next_seq_id = 0
         self._paused_now: set[int] = set()
         # seq id -> launched, uncollected steps that hold it
         self._in_flight: collections.Counter[int] = collections.Counter()
+
+    def _prefix_cache(self, config: EngineConfig, pool: PagePool,
+                      page_size: int) -> PrefixCache | None:
+        if not config.prefix_reuse:
+            return None
+        if self.slots.is_enabled:
+            # No state checkpoints yet: a prefix hit would skip the tokens the recurrent
+            # state needs, so hybrid models reuse nothing (usage reports 0 cached tokens).
+            log.info("prefix reuse is off: the model has recurrent state (state slots)")
+            return None
+        return PrefixCache(pool, page_size)
 
     # ------------------------------------------------------------------ intake and controls
 
@@ -197,16 +215,18 @@ class Scheduler:
         if end == seq.num_total and seq.num_output_total == 0 and seq.request.max_tokens > 0:
             sample = self._sample_spec(seq)
         return PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
-                           start=start, page_table=self._page_table(seq), sample=sample)
+                           start=start, page_table=self._page_table(seq), sample=sample,
+                           state_slot=seq.state_slot)
 
     def _decode_row(self, seq: Sequence) -> DecodeRow:
         position = seq.num_total - 1
         if seq.pending_slots:
             return DecodeRow(seq_id=seq.seq_id, token=0, position=position,
                              page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                             from_previous=seq.pending_slots[-1])
+                             from_previous=seq.pending_slots[-1], state_slot=seq.state_slot)
         return DecodeRow(seq_id=seq.seq_id, token=seq.tokens[-1], position=position,
-                         page_table=self._page_table(seq), sample=self._sample_spec(seq))
+                         page_table=self._page_table(seq), sample=self._sample_spec(seq),
+                         state_slot=seq.state_slot)
 
     @staticmethod
     def _page_table(seq: Sequence) -> np.ndarray:
@@ -293,15 +313,21 @@ class Scheduler:
         head = next((s for s in self.waiting if not s.request.background), None)
         while head is not None:
             background = [s for s in self.resident if s.request.background]
-            if not background or (len(self.resident) < self.config.max_concurrency
-                                  and self._fits(head)):
+            if not background or (self._has_lane() and self._fits(head)):
                 return
             self._pause(background[-1])
 
     # ------------------------------------------------------------------ admission
 
+    def _has_lane(self) -> bool:
+        """Whether one more sequence may become resident: a lane, and for hybrid models a
+        state slot (more slots than lanes exist, but a slot might be held otherwise)."""
+        if len(self.resident) >= self.config.max_concurrency:
+            return False
+        return not self.slots.is_enabled or self.slots.num_free > 0
+
     def _admit(self) -> None:
-        while len(self.resident) < self.config.max_concurrency:
+        while self._has_lane():
             oldest_paused = self._restorable()
             if (oldest_paused is not None
                     and (not self.resident or self._num_ended() >= oldest_paused.restore_gate)
@@ -491,7 +517,13 @@ class Scheduler:
             "kv_pages_cached": self.cache.num_pages if self.cache is not None else 0,
             "page_size": self.page_size,
             "max_concurrency": self.config.max_concurrency,
+            "state_slots_used": self.slots.num_used,
+            "state_slots_capacity": self.slots.capacity,
         }
+
+    def slot_holders(self) -> list[int]:
+        """The state slot of every sequence (for StateSlotPool.check)."""
+        return [s.state_slot for s in self.resident + self.paused + list(self.waiting)]
 
     def page_holders(self) -> list[list[int]]:
         """Every page list that holds references (for PagePool.check)."""
