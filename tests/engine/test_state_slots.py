@@ -209,3 +209,33 @@ def test_dense_plans_name_the_dummy_slot_and_gauges_stay_zero():
     gauges = driver.scheduler.gauges()
     assert gauges["state_slots_used"] == gauges["state_slots_capacity"] == 0
     assert driver.scheduler.cache is not None
+
+
+def test_engine_stats_and_metrics_report_slots():
+    from ninfer_jax.engine.engine import Engine
+    from ninfer_jax.serve.metrics import ENGINE_GAUGES, _value
+
+    config = EngineConfig(max_concurrency=2, device_state_slots=1, prefill_chunk=4)
+    runner = FakeRunner(num_pages=64, page_size=4, vocab_size=VOCAB, decode_sleep=0.002,
+                        state_slot_capacity=config.state_slot_capacity(True))
+    engine = Engine(runner, config)
+    fields = {name: field for name, _, field in ENGINE_GAUGES}
+    used_field = fields["ninfer_device_state_used_slots"]
+    assert _value(engine.stats(), fields["ninfer_device_state_capacity_slots"]) == 3
+    engine.start()
+    try:
+        assert engine.wait_ready(10)
+        prompts = [prompt_of(6, salt=i) for i in range(5)]
+        handles = [engine.submit(make_request(p, max_tokens=30)) for p in prompts]
+        seen = set()
+        for prompt, handle in zip(prompts, handles):
+            while (event := handle.next_event(timeout=10)) is not None:
+                seen.add(_value(engine.stats(), used_field))
+                if hasattr(event, "reason"):
+                    break
+            assert list(event.output_ids) == expected_output(prompt, 30, hybrid=True)
+        assert seen <= {0.0, 1.0, 2.0} and 2.0 in seen  # one slot per lane in use
+    finally:
+        engine.shutdown()
+    stats = engine.stats()
+    assert stats.state_slots_used == 0 and stats.state_slots_capacity == 3
