@@ -7,6 +7,8 @@
 `ragged` is the one forward: a prefill chunk and B independent row tokens (model/ragged_batch.py)
 go through the dense parts together as C + B rows, and attention splits them again
 (kernels.ragged_attention). `prefill` (B = 0) and `decode` (C = 0) are its two special cases.
+`init_caches` / `cache_shapes` build the caches the runner donates (the family interface every
+family module provides; dense families ignore the state-slot count).
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
 layer, each shaped by `paged_attention.get_kv_cache_shape`. Cache writes go through
 paged_attention.write_kv and attention through kernels.ragged_attention only, so the GPU kernels
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import paged_attention, ragged_attention
@@ -113,3 +116,20 @@ def _logits(params, x, config: ModelConfig):
     h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     return linear(h, head, out_dtype=jnp.float32).astype(jnp.float32)
+
+
+def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
+                 dtype, kv_dtype):
+    """The caches' jax.ShapeDtypeStructs: one (k, v) pair per layer. Dense families have no
+    recurrent state, so `num_state_slots` and the compute `dtype` are unused."""
+    del num_state_slots, dtype
+    shape = paged_attention.get_kv_cache_shape(num_pages, page_size, config.num_kv_heads,
+                                               config.head_dim)
+    spec = jax.ShapeDtypeStruct(shape, kv_dtype)
+    return [(spec, spec) for _ in range(config.num_layers)]
+
+
+def init_caches(config: ModelConfig, **sizes):
+    """Zeroed caches shaped by `cache_shapes` (same keyword arguments)."""
+    return jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype),
+                        cache_shapes(config, **sizes))
