@@ -72,11 +72,13 @@ def build_engine(config: ServeConfig):
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
                        page_size=PAGE_SIZE, max_batch=config.max_concurrency,
                        max_context=max_context, prefill_chunk=config.prefill_chunk,
-                       kv_dtype=kv_dtype)
+                       kv_dtype=kv_dtype, state_slot_capacity=engine_config.state_slot_capacity(
+                           artifact.config.is_hybrid))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
-    log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes; warming up",
-             artifact.name, artifact.config.architecture, max_context, engine.pool_tokens,
-             runner.kv_dtype.name, config.max_concurrency)
+    log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes, %d state "
+             "slots; warming up", artifact.name, artifact.config.architecture, max_context,
+             engine.pool_tokens, runner.kv_dtype.name, config.max_concurrency,
+             engine.slots.capacity)
     if config.http_workers > 1 and config.log_stats_interval_ms > 0:
         # One throughput report for the server, not one per HTTP worker (request_log.py).
         from ninfer_jax.serve.throughput import ThroughputReporter
