@@ -68,7 +68,8 @@ def build_engine(config: ServeConfig):
     artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
                                                  max_context=max_context, page_size=PAGE_SIZE)
     engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
-    engine_config = dataclasses.replace(engine_config, max_context=max_context)
+    engine_config = dataclasses.replace(engine_config, max_context=max_context,
+                                        **state_overrides(config, artifact.config))
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
                        page_size=PAGE_SIZE, max_batch=config.max_concurrency,
                        max_context=max_context, prefill_chunk=config.prefill_chunk,
@@ -85,6 +86,21 @@ def build_engine(config: ServeConfig):
 
         ThroughputReporter(engine, config.log_stats_interval_ms / 1000.0).start()
     return engine
+
+
+def state_overrides(config: ServeConfig, model_config) -> dict:
+    """EngineConfig changes a model's recurrent state implies. Hybrid: no prefix reuse (cached
+    KV pages cannot rebuild the state; no state checkpoints yet), so reports say it is off.
+    Dense: --device-state-slots is accepted and has nothing to size."""
+    if model_config.is_hybrid:
+        if not config.no_prefix_reuse:
+            log.info("prefix reuse is off: %s keeps recurrent state, which cached KV pages "
+                     "cannot rebuild", model_config.architecture)
+        return {"prefix_reuse": False}
+    if config.device_state_slots:
+        log.info("--device-state-slots %d has no effect: %s has no recurrent state",
+                 config.device_state_slots, model_config.architecture)
+    return {}
 
 
 def effective_max_context(config: ServeConfig, artifact) -> int:
