@@ -1,9 +1,9 @@
 """Lifecycle: the state transitions of one sequence, with their events and counters.
 
 The scheduler decides *when* a sequence is admitted, paused, restored, advanced or ended;
-this module does each transition completely: pages, the state slot, per-request and engine counters, the
-handle's events (Admitted, PromptProgress, Tokens, exactly one terminal), the pressure log
-and the scheduling-event listeners. Engine thread only.
+this module does each transition completely: pages, the state slot (hybrid models), per-request
+and engine counters, the handle's events (Admitted, PromptProgress, Tokens, exactly one
+terminal), the pressure log and the scheduling-event listeners. Engine thread only.
 """
 from __future__ import annotations
 
