@@ -239,3 +239,14 @@ def test_engine_stats_and_metrics_report_slots():
         engine.shutdown()
     stats = engine.stats()
     assert stats.state_slots_used == 0 and stats.state_slots_capacity == 3
+
+
+def test_a_slot_is_only_ever_taken_at_position_zero():
+    """The guard behind "replay from 0": a sequence with KV already (a prefix hit, a restore
+    that kept pages) cannot take a fresh slot, whose state would be zero mid-sequence."""
+    driver = Driver(state_slots=1, max_concurrency=1)
+    handle = driver.submit(make_request(prompt_of(9), max_tokens=2))
+    seq = driver.scheduler.waiting[0]
+    with pytest.raises(RuntimeError, match="fresh state slot at position 8"):
+        driver.scheduler.life.admit(seq, cache_n=8)
+    assert handle.next_event(timeout=0) is None and driver.slots.num_used == 0
