@@ -443,7 +443,7 @@ class JaxRunner:
                       chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
                       row_positions=positions, row_tables=tables)
         if self.has_state:
-            fields.update(_state_fields(unit, rows, num_rows))
+            fields.update(_state_fields(unit, rows, num_rows, self.state_slot_capacity))
         return fields
 
     # ------------------------------------------------------------------ one step, synchronously
@@ -459,11 +459,16 @@ class JaxRunner:
         return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
 
 
-def _state_fields(unit: PrefillUnit | None, rows: Sequence[DecodeRow], num_rows: int) -> dict:
-    """The state-slot fields of a hybrid step: padding (no chunk, padding rows) uses
-    DUMMY_STATE_SLOT, which the zero-filled arrays already name."""
+def _state_fields(unit: PrefillUnit | None, rows: Sequence[DecodeRow], num_rows: int,
+                  capacity: int) -> dict:
+    """The state-slot fields of a hybrid step; padding (no chunk, padding rows) names
+    DUMMY_STATE_SLOT. A real unit on the dummy slot would share state with padding, and
+    the device clips an index past the pool, so both are refused here."""
+    slots = [row.state_slot for row in rows] + ([unit.state_slot] if unit is not None else [])
+    if any(not 0 < slot <= capacity for slot in slots):
+        raise ValueError(f"state slots {slots} outside 1..{capacity}")
     row_slots = np.full(num_rows, DUMMY_STATE_SLOT, np.int32)
-    row_slots[:len(rows)] = [row.state_slot for row in rows]
+    row_slots[:len(rows)] = slots[:len(rows)]
     chunk_slot = unit.state_slot if unit is not None else DUMMY_STATE_SLOT
     return dict(chunk_state_slot=chunk_slot, row_state_slots=row_slots)
 

@@ -104,6 +104,10 @@ def test_every_unit_runs_on_its_own_slot(runner):
     assert more == (result.chunk_token + 8) % VOCAB
     state = np.asarray(runner.kv[0]["recurrent"])
     assert state[1] == 0  # never named: untouched
+    for slot in (0, 4):  # the dummy slot, past the pool
+        with pytest.raises(ValueError, match="outside 1..3"):
+            runner.prefill(PrefillUnit(2, np.asarray([1], np.int32), 0, _table(3), GREEDY,
+                                       state_slot=slot))
 
 
 def test_dense_families_keep_their_layout(monkeypatch):
