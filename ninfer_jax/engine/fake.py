@@ -18,7 +18,8 @@ states (slot 0 the dummy). A chunk at start 0 resets its slot to the zero state;
 chunk or row feeds through a slot folds into it (`fold_state`), and the next token adds the
 slot's state to the formula above:
     hybrid:   next = (formula + state(t_0..t_p)) mod vocab_size
-where state(...) is `state_of(tokens)`. As on the real model the state is not a function of
+where state(...) is `state_of(tokens)`. A plan's `state_copies` copy slot states, in order,
+before its step runs (state checkpoints). As on the real model the state is not a function of
 the KV pages, so a sequence that runs on a wrong or stale slot, shares one, or continues
 mid-prompt on a fresh slot (a replay that skips position 0) produces different tokens.
 
@@ -171,6 +172,10 @@ class FakeRunner:
         sleep = self.prefill_sleep if plan.chunk is not None else self.decode_sleep
         if sleep:
             time.sleep(sleep)
+        for src, dst in plan.state_copies:
+            self._check_slot(src)
+            self._check_slot(dst)
+            self.state[dst] = self.state[src]
         chunk_token = None
         if plan.chunk is not None:
             chunk_token = self._prefill(plan.chunk)

@@ -181,6 +181,7 @@ class JaxRunner:
         self._jitted = jax.jit(steps.packed_step,
                                static_argnames=("config", "page_size", "layout"),
                                donate_argnames=("kv",))
+        self._copy_slot = jax.jit(copy_state_slot, donate_argnames=("kv",))
         self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
         self._compile_lock = threading.Lock()
@@ -263,6 +264,8 @@ class JaxRunner:
         for shape in essential:
             out, self.kv = self._executables[shape](
                 self.params, self.kv, self._prev_out, *self._example_inputs(*shape))
+        if self.has_state:  # compiled now: the first prefix hit must not wait for it
+            self.kv = self._copy_slot(self.kv, DUMMY_STATE_SLOT, DUMMY_STATE_SLOT)
         jax.block_until_ready(self.kv)
         self.is_warm = True
         log.info("compiled %d step shapes in %.1f s, first runs %.1f s%s", len(essential),
@@ -393,6 +396,8 @@ class JaxRunner:
         layout = self._layout(*shape)
         specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
         ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
+        for src, dst in plan.state_copies:  # in order, before the step (state checkpoints)
+            self.kv = self._copy_slot(self.kv, np.int32(src), np.int32(dst))
         out, self.kv = self._executables[shape](
             self.params, self.kv, self._prev_out, ints, floats,
             self._bias(specs, layout.sampled))
@@ -457,6 +462,13 @@ class JaxRunner:
         if not 1 <= len(rows) <= self.max_batch:
             raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
         return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
+
+
+def copy_state_slot(kv, src, dst):
+    """The caches with state slot `src` copied into `dst` in every state layer (the dict
+    entries, slot-major); attention layers' pages are untouched."""
+    return [{name: state.at[dst].set(state[src]) for name, state in layer.items()}
+            if isinstance(layer, dict) else layer for layer in kv]
 
 
 def _state_fields(unit: PrefillUnit | None, rows: Sequence[DecodeRow], num_rows: int,

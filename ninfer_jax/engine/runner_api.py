@@ -70,6 +70,9 @@ class StepPlan:
 
     chunk: PrefillUnit | None
     rows: tuple[DecodeRow, ...] = ()
+    # Hybrid models: (src, dst) state slot copies applied in order before the step runs
+    # (state checkpoints: engine/state_checkpoints.py).
+    state_copies: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,14 +36,17 @@ Policies (see also sequence.py for the prefill/decode rule):
   enter FIFO, and a later one that fits may overtake a head that does not, at most
   `max_bypass` times per head.
 - State slots (hybrid models, engine/state_slots.py): a resident holds one slot from admission
-  or restore until it is paused or ends, so a lane also needs a free slot. A slot's state
-  exists only from position 0 on, so hybrid models run without the prefix cache (cached KV
-  pages cannot rebuild it) and a restored sequence replays from position 0.
+  or restore until it is paused or ends, so a lane also needs a free slot (or a checkpoint
+  to evict). Cached KV pages cannot rebuild a recurrent state, so a hybrid prefix hit only
+  reaches the deepest cached node with a state checkpoint (engine/state_checkpoints.py),
+  whose copy starts the sequence's slot; without one a sequence (a restored one too)
+  starts from position 0. Chunks end at a sequence's checkpoint boundary, where it leaves one.
 """
 from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import logging
 import time
 from typing import Callable, Iterable
@@ -59,6 +62,7 @@ from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.engine.state_checkpoints import StateCheckpoints, boundary
 from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.errors import InternalError
 
@@ -94,24 +98,17 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
         self.paused: list[Sequence] = []  # sorted by seq_id: restore order
-        self.cache = self._prefix_cache(config, pool, page_size)
+        self.cache = PrefixCache(pool, page_size) if config.prefix_reuse else None
+        self.checkpoints = None  # hybrid models with prefix reuse: their state checkpoints
+        if self.cache is not None and self.slots.is_enabled:
+            self.checkpoints = StateCheckpoints(self.slots)
+            self.cache.on_remove = self.checkpoints.forget
         self.life = Lifecycle(pool, clock, eos_ids, config.max_context, self.slots)
         self.counters = self.life.counters
         self._next_seq_id = 0
         self._paused_now: set[int] = set()
         # seq id -> launched, uncollected steps that hold it
         self._in_flight: collections.Counter[int] = collections.Counter()
-
-    def _prefix_cache(self, config: EngineConfig, pool: PagePool,
-                      page_size: int) -> PrefixCache | None:
-        if not config.prefix_reuse:
-            return None
-        if self.slots.is_enabled:
-            # No state checkpoints yet: a prefix hit would skip the tokens the recurrent
-            # state needs, so hybrid models reuse nothing (usage reports 0 cached tokens).
-            log.info("prefix reuse is off: the model has recurrent state (state slots)")
-            return None
-        return PrefixCache(pool, page_size)
 
     # ------------------------------------------------------------------ intake and controls
 
@@ -163,7 +160,7 @@ class Scheduler:
                     return None
                 planned = self._plan()
                 if planned is not None:
-                    return planned if planned.chunk or planned.rows else None
+                    return self._with_copies(planned) if planned.chunk or planned.rows else None
         except _Sync:
             return NEEDS_SYNC
 
@@ -179,10 +176,7 @@ class Scheduler:
         if chunk_seq is not None and self.config.decode_share == 0:
             ready = []  # prompts first
         ready = ready[: self.max_batch]
-        chunk_end = None
-        if chunk_seq is not None:
-            chunk_end = min(chunk_seq.prefill_target,
-                            chunk_seq.num_computed + self.config.prefill_chunk)
+        chunk_end = self._chunk_end(chunk_seq) if chunk_seq is not None else None
         # Oldest first: a reservation only ever pauses younger sequences.
         wanted = sorted(ready + ([chunk_seq] if chunk_seq is not None else []),
                         key=lambda s: s.seq_id)
@@ -198,6 +192,20 @@ class Scheduler:
         chunk = self._chunk_unit(chunk_seq, chunk_end) if chunk_seq is not None else None
         rows = tuple(self._decode_row(s) for s in ready if s.status is Status.RESIDENT)
         return StepPlan(chunk=chunk, rows=rows)
+
+    def _chunk_end(self, seq: Sequence) -> int:
+        end = min(seq.prefill_target, seq.num_computed + self.config.prefill_chunk)
+        if self.checkpoints is not None:
+            mark = boundary(len(seq.tokens), self.page_size)
+            if seq.num_computed < mark < end:
+                end = mark  # the state there is checkpointed once this chunk is launched
+        return end
+
+    def _with_copies(self, plan: StepPlan) -> StepPlan:
+        """The plan with the state copies queued since the last one (run before it)."""
+        if self.checkpoints is None or not self.checkpoints.copies:
+            return plan
+        return dataclasses.replace(plan, state_copies=self.checkpoints.pop_copies())
 
     def _can_decode(self, seq: Sequence) -> bool:
         """Whether `seq` may take a row in the next step."""
@@ -260,11 +268,22 @@ class Scheduler:
                 seq.pending_slots.append(CHUNK_SLOT)
             self._in_flight[seq.seq_id] += 1
             self._publish_prefix(seq)
+            self._checkpoint(seq)
         for index, row in enumerate(plan.rows):
             seq = seqs[row.seq_id]
             seq.num_computed = row.position + 1
             seq.pending_slots.append(index)
             self._in_flight[seq.seq_id] += 1
+
+    def _checkpoint(self, seq: Sequence) -> None:
+        """A launched chunk ended at `seq`'s checkpoint boundary: keep a copy of its state
+        for the prefix cache node that ends there."""
+        if self.checkpoints is None or seq.status is not Status.RESIDENT:
+            return
+        mark = boundary(len(seq.tokens), self.page_size)
+        num_pages, node_id = seq.cache_cursor
+        if mark and seq.num_computed == mark == num_pages * self.page_size:
+            self.checkpoints.take(node_id, seq.state_slot)
 
     # ------------------------------------------------------------------ pressure
 
@@ -324,7 +343,8 @@ class Scheduler:
         state slot (more slots than lanes exist, but a slot might be held otherwise)."""
         if len(self.resident) >= self.config.max_concurrency:
             return False
-        return not self.slots.is_enabled or self.slots.num_free > 0
+        return (not self.slots.is_enabled or self.slots.num_free > 0
+                or (self.checkpoints is not None and self.checkpoints.num_checkpoints > 0))
 
     def _admit(self) -> None:
         while self._has_lane():
@@ -334,13 +354,18 @@ class Scheduler:
                     and self._fits(oldest_paused, headroom=len(self.resident))):
                 self.paused.remove(oldest_paused)
                 seq = oldest_paused
-                self.life.restore(seq, self._reuse_cached(seq))
+                cached = self._reuse_cached(seq)
+                self._spare_slot()
+                self.life.restore(seq, cached)
                 seq.computed_at_restore = seq.num_computed
             else:
                 seq = self._pick_waiting()
                 if seq is None:
                     return
-                self.life.admit(seq, self._reuse_cached(seq))
+                cached = self._reuse_cached(seq)
+                self._spare_slot()
+                self.life.admit(seq, cached)
+            self._start_state(seq)
             bisect.insort(self.resident, seq, key=lambda s: s.seq_id)
 
     def _restorable(self) -> Sequence | None:
@@ -373,12 +398,31 @@ class Scheduler:
                 return seq
         return None
 
+    def _spare_slot(self) -> None:
+        """A sequence is about to take a state slot: evict a checkpoint if none is free.
+        (A checkpoint this very sequence matched may go: its copy, queued already, runs
+        before any step could overwrite the freed slot.)"""
+        if self.checkpoints is not None and not self.slots.num_free:
+            self.checkpoints.evict_one()
+
+    def _start_state(self, seq: Sequence) -> None:
+        if seq.state_source is not None:
+            self.checkpoints.restore(seq.state_source, seq.state_slot)
+            seq.state_source = None
+
     def _reuse_cached(self, seq: Sequence) -> int:
         """Attach the cached pages of `seq`'s longest known prefix; returns the tokens they
-        cover. At least one token is always left to compute (it yields the next sample)."""
+        cover. At least one token is always left to compute (it yields the next sample).
+        Hybrid models: only as far as the deepest checkpoint (`state_source`)."""
         if self.cache is None:
             return 0
-        pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq))
+        max_pages = self._max_cached_pages(seq)
+        if self.checkpoints is not None:
+            chain = self.cache.chain(seq.tokens, max_pages)
+            max_pages = self.checkpoints.deepest(chain)
+            if max_pages:
+                seq.state_source = self.checkpoints.slot_at(chain[max_pages - 1])
+        pages, last_node = self.cache.match(seq.tokens, max_pages)
         seq.pages = pages
         seq.cache_cursor = (len(pages), last_node)
         return len(pages) * self.page_size
@@ -522,8 +566,11 @@ class Scheduler:
         }
 
     def slot_holders(self) -> list[int]:
-        """The state slot of every sequence (for StateSlotPool.check)."""
-        return [s.state_slot for s in self.resident + self.paused + list(self.waiting)]
+        """The state slot of every sequence and checkpoint (for StateSlotPool.check)."""
+        holders = [s.state_slot for s in self.resident + self.paused + list(self.waiting)]
+        if self.checkpoints is not None:
+            holders += self.checkpoints.held_slots()
+        return holders
 
     def page_holders(self) -> list[list[int]]:
         """Every page list that holds references (for PagePool.check)."""
