@@ -9,8 +9,10 @@ value per sequence, not a function of a prefix that several sequences could hold
 
 Invariant the scheduler keeps: a held slot contains the state after exactly the sequence's
 first `num_computed` tokens. A slot is taken when a sequence becomes resident (admission or
-restore, both with num_computed == 0: the first chunk starts at position 0, which makes the
-model start from a zero state) and given back when it is paused or ends.
+restore) with num_computed == 0, whose first chunk starts at position 0 and so makes the
+model start from a zero state, or at a prefix hit together with the copy of a state
+checkpoint (engine/state_checkpoints.py, whose checkpoints hold slots of this pool too); it
+is given back when the sequence is paused or ends.
 
 Dense models have no state: their pool has capacity 0, `is_enabled` is False and nothing is
 ever allocated. Only the engine thread touches a pool; it has no locks.

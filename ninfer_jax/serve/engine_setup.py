@@ -68,8 +68,8 @@ def build_engine(config: ServeConfig):
     artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
                                                  max_context=max_context, page_size=PAGE_SIZE)
     engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
-    engine_config = dataclasses.replace(engine_config, max_context=max_context,
-                                        **state_overrides(config, artifact.config))
+    engine_config = dataclasses.replace(engine_config, max_context=max_context)
+    log_state_slots(config, artifact.config)
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
                        page_size=PAGE_SIZE, max_batch=config.max_concurrency,
                        max_context=max_context, prefill_chunk=config.prefill_chunk,
@@ -88,19 +88,19 @@ def build_engine(config: ServeConfig):
     return engine
 
 
-def state_overrides(config: ServeConfig, model_config) -> dict:
-    """EngineConfig changes a model's recurrent state implies. Hybrid: no prefix reuse (cached
-    KV pages cannot rebuild the state; no state checkpoints yet), so reports say it is off.
-    Dense: --device-state-slots is accepted and has nothing to size."""
+def log_state_slots(config: ServeConfig, model_config) -> str | None:
+    """Say what the state slots are for (hybrid models: lanes, then prefix checkpoints in
+    the spare ones), or that --device-state-slots has no effect on a dense model."""
     if model_config.is_hybrid:
-        if not config.no_prefix_reuse:
-            log.info("prefix reuse is off: %s keeps recurrent state, which cached KV pages "
-                     "cannot rebuild", model_config.architecture)
-        return {"prefix_reuse": False}
-    if config.device_state_slots:
-        log.info("--device-state-slots %d has no effect: %s has no recurrent state",
-                 config.device_state_slots, model_config.architecture)
-    return {}
+        message = (f"state slots: {config.max_concurrency} lanes + {config.device_state_slots}"
+                   " spare (prefix reuse keeps state checkpoints in free slots)")
+    elif config.device_state_slots:
+        message = (f"--device-state-slots {config.device_state_slots} has no effect: "
+                   f"{model_config.architecture} has no recurrent state")
+    else:
+        return None
+    log.info("%s", message)
+    return message
 
 
 def effective_max_context(config: ServeConfig, artifact) -> int:

@@ -49,8 +49,8 @@ ENGINE_GAUGES = (
      "kv_pages_used"),
     ("ninfer_device_kv_capacity_pages", "KV pages in the pool.", "kv_pages_capacity"),
     ("ninfer_device_kv_cached_pages", "KV pages retained by the prefix cache.", "kv_pages_cached"),
-    ("ninfer_device_state_used_slots", "Device state slots held by requests (hybrid models; "
-     "0 for dense ones).", "state_slots_used"),
+    ("ninfer_device_state_used_slots", "Device state slots held by requests and prefix "
+     "checkpoints (hybrid models; 0 for dense ones).", "state_slots_used"),
     ("ninfer_device_state_capacity_slots", "Device state slots (hybrid models: "
      "--max-concurrency + --device-state-slots; 0 for dense ones).", "state_slots_capacity"),
     ("ninfer_host_context_used_bytes", "Host context backing in use (not implemented).", None),

@@ -121,3 +121,16 @@ def test_dense_families_keep_their_layout(monkeypatch):
     assert not runner._layout(16, 2).state_slots
     assert "state_slots" not in runner._fingerprint()
     assert "chunk_state_slot" not in runner._host_batch(None, (), 0, 1)
+
+
+def test_state_copies_run_in_order_before_the_step(runner):
+    first = runner.prefill(PrefillUnit(0, np.asarray([4, 4], np.int32), 0, _table(1), GREEDY,
+                                       state_slot=1))
+    assert first == 10
+    # 1 -> 2, then 2 -> 3: slot 3 ends with slot 1's state only if they run in order; the
+    # chunk continues on slot 3 after both.
+    plan = StepPlan(chunk=PrefillUnit(0, np.asarray([2], np.int32), 2, _table(1), GREEDY,
+                                      state_slot=3), state_copies=((1, 2), (2, 3)))
+    assert runner.collect(runner.launch(plan)).chunk_token == 13
+    state = np.asarray(runner.kv[0]["recurrent"])
+    assert list(state[1:]) == [10, 10, 13]

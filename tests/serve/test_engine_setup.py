@@ -68,7 +68,7 @@ def test_device_state_slots_apply_to_hybrid_models_only():
     from ninfer_jax.cli.serve import serve
     from ninfer_jax.engine.config import EngineConfig
     from ninfer_jax.model.config import ModelConfig
-    from ninfer_jax.serve.engine_setup import state_overrides
+    from ninfer_jax.serve.engine_setup import log_state_slots
 
     assert "--device-state-slots" in CliRunner().invoke(serve, ["--help"]).output
     dense = ModelConfig(architecture="llama", vocab_size=8, hidden_size=8, intermediate_size=8,
@@ -81,5 +81,6 @@ def test_device_state_slots_apply_to_hybrid_models_only():
     assert engine.device_state_slots == 3
     assert engine.state_slot_capacity(hybrid.is_hybrid) == 5
     assert engine.state_slot_capacity(dense.is_hybrid) == 0
-    assert state_overrides(options, dense) == {}  # accepted, nothing to size
-    assert state_overrides(options, hybrid) == {"prefix_reuse": False}
+    assert "no effect" in log_state_slots(options, dense)  # accepted, nothing to size
+    assert "2 lanes + 3 spare" in log_state_slots(options, hybrid)
+    assert log_state_slots(config(), dense) is None
