@@ -416,19 +416,19 @@ class Scheduler:
         Hybrid models: only as far as the deepest checkpoint (`state_source`)."""
         if self.cache is None:
             return 0
-        max_pages = self._max_cached_pages(seq)
-        if self.checkpoints is not None:
-            chain = self.cache.chain(seq.tokens, max_pages)
-            max_pages = self.checkpoints.deepest(chain)
-            if max_pages:
-                seq.state_source = self.checkpoints.slot_at(chain[max_pages - 1])
-        pages, last_node = self.cache.match(seq.tokens, max_pages)
+        pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq))
+        if self.checkpoints is not None and pages:
+            seq.state_source = self.checkpoints.slot_at(last_node)
         seq.pages = pages
         seq.cache_cursor = (len(pages), last_node)
         return len(pages) * self.page_size
 
     def _max_cached_pages(self, seq: Sequence) -> int:
-        return (len(seq.tokens) - 1) // self.page_size
+        """Leading pages `seq` may reuse; hybrid models: up to the deepest checkpoint."""
+        limit = (len(seq.tokens) - 1) // self.page_size
+        if self.checkpoints is None:
+            return limit
+        return self.checkpoints.deepest(self.cache.chain(seq.tokens, limit))
 
     def _fits(self, seq: Sequence, headroom: int = 0) -> bool:
         """Whether the pages `seq` needs up to its first sample (or, after a pause, up to and
