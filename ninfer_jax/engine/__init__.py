@@ -10,6 +10,8 @@ except in runner.py).
     sequence.py      Sequence: tokens, KV frontier, pages, per-request counters
     pages.py         PagePool: refcounted KV pages, DUMMY_PAGE, invariant check
     prefix_cache.py  PrefixCache: full pages shared across identical prefixes
+    state_slots.py   StateSlotPool: hybrid models' recurrent-state slots, DUMMY_STATE_SLOT
+    state_checkpoints.py  StateCheckpoints: saved states that let hybrids reuse prefixes
     stats.py         EngineCounters and the immutable EngineStats snapshot
     fake.py          FakeRunner: a deterministic StepRunner for tests (no JAX)
     runner.py        JaxRunner: the only caller of compiled steps

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ninfer_jax.engine.state_slots import state_slot_capacity
+
 # Bounds of --max-concurrency (resident execution lanes): the contract's 1..8, widened to 256
 # for GPUs, where large decode batches are what keeps the device busy.
 MIN_LANES, MAX_LANES = 1, 256
@@ -54,6 +56,8 @@ class EngineConfig:
     prefix_reuse: bool = True
     # How many later requests may overtake a waiting head that does not fit yet.
     max_bypass: int = 4
+    # Hybrid models: device state slots beyond one per lane (--device-state-slots).
+    device_state_slots: int = 0
 
     def __post_init__(self):
         if not MIN_LANES <= self.max_concurrency <= MAX_LANES:
@@ -66,6 +70,8 @@ class EngineConfig:
             raise ValueError("decode_share must be >= 0")
         if self.kv_capacity is not None and self.kv_capacity < 1:
             raise ValueError("kv_capacity must be positive")
+        if self.device_state_slots < 0:
+            raise ValueError("device_state_slots must be >= 0")
 
     @property
     def kv_tokens(self) -> int:
@@ -75,6 +81,11 @@ class EngineConfig:
     def max_outstanding(self) -> int:
         """Requests that may exist at once, resident or waiting (beyond: Overloaded)."""
         return self.max_concurrency + self.max_pending
+
+    def state_slot_capacity(self, has_state: bool) -> int:
+        """Usable device state slots for a model with (hybrid) or without recurrent state."""
+        return state_slot_capacity(has_state=has_state, max_concurrency=self.max_concurrency,
+                                   extra_slots=self.device_state_slots)
 
     def num_pages(self, page_size: int) -> int:
         """Pool size in pages for a runner with `page_size`, the dummy page included."""
@@ -100,4 +111,5 @@ class EngineConfig:
             max_context=serve.max_context,
             kv_capacity=kv,
             prefix_reuse=not serve.no_prefix_reuse,
+            device_state_slots=serve.device_state_slots,
         )

@@ -22,6 +22,7 @@ from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle
 from ninfer_jax.engine.runner_api import StepRunner
 from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.engine.step_loop import StepLoop
 from ninfer_jax.engine.stats import EngineStats, build_stats
 from ninfer_jax.errors import (
@@ -41,8 +42,11 @@ class Engine:
         self.runner = runner
         self.config = config
         self.pool = PagePool(runner.num_pages)
+        # The runner sized the device state for its model (0 slots: dense, or no state).
+        self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0))
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
-                                   max_batch=runner.max_batch, eos_ids=eos_ids)
+                                   max_batch=runner.max_batch, eos_ids=eos_ids,
+                                   slots=self.slots)
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)
         # Called on the engine thread after every round (the engine-core process flushes
@@ -59,7 +63,8 @@ class Engine:
         self._healthy = True
         self._thread: threading.Thread | None = None
         self._stats = EngineStats.empty(page_size=runner.page_size, capacity=self.pool.capacity,
-                                        max_concurrency=config.max_concurrency)
+                                        max_concurrency=config.max_concurrency,
+                                        state_slots_capacity=self.slots.capacity)
 
     # ------------------------------------------------------------------ any thread
 

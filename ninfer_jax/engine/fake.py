@@ -13,6 +13,16 @@ being processed),
 so a seeded row depends only on its own context, seed and sample index, never on its batch.
 Pass `next_token=` to script other behaviour (see `scripted`).
 
+State slots (hybrid models), with `state_slot_capacity=N`: the device also holds N + 1 slot
+states (slot 0 the dummy). A chunk at start 0 resets its slot to the zero state; every token a
+chunk or row feeds through a slot folds into it (`fold_state`), and the next token adds the
+slot's state to the formula above:
+    hybrid:   next = (formula + state(t_0..t_p)) mod vocab_size
+where state(...) is `state_of(tokens)`. A plan's `state_copies` copy slot states, in order,
+before its step runs (state checkpoints). As on the real model the state is not a function of
+the KV pages, so a sequence that runs on a wrong or stale slot, shares one, or continues
+mid-prompt on a fresh slot (a replay that skips position 0) produces different tokens.
+
 Dispatch is asynchronous, like JAX's: `launch` queues the step for a "device" thread and
 returns at once; the device runs steps strictly in launch order (sleeping `prefill_sleep` /
 `decode_sleep` per step to model their cost) and `collect` waits for one step's samples. A
@@ -36,6 +46,20 @@ from ninfer_jax.engine.runner_api import (
 
 NextToken = Callable[[np.ndarray, SampleSpec], int]
 EMPTY_SLOT = -1
+STATE_MODULUS = 2**31 - 1  # fake recurrent state: a rolling hash of the tokens fed
+
+
+def fold_state(state: int, token: int) -> int:
+    """The fake recurrent state after feeding `token` to `state` (the zero state is 0)."""
+    return (state * 1000003 + int(token) + 1) % STATE_MODULUS
+
+
+def state_of(tokens) -> int:
+    """The fake state after feeding `tokens` from the zero state."""
+    state = 0
+    for token in tokens:
+        state = fold_state(state, token)
+    return state
 
 
 def weighted_sum_next_token(vocab_size: int) -> NextToken:
@@ -72,7 +96,7 @@ class FakeRunner:
                  vocab_size: int = 1000, next_token: NextToken | None = None,
                  prefill_sleep: float = 0.0, decode_sleep: float = 0.0,
                  warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None,
-                 async_dispatch: bool = True):
+                 async_dispatch: bool = True, state_slot_capacity: int = 0):
         self.page_size = page_size
         self.num_pages = num_pages
         self.max_batch = max_batch
@@ -85,6 +109,9 @@ class FakeRunner:
         self.fail_at_step = fail_at_step  # raise once `steps` holds this many records
         self.async_dispatch = async_dispatch
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
+        # Usable state slots (0: a dense model); `state[s]` is slot s's state on the device.
+        self.state_slot_capacity = state_slot_capacity
+        self.state = np.zeros(state_slot_capacity + 1 if state_slot_capacity else 0, np.int64)
         # One record per executed unit: ("prefill", seq_id, start, T) / ("decode", seq ids)
         self.steps: list[tuple] = []
         self.plans: list[StepPlan] = []  # every launched plan, in order
@@ -148,6 +175,10 @@ class FakeRunner:
         sleep = self.prefill_sleep if plan.chunk is not None else self.decode_sleep
         if sleep:
             time.sleep(sleep)
+        for src, dst in plan.state_copies:
+            self._check_slot(src)
+            self._check_slot(dst)
+            self.state[dst] = self.state[src]
         chunk_token = None
         if plan.chunk is not None:
             chunk_token = self._prefill(plan.chunk)
@@ -158,8 +189,10 @@ class FakeRunner:
         tokens = [self._row_token(row) for row in plan.rows]
         for row, token in zip(plan.rows, tokens):
             self._write(row.page_table, row.position, token)
+            self._feed(row.state_slot, [token])
         for i, row in enumerate(plan.rows):
-            rows[i] = self.next_token(self._read(row.page_table, row.position + 1), row.sample)
+            rows[i] = self._next(self._read(row.page_table, row.position + 1), row.sample,
+                                 row.state_slot)
         result = StepResult(chunk_token=chunk_token, row_tokens=rows)
         self._previous = result
         return result
@@ -180,10 +213,38 @@ class FakeRunner:
         self.steps.append(("prefill", unit.seq_id, unit.start, len(unit.tokens)))
         for offset, token in enumerate(unit.tokens):
             self._write(unit.page_table, unit.start + offset, int(token))
+        if self.state_slot_capacity and unit.start == 0:
+            self._check_slot(unit.state_slot)
+            self.state[unit.state_slot] = 0  # a sequence's first chunk starts from zero
+        self._feed(unit.state_slot, unit.tokens)
         if unit.sample is None:
             return None
         end = unit.start + len(unit.tokens)
-        return self.next_token(self._read(unit.page_table, end), unit.sample)
+        return self._next(self._read(unit.page_table, end), unit.sample, unit.state_slot)
+
+    # ------------------------------------------------------------------ fake state slots
+
+    def _next(self, context: np.ndarray, sample: SampleSpec, slot: int) -> int:
+        token = self.next_token(context, sample)
+        if not self.state_slot_capacity:
+            return token
+        return int((token + int(self.state[slot])) % self.vocab_size)
+
+    def _feed(self, slot: int, tokens) -> None:
+        if not self.state_slot_capacity:
+            return
+        self._check_slot(slot)
+        state = int(self.state[slot])
+        for token in tokens:
+            state = fold_state(state, token)
+        self.state[slot] = state
+
+    def _check_slot(self, slot: int) -> None:
+        # Only real work reaches the fake device (it has no padding rows), so slot 0 here is
+        # a sequence without a slot: the scheduler lost it.
+        if not 0 < slot <= self.state_slot_capacity:
+            raise AssertionError(f"real work uses state slot {slot} "
+                                 f"(usable 1..{self.state_slot_capacity})")
 
     # ------------------------------------------------------------------ fake KV
 

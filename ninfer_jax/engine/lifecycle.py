@@ -1,9 +1,9 @@
 """Lifecycle: the state transitions of one sequence, with their events and counters.
 
 The scheduler decides *when* a sequence is admitted, paused, restored, advanced or ended;
-this module does each transition completely: pages, per-request and engine counters, the
-handle's events (Admitted, PromptProgress, Tokens, exactly one terminal), the pressure log
-and the scheduling-event listeners. Engine thread only.
+this module does each transition completely: pages, the state slot (hybrid models), per-request
+and engine counters, the handle's events (Admitted, PromptProgress, Tokens, exactly one
+terminal), the pressure log and the scheduling-event listeners. Engine thread only.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ninfer_jax.engine.request import (
     Admitted, Failed, Finished, PromptProgress, Tokens, Usage,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT, StateSlotPool
 from ninfer_jax.engine.stats import EngineCounters
 from ninfer_jax.errors import NinferError, QueueTimeout
 
@@ -42,8 +43,9 @@ class SchedulingEvent:
 
 class Lifecycle:
     def __init__(self, pool: PagePool, clock: Callable[[], float], eos_ids: Iterable[int],
-                 max_context: int):
+                 max_context: int, slots: StateSlotPool | None = None):
         self.pool = pool
+        self.slots = slots if slots is not None else StateSlotPool(0)
         self.clock = clock
         self.eos_ids = frozenset(eos_ids)
         self.max_context = max_context
@@ -59,6 +61,7 @@ class Lifecycle:
         seq.status = Status.RESIDENT
         seq.admitted_at = now
         seq.cache_n = seq.num_computed = seq.high_water = cache_n
+        self._take_slot(seq)
         self.counters.prompt_tokens += seq.num_prompt
         self.counters.cached_tokens += cache_n
         seq.handle.publish(Admitted(cache_n=cache_n, time=now))
@@ -68,6 +71,7 @@ class Lifecycle:
         freed = len(seq.pages)
         self.pool.release(seq.pages)
         seq.pages = []
+        self._give_slot(seq)
         seq.high_water = max(seq.high_water, seq.num_computed)
         seq.num_computed = 0
         seq.status = Status.PAUSED
@@ -83,6 +87,7 @@ class Lifecycle:
         (no replay needed for them)."""
         seq.status = Status.RESIDENT
         seq.num_computed = cached_tokens
+        self._take_slot(seq)
         seq.counters["restored_cached_tokens"] += cached_tokens
         seq.counters["paused_seconds"] += self.clock() - seq.paused_at
         seq.paused_at = None
@@ -91,6 +96,22 @@ class Lifecycle:
         log.info("restore request_id=%s seq=%d cached_tokens=%d replay_tokens=%d",
                  seq.request_id, seq.seq_id, cached_tokens, seq.prefill_target - cached_tokens)
         self._emit("restored", seq)
+
+    def _take_slot(self, seq: Sequence) -> None:
+        """A hybrid sequence becoming resident takes a slot. Its state starts from zero at
+        position 0, or from a checkpoint copied in (`state_source`): cached pages alone
+        cannot rebuild the recurrent state."""
+        if not self.slots.is_enabled:
+            return
+        if seq.num_computed and seq.state_source is None:
+            raise RuntimeError(f"seq {seq.seq_id} would take a fresh state slot at position "
+                               f"{seq.num_computed}; its state must start at 0")
+        seq.state_slot = self.slots.alloc()
+
+    def _give_slot(self, seq: Sequence) -> None:
+        if seq.state_slot != DUMMY_STATE_SLOT:
+            self.slots.release(seq.state_slot)
+            seq.state_slot = DUMMY_STATE_SLOT
 
     def computed(self, seq: Sequence, start: int, end: int, *, is_prefill: bool) -> None:
         """A collected step computed KV for positions [start, end) of `seq` (the scheduler
@@ -194,6 +215,7 @@ class Lifecycle:
         if seq.pages:
             self.pool.release(seq.pages)
             seq.pages = []
+        self._give_slot(seq)
         if seq.paused_at is not None:
             seq.counters["paused_seconds"] += now - seq.paused_at
             seq.paused_at = None

@@ -16,7 +16,8 @@ Eviction works on leaves (nodes without cached children), least recently used fi
 chains shrink from their tails and shared beginnings survive longest; a leaf some sequence
 still holds is skipped. Leaves sit in a heap by last use (stale entries are skipped when
 popped), so reclaiming costs O(log n) per page, not O(cache size): the cache may hold most
-of a large pool.
+of a large pool. `on_remove(node_id)` is told of every node that leaves (hybrid models drop
+the node's state checkpoint then, engine/state_checkpoints.py).
 Engine thread only.
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class PrefixCache:
         self._leaf_heap: list[tuple[int, int]] = []
         self._ids = itertools.count(ROOT + 1)
         self._ticks = itertools.count()
+        self.on_remove = None  # called with the id of every node that leaves the cache
 
     @property
     def num_pages(self) -> int:
@@ -72,6 +74,18 @@ class PrefixCache:
             cache_only += self.pool.refcount(node.page) == 1
             parent = node.node_id
         return max_pages, cache_only
+
+    def chain(self, tokens, max_pages: int) -> list[int]:
+        """Node ids of the longest cached prefix of `tokens` (at most `max_pages`); no
+        reference taken, LRU order untouched."""
+        ids, parent = [], ROOT
+        for index in range(max_pages):
+            node = self._nodes.get(self._key(tokens, index, parent))
+            if node is None:
+                break
+            ids.append(node.node_id)
+            parent = node.node_id
+        return ids
 
     def match(self, tokens, max_pages: int) -> tuple[list[int], int]:
         """The pages holding the longest cached prefix of `tokens` (at most `max_pages`),
@@ -128,6 +142,9 @@ class PrefixCache:
     def clear(self) -> None:
         """Drop every node, releasing the cache's references."""
         self.pool.release([node.page for node in self._nodes.values()])
+        if self.on_remove is not None:
+            for node_id in self._by_id:
+                self.on_remove(node_id)
         self._nodes.clear()
         self._by_id.clear()
         self._leaf_heap.clear()
@@ -161,6 +178,8 @@ class PrefixCache:
         del self._nodes[leaf.key]
         del self._by_id[leaf.node_id]
         self.pool.release([leaf.page])
+        if self.on_remove is not None:
+            self.on_remove(leaf.node_id)
         parent = self._by_id.get(leaf.key[0])
         if parent is not None:
             parent.num_children -= 1

@@ -3,9 +3,12 @@
 Threading: used by the engine thread only, except that `warmup()` may leave a background
 thread compiling the less urgent step shapes; it owns the params, the KV pool arrays and the
 compiled executables.
-Memory: per layer one (k, v) pair shaped by paged_attention.get_kv_cache_shape over `num_pages`
-pages; page DUMMY_PAGE (0) absorbs the writes of padding rows. Every step donates the caches
-and gets them back, so they are updated in place.
+Memory: the family's caches (`init_caches` / `cache_shapes` of steps.FAMILIES): per attention
+layer one (k, v) pair shaped by paged_attention.get_kv_cache_shape over `num_pages` pages;
+page DUMMY_PAGE (0) absorbs the writes of padding rows. Hybrid families add per Gated
+DeltaNet layer the conv and recurrent state of `state_slot_capacity + 1` slots (slot 0 the
+dummy, engine/state_slots.py), and their steps carry each unit's slot. Every step donates the
+caches and gets them back, so they are updated in place.
 Steps: one compiled body, `steps.ragged_step`: an optional prefill chunk plus a region of
 single-token rows (decode now, verify rows later). Its output, the tokens sampled after the
 chunk and after every row, stays on the device and is passed to the next step, whose rows can
@@ -40,6 +43,7 @@ from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
+from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.model import packed_inputs, sampling, steps
@@ -137,7 +141,7 @@ class JaxRunner:
                  max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
                  min_rows: int | None = None, expand_quantized: bool | None = None,
                  background_compile: bool | None = None, compile_threads: int | None = None,
-                 greedy_variants: bool | None = None):
+                 greedy_variants: bool | None = None, state_slot_capacity: int | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -156,10 +160,8 @@ class JaxRunner:
         # XLA's GPU autotuner needs scratch copies of the largest weights while it compiles,
         # and the pool takes nearly all the memory that is free then).
         self._kv = None
-        shape = paged_attention.get_kv_cache_shape(
-            self.num_pages, self.page_size, self.config.num_kv_heads, self.config.head_dim)
-        spec = jax.ShapeDtypeStruct(shape, self.kv_dtype)
-        self._kv_spec = [(spec, spec) for _ in range(self.config.num_layers)]
+        self._init_state_slots(state_slot_capacity)
+        self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
@@ -184,6 +186,7 @@ class JaxRunner:
         # top-k is a sort of the vocabulary there, and the CPU's run-time skip would stall the
         # launch). Chunk steps keep one variant: their chunk dwarfs the sort.
         self.greedy_variants = kernels if greedy_variants is None else greedy_variants
+        self._copy_slot = jax.jit(copy_state_slot, donate_argnames=("kv",))
         self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
         self._greedy_executables: dict[tuple[int, int], object] = {}
@@ -202,12 +205,27 @@ class JaxRunner:
     def batch_buckets(self) -> tuple[int, ...]:
         return self.row_buckets
 
+    def _init_state_slots(self, capacity: int | None) -> None:
+        """Hybrid families: one state slot per lane unless told (the engine passes
+        --max-concurrency + --device-state-slots); dense ones have none."""
+        self.has_state = self.config.is_hybrid
+        if not self.has_state:
+            capacity = 0
+        self.state_slot_capacity = self.max_batch if capacity is None else capacity
+        self._family = steps.FAMILIES[self.config.architecture]
+
+    def _cache_sizes(self) -> dict:
+        """The keyword arguments of the family's init_caches / cache_shapes."""
+        slots = self.state_slot_capacity + 1 if self.has_state else 0  # + the dummy slot
+        return dict(num_pages=self.num_pages, page_size=self.page_size, num_state_slots=slots,
+                    dtype=self.dtype, kv_dtype=self.kv_dtype)
+
     @property
     def kv(self):
-        """Per layer the (k, v) page arrays; allocated (zeros) on first use."""
+        """The family's cache list (per layer the (k, v) pages, or a state dict); allocated
+        (zeros) on first use."""
         if self._kv is None:
-            self._kv = [(jnp.zeros(k.shape, k.dtype), jnp.zeros(v.shape, v.dtype))
-                        for k, v in self._kv_spec]
+            self._kv = self._family.init_caches(self.config, **self._cache_sizes())
         return self._kv
 
     @kv.setter
@@ -259,6 +277,8 @@ class JaxRunner:
         compiled = time.perf_counter()
         for shape in essential:
             self._run_padding(self._executables[shape], shape)
+        if self.has_state:  # compiled now: the first prefix hit must not wait for it
+            self.kv = self._copy_slot(self.kv, DUMMY_STATE_SLOT, DUMMY_STATE_SLOT)
         jax.block_until_ready(self.kv)
         self._unprimed = [(shape, draws) for shape, draws in self._unprimed
                           if not (draws and shape in essential)]
@@ -335,9 +355,11 @@ class JaxRunner:
                 "config": self.config.to_dict(), "dtype": jnp.dtype(self.dtype).name,
                 "params": [(jax.tree_util.keystr(path), leaf.shape, str(leaf.dtype))
                            for path, leaf in leaves],
-                "kv": [(k.shape, str(k.dtype)) for k, _ in self._kv_spec[:1]],
+                "kv": sorted({(s.shape, str(s.dtype))
+                              for s in jax.tree_util.tree_leaves(self._kv_spec)}),
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
-                "width": self.width, "max_batch": self.max_batch}
+                "width": self.width, "max_batch": self.max_batch,
+                **({"state_slots": self.state_slot_capacity} if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
         executables = self._executables if draws else self._greedy_executables
@@ -383,7 +405,8 @@ class JaxRunner:
         return min(fitting, key=lambda s: (s[0] + s[1], s))
 
     def _layout(self, chunk: int, rows: int) -> packed_inputs.PackedLayout:
-        return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width)
+        return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width,
+                                          state_slots=self.has_state)
 
     def _example_inputs(self, chunk: int, rows: int):
         layout = self._layout(chunk, rows)
@@ -420,6 +443,8 @@ class JaxRunner:
         executable = self._executables[shape]
         if self.greedy_variants and all(s is None or s.params.is_greedy for s in specs):
             executable = self._greedy_executables.get(shape, executable)
+        for src, dst in plan.state_copies:  # in order, before the step (state checkpoints)
+            self.kv = self._copy_slot(self.kv, np.int32(src), np.int32(dst))
         out, self.kv = executable(
             self.params, self.kv, self._prev_out, ints, floats,
             self._bias(specs, layout.sampled))
@@ -466,9 +491,12 @@ class JaxRunner:
                 tokens[i] = row.token
             else:
                 sources[i] = 0 if row.from_previous == CHUNK_SLOT else 1 + row.from_previous
-        return dict(chunk_tokens=chunk_tokens, chunk_start=start, chunk_len=length,
-                    chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
-                    row_positions=positions, row_tables=tables)
+        fields = dict(chunk_tokens=chunk_tokens, chunk_start=start, chunk_len=length,
+                      chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
+                      row_positions=positions, row_tables=tables)
+        if self.has_state:
+            fields.update(_state_fields(unit, rows, num_rows, self.state_slot_capacity))
+        return fields
 
     # ------------------------------------------------------------------ one step, synchronously
 
@@ -481,6 +509,27 @@ class JaxRunner:
         if not 1 <= len(rows) <= self.max_batch:
             raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
         return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
+
+
+def copy_state_slot(kv, src, dst):
+    """The caches with state slot `src` copied into `dst` in every state layer (the dict
+    entries, slot-major); attention layers' pages are untouched."""
+    return [{name: state.at[dst].set(state[src]) for name, state in layer.items()}
+            if isinstance(layer, dict) else layer for layer in kv]
+
+
+def _state_fields(unit: PrefillUnit | None, rows: Sequence[DecodeRow], num_rows: int,
+                  capacity: int) -> dict:
+    """The state-slot fields of a hybrid step; padding (no chunk, padding rows) names
+    DUMMY_STATE_SLOT. A real unit on the dummy slot would share state with padding, and
+    the device clips an index past the pool, so both are refused here."""
+    slots = [row.state_slot for row in rows] + ([unit.state_slot] if unit is not None else [])
+    if any(not 0 < slot <= capacity for slot in slots):
+        raise ValueError(f"state slots {slots} outside 1..{capacity}")
+    row_slots = np.full(num_rows, DUMMY_STATE_SLOT, np.int32)
+    row_slots[:len(rows)] = slots[:len(rows)]
+    chunk_slot = unit.state_slot if unit is not None else DUMMY_STATE_SLOT
+    return dict(chunk_state_slot=chunk_slot, row_state_slots=row_slots)
 
 
 def _padded_row(page_table, width: int) -> np.ndarray:

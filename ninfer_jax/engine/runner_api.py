@@ -3,7 +3,10 @@ jitted steps). The scheduler builds these plain values; the runner turns them in
 int32/float32 arrays, runs one compiled step and returns sampled tokens as numpy.
 
 Positions are absolute sequence positions. A page table lists the pages holding positions
-[0, len) in order; the runner pads it with DUMMY_PAGE to its compiled width bucket.
+[0, len) in order; the runner pads it with DUMMY_PAGE to its compiled width bucket. For hybrid
+models each unit and row also names its sequence's state slot (engine/state_slots.py): a chunk
+at start 0 begins from a zero state, anything else continues the slot's state. Dense models
+leave it at DUMMY_STATE_SLOT and the runner does not send it.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from ninfer_jax.engine.request import SamplingParams
+from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +40,7 @@ class PrefillUnit:
     start: int
     page_table: np.ndarray  # int32 [num pages covering start + T positions]
     sample: SampleSpec | None
+    state_slot: int = DUMMY_STATE_SLOT  # hybrid models: holds the state after [0, start)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +57,7 @@ class DecodeRow:
     # The token is still on the device: the previous step sampled it in this output slot
     # (`CHUNK_SLOT` for its chunk, else that plan's row index). `token` is then ignored.
     from_previous: int | None = None
+    state_slot: int = DUMMY_STATE_SLOT  # hybrid models: holds the state after [0, position)
 
 
 CHUNK_SLOT = -1  # DecodeRow.from_previous naming the previous step's chunk sample
@@ -64,6 +70,9 @@ class StepPlan:
 
     chunk: PrefillUnit | None
     rows: tuple[DecodeRow, ...] = ()
+    # Hybrid models: (src, dst) state slot copies applied in order before the step runs
+    # (state checkpoints: engine/state_checkpoints.py).
+    state_copies: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +85,9 @@ class StepRunner(Protocol):
     page_size: int
     num_pages: int  # pool size, DUMMY_PAGE included
     max_batch: int
+    # Usable state slots (DUMMY_STATE_SLOT excluded); 0 for dense models. Optional: a
+    # runner without the attribute has none.
+    state_slot_capacity: int
 
     def warmup(self) -> None:
         """Compile the step shapes needed to serve before the server reports healthy."""

@@ -35,11 +35,18 @@ Policies (see also sequence.py for the prefill/decode rule):
   again before it ran anything waits until some request ends); otherwise fresh requests
   enter FIFO, and a later one that fits may overtake a head that does not, at most
   `max_bypass` times per head.
+- State slots (hybrid models, engine/state_slots.py): a resident holds one slot from admission
+  or restore until it is paused or ends, so a lane also needs a free slot (or a checkpoint
+  to evict). Cached KV pages cannot rebuild a recurrent state, so a hybrid prefix hit only
+  reaches the deepest cached node with a state checkpoint (engine/state_checkpoints.py),
+  whose copy starts the sequence's slot; without one a sequence (a restored one too)
+  starts from position 0. Chunks end at a sequence's checkpoint boundary, where it leaves one.
 """
 from __future__ import annotations
 
 import bisect
 import collections
+import dataclasses
 import logging
 import time
 from typing import Callable, Iterable
@@ -55,6 +62,8 @@ from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.engine.state_checkpoints import StateCheckpoints, boundary
+from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.errors import InternalError
 
 log = logging.getLogger("ninfer_jax.engine.scheduler")
@@ -78,9 +87,11 @@ class _Sync(Exception):
 class Scheduler:
     def __init__(self, config: EngineConfig, pool: PagePool, *, page_size: int,
                  max_batch: int, eos_ids: Iterable[int] = (),
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 slots: StateSlotPool | None = None):
         self.config = config
         self.pool = pool
+        self.slots = slots if slots is not None else StateSlotPool(0)
         self.page_size = page_size
         self.max_batch = min(max_batch, config.max_concurrency)
         self.clock = clock
@@ -88,7 +99,11 @@ class Scheduler:
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
         self.paused: list[Sequence] = []  # sorted by seq_id: restore order
         self.cache = PrefixCache(pool, page_size) if config.prefix_reuse else None
-        self.life = Lifecycle(pool, clock, eos_ids, config.max_context)
+        self.checkpoints = None  # hybrid models with prefix reuse: their state checkpoints
+        if self.cache is not None and self.slots.is_enabled:
+            self.checkpoints = StateCheckpoints(self.slots)
+            self.cache.on_remove = self.checkpoints.forget
+        self.life = Lifecycle(pool, clock, eos_ids, config.max_context, self.slots)
         self.counters = self.life.counters
         self._next_seq_id = 0
         self._paused_now: set[int] = set()
@@ -145,7 +160,7 @@ class Scheduler:
                     return None
                 planned = self._plan()
                 if planned is not None:
-                    return planned if planned.chunk or planned.rows else None
+                    return self._with_copies(planned) if planned.chunk or planned.rows else None
         except _Sync:
             return NEEDS_SYNC
 
@@ -161,10 +176,7 @@ class Scheduler:
         if chunk_seq is not None and self.config.decode_share == 0:
             ready = []  # prompts first
         ready = ready[: self.max_batch]
-        chunk_end = None
-        if chunk_seq is not None:
-            chunk_end = min(chunk_seq.prefill_target,
-                            chunk_seq.num_computed + self.config.prefill_chunk)
+        chunk_end = self._chunk_end(chunk_seq) if chunk_seq is not None else None
         # Oldest first: a reservation only ever pauses younger sequences.
         wanted = sorted(ready + ([chunk_seq] if chunk_seq is not None else []),
                         key=lambda s: s.seq_id)
@@ -180,6 +192,20 @@ class Scheduler:
         chunk = self._chunk_unit(chunk_seq, chunk_end) if chunk_seq is not None else None
         rows = tuple(self._decode_row(s) for s in ready if s.status is Status.RESIDENT)
         return StepPlan(chunk=chunk, rows=rows)
+
+    def _chunk_end(self, seq: Sequence) -> int:
+        end = min(seq.prefill_target, seq.num_computed + self.config.prefill_chunk)
+        if self.checkpoints is not None:
+            mark = boundary(len(seq.tokens), self.page_size)
+            if seq.num_computed < mark < end:
+                end = mark  # the state there is checkpointed once this chunk is launched
+        return end
+
+    def _with_copies(self, plan: StepPlan) -> StepPlan:
+        """The plan with the state copies queued since the last one (run before it)."""
+        if self.checkpoints is None or not self.checkpoints.copies:
+            return plan
+        return dataclasses.replace(plan, state_copies=self.checkpoints.pop_copies())
 
     def _can_decode(self, seq: Sequence) -> bool:
         """Whether `seq` may take a row in the next step."""
@@ -197,16 +223,18 @@ class Scheduler:
         if end == seq.num_total and seq.num_output_total == 0 and seq.request.max_tokens > 0:
             sample = self._sample_spec(seq)
         return PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
-                           start=start, page_table=self._page_table(seq), sample=sample)
+                           start=start, page_table=self._page_table(seq), sample=sample,
+                           state_slot=seq.state_slot)
 
     def _decode_row(self, seq: Sequence) -> DecodeRow:
         position = seq.num_total - 1
         if seq.pending_slots:
             return DecodeRow(seq_id=seq.seq_id, token=0, position=position,
                              page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                             from_previous=seq.pending_slots[-1])
+                             from_previous=seq.pending_slots[-1], state_slot=seq.state_slot)
         return DecodeRow(seq_id=seq.seq_id, token=seq.tokens[-1], position=position,
-                         page_table=self._page_table(seq), sample=self._sample_spec(seq))
+                         page_table=self._page_table(seq), sample=self._sample_spec(seq),
+                         state_slot=seq.state_slot)
 
     @staticmethod
     def _page_table(seq: Sequence) -> np.ndarray:
@@ -240,11 +268,22 @@ class Scheduler:
                 seq.pending_slots.append(CHUNK_SLOT)
             self._in_flight[seq.seq_id] += 1
             self._publish_prefix(seq)
+            self._checkpoint(seq)
         for index, row in enumerate(plan.rows):
             seq = seqs[row.seq_id]
             seq.num_computed = row.position + 1
             seq.pending_slots.append(index)
             self._in_flight[seq.seq_id] += 1
+
+    def _checkpoint(self, seq: Sequence) -> None:
+        """A launched chunk ended at `seq`'s checkpoint boundary: keep a copy of its state
+        for the prefix cache node that ends there."""
+        if self.checkpoints is None or seq.status is not Status.RESIDENT:
+            return
+        mark = boundary(len(seq.tokens), self.page_size)
+        num_pages, node_id = seq.cache_cursor
+        if mark and seq.num_computed == mark == num_pages * self.page_size:
+            self.checkpoints.take(node_id, seq.state_slot)
 
     # ------------------------------------------------------------------ pressure
 
@@ -293,28 +332,40 @@ class Scheduler:
         head = next((s for s in self.waiting if not s.request.background), None)
         while head is not None:
             background = [s for s in self.resident if s.request.background]
-            if not background or (len(self.resident) < self.config.max_concurrency
-                                  and self._fits(head)):
+            if not background or (self._has_lane() and self._fits(head)):
                 return
             self._pause(background[-1])
 
     # ------------------------------------------------------------------ admission
 
+    def _has_lane(self) -> bool:
+        """Whether one more sequence may become resident: a lane, and for hybrid models a
+        state slot (more slots than lanes exist, but a slot might be held otherwise)."""
+        if len(self.resident) >= self.config.max_concurrency:
+            return False
+        return (not self.slots.is_enabled or self.slots.num_free > 0
+                or (self.checkpoints is not None and self.checkpoints.num_checkpoints > 0))
+
     def _admit(self) -> None:
-        while len(self.resident) < self.config.max_concurrency:
+        while self._has_lane():
             oldest_paused = self._restorable()
             if (oldest_paused is not None
                     and (not self.resident or self._num_ended() >= oldest_paused.restore_gate)
                     and self._fits(oldest_paused, headroom=len(self.resident))):
                 self.paused.remove(oldest_paused)
                 seq = oldest_paused
-                self.life.restore(seq, self._reuse_cached(seq))
+                cached = self._reuse_cached(seq)
+                self._spare_slot()
+                self.life.restore(seq, cached)
                 seq.computed_at_restore = seq.num_computed
             else:
                 seq = self._pick_waiting()
                 if seq is None:
                     return
-                self.life.admit(seq, self._reuse_cached(seq))
+                cached = self._reuse_cached(seq)
+                self._spare_slot()
+                self.life.admit(seq, cached)
+            self._start_state(seq)
             bisect.insort(self.resident, seq, key=lambda s: s.seq_id)
 
     def _restorable(self) -> Sequence | None:
@@ -347,18 +398,37 @@ class Scheduler:
                 return seq
         return None
 
+    def _spare_slot(self) -> None:
+        """A sequence is about to take a state slot: evict a checkpoint if none is free.
+        (A checkpoint this very sequence matched may go: its copy, queued already, runs
+        before any step could overwrite the freed slot.)"""
+        if self.checkpoints is not None and not self.slots.num_free:
+            self.checkpoints.evict_one()
+
+    def _start_state(self, seq: Sequence) -> None:
+        if seq.state_source is not None:
+            self.checkpoints.restore(seq.state_source, seq.state_slot)
+            seq.state_source = None
+
     def _reuse_cached(self, seq: Sequence) -> int:
         """Attach the cached pages of `seq`'s longest known prefix; returns the tokens they
-        cover. At least one token is always left to compute (it yields the next sample)."""
+        cover. At least one token is always left to compute (it yields the next sample).
+        Hybrid models: only as far as the deepest checkpoint (`state_source`)."""
         if self.cache is None:
             return 0
         pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq))
+        if self.checkpoints is not None and pages:
+            seq.state_source = self.checkpoints.slot_at(last_node)
         seq.pages = pages
         seq.cache_cursor = (len(pages), last_node)
         return len(pages) * self.page_size
 
     def _max_cached_pages(self, seq: Sequence) -> int:
-        return (len(seq.tokens) - 1) // self.page_size
+        """Leading pages `seq` may reuse; hybrid models: up to the deepest checkpoint."""
+        limit = (len(seq.tokens) - 1) // self.page_size
+        if self.checkpoints is None:
+            return limit
+        return self.checkpoints.deepest(self.cache.chain(seq.tokens, limit))
 
     def _fits(self, seq: Sequence, headroom: int = 0) -> bool:
         """Whether the pages `seq` needs up to its first sample (or, after a pause, up to and
@@ -491,7 +561,16 @@ class Scheduler:
             "kv_pages_cached": self.cache.num_pages if self.cache is not None else 0,
             "page_size": self.page_size,
             "max_concurrency": self.config.max_concurrency,
+            "state_slots_used": self.slots.num_used,
+            "state_slots_capacity": self.slots.capacity,
         }
+
+    def slot_holders(self) -> list[int]:
+        """The state slot of every sequence and checkpoint (for StateSlotPool.check)."""
+        holders = [s.state_slot for s in self.resident + self.paused + list(self.waiting)]
+        if self.checkpoints is not None:
+            holders += self.checkpoints.held_slots()
+        return holders
 
     def page_holders(self) -> list[list[int]]:
         """Every page list that holds references (for PagePool.check)."""

@@ -22,6 +22,7 @@ import dataclasses
 import enum
 
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle
+from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 
 
 class Status(enum.Enum):
@@ -45,6 +46,12 @@ class Sequence:
     pages: list[int] = dataclasses.field(default_factory=list)
     page_table: object = None  # int32 array of `pages`, rebuilt by the scheduler on change
     page_table_key: tuple = ()
+    # Hybrid models: the state slot holding the state after tokens [0, num_computed); held
+    # while resident, DUMMY_STATE_SLOT otherwise (and always for dense models).
+    state_slot: int = DUMMY_STATE_SLOT
+    # A checkpoint slot to start the state from, set when a prefix hit is planned and
+    # cleared once its copy is queued (engine/state_checkpoints.py).
+    state_source: int | None = None
     cache_n: int = 0  # prompt tokens taken from the prefix cache at admission
     # Most positions that ever had KV: recomputation below it is replay, above it prefill.
     high_water: int = 0

@@ -65,6 +65,9 @@ class EngineStats:
     kv_pages_cached: int  # pages the prefix cache retains (also counted in kv_pages_used)
     page_size: int
     max_concurrency: int
+    # device state slots of hybrid models (0 and 0 for dense ones)
+    state_slots_used: int
+    state_slots_capacity: int
     # compiled step shapes: the rest compile after ready on GPUs (the runner's warm-up)
     compiled_shapes: int
     total_shapes: int
@@ -89,12 +92,14 @@ class EngineStats:
 
     @classmethod
     def empty(cls, *, page_size: int = 0, capacity: int = 0, max_concurrency: int = 0,
-              ready: bool = False, healthy: bool = True) -> "EngineStats":
+              state_slots_capacity: int = 0, ready: bool = False,
+              healthy: bool = True) -> "EngineStats":
         return build_stats(EngineCounters(), gauges={
             "running": 0, "waiting": 0, "paused": 0, "prefilling": 0, "decode_ready": 0,
             "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": capacity,
             "kv_pages_cached": 0,
             "page_size": page_size, "max_concurrency": max_concurrency,
+            "state_slots_used": 0, "state_slots_capacity": state_slots_capacity,
             "compiled_shapes": 0, "total_shapes": 0,
         }, ready=ready, healthy=healthy)
 
@@ -110,5 +115,7 @@ def build_stats(counters: EngineCounters, *, gauges: dict, ready: bool,
     totals["requests"] = dict(counters.requests)
     totals["decode_batch_sizes"] = dict(counters.decode_batch_sizes)
     totals["host_work"] = dict(counters.host_work)
-    gauges = {"compiled_shapes": 0, "total_shapes": 0, **gauges}  # runners without compiles
+    # runners without compiles, schedulers of models without state slots
+    gauges = {"compiled_shapes": 0, "total_shapes": 0, "state_slots_used": 0,
+              "state_slots_capacity": 0, **gauges}
     return EngineStats(time=time.monotonic(), ready=ready, healthy=healthy, **gauges, **totals)

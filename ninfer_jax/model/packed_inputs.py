@@ -10,6 +10,7 @@ apart at static offsets (`PackedLayout`).
 int32 buffer, in order (R = 1 + B sampled rows: the chunk's, then each row token's):
     chunk_tokens [C], chunk_start [1], chunk_len [1], chunk_table [W],
     row_tokens [B], row_src [B], row_positions [B], row_tables [B * W],
+    chunk_state_slot [1], row_state_slots [B]   (hybrid families only: `state_slots`)
     top_k [R], seed_high [R], seed_low [R] (uint32 bit patterns), sample_index [R],
     is_greedy [R] (0/1)
 float32 buffer: temperature [R], top_p [R], min_p [R]
@@ -28,11 +29,13 @@ from ninfer_jax.model.sampling import SamplingBatch
 
 @dataclasses.dataclass(frozen=True)
 class PackedLayout:
-    """The static shape of a packed step: chunk tokens C, row tokens B, table width W."""
+    """The static shape of a packed step: chunk tokens C, row tokens B, table width W, and
+    whether the step carries state slots (hybrid families; dense layouts are unchanged)."""
 
     chunk: int
     rows: int
     width: int
+    state_slots: bool = False
 
     @property
     def sampled(self) -> int:
@@ -40,9 +43,10 @@ class PackedLayout:
 
     def int_fields(self) -> list[tuple[str, int]]:
         C, B, W, R = self.chunk, self.rows, self.width, self.sampled
+        slots = [("chunk_state_slot", 1), ("row_state_slots", B)] if self.state_slots else []
         return [("chunk_tokens", C), ("chunk_start", 1), ("chunk_len", 1), ("chunk_table", W),
                 ("row_tokens", B), ("row_src", B), ("row_positions", B),
-                ("row_tables", B * W), ("top_k", R), ("seed_high", R), ("seed_low", R),
+                ("row_tables", B * W), *slots, ("top_k", R), ("seed_high", R), ("seed_low", R),
                 ("sample_index", R), ("is_greedy", R)]
 
     @property
@@ -76,6 +80,9 @@ def unpack(layout: PackedLayout, ints, floats, bias) -> tuple[RaggedBatch, Sampl
         chunk_len=field("chunk_len")[0], chunk_table=field("chunk_table"),
         row_tokens=field("row_tokens"), row_src=field("row_src"),
         row_positions=field("row_positions"), row_tables=field("row_tables").reshape(B, W))
+    if layout.state_slots:
+        batch = dataclasses.replace(batch, chunk_state_slot=field("chunk_state_slot")[0],
+                                    row_state_slots=field("row_state_slots"))
     words = jnp.stack([field("seed_high"), field("seed_low")], axis=1)
     sampling = SamplingBatch(
         temperature=floats[:R], top_k=field("top_k"), top_p=floats[R:2 * R],

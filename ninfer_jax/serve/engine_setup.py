@@ -77,17 +77,20 @@ def build_engine(config: ServeConfig):
                                                  max_context=max_context, page_size=PAGE_SIZE)
     engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
     engine_config = dataclasses.replace(engine_config, max_context=max_context)
+    log_state_slots(config, artifact.config)
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
                        page_size=PAGE_SIZE, max_batch=config.max_concurrency,
                        max_context=max_context, prefill_chunk=config.prefill_chunk,
-                       kv_dtype=kv_dtype)
+                       kv_dtype=kv_dtype, state_slot_capacity=engine_config.state_slot_capacity(
+                           artifact.config.is_hybrid))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     log.info("weights read (and the device runtime started) in %.1f s, placed on the device "
              "in %.1f s", read - started,
              time.perf_counter() - read)
-    log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes; warming up",
-             artifact.name, artifact.config.architecture, max_context, engine.pool_tokens,
-             runner.kv_dtype.name, config.max_concurrency)
+    log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes, %d state "
+             "slots; warming up", artifact.name, artifact.config.architecture, max_context,
+             engine.pool_tokens, runner.kv_dtype.name, config.max_concurrency,
+             engine.slots.capacity)
     if config.http_workers > 1 and config.log_stats_interval_ms > 0:
         # One throughput report for the server, not one per HTTP worker (request_log.py).
         from ninfer_jax.serve.throughput import ThroughputReporter
@@ -100,6 +103,21 @@ def _start_runtime() -> None:
     import jax
 
     jax.devices()
+
+
+def log_state_slots(config: ServeConfig, model_config) -> str | None:
+    """Say what the state slots are for (hybrid models: lanes, then prefix checkpoints in
+    the spare ones), or that --device-state-slots has no effect on a dense model."""
+    if model_config.is_hybrid:
+        message = (f"state slots: {config.max_concurrency} lanes + {config.device_state_slots}"
+                   " spare (prefix reuse keeps state checkpoints in free slots)")
+    elif config.device_state_slots:
+        message = (f"--device-state-slots {config.device_state_slots} has no effect: "
+                   f"{model_config.architecture} has no recurrent state")
+    else:
+        return None
+    log.info("%s", message)
+    return message
 
 
 def effective_max_context(config: ServeConfig, artifact) -> int:

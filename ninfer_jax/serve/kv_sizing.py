@@ -11,6 +11,10 @@ quarter of the RAM available now (after the weights were read), and at most 16 f
 Without --kv-capacity the pool holds one full context per lane (`default_kv_tokens`), within
 the same bound, and never less than one context.
 
+Hybrid models: only their full-attention layers hold KV pages, and their state slots
+(--max-concurrency + --device-state-slots, plus the dummy slot) are allocated with the pool,
+so both bounds leave the slots' bytes out before sizing pages (`state_bytes_of`).
+
 The engine core calls `resolve_pool` (serve/engine_setup.py: `place_weights`, then
 `auto_kv_tokens_for`) before it builds the runner; only that process imports JAX (the two
 functions that need it import it in their bodies), HTTP workers never size the pool. The
@@ -26,6 +30,7 @@ import os
 import numpy as np
 
 from ninfer_jax.engine.config import AUTO_KV_HEADROOM_BYTES, auto_kv_tokens, kv_bytes_per_token
+from ninfer_jax.engine.state_slots import state_slot_capacity
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -41,8 +46,35 @@ class KvSizing:
     basis: str  # how it was decided, for the start-up log line
 
 
+def attention_layers(model_config) -> int:
+    """Layers with paged KV: all of a dense model's, a hybrid's full-attention ones."""
+    if not model_config.is_hybrid:
+        return model_config.num_layers
+    return sum(kind == "full_attention" for kind in model_config.layer_types)
+
+
+def state_bytes_of(model_config, compute_dtype, num_slots: int) -> int:
+    """Device bytes of `num_slots` state slots: per Gated DeltaNet layer the conv state in
+    the compute dtype and the recurrent state in float32 (model/config.py state_shapes)."""
+    if not model_config.is_hybrid or num_slots == 0:
+        return 0
+    shapes = model_config.state_shapes()
+    per_layer = (int(np.prod(shapes["conv"])) * np.dtype(compute_dtype).itemsize
+                 + int(np.prod(shapes["recurrent"])) * 4)
+    num_linear = model_config.num_layers - attention_layers(model_config)
+    return num_slots * num_linear * per_layer
+
+
+def device_state_slots_of(config, model_config) -> int:
+    """Slots the runner allocates for a ServeConfig: the usable ones plus the dummy slot."""
+    usable = state_slot_capacity(has_state=model_config.is_hybrid,
+                                 max_concurrency=config.max_concurrency,
+                                 extra_slots=config.device_state_slots)
+    return usable + 1 if usable else 0
+
+
 def bytes_per_token_of(model_config, dtype) -> int:
-    return kv_bytes_per_token(num_layers=model_config.num_layers,
+    return kv_bytes_per_token(num_layers=attention_layers(model_config),
                               num_kv_heads=model_config.num_kv_heads,
                               head_dim=model_config.head_dim,
                               dtype_bytes=np.dtype(dtype).itemsize)
@@ -69,9 +101,10 @@ def host_available_bytes() -> int:
 
 
 def cpu_auto_kv_tokens(available_bytes: int, bytes_per_token: int, *, page_size: int,
-                       max_context: int) -> int:
-    """The CPU bound: min(available RAM / 4, 16 contexts), whole pages, at least one page."""
-    by_memory = available_bytes // CPU_RAM_SHARE // bytes_per_token
+                       max_context: int, state_bytes: int = 0) -> int:
+    """The CPU bound: min(available RAM / 4 less the state slots, 16 contexts), whole
+    pages, at least one page."""
+    by_memory = max(0, available_bytes // CPU_RAM_SHARE - state_bytes) // bytes_per_token
     tokens = min(by_memory, CPU_MAX_CONTEXTS * max_context)
     return max(1, tokens // page_size) * page_size
 
@@ -91,17 +124,21 @@ def compile_scratch_bytes(params) -> int:
 
 def auto_kv_sizing(*, free_device_bytes: int | None, available_host_bytes: int,
                    bytes_per_token: int, page_size: int, max_context: int,
-                   scratch_bytes: int = 0) -> KvSizing:
+                   scratch_bytes: int = 0, state_bytes: int = 0) -> KvSizing:
+    """`state_bytes`: the hybrid state slots, allocated with the pool (none: dense)."""
+    states = f", {state_bytes / 2**20:.1f} MiB of state slots" if state_bytes else ""
     if free_device_bytes is not None:
         tokens = auto_kv_tokens(free_device_bytes, bytes_per_token, page_size=page_size,
-                                headroom_bytes=AUTO_KV_HEADROOM_BYTES + scratch_bytes)
+                                headroom_bytes=AUTO_KV_HEADROOM_BYTES + scratch_bytes
+                                + state_bytes)
         basis = (f"{free_device_bytes / 2**30:.2f} GiB free on the device, 1 GiB + "
-                 f"{scratch_bytes / 2**30:.2f} GiB of compile scratch left over")
+                 f"{scratch_bytes / 2**30:.2f} GiB of compile scratch left over{states}")
     else:
         tokens = cpu_auto_kv_tokens(available_host_bytes, bytes_per_token,
-                                    page_size=page_size, max_context=max_context)
+                                    page_size=page_size, max_context=max_context,
+                                    state_bytes=state_bytes)
         basis = (f"CPU: min(1/{CPU_RAM_SHARE} of {available_host_bytes / 2**30:.2f} GiB "
-                 f"available RAM, {CPU_MAX_CONTEXTS} x {max_context}-token contexts)")
+                 f"available RAM{states}, {CPU_MAX_CONTEXTS} x {max_context}-token contexts)")
     return KvSizing(tokens, bytes_per_token, basis)
 
 
@@ -122,8 +159,10 @@ def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
     if config.kv_capacity is None and config.max_concurrency == 1:
         return artifact, None  # one lane: one context, nothing to measure
     artifact = place_weights(artifact, compute_dtype)
+    state_bytes = state_bytes_of(artifact.config, compute_dtype,
+                                 device_state_slots_of(config, artifact.config))
     bound = auto_kv_tokens_for(artifact, kv_dtype, page_size=page_size,
-                               max_context=max_context).tokens
+                               max_context=max_context, state_bytes=state_bytes).tokens
     if config.kv_capacity == "auto":
         return artifact, bound
     return artifact, default_kv_tokens(lanes=config.max_concurrency, max_context=max_context,
@@ -142,16 +181,18 @@ def place_weights(artifact, dtype):
     return dataclasses.replace(artifact, params=params)
 
 
-def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int) -> KvSizing:
+def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
+                       state_bytes: int = 0) -> KvSizing:
     """Measure and size pages of `kv_dtype`: call with the weights already placed
-    (`place_weights`)."""
+    (`place_weights`); `state_bytes` of state slots come out of the same memory."""
     import jax
 
     sizing = auto_kv_sizing(free_device_bytes=device_free_bytes(jax.devices()[0]),
                             available_host_bytes=host_available_bytes(),
                             bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype),
                             page_size=page_size, max_context=max_context,
-                            scratch_bytes=compile_scratch_bytes(artifact.params))
+                            scratch_bytes=compile_scratch_bytes(artifact.params),
+                            state_bytes=state_bytes)
     log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)",
              sizing.tokens, sizing.bytes_per_token / 1024, sizing.basis)
     if sizing.tokens < max_context:

@@ -4,7 +4,7 @@ Two sources, neither of which touches the device or waits on the engine thread:
 - `EngineCollector` reads the engine's latest immutable stats snapshot (`Engine.stats()`, a
   reference read) at scrape time and turns it into gauges and counters: lanes and limits,
   scheduler gauges, token/step counters, KV occupancy. Resources this engine does not have yet
-  (speculative decoding, host context backing, state slots, transfers) are exported as zero so
+  (speculative decoding, host context backing, transfers) are exported as zero so
   dashboards see every documented name; docs/operations.md lists them.
 - `ServeMetrics` holds what the HTTP side counts through the request trace: requests by
   outcome and the TTFT / duration / queue histograms (each observed once per request).
@@ -49,8 +49,10 @@ ENGINE_GAUGES = (
      "kv_pages_used"),
     ("ninfer_device_kv_capacity_pages", "KV pages in the pool.", "kv_pages_capacity"),
     ("ninfer_device_kv_cached_pages", "KV pages retained by the prefix cache.", "kv_pages_cached"),
-    ("ninfer_device_state_used_slots", "Device state slots in use (no state slots yet).", None),
-    ("ninfer_device_state_capacity_slots", "Device state slots (no state slots yet).", None),
+    ("ninfer_device_state_used_slots", "Device state slots held by requests and prefix "
+     "checkpoints (hybrid models; 0 for dense ones).", "state_slots_used"),
+    ("ninfer_device_state_capacity_slots", "Device state slots (hybrid models: "
+     "--max-concurrency + --device-state-slots; 0 for dense ones).", "state_slots_capacity"),
     ("ninfer_host_context_used_bytes", "Host context backing in use (not implemented).", None),
     ("ninfer_host_context_reserved_bytes", "Host context reservations (not implemented).", None),
     ("ninfer_host_context_capacity_bytes", "Host context budget (not implemented).", None),

@@ -189,6 +189,7 @@ def server_start_record(ctx) -> dict:
             "kv_capacity_pages": stats.kv_pages_capacity,
             "kv_capacity_tokens": stats.page_size * stats.kv_pages_capacity,
             "max_outstanding": getattr(engine_config, "max_outstanding", None),
+            "state_slots_capacity": getattr(stats, "state_slots_capacity", 0),
         },
         "sampling": {
             "thinking_defaults": model_defaults(ctx.model_name, ctx.architecture, True),

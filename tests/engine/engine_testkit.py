@@ -7,13 +7,14 @@ import itertools
 import numpy as np
 
 from ninfer_jax.engine.config import EngineConfig
-from ninfer_jax.engine.fake import FakeRunner
+from ninfer_jax.engine.fake import FakeRunner, state_of
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import (
     Finished, GenerationRequest, RequestHandle, SamplingParams, TERMINAL,
 )
 from ninfer_jax.engine.runner_api import StepPlan
 from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.engine.step_loop import StepLoop
 
 VOCAB = 1000
@@ -28,9 +29,9 @@ def make_request(prompt, max_tokens=8, **fields) -> GenerationRequest:
 
 
 def expected_output(prompt, max_tokens, *, sampling=GREEDY, vocab=VOCAB, stop=(),
-                    forced=None):
+                    forced=None, hybrid=False):
     """The fake model's output computed directly from its formula (fake.py docstring).
-    `forced(output, sampled) -> list` mimics a TokenPolicy."""
+    `forced(output, sampled) -> list` mimics a TokenPolicy; `hybrid` adds the state term."""
     context = list(prompt)
     output: list[int] = []
     while len(output) < max_tokens:
@@ -38,6 +39,8 @@ def expected_output(prompt, max_tokens, *, sampling=GREEDY, vocab=VOCAB, stop=()
         token = int((weights * np.array(context)).sum() % vocab)
         if not sampling.is_greedy:
             token = (token + 7919 * sampling.seed + 104729 * len(output)) % vocab
+        if hybrid:
+            token = (token + state_of(context)) % vocab
         ids = forced(tuple(output), token) if forced else [token]
         for tok in ids:
             context.append(tok)
@@ -57,13 +60,16 @@ class Driver:
     collected; the fake runner dispatches asynchronously like the real one."""
 
     def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), overlap=True,
-                 async_dispatch=True, **config):
+                 async_dispatch=True, state_slots=0, **config):
+        # state_slots: usable state slots of a hybrid-like fake model (0: dense)
         self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB,
-                                 async_dispatch=async_dispatch)
+                                 async_dispatch=async_dispatch, state_slot_capacity=state_slots)
         self.config = EngineConfig(**config)
         self.pool = PagePool(num_pages)
+        self.slots = StateSlotPool(state_slots)
         self.scheduler = Scheduler(self.config, self.pool, page_size=page_size,
-                                   max_batch=self.runner.max_batch, eos_ids=eos_ids)
+                                   max_batch=self.runner.max_batch, eos_ids=eos_ids,
+                                   slots=self.slots)
         self.loop = StepLoop(self.scheduler, self.runner, overlap=overlap)
         self.handles: list[RequestHandle] = []
         self.schedules: list[StepPlan] = []  # every launched plan, in order
@@ -101,6 +107,7 @@ class Driver:
 
     def check_pages(self) -> None:
         self.pool.check(self.scheduler.page_holders())
+        self.slots.check(self.scheduler.slot_holders())
 
 
 def drain(handle: RequestHandle) -> list:

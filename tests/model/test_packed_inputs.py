@@ -30,3 +30,23 @@ def test_pack_then_unpack_round_trips_every_field():
                  "is_greedy"):
         np.testing.assert_array_equal(np.asarray(getattr(packed, name)),
                                       np.asarray(getattr(expected, name)), err_msg=name)
+
+
+def test_state_slots_are_packed_only_for_hybrid_layouts():
+    dense = PackedLayout(chunk=4, rows=2, width=3)
+    hybrid = PackedLayout(chunk=4, rows=2, width=3, state_slots=True)
+    names = [name for name, _ in dense.int_fields()]
+    assert "chunk_state_slot" not in names and hybrid.num_ints == dense.num_ints + 1 + 2
+    batch = dict(chunk_tokens=np.arange(4), chunk_start=0, chunk_len=4,
+                 chunk_table=np.array([1, 0, 0]), row_tokens=np.array([5, 6]),
+                 row_src=np.array([-1, -1]), row_positions=np.array([3, 0]),
+                 row_tables=np.array([[2, 0, 0], [0, 0, 0]]), chunk_state_slot=3,
+                 row_state_slots=np.array([1, 0]))
+    ints, floats = HostPacker().pack(hybrid, batch, [None] * 3)
+    ragged, _ = unpack(hybrid, ints, floats, np.zeros((3, 10), np.float32))
+    assert int(ragged.chunk_state_slot) == 3
+    np.testing.assert_array_equal(np.asarray(ragged.row_state_slots), [1, 0])
+    dense_batch = {k: v for k, v in batch.items() if "state" not in k}
+    ints, floats = HostPacker().pack(dense, dense_batch, [None] * 3)
+    ragged, _ = unpack(dense, ints, floats, np.zeros((3, 10), np.float32))
+    assert ragged.chunk_state_slot is None and ragged.row_state_slots is None

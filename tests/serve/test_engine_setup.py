@@ -60,3 +60,27 @@ def test_http_threads_default_to_one_per_lane_and_pending_request():
                          response_store_max_records=0)
     assert http_threads_per_worker(shared) == 72
     assert http_threads_per_worker(ServeConfig(artifact="a", http_threads=5)) == 5
+
+
+def test_device_state_slots_apply_to_hybrid_models_only():
+    from click.testing import CliRunner
+
+    from ninfer_jax.cli.serve import serve
+    from ninfer_jax.engine.config import EngineConfig
+    from ninfer_jax.model.config import ModelConfig
+    from ninfer_jax.serve.engine_setup import log_state_slots
+
+    assert "--device-state-slots" in CliRunner().invoke(serve, ["--help"]).output
+    dense = ModelConfig(architecture="llama", vocab_size=8, hidden_size=8, intermediate_size=8,
+                        num_layers=2, num_heads=1, num_kv_heads=1, head_dim=8)
+    hybrid = ModelConfig(architecture="qwen3_5", vocab_size=8, hidden_size=8,
+                         intermediate_size=8, num_layers=2, num_heads=1, num_kv_heads=1,
+                         head_dim=8, layer_types=("linear_attention", "full_attention"))
+    options = config(max_concurrency=2, device_state_slots=3)
+    engine = EngineConfig.from_serve_config(options)
+    assert engine.device_state_slots == 3
+    assert engine.state_slot_capacity(hybrid.is_hybrid) == 5
+    assert engine.state_slot_capacity(dense.is_hybrid) == 0
+    assert "no effect" in log_state_slots(options, dense)  # accepted, nothing to size
+    assert "2 lanes + 3 spare" in log_state_slots(options, hybrid)
+    assert log_state_slots(config(), dense) is None

@@ -10,7 +10,8 @@ from ninfer_jax.serve.config import ServeConfig
 
 GIB = 1 << 30
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 2 * 30 * 3 * 64 = 11520 values per token.
-SMOLLM2 = dataclasses.make_dataclass("Cfg", ["num_layers", "num_kv_heads", "head_dim"])(30, 3, 64)
+SMOLLM2 = dataclasses.make_dataclass(
+    "Cfg", ["num_layers", "num_kv_heads", "head_dim", ("is_hybrid", bool, False)])(30, 3, 64)
 
 
 def test_bytes_per_token_follows_the_kv_dtype():
@@ -135,3 +136,33 @@ def test_device_pool_leaves_room_for_a_compile_of_the_largest_weight():
     # 4 GiB - 1 GiB headroom - 1 GiB scratch: the same 2 GiB as above.
     assert sizing.tokens == 93200
     assert "compile scratch" in sizing.basis
+
+
+def test_hybrid_pools_count_attention_layers_and_leave_out_the_state_slots():
+    from ninfer_jax.model.config import ModelConfig
+
+    hybrid = ModelConfig(architecture="qwen3_5", vocab_size=64, hidden_size=8,
+                         intermediate_size=8, num_layers=4, num_heads=2, num_kv_heads=1,
+                         head_dim=8, layer_types=("linear_attention",) * 3 + ("full_attention",),
+                         linear_num_key_heads=1, linear_num_value_heads=2,
+                         linear_key_head_dim=4, linear_value_head_dim=4,
+                         linear_conv_kernel_dim=4)
+    assert kv_sizing.attention_layers(hybrid) == 1 and kv_sizing.attention_layers(SMOLLM2) == 30
+    assert kv_sizing.bytes_per_token_of(hybrid, jnp.float32) == 2 * 1 * 8 * 4
+    conv_dim = 2 * 1 * 4 + 2 * 4
+    per_slot = 3 * ((4 - 1) * conv_dim * 2 + 2 * 4 * 4 * 4)  # bf16 conv, f32 recurrent
+    assert kv_sizing.state_bytes_of(hybrid, jnp.bfloat16, 5) == 5 * per_slot
+    assert kv_sizing.state_bytes_of(SMOLLM2, jnp.bfloat16, 5) == 0
+    serve = ServeConfig(artifact="x", max_concurrency=2, device_state_slots=2)
+    assert kv_sizing.device_state_slots_of(serve, hybrid) == 5  # 2 lanes + 2 extra + dummy
+    assert kv_sizing.device_state_slots_of(serve, SMOLLM2) == 0
+    per_token = 64
+    plain = kv_sizing.auto_kv_sizing(free_device_bytes=2 * GIB, available_host_bytes=GIB,
+                                     bytes_per_token=per_token, page_size=16, max_context=64)
+    slots = kv_sizing.auto_kv_sizing(free_device_bytes=2 * GIB, available_host_bytes=GIB,
+                                     bytes_per_token=per_token, page_size=16, max_context=64,
+                                     state_bytes=64 * 1024 * 16)
+    assert plain.tokens - slots.tokens == 1024 * 16 and "state slots" in slots.basis
+    cpu = kv_sizing.cpu_auto_kv_tokens(4 * GIB, per_token, page_size=16, max_context=GIB,
+                                       state_bytes=GIB - 16 * per_token)
+    assert cpu == 16
