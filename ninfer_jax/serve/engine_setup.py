@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Mapping
 
+from ninfer_jax.engine.state_slots import extra_slots
 from ninfer_jax.serve import kv_sizing
 from ninfer_jax.serve.config import ServeConfig
 
@@ -108,8 +109,9 @@ def _start_runtime() -> None:
 def log_state_slots(config: ServeConfig, model_config) -> str | None:
     """Say what the state slots are for (hybrid models: lanes, then prefix checkpoints in
     the spare ones), or that --device-state-slots has no effect on a dense model."""
+    spare = extra_slots(config.device_state_slots, config.max_concurrency)
     if model_config.is_hybrid:
-        message = (f"state slots: {config.max_concurrency} lanes + {config.device_state_slots}"
+        message = (f"state slots: {config.max_concurrency} lanes + {spare}"
                    " spare (prefix reuse keeps state checkpoints in free slots)")
     elif config.device_state_slots:
         message = (f"--device-state-slots {config.device_state_slots} has no effect: "
