@@ -39,6 +39,7 @@ class HostOnlyRunner:
         self.row_buckets = row_buckets(max_batch, 2)
         self._packer = packed_inputs.HostPacker()
         self.vocab_size = vocab_size
+        self.has_state = False  # a dense model: no state slots
 
     def warmup(self):
         pass
