@@ -481,16 +481,19 @@ class JaxRunner:
         sources = np.full(num_rows, -1, np.int32)
         # Padding rows: position 0 in an all-dummy page table, so they write the dummy page.
         tables = np.full((num_rows, self.width), paged_attention.DUMMY_PAGE, np.int32)
-        for i, row in enumerate(rows):
-            if row.position >= self.max_context:
-                raise ValueError(f"decode position {row.position} exceeds the context")
-            _check_covers(row.page_table, row.position + 1, self.page_size)
-            positions[i] = row.position
-            tables[i, :len(row.page_table)] = row.page_table
-            if row.from_previous is None:
-                tokens[i] = row.token
-            else:
-                sources[i] = 0 if row.from_previous == CHUNK_SLOT else 1 + row.from_previous
+        if rows:  # whole columns at once: this runs for every row of every step
+            num = len(rows)
+            positions[:num] = [row.position for row in rows]
+            if positions[:num].max() >= self.max_context:
+                raise ValueError(f"decode position {positions[:num].max()} exceeds the context")
+            for i, row in enumerate(rows):
+                if len(row.page_table) * self.page_size <= row.position:
+                    _check_covers(row.page_table, row.position + 1, self.page_size)
+                tables[i, :len(row.page_table)] = row.page_table
+            previous = [row.from_previous for row in rows]
+            tokens[:num] = [row.token if p is None else 0 for row, p in zip(rows, previous)]
+            sources[:num] = [-1 if p is None else 0 if p == CHUNK_SLOT else 1 + p
+                             for p in previous]
         fields = dict(chunk_tokens=chunk_tokens, chunk_start=start, chunk_len=length,
                       chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
                       row_positions=positions, row_tables=tables)
