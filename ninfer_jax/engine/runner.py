@@ -141,7 +141,8 @@ class JaxRunner:
                  max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
                  min_rows: int | None = None, expand_quantized: bool | None = None,
                  background_compile: bool | None = None, compile_threads: int | None = None,
-                 greedy_variants: bool | None = None, state_slot_capacity: int | None = None):
+                 greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
+                 store_executables: bool | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -200,7 +201,13 @@ class JaxRunner:
         self.compile_done = threading.Event()  # every shape compiled (background included)
         self.on_compiled = None  # called (from any thread) after each shape compiles
         # Executables kept on disk next to JAX's cache: a restart loads them untraced.
-        self._store = ExecutableStore.from_environment(self._fingerprint())
+        # Not on XLA:CPU by default: an executable it deserialises runs in the process that
+        # compiled it but fails in another ("Function multiply_add_fusion not found"), and a
+        # CPU restart is cheap anyway (JAX's own cache still applies there).
+        if store_executables is None:
+            store_executables = jax.default_backend() != "cpu"
+        self._store = (ExecutableStore.from_environment(self._fingerprint())
+                       if store_executables else None)
 
     # the pre-v2 names, still read by tests and tools
     @property
