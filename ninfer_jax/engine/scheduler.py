@@ -195,7 +195,9 @@ class Scheduler:
 
     def _chunk_end(self, seq: Sequence) -> int:
         end = min(seq.prefill_target, seq.num_computed + self.config.prefill_chunk)
-        if self.checkpoints is not None:
+        checkpoints = self.checkpoints
+        # Split only where a checkpoint can be kept (a free slot, or one to evict).
+        if checkpoints is not None and (self.slots.num_free or checkpoints.num_checkpoints):
             mark = boundary(len(seq.tokens), self.page_size)
             if seq.num_computed < mark < end:
                 end = mark  # the state there is checkpointed once this chunk is launched

@@ -95,6 +95,7 @@ def test_checkpoints_need_a_spare_slot_and_yield_to_residents():
     prompt = prompt_of(22)
     run_one(tight, prompt)
     assert tight.scheduler.checkpoints.num_checkpoints == 0
+    assert [len(p.chunk.tokens) for p in tight.schedules if p.chunk] == [22]  # no split
     assert run_one(tight, prompt)[0] == 0
     # Two slots: the spare one holds the newest checkpoint, the older one is evicted.
     driver = Driver(state_slots=2, max_concurrency=1, num_pages=64, page_size=PAGE)
