@@ -265,7 +265,8 @@ class JaxRunner:
             out, self.kv = self._executables[shape](
                 self.params, self.kv, self._prev_out, *self._example_inputs(*shape))
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
-            self.kv = self._copy_slot(self.kv, DUMMY_STATE_SLOT, DUMMY_STATE_SLOT)
+            dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
+            self.kv = self._copy_slot(self.kv, dummy, dummy)
         jax.block_until_ready(self.kv)
         self.is_warm = True
         log.info("compiled %d step shapes in %.1f s, first runs %.1f s%s", len(essential),
