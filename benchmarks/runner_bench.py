@@ -64,27 +64,37 @@ def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool
                       SampleSpec(GREEDY.params, step), from_previous=r if fed_back else None)
             for r in range(batch)))
 
+    launch_seconds = []
+
+    def launch(step_plan):
+        started = time.perf_counter()
+        handle = runner.launch(step_plan)
+        launch_seconds.append(time.perf_counter() - started)
+        return handle
+
     def run(first, count):
         if not pipelined:
             for step in range(first, first + count):
-                runner.collect(runner.launch(plan(step, False)))
+                runner.collect(launch(plan(step, False)))
             return
-        in_flight = runner.launch(plan(first, False))
+        in_flight = launch(plan(first, False))
         for step in range(first + 1, first + count):
-            launched = runner.launch(plan(step, True))
+            launched = launch(plan(step, True))
             runner.collect(in_flight)
             in_flight = launched
         runner.collect(in_flight)
     run(0, 2)
+    launch_seconds.clear()
     started = time.perf_counter()
     run(0, steps)
     rate = batch * steps / (time.perf_counter() - started)
+    launch_ms = 1e3 * float(np.median(launch_seconds))
     if trace_dir is not None:
         import jax
 
         with jax.profiler.trace(trace_dir):
             run(0, steps)
-    return rate
+    return rate, launch_ms
 
 
 def main():
@@ -126,11 +136,12 @@ def main():
         for mode in ("pipelined", "sync"):
             trace_dir = (f"{args.profile}/batch{batch}"
                          if args.profile and mode == "pipelined" else None)
-            rate = time_decode(runner, batch, args.context, args.steps,
-                               pipelined=mode == "pipelined", trace_dir=trace_dir)
+            rate, launch_ms = time_decode(runner, batch, args.context, args.steps,
+                                          pipelined=mode == "pipelined", trace_dir=trace_dir)
+            # launch_ms: the host's time inside runner.launch (packing and dispatch)
             records.append({"op": "decode", "mode": mode, "batch": batch,
                             "context": args.context, "tok_per_s": rate,
-                            "ms_per_step": batch / rate * 1e3})
+                            "ms_per_step": batch / rate * 1e3, "launch_ms": launch_ms})
             if trace_dir is not None:
                 from trace_summary import summarize
 
@@ -153,7 +164,7 @@ def main():
         else:
             print(f"decode batch {record['batch']} at context {args.context} "
                   f"({record['mode']}): {record['tok_per_s']:.1f} tok/s "
-                  f"({record['ms_per_step']:.2f} ms/step)")
+                  f"({record['ms_per_step']:.2f} ms/step, launch {record['launch_ms']:.2f} ms)")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Pieces every converter shares: dtype casting, weight-format records, special-token and
-chat-format metadata derived from a tokenizer and a template, and progress reporting."""
+"""Pieces every converter shares: dtype casting, weight-format records, quantization of the
+projection matrices, special-token and chat-format metadata derived from a tokenizer and a
+template, placing tensors in the params tree, and progress reporting."""
 from __future__ import annotations
 
 import sys
@@ -8,12 +9,19 @@ from typing import Callable
 import numpy as np
 from tokenizers import Tokenizer
 
+from ninfer_jax.artifact.components import mtp_expected_shapes
+from ninfer_jax.artifact.tensor_groups import tensor_group
 from ninfer_jax.model.config import ModelConfig
 
 DTYPES = ("f32", "bf16")
 # Weight-only quantized formats of projection matrices (layout: kernels/quant_matmul/formats.py).
 QUANTIZED = ("int8", "fp8", "int4", "nvfp4")
 WEIGHT_CHOICES = DTYPES + QUANTIZED
+# The 2-D [in, out] layer matrices a quantized format applies to (and lm_head, mtp.fc). The
+# rest stays in the float dtype: routers and gates (tiny, decide routing), the conv taps, the
+# per-head in_b / in_a, and the stacked experts (kernels/quant_matmul has no [E, in, out] layout).
+QUANTIZED_LAYER_LEAVES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "in_qkv", "in_z",
+                          "out", "shared_w_gate", "shared_w_up", "shared_w_down")
 # Control spellings recorded under special_tokens.named when the vocabulary has them.
 NAMED_CONTROLS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
                   "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
@@ -40,8 +48,9 @@ def cast(array: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def store(name: str, array: np.ndarray, dtype: str) -> np.ndarray:
-    """Norm vectors always stay f32 (tiny, precision-sensitive); matrices take `dtype`."""
-    return cast(array, "f32" if name.endswith("norm") else dtype)
+    """Norm vectors and the `norms` group's per-head vectors (dt_bias, A_log) always stay f32
+    (tiny, precision-sensitive); everything else takes `dtype`."""
+    return cast(array, "f32" if tensor_group(name) == "norms" else dtype)
 
 
 def float_weight_formats(config: ModelConfig, dtype: str) -> dict[str, str]:
@@ -53,6 +62,8 @@ def weight_formats(config: ModelConfig, dtype: str, quantized: str | None) -> di
     formats = {"embed": dtype, "layers": quantized or dtype, "norms": "f32"}
     if not config.tie_word_embeddings:
         formats["lm_head"] = quantized or dtype
+    if config.mtp_num_layers:
+        formats["mtp"] = quantized or dtype
     return formats
 
 
@@ -81,19 +92,27 @@ def quantize(array: np.ndarray, fmt: str):
 
 
 def is_projection(name: str) -> bool:
-    return name == "lm_head" or (name.startswith("layers.") and not name.endswith("norm"))
+    """Whether a quantized format applies to the params name (`layers.3.wq`, `mtp.fc`)."""
+    if name in ("lm_head", "mtp.fc"):
+        return True
+    parts = name.split(".")
+    return len(parts) >= 3 and parts[-3] == "layers" and parts[-1] in QUANTIZED_LAYER_LEAVES
 
 
 def quantize_projections(params: dict, fmt: str, progress: ProgressFn | None = None) -> dict:
-    """Replace every projection matrix (layer matrices, untied lm_head) by its `fmt` leaf."""
+    """Replace every projection matrix (QUANTIZED_LAYER_LEAVES of the text and MTP layers,
+    untied lm_head, mtp.fc) by its `fmt` leaf."""
     if "lm_head" in params:
         params["lm_head"] = quantize(params["lm_head"], fmt)
-    layers = params.get("layers", [])
+    mtp = params.get("mtp") or {}
+    if "fc" in mtp:
+        mtp["fc"] = quantize(mtp["fc"], fmt)
+    layers = [*params.get("layers", []), *mtp.get("layers", [])]
     for index, layer in enumerate(layers, start=1):
         if progress:
             progress(index, len(layers), f"quantizing layer {index - 1} to {fmt}")
         for key, value in layer.items():
-            if not key.endswith("norm"):
+            if key in QUANTIZED_LAYER_LEAVES:
                 layer[key] = quantize(value, fmt)
     return params
 
@@ -120,20 +139,29 @@ def detect_chat_format(template: str, tokenizer: Tokenizer) -> dict:
             "thinking_default": reasoning is not None}
 
 
-def add_to_params(params: dict, name: str, array: np.ndarray, num_layers: int) -> None:
-    """Place an array under its dotted params name (`embed`, `layers.3.wq`)."""
-    if name.startswith("layers."):
+def add_to_params(params: dict, name: str, array: np.ndarray, num_layers: int = 0) -> None:
+    """Place an array under its dotted params name (`embed`, `layers.3.wq`, `mtp.fc`,
+    `mtp.layers.0.wq`); a `layers` list starts with num_layers entries and grows as needed."""
+    if name.startswith("mtp."):
+        add_to_params(params.setdefault("mtp", {}), name[4:], array)
+    elif name.startswith("layers."):
         _, index, leaf = name.split(".", 2)
         layers = params.setdefault("layers", [{} for _ in range(num_layers)])
+        layers.extend({} for _ in range(int(index) + 1 - len(layers)))
         layers[int(index)][leaf] = array
     else:
         params[name] = array
 
 
+def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor of the text model and of the MTP head (when the config has one)."""
+    return {**config.expected_shapes(), **mtp_expected_shapes(config)}
+
+
 def check_complete(params: dict, config: ModelConfig, source: str) -> None:
     from ninfer_jax.artifact.weights_io import subtree
 
-    missing = [name for name in config.expected_shapes() if subtree(params, name) is None]
+    missing = [name for name in expected_shapes(config) if subtree(params, name) is None]
     if missing:
         raise ValueError(f"{source}: tensors missing for {', '.join(missing[:5])}"
                          f"{' ...' if len(missing) > 5 else ''}")

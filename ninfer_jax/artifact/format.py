@@ -6,6 +6,7 @@ Layout (docs/artifact-format.md describes each field):
     tokenizer.json       a `tokenizers` tokenizer
     chat_template.jinja  the default chat template
     weights/             orbax checkpoint of the text model's params (weights_io.py)
+    mtp/                 orbax checkpoint of the MTP head, when components.mtp (components.py)
 
 `load_artifact` checks every file and raises `ArtifactError(file, problem)` naming the file at
 fault. Nothing here imports jax unless weights are read or written.
@@ -23,6 +24,9 @@ from typing import Any
 import numpy as np
 
 from ninfer_jax.artifact import weights_io
+from ninfer_jax.artifact.components import MTP_DIR, mtp_expected_shapes, split_mtp
+from ninfer_jax.artifact.tensor_groups import (FLOAT_FORMATS, expected_dtype,  # noqa: F401
+                                               is_norm, tensor_group)
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.config import ARCHITECTURES, ModelConfig
 
@@ -32,7 +36,6 @@ TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
 WEIGHTS_DIR = "weights"
 COMPONENTS = ("text", "mtp", "dflash", "vision")
-FLOAT_FORMATS = {"f32": "float32", "bf16": "bfloat16"}
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4")
 TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml")
@@ -107,22 +110,6 @@ class Artifact:
         return Tokenizer.from_artifact(self)
 
 
-# ----------------------------------------------------------------------------- tensor groups
-
-
-def tensor_group(name: str) -> str:
-    """The weight_formats group of a params name: embed, lm_head, layers or norms."""
-    if name.endswith("norm"):
-        return "norms"
-    return name.split(".", 1)[0]
-
-
-def expected_dtype(name: str, weight_formats: dict[str, str]) -> str | None:
-    """numpy dtype name a plain array must have, or None for a quantized group."""
-    group_format = weight_formats.get(tensor_group(name), "f32")
-    return FLOAT_FORMATS.get(group_format)
-
-
 # ----------------------------------------------------------------------------- save
 
 
@@ -135,6 +122,9 @@ def save_artifact(out: str | os.PathLike, contents: ArtifactContents, *,
         raise FileExistsError(f"{out} already exists")
     # Before any weight is written: a bad metadata field must not cost gigabytes of writing.
     check_metadata(contents.metadata(), out / METADATA_FILE)
+    if ("mtp" in contents.params) != bool(contents.components.get("mtp")):
+        raise ArtifactError(out / METADATA_FILE, "components.mtp disagrees with the params "
+                                                 "(an mtp tree is written exactly when it is on)")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
                                             dir=out.parent))
@@ -157,7 +147,10 @@ def save_artifact(out: str | os.PathLike, contents: ArtifactContents, *,
 def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
     (directory / TOKENIZER_FILE).write_text(contents.tokenizer_json, encoding="utf-8")
     (directory / TEMPLATE_FILE).write_text(contents.chat_template, encoding="utf-8")
-    weights_io.save_weights(directory / WEIGHTS_DIR, contents.params)
+    text, mtp = split_mtp(contents.params)
+    weights_io.save_weights(directory / WEIGHTS_DIR, text)
+    if mtp is not None:
+        weights_io.save_weights(directory / MTP_DIR, mtp)
     # metadata last: a directory with metadata.json is complete by construction.
     (directory / METADATA_FILE).write_text(
         json.dumps(contents.metadata(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -166,24 +159,35 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
 # ----------------------------------------------------------------------------- load
 
 
-def load_artifact(path: str | os.PathLike, weights: bool = True) -> Artifact:
-    """Validate an artifact and return it; with weights=True the params are read (numpy)."""
+def load_artifact(path: str | os.PathLike, weights: bool = True, *,
+                  mtp: bool = False) -> Artifact:
+    """Validate an artifact and return it; with weights=True the params are read (numpy),
+    and with mtp=True also the MTP head, as params["mtp"] (an error if there is none)."""
     directory = pathlib.Path(path)
-    return _validate_directory(directory, weights=weights, display=directory)
+    return _validate_directory(directory, weights=weights, display=directory, mtp=mtp)
 
 
 def _validate_directory(directory: pathlib.Path, *, weights: bool,
-                        display: pathlib.Path) -> Artifact:
+                        display: pathlib.Path, mtp: bool = False) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(display, "not an artifact directory (missing or not a directory)")
     metadata = read_metadata(directory / METADATA_FILE, display / METADATA_FILE)
     config = _config_from_metadata(metadata, display / METADATA_FILE)
-    for required in (TOKENIZER_FILE, TEMPLATE_FILE, WEIGHTS_DIR):
+    has_mtp = bool(metadata["components"].get("mtp"))
+    for required in (TOKENIZER_FILE, TEMPLATE_FILE, WEIGHTS_DIR, *([MTP_DIR] * has_mtp)):
         if not (directory / required).exists():
             raise ArtifactError(display / required, "missing")
+    if mtp and not has_mtp:
+        raise ArtifactError(display / METADATA_FILE, "the artifact has no mtp component")
     template = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
-    params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR, config,
-                           metadata["weight_formats"]) if weights else None
+    params = None
+    if weights:
+        formats = metadata["weight_formats"]
+        params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR,
+                               config.expected_shapes(), formats)
+        if mtp:
+            params["mtp"] = _read_weights(directory / MTP_DIR, display / MTP_DIR,
+                                          mtp_expected_shapes(config), formats, prefix="mtp")
     return Artifact(path=directory, metadata=metadata, config=config, params=params,
                     chat_template=template, tokenizer_path=directory / TOKENIZER_FILE)
 
@@ -248,26 +252,33 @@ def _config_from_metadata(metadata: dict[str, Any], display: pathlib.Path) -> Mo
     for token_id in metadata["special_tokens"]["eos_ids"]:
         if not 0 <= token_id < config.vocab_size:
             raise ArtifactError(display, f"eos id {token_id} is outside the vocabulary")
+    if bool(metadata["components"].get("mtp")) != (config.mtp_num_layers > 0):
+        raise ArtifactError(display, "components.mtp must be true exactly when "
+                                     "config.mtp_num_layers > 0")
     return config
 
 
-def _read_weights(directory: pathlib.Path, display: pathlib.Path, config: ModelConfig,
-                  weight_formats: dict[str, str]) -> dict:
+def _read_weights(directory: pathlib.Path, display: pathlib.Path,
+                  expected: dict[str, tuple[int, ...]], weight_formats: dict[str, str],
+                  prefix: str | None = None) -> dict:
+    """Read one checkpoint after checking it holds exactly `expected`; a component's
+    checkpoint (prefix "mtp") stores the tree that `expected` names under `mtp.`."""
     try:
         structure = weights_io.stored_tree(directory)
     except Exception as exc:  # orbax raises many types for a damaged checkpoint
         raise ArtifactError(display, f"corrupt checkpoint (metadata unreadable: {exc})") from None
-    check_tensors(structure, config, weight_formats, display)
+    check_tensors({prefix: structure} if prefix else structure, expected, weight_formats,
+                  display)
     try:
         return weights_io.restore_weights(directory, structure)
     except Exception as exc:
         raise ArtifactError(display, f"corrupt checkpoint ({type(exc).__name__}: {exc})") from None
 
 
-def check_tensors(structure: Any, config: ModelConfig, weight_formats: dict[str, str],
-                  display: pathlib.Path) -> None:
-    """Compare the stored tree (leaves with .shape and .dtype) with the config's tensors."""
-    expected = config.expected_shapes()
+def check_tensors(structure: Any, expected: dict[str, tuple[int, ...]],
+                  weight_formats: dict[str, str], display: pathlib.Path) -> None:
+    """Compare the stored tree (leaves with .shape and .dtype) with the expected tensors
+    (ModelConfig.expected_shapes() or components.mtp_expected_shapes())."""
     for name, shape in expected.items():
         node = weights_io.subtree(structure, name)
         if node is None:

@@ -1,7 +1,10 @@
-"""Hugging Face checkpoint directory -> artifact contents, for `LlamaForCausalLM` and
-`Qwen3ForCausalLM`: config.json, *.safetensors, tokenizer.json (copied as is),
-tokenizer_config.json / chat_template.jinja for the template, generation_config.json for the
-end-of-sequence ids. Projection weights are transposed from torch's [out, in] to our [in, out].
+"""Hugging Face checkpoint directory -> artifact contents: config.json, *.safetensors,
+tokenizer.json (copied as is), tokenizer_config.json / chat_template.jinja for the template,
+generation_config.json for the end-of-sequence ids. Projection weights are transposed from
+torch's [out, in] to our [in, out].
+
+Dense `LlamaForCausalLM` and `Qwen3ForCausalLM` are mapped here; the hybrid Qwen3.5 / 3.6 /
+Qwen3-Next classes by hf_hybrid_config.py (config) and hf_hybrid.py (tensors, MTP head).
 """
 from __future__ import annotations
 
@@ -13,6 +16,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
+from ninfer_jax.artifact import hf_hybrid
+from ninfer_jax.artifact.hf_hybrid_config import (HYBRID_ARCHITECTURES, hybrid_model_config,
+                                                  rope_from, text_config)
 from ninfer_jax.artifact.format import ArtifactContents
 from ninfer_jax.artifact.safetensors_io import SafetensorsFile
 from ninfer_jax.artifact.templates import builtin_template
@@ -42,7 +48,9 @@ def _read_json(path: pathlib.Path, required: bool = True) -> dict[str, Any]:
 def convert_hf(directory: pathlib.Path, *, name: str | None, dtype: str,
                progress: common.ProgressFn | None = None) -> ArtifactContents:
     hf_config = _read_json(directory / "config.json")
-    config = model_config(hf_config, directory / "config.json")
+    sources = _sources(directory)
+    config = model_config(hf_config, directory / "config.json",
+                          mtp_layers=hf_hybrid.mtp_layer_count([n for _, n in sources]))
     tokenizer_file = directory / "tokenizer.json"
     if not tokenizer_file.is_file():
         raise ArtifactError(tokenizer_file, "missing")
@@ -50,28 +58,40 @@ def convert_hf(directory: pathlib.Path, *, name: str | None, dtype: str,
     tokenizer = Tokenizer.from_str(tokenizer_json)
     tokenizer_config = _read_json(directory / "tokenizer_config.json", required=False)
     template, template_origin = _chat_template(directory, tokenizer_config)
+    source = {"kind": "huggingface", "directory": directory.name,
+              "architectures": hf_config.get("architectures"), "chat_template": template_origin}
+    skipped = [n for _, n in sources if config.is_hybrid and hf_hybrid.is_skipped(n)
+               and not n.endswith("inv_freq")]
+    if skipped:
+        source["not_converted"] = f"{len(skipped)} vision tensors (model.visual.*)"
     return ArtifactContents(
         name=name or directory.name.lower(), config=config,
-        params=_params(directory, config, dtype, progress),
+        params=_params(directory, sources, config, dtype, progress),
         tokenizer_json=tokenizer_json, chat_template=template,
         special_tokens=_special_tokens(directory, hf_config, tokenizer_config, tokenizer),
-        chat_format=common.detect_chat_format(template, tokenizer),
-        source={"kind": "huggingface", "directory": directory.name,
-                "architectures": hf_config.get("architectures"), "chat_template": template_origin},
-        weight_formats=common.float_weight_formats(config, dtype))
+        chat_format=common.detect_chat_format(template, tokenizer), source=source,
+        weight_formats=common.float_weight_formats(config, dtype),
+        components={"text": True, "mtp": config.mtp_num_layers > 0, "dflash": False,
+                    "vision": False})
 
 
-def model_config(hf: dict[str, Any], path: pathlib.Path) -> ModelConfig:
+def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) -> ModelConfig:
+    """Our config of a checkpoint; `mtp_layers` is how many MTP layers its tensors hold."""
     architectures = hf.get("architectures") or []
+    hybrid = [HYBRID_ARCHITECTURES[a] for a in architectures if a in HYBRID_ARCHITECTURES]
+    if hybrid:
+        return hybrid_model_config(hf, path, architecture=hybrid[0], mtp_layers=mtp_layers)
     known = [ARCHITECTURES[a] for a in architectures if a in ARCHITECTURES]
     if not known:
+        supported = [*ARCHITECTURES, *HYBRID_ARCHITECTURES]
         raise ArtifactError(path, f"architectures {architectures} not supported "
-                                  f"(supported: {', '.join(ARCHITECTURES)})")
+                                  f"(supported: {', '.join(supported)})")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ArtifactError(path, "attention/MLP biases are not supported")
     if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
         raise ArtifactError(path, "sliding-window layers are not supported")
-    rope_theta, rope_scaling = _rope(hf)
+    rope_theta, rope_scaling = rope_from(hf.get("rope_parameters") or hf.get("rope_scaling")
+                                         or {}, hf)
     heads = int(hf["num_attention_heads"])
     try:
         return ModelConfig(
@@ -89,23 +109,28 @@ def model_config(hf: dict[str, Any], path: pathlib.Path) -> ModelConfig:
         raise ArtifactError(path, f"incomplete or invalid config ({exc})") from None
 
 
-def _rope(hf: dict[str, Any]) -> tuple[float, dict | None]:
-    """rope_theta and a non-default scaling dict from either config spelling.
-
-    Older configs have `rope_theta` plus optional `rope_scaling`; newer ones put both into
-    `rope_parameters` (with rope_type "default" meaning no scaling)."""
-    parameters = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-    theta = float(parameters.pop("rope_theta", hf.get("rope_theta", 10000.0)))
-    kind = parameters.get("rope_type", parameters.get("type", "default"))
-    return theta, (parameters if parameters and kind != "default" else None)
-
-
-def _params(directory: pathlib.Path, config: ModelConfig, dtype: str,
-            progress: common.ProgressFn | None) -> dict:
+def _sources(directory: pathlib.Path) -> list[tuple[SafetensorsFile, str]]:
     files = sorted(directory.glob("*.safetensors"))
     if not files:
         raise ArtifactError(directory, "no *.safetensors files")
-    sources = [(f, name) for f in map(SafetensorsFile, files) for name in f.names()]
+    return [(f, name) for f in map(SafetensorsFile, files) for name in f.names()]
+
+
+def _params(directory: pathlib.Path, sources: list, config: ModelConfig, dtype: str,
+            progress: common.ProgressFn | None) -> dict:
+    if config.is_hybrid:
+        params = hf_hybrid.hybrid_params(sources, config, dtype, progress)
+    else:
+        params = _dense_params(sources, config, dtype, progress)
+    try:
+        common.check_complete(params, config, str(directory))
+    except ValueError as exc:
+        raise ArtifactError(directory, str(exc)) from None
+    return params
+
+
+def _dense_params(sources: list, config: ModelConfig, dtype: str,
+                  progress: common.ProgressFn | None) -> dict:
     params: dict = {}
     for index, (file, hf_name) in enumerate(sources, start=1):
         if progress:
@@ -117,10 +142,6 @@ def _params(directory: pathlib.Path, config: ModelConfig, dtype: str,
         if array.ndim == 2 and name != "embed":
             array = array.T
         common.add_to_params(params, name, common.store(name, array, dtype), config.num_layers)
-    try:
-        common.check_complete(params, config, str(directory))
-    except ValueError as exc:
-        raise ArtifactError(directory, str(exc)) from None
     return params
 
 
@@ -160,6 +181,7 @@ def _token_id(tokenizer: Tokenizer, value) -> int | None:
 def _special_tokens(directory: pathlib.Path, hf_config: dict, tokenizer_config: dict,
                     tokenizer: Tokenizer) -> dict:
     generation = _read_json(directory / "generation_config.json", required=False)
+    hf_config = {**text_config(hf_config), **hf_config}  # a wrapper's ids may sit in either
     eos = generation.get("eos_token_id", hf_config.get("eos_token_id"))
     eos_ids = eos if isinstance(eos, list) else [eos] if isinstance(eos, int) else []
     if not eos_ids and _token_id(tokenizer, tokenizer_config.get("eos_token")) is not None:

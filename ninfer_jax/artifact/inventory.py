@@ -1,5 +1,6 @@
-"""What `ninfer inspect-artifact` reports: metadata, components and the tensor inventory read
-from the checkpoint's metadata (no array data is loaded)."""
+"""What `ninfer inspect-artifact` reports: metadata, components, the tensor inventory read
+from the checkpoints' metadata (weights/ and, when present, mtp/; no array data is loaded) and,
+for hybrid models, the summary of hybrid_report.py."""
 from __future__ import annotations
 
 import pathlib
@@ -8,34 +9,51 @@ from typing import Any
 import numpy as np
 
 from ninfer_jax.artifact import weights_io
-from ninfer_jax.artifact.format import (WEIGHTS_DIR, load_artifact, tensor_group)
+from ninfer_jax.artifact.components import MTP_DIR, MTP_PREFIX, mtp_expected_shapes
+from ninfer_jax.artifact.format import WEIGHTS_DIR, load_artifact
+from ninfer_jax.artifact.hybrid_report import format_hybrid, hybrid_summary
+from ninfer_jax.artifact.tensor_groups import FLOAT_FORMATS, tensor_group
 from ninfer_jax.errors import ArtifactError
+
+_FLOAT_NAMES = {numpy_name: name for name, numpy_name in FLOAT_FORMATS.items()}
 
 
 def describe_artifact(path: str | pathlib.Path) -> dict[str, Any]:
     """A JSON-ready report: metadata, tensors (name, shape, dtype, format, bytes), totals."""
     artifact = load_artifact(path, weights=False)
-    try:
-        tensors = weights_io.inventory(artifact.path / WEIGHTS_DIR)
-    except Exception as exc:
-        raise ArtifactError(artifact.path / WEIGHTS_DIR,
-                            f"corrupt checkpoint (metadata unreadable: {exc})") from None
-    formats = artifact.weight_formats
+    config = artifact.config
+    expected = {**config.expected_shapes(), **mtp_expected_shapes(config)}
+    tensors = _inventory(artifact.path, WEIGHTS_DIR, "")
+    if artifact.components.get("mtp"):
+        tensors += _inventory(artifact.path, MTP_DIR, MTP_PREFIX)
     rows = [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
-             "format": formats.get(_weight_name_group(t.name, artifact), "f32"),
+             "format": _row_format(t, expected, artifact.weight_formats),
              "bytes": t.num_bytes} for t in tensors]
-    parameters = sum(int(np.prod(s)) for s in artifact.config.expected_shapes().values())
-    return {"path": str(artifact.path), "metadata": artifact.metadata, "tensors": rows,
-            "totals": {"tensors": len(rows), "parameters": parameters,
-                       "bytes": sum(r["bytes"] for r in rows)}}
+    report = {"path": str(artifact.path), "metadata": artifact.metadata, "tensors": rows,
+              "totals": {"tensors": len(rows),
+                         "parameters": sum(int(np.prod(s)) for s in expected.values()),
+                         "bytes": sum(r["bytes"] for r in rows)}}
+    if config.is_hybrid:
+        report["hybrid"] = hybrid_summary(config, artifact.weight_formats)
+    return report
 
 
-def _weight_name_group(name: str, artifact) -> str:
-    # A quantized weight's arrays are named `<weight>.<part>`: group by the weight's name.
-    for weight in (name, name.rsplit(".", 1)[0]):
-        if weight in artifact.config.expected_shapes():
-            return tensor_group(weight)
-    return tensor_group(name)
+def _inventory(root: pathlib.Path, subdirectory: str, prefix: str) -> list:
+    try:
+        tensors = weights_io.inventory(root / subdirectory)
+    except Exception as exc:
+        raise ArtifactError(root / subdirectory,
+                            f"corrupt checkpoint (metadata unreadable: {exc})") from None
+    return [weights_io.TensorInfo(prefix + t.name, t.shape, t.dtype) for t in tensors]
+
+
+def _row_format(tensor, expected: dict, weight_formats: dict[str, str]) -> str:
+    """A plain array's format is its float dtype (projections kept in float inside a
+    quantized group, such as stacked experts); a quantized weight's arrays, named
+    `<weight>.<part>`, report their group's format."""
+    if tensor.name in expected:
+        return _FLOAT_NAMES.get(tensor.dtype, weight_formats.get(tensor_group(tensor.name), "f32"))
+    return weight_formats.get(tensor_group(tensor.name.rsplit(".", 1)[0]), "f32")
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -46,7 +64,9 @@ def format_report(report: dict[str, Any]) -> str:
         f"artifact      {report['path']}",
         f"name          {metadata.get('name')}",
         f"architecture  {metadata['architecture']} (format v{metadata['format_version']})",
-        "config        " + ", ".join(f"{k}={v}" for k, v in config.items() if k != "architecture"),
+        "config        " + ", ".join(f"{k}={v}" for k, v in config.items()
+                                     if k not in ("architecture", "layer_types")),
+        *(format_hybrid(report["hybrid"]) if "hybrid" in report else ()),
         "weights       " + ", ".join(f"{k}={v}" for k, v in metadata["weight_formats"].items()),
         "components    " + ", ".join(k for k, on in metadata["components"].items() if on),
         f"chat format   {_chat_format_line(metadata['chat_format'])}",

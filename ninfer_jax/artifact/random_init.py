@@ -1,19 +1,20 @@
 """`ninfer init-random`: artifacts with random weights, a real tokenizer built offline and our
 own chat templates, for protocol tests (tiny presets) and GPU benchmarks (8B shapes).
 
-Each preset fixes the architecture, the vocabulary (artifact/qwen_vocab.py: Qwen3, Qwen3.5, or
-a Llama-3-layout stand-in), the special tokens, the chat template and format. `tiny=True`
-keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query heads with the
-preset's grouping), so every preset can be built, loaded and served in CI.
+Each preset (presets.py) fixes the architecture, the vocabulary (artifact/qwen_vocab.py: Qwen3,
+Qwen3.5, or a Llama-3-layout stand-in), the special tokens, the chat template and format.
+`tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
+heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
+presets also get their MTP head (the artifact's mtp component).
 
 Weights are seeded per tensor (the seed and the tensor name pick the stream), scaled so that
 activations stay finite: projections ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm weights
-around 1. Tensors larger than a few million values repeat a seeded random block at a random
+around 1 (around 0 for the hybrids' zero-centred norms, applied as 1 + w), Gated DeltaNet
+A_log ~ log U(1, 16) and dt_bias ~ N(0, 0.1) as the reference initialisation does. Tensors larger than a few million values repeat a seeded random block at a random
 phase instead of drawing every value, so 8B-parameter presets generate in seconds per tensor.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import pathlib
 
@@ -21,76 +22,17 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
+from ninfer_jax.artifact.components import mtp_expected_shapes
 from ninfer_jax.artifact.format import ArtifactContents, check_metadata
+from ninfer_jax.artifact.presets import (LLAMA3_VOCAB, PRESETS, QWEN3_5_VOCAB,  # noqa: F401
+                                         QWEN3_VOCAB, TINY_DIMS, Preset, tiny_config)
 from ninfer_jax.artifact.qwen_vocab import qwen_tokenizer_json
 from ninfer_jax.artifact.templates import builtin_template
+from ninfer_jax.artifact.tensor_groups import is_norm
 from ninfer_jax.model.config import ModelConfig
 
-QWEN3_VOCAB = 151669  # 151,643 ranks + 26 control tokens
-QWEN3_5_VOCAB = 248077  # 248,044 ranks + 33 control tokens
-LLAMA3_VOCAB = 128256  # 128,000 ranks + 256 control tokens
 _BLOCK = 1 << 22  # values drawn per large tensor; the rest repeats them at a random phase
 REASONING = {"open": "<think>", "close": "</think>"}
-QWEN_EOS = ("<|im_end|>", "<|endoftext|>")  # end of turn first: it also ends a chat reply
-# What `tiny` changes: dimensions only (the query heads keep the preset's grouping).
-TINY_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
-             "head_dim": 16}
-
-
-@dataclasses.dataclass(frozen=True)
-class Preset:
-    config: ModelConfig
-    vocabulary: str  # qwen_vocab kind
-    template: str  # templates/<name>.jinja
-    tool_call_format: str
-    dtype: str  # default storage dtype
-    notes: str
-    eos: tuple[str, ...] = QWEN_EOS  # spellings of the end tokens
-    pad: str = "<|endoftext|>"
-    bos: str | None = None  # written by the template; also prepended to raw prompts
-    thinks: bool = True  # <think> reasoning markers, thinking unless the request says not
-
-
-def _dense(arch, vocab, hidden, ffn, layers, heads, kv_heads, head_dim, theta, eps, tied,
-           max_positions):
-    return ModelConfig(architecture=arch, vocab_size=vocab, hidden_size=hidden,
-                       intermediate_size=ffn, num_layers=layers, num_heads=heads,
-                       num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=eps,
-                       rope_theta=theta, tie_word_embeddings=tied, qk_norm=arch == "qwen3",
-                       max_position_embeddings=max_positions)
-
-
-PRESETS = {
-    "qwen3-tiny": Preset(
-        _dense("qwen3", QWEN3_VOCAB, 64, 128, 2, 4, 2, 16, 1e6, 1e-6, True, 40960),
-        "qwen3", "qwen3", "hermes", "f32",
-        "random weights; Qwen3 tokenizer and a Qwen3-style template written for ninfer-jax"),
-    "qwen3.5-tiny": Preset(
-        _dense("qwen3", QWEN3_5_VOCAB, 64, 128, 2, 4, 2, 16, 1e7, 1e-6, True, 40960),
-        "qwen3_5", "qwen3_5", "qwen_xml", "f32",
-        "random weights; Qwen3.5 tokenizer and template with a dense qwen3 body standing in "
-        "for the hybrid Qwen3.5 architecture, which is not implemented yet"),
-    "qwen3-8b": Preset(
-        _dense("qwen3", 151936, 4096, 12288, 36, 32, 8, 128, 1e6, 1e-6, False, 40960),
-        "qwen3", "qwen3", "hermes", "bf16", "random weights in Qwen3-8B shapes, for benchmarks"),
-    "llama3-8b": Preset(
-        _dense("llama", LLAMA3_VOCAB, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
-        "llama3", "llama3", "hermes", "bf16",
-        "random weights in Llama-3-8B shapes, for benchmarks; a Llama-3-layout stand-in "
-        "vocabulary (Qwen's first 128,000 BPE ranks plus Llama-3's 256 control tokens at "
-        "their ids, since Meta's vocabulary is not available offline) and a Llama-3-style "
-        "header template written for ninfer-jax, with hermes-style tool calls as text",
-        eos=("<|eot_id|>", "<|end_of_text|>"), pad="<|end_of_text|>", bos="<|begin_of_text|>",
-        thinks=False),
-}
-
-
-def tiny_config(config: ModelConfig) -> ModelConfig:
-    """The same model at TINY_DIMS: vocabulary, norms, RoPE, tying, qk-norm and the query
-    heads per KV head unchanged."""
-    group = config.num_heads // config.num_kv_heads
-    heads = TINY_DIMS["num_heads"]
-    return dataclasses.replace(config, **TINY_DIMS, num_kv_heads=max(1, heads // group))
 
 
 def _stream(seed: int, name: str) -> np.random.Generator:
@@ -114,21 +56,36 @@ def random_tensor(seed: int, name: str, shape: tuple[int, ...], std: float, dtyp
 
 def random_params(config: ModelConfig, *, seed: int, dtype: str,
                   progress: common.ProgressFn | None = None) -> dict:
-    shapes = config.expected_shapes()
+    """Every tensor of `config` (its MTP head included) drawn as the module docstring says."""
+    shapes = {**config.expected_shapes(), **mtp_expected_shapes(config)}
     params: dict = {}
     for index, (name, shape) in enumerate(shapes.items(), start=1):
         if progress:
             progress(index, len(shapes), name)
-        if name.endswith("norm"):
-            array = random_tensor(seed, name, shape, 0.1, "f32", mean=1.0)
-        elif name == "embed":
-            array = random_tensor(seed, name, shape, 1.0, dtype)
-        elif name == "lm_head":
-            array = random_tensor(seed, name, shape, 2.0 / np.sqrt(shape[0]), dtype)
-        else:
-            array = random_tensor(seed, name, shape, 1.0 / np.sqrt(shape[0]), dtype)
-        common.add_to_params(params, name, array, config.num_layers)
+        common.add_to_params(params, name, _draw(config, seed, name, shape, dtype),
+                             config.num_layers)
     return params
+
+
+def _draw(config: ModelConfig, seed: int, name: str, shape: tuple[int, ...],
+          dtype: str) -> np.ndarray:
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "A_log":
+        rng = _stream(seed, name)
+        return np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32)
+    if leaf == "dt_bias":
+        return random_tensor(seed, name, shape, 0.1, "f32")
+    if is_norm(name):
+        centred = config.is_hybrid and leaf != "gdn_norm"  # applied as 1 + w
+        return random_tensor(seed, name, shape, 0.1, "f32", mean=0.0 if centred else 1.0)
+    if name == "embed":
+        return random_tensor(seed, name, shape, 1.0, dtype)
+    if name == "lm_head":
+        return random_tensor(seed, name, shape, 2.0 / np.sqrt(shape[0]), dtype)
+    fan_in = shape[-2] if len(shape) == 3 else shape[0]  # stacked experts: [E, in, out]
+    if leaf == "conv":
+        fan_in = shape[0]  # K taps per channel
+    return random_tensor(seed, name, shape, 1.0 / np.sqrt(fan_in), dtype)
 
 
 def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
@@ -152,6 +109,8 @@ def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
         params={}, tokenizer_json=tokenizer_json, chat_template=builtin_template(preset.template),
         special_tokens=_special_tokens(preset, tokenizer), chat_format=_chat_format(preset),
         source=source, weight_formats=common.weight_formats(config, dtype, None),
+        components={"text": True, "mtp": config.mtp_num_layers > 0, "dflash": False,
+                    "vision": False},
         notes=preset.notes + ("; built with tiny dimensions (--tiny)" if shrunk else ""))
     # Checked before drawing weights, which takes minutes at 8B shapes.
     check_metadata(contents.metadata(), pathlib.Path(f"<init-random {preset_name}>"))

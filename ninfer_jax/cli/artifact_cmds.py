@@ -47,7 +47,8 @@ def convert(src, out, name, dtype, weights, force, quiet):
 @click.argument("out", type=click.Path())
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--dtype", default=None, type=click.Choice(["f32", "bf16"]),
-              help="Storage dtype of float weights (default: f32 for tiny presets, bf16 for 8B).")
+              help="Storage dtype of float weights (default: f32 for tiny presets, bf16 "
+                   "for full-size ones).")
 @click.option("--weights", default=None, type=click.Choice(WEIGHT_CHOICES),
               help="Format of the projection matrices (default: --dtype).")
 @click.option("--tiny", is_flag=True,
@@ -60,8 +61,8 @@ def convert(src, out, name, dtype, weights, force, quiet):
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
 def init_random(preset, out, seed, dtype, weights, tiny, name, force, quiet):
     """Write an artifact with random weights, a real tokenizer built offline (Qwen3, Qwen3.5,
-    or a Llama-3-layout stand-in) and our own chat template (tiny presets for tests, 8B shapes
-    for GPU benchmarks)."""
+    or a Llama-3-layout stand-in) and our own chat template (tiny presets for tests, published
+    dense and hybrid shapes for GPU benchmarks; hybrid presets include their MTP head)."""
     import pathlib
 
     from ninfer_jax.artifact.convert_common import stderr_progress

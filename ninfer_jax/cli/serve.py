@@ -44,10 +44,10 @@ def _kv_capacity(value: str | None):
 @click.option("--default-max-tokens", default=8192, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-request-mib", default=384, show_default=True, type=click.IntRange(min=1))
 @click.option("--no-prefix-reuse", is_flag=True)
-@click.option("--device-state-slots", default=0, show_default=True, type=click.IntRange(min=0),
+@click.option("--device-state-slots", default=None, type=click.IntRange(min=0),
               help="Hybrid models: device state slots beyond one per lane (total capacity "
-                   "--max-concurrency + N). Dense models have no state slots: accepted, no "
-                   "effect.")
+                   "--max-concurrency + N; default N = --max-concurrency). Dense models have "
+                   "no state slots: accepted, no effect.")
 @click.option("--kv-dtype", default="auto", show_default=True,
               help="KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU).",
               type=click.Choice(["auto", "f32", "bf16"]))

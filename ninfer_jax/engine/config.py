@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ninfer_jax.engine.state_slots import state_slot_capacity
+from ninfer_jax.engine.state_slots import extra_slots, state_slot_capacity
 
 # Bounds of --max-concurrency (resident execution lanes): the contract's 1..8, widened to 256
 # for GPUs, where large decode batches are what keeps the device busy.
@@ -111,5 +111,5 @@ class EngineConfig:
             max_context=serve.max_context,
             kv_capacity=kv,
             prefix_reuse=not serve.no_prefix_reuse,
-            device_state_slots=serve.device_state_slots,
+            device_state_slots=extra_slots(serve.device_state_slots, serve.max_concurrency),
         )

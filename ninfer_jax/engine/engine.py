@@ -169,9 +169,12 @@ class Engine:
     def _round(self) -> bool:
         """One scheduling round; False once the engine is stopping."""
         scheduler, loop = self.scheduler, self.loop
+        # Idle: executables compiled in the background take their first run now, one at a
+        # time, rather than in front of a request (runner.prime_one).
+        while not self._has_round_work() and self.runner.prime_one():
+            pass
         with self._cond:
-            while not (self._inbox or self._woken or self._stopping or scheduler.has_work()
-                       or loop.in_flight):
+            while not self._has_round_work():
                 self._cond.wait()
             if self._stopping:
                 return False
@@ -196,6 +199,10 @@ class Engine:
             listener()
         host_work["engine_maintenance"] += time.perf_counter() - started
         return True
+
+    def _has_round_work(self) -> bool:
+        return bool(self._inbox or self._woken or self._stopping or self.scheduler.has_work()
+                    or self.loop.in_flight)
 
     def _fail_everything(self, error: EngineUnavailable) -> None:
         with self._cond:

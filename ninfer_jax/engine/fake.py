@@ -129,6 +129,9 @@ class FakeRunner:
     def compile_progress(self) -> tuple[int, int]:
         return (1 if self.is_warm else 0), 1
 
+    def prime_one(self) -> bool:
+        return False  # nothing here pays a first-run cost
+
     # ------------------------------------------------------------------ launch / collect
 
     def launch(self, plan: StepPlan) -> _Launched:

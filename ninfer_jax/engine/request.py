@@ -140,6 +140,17 @@ class RequestHandle:
 
     # -- engine side
     def publish(self, event: Event) -> None:
+        sink = self._sink
+        if sink is not None:
+            # Forwarded (the engine core): forward() set the sink under the lock after
+            # draining the queue, and from then on only the engine thread publishes, so the
+            # hot path (a Tokens event per row per step) needs no lock.
+            if self._done:
+                return
+            if isinstance(event, TERMINAL):
+                self._done = True
+            sink(self, event)
+            return
         with self._lock:
             if self._done:
                 return

@@ -141,7 +141,7 @@ class JaxRunner:
                  max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
                  min_rows: int | None = None, expand_quantized: bool | None = None,
                  background_compile: bool | None = None, compile_threads: int | None = None,
-                 state_slot_capacity: int | None = None):
+                 greedy_variants: bool | None = None, state_slot_capacity: int | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -179,11 +179,18 @@ class JaxRunner:
         self.background_compile = kernels if background_compile is None else background_compile
         self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
         self._jitted = jax.jit(steps.packed_step,
-                               static_argnames=("config", "page_size", "layout"),
+                               static_argnames=("config", "page_size", "layout", "draws"),
                                donate_argnames=("kv",))
+        # GPU: every decode-only shape also gets a variant without the draws, which steps
+        # whose rows are all greedy use once it has compiled (sampling.sample: the draws'
+        # top-k is a sort of the vocabulary there, and the CPU's run-time skip would stall the
+        # launch). Chunk steps keep one variant: their chunk dwarfs the sort.
+        self.greedy_variants = kernels if greedy_variants is None else greedy_variants
         self._copy_slot = jax.jit(copy_state_slot, donate_argnames=("kv",))
         self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
+        self._greedy_executables: dict[tuple[int, int], object] = {}
+        self._unprimed: list[tuple[tuple[int, int], bool]] = []  # compiled, never run
         self._compile_lock = threading.Lock()
         self._prev_out = jnp.zeros(1 + max_batch, jnp.int32)
         self._zero_bias: dict[int, jax.Array] = {}
@@ -244,9 +251,15 @@ class JaxRunner:
     def compiled_shapes(self) -> set[tuple[int, int]]:
         return set(self._executables)
 
+    def greedy_shapes(self) -> list[tuple[int, int]]:
+        """The shapes that also get a variant without the draws."""
+        return [(0, rows) for rows in self.row_buckets] if self.greedy_variants else []
+
     def compile_progress(self) -> tuple[int, int]:
-        """(shapes compiled, shapes planned), for /health while loading and the logs."""
-        return len(self._executables), len(self.step_shapes())
+        """(executables compiled, executables planned), for /health while loading and the
+        logs: every step shape plus the greedy variants."""
+        return (len(self._executables) + len(self._greedy_executables),
+                len(self.step_shapes()) + len(self.greedy_shapes()))
 
     def warmup(self) -> None:
         """Compile the essential shapes (in parallel), run each once on padding inputs (they
@@ -259,32 +272,55 @@ class JaxRunner:
         rest = [shape for shape in self.step_shapes() if shape not in essential]
         if not self.background_compile:
             essential, rest = essential + rest, []
+        greedy = self.greedy_shapes()
         self._compile_all(essential)
         compiled = time.perf_counter()
         for shape in essential:
-            out, self.kv = self._executables[shape](
-                self.params, self.kv, self._prev_out, *self._example_inputs(*shape))
+            self._run_padding(self._executables[shape], shape)
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
             self.kv = self._copy_slot(self.kv, dummy, dummy)
         jax.block_until_ready(self.kv)
+        self._unprimed = [(shape, draws) for shape, draws in self._unprimed
+                          if not (draws and shape in essential)]
         self.is_warm = True
         log.info("compiled %d step shapes in %.1f s, first runs %.1f s%s", len(essential),
                  compiled - started, time.perf_counter() - compiled,
-                 f"; {len(rest)} more compile in the background" if rest else "")
-        if not rest:
+                 f"; {len(rest) + len(greedy)} more compile in the background"
+                 if rest or greedy else "")
+        if not rest and not greedy:
             self.compile_done.set()
             return
-        threading.Thread(target=self._compile_rest, args=(rest,), name="ninfer-compile",
+        threading.Thread(target=self._compile_rest, args=(rest, greedy), name="ninfer-compile",
                          daemon=True).start()
 
-    def _compile_rest(self, shapes) -> None:
+    def prime_one(self) -> bool:
+        """Run one executable that compiled in the background but never ran, on padding
+        inputs (they write the dummy page only; the previous step's output is kept). Its
+        first run pays a one-time set-up, on the GPU CUDA graph instantiation and module
+        loading (run 12: 0.36-0.49 s stalls of every stream when a load level first used a
+        shape), which would otherwise land on a request. Engine thread, no step in flight."""
+        if not self._unprimed:
+            return False
+        shape, draws = self._unprimed.pop(0)
+        executables = self._executables if draws else self._greedy_executables
+        self._run_padding(executables[shape], shape)
+        jax.block_until_ready(self.kv)
+        return True
+
+    def _run_padding(self, executable, shape) -> None:
+        _, self.kv = executable(self.params, self.kv, self._prev_out,
+                                *self._example_inputs(*shape))
+
+    def _compile_rest(self, shapes, greedy_shapes=()) -> None:
         """BACKGROUND_COMPILE_THREADS shapes at a time: with the pool allocated, the memory
-        left over is sized for that many compiles' autotuning scratch."""
+        left over is sized for that many compiles' autotuning scratch. The greedy variants
+        come last: until they exist, greedy steps run the shapes with draws (same tokens)."""
         started = time.perf_counter()
+        shapes = [(shape, True) for shape in shapes] + [(s, False) for s in greedy_shapes]
         try:
             with concurrent.futures.ThreadPoolExecutor(BACKGROUND_COMPILE_THREADS) as pool:
-                for future in [pool.submit(self._compile, shape) for shape in shapes]:
+                for future in [pool.submit(self._compile, *job) for job in shapes]:
                     future.result()
             log.info("background compile: %d more step shapes in %.1f s", len(shapes),
                      time.perf_counter() - started)
@@ -294,16 +330,20 @@ class JaxRunner:
             self.compile_done.set()
 
     def compile_shapes(self, shapes) -> None:
-        """Compile these (chunk, rows) shapes now, in parallel (benchmarks pin exact shapes)."""
-        self._compile_all(list(shapes))
+        """Compile these (chunk, rows) shapes now, in parallel, with their greedy variants
+        (benchmarks pin exact shapes)."""
+        shapes = list(shapes)
+        greedy = set(self.greedy_shapes())
+        self._compile_all(shapes, [shape for shape in shapes if shape in greedy])
 
-    def _compile_all(self, shapes) -> None:
-        if len(shapes) <= 1 or self.compile_threads <= 1:
-            for shape in shapes:
-                self._compile(shape)
+    def _compile_all(self, shapes, greedy_shapes=()) -> None:
+        jobs = [(shape, True) for shape in shapes] + [(s, False) for s in greedy_shapes]
+        if len(jobs) <= 1 or self.compile_threads <= 1:
+            for job in jobs:
+                self._compile(*job)
             return
         with concurrent.futures.ThreadPoolExecutor(self.compile_threads) as pool:
-            for future in [pool.submit(self._compile, shape) for shape in shapes]:
+            for future in [pool.submit(self._compile, *job) for job in jobs]:
                 future.result()
 
     def _fingerprint(self) -> dict:
@@ -322,12 +362,15 @@ class JaxRunner:
                 "width": self.width, "max_batch": self.max_batch,
                 **({"state_slots": self.state_slot_capacity} if self.has_state else {})}
 
-    def _compile(self, shape: tuple[int, int]) -> None:
-        if shape in self._executables:
+    def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
+        executables = self._executables if draws else self._greedy_executables
+        if shape in executables:
             return
-        stored = self._store.load(shape) if self._store is not None else None
+        key = shape if draws else (*shape, "greedy")
+        stored = self._store.load(key) if self._store is not None else None
         if stored is not None:
-            self._executables[shape] = stored
+            executables[shape] = stored
+            self._unprimed.append((shape, draws))
             if self.on_compiled is not None:
                 self.on_compiled()
             return
@@ -336,11 +379,12 @@ class JaxRunner:
             # Abstract caches: the engine thread donates the real ones while this traces.
             lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out, *example,
                                          config=self.config, page_size=self.page_size,
-                                         layout=self._layout(*shape))
+                                         layout=self._layout(*shape), draws=draws)
         compiled = lowered.compile()
-        self._executables[shape] = compiled
+        executables[shape] = compiled
+        self._unprimed.append((shape, draws))
         if self._store is not None:
-            self._store.save(shape, compiled)
+            self._store.save(key, compiled)
         if self.on_compiled is not None:
             self.on_compiled()
 
@@ -397,9 +441,12 @@ class JaxRunner:
         layout = self._layout(*shape)
         specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
         ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
+        executable = self._executables[shape]
+        if self.greedy_variants and all(s is None or s.params.is_greedy for s in specs):
+            executable = self._greedy_executables.get(shape, executable)
         for src, dst in plan.state_copies:  # in order, before the step (state checkpoints)
             self.kv = self._copy_slot(self.kv, np.int32(src), np.int32(dst))
-        out, self.kv = self._executables[shape](
+        out, self.kv = executable(
             self.params, self.kv, self._prev_out, ints, floats,
             self._bias(specs, layout.sampled))
         self._prev_out = out
@@ -435,16 +482,19 @@ class JaxRunner:
         sources = np.full(num_rows, -1, np.int32)
         # Padding rows: position 0 in an all-dummy page table, so they write the dummy page.
         tables = np.full((num_rows, self.width), paged_attention.DUMMY_PAGE, np.int32)
-        for i, row in enumerate(rows):
-            if row.position >= self.max_context:
-                raise ValueError(f"decode position {row.position} exceeds the context")
-            _check_covers(row.page_table, row.position + 1, self.page_size)
-            positions[i] = row.position
-            tables[i, :len(row.page_table)] = row.page_table
-            if row.from_previous is None:
-                tokens[i] = row.token
-            else:
-                sources[i] = 0 if row.from_previous == CHUNK_SLOT else 1 + row.from_previous
+        if rows:  # whole columns at once: this runs for every row of every step
+            num = len(rows)
+            positions[:num] = [row.position for row in rows]
+            if positions[:num].max() >= self.max_context:
+                raise ValueError(f"decode position {positions[:num].max()} exceeds the context")
+            for i, row in enumerate(rows):
+                if len(row.page_table) * self.page_size <= row.position:
+                    _check_covers(row.page_table, row.position + 1, self.page_size)
+                tables[i, :len(row.page_table)] = row.page_table
+            previous = [row.from_previous for row in rows]
+            tokens[:num] = [row.token if p is None else 0 for row, p in zip(rows, previous)]
+            sources[:num] = [-1 if p is None else 0 if p == CHUNK_SLOT else 1 + p
+                             for p in previous]
         fields = dict(chunk_tokens=chunk_tokens, chunk_start=start, chunk_len=length,
                       chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
                       row_positions=positions, row_tables=tables)

@@ -95,6 +95,10 @@ class StepRunner(Protocol):
     def compile_progress(self) -> tuple[int, int]:
         """(step shapes compiled, step shapes planned)."""
 
+    def prime_one(self) -> bool:
+        """Run one compiled step that has never run, on padding inputs; False when none is
+        left. The engine thread calls it only while idle with no step in flight."""
+
     def launch(self, plan: StepPlan) -> object:
         """Dispatch one step and return at once (a handle for `collect`). Steps run on the
         device in launch order, so a plan may name the previous step's samples

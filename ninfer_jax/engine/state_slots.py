@@ -31,6 +31,12 @@ class SlotsExhausted(RuntimeError):
     """alloc() found no free slot (the scheduler checks `num_free` first)."""
 
 
+def extra_slots(requested: int | None, max_concurrency: int) -> int:
+    """--device-state-slots as resolved: unset means one spare slot per lane, the spec's
+    default (spare slots hold the prefix checkpoints of hybrid models)."""
+    return max_concurrency if requested is None else requested
+
+
 def state_slot_capacity(*, has_state: bool, max_concurrency: int, extra_slots: int) -> int:
     """Usable slots of a model: one per lane plus `extra_slots` (--device-state-slots) for a
     model with recurrent state, none for a dense one."""

@@ -1,4 +1,4 @@
-"""Building blocks of the dense transformer families: projections, norms, rotary embeddings, MLP.
+"""Building blocks of the transformer families: projections, norms, rotary embeddings, MLP.
 
 Pure jnp functions, no state. Two functions are seams for weight formats: `linear` (every
 projection, lm_head included) and `embed` (the token lookup). A weight leaf is a plain [in, out]
@@ -32,6 +32,14 @@ def rms_norm(x, weight, eps: float):
     x32 = x.astype(jnp.float32)
     normed = x32 * jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps))
     return (normed * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def zero_centred_rms_norm(x, weight, eps: float):
+    """RMSNorm whose weight is stored as an offset from one (the hybrid Qwen families): scales
+    by (1 + w), added in f32 so a bf16 weight near zero keeps its precision."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps))
+    return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
 
 
 def swiglu_mlp(x, layer):
@@ -85,3 +93,13 @@ def apply_rope(x, cos, sin):
     cos, sin = cos[:, None, :], sin[:, None, :]
     rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
+
+
+def apply_partial_rope(x, cos, sin):
+    """Rotate the first 2 * cos.shape[-1] dims of x [N, heads, D] (rotate_half within them) and
+    pass the rest through: partial rotary embeddings."""
+    rotary_dim = 2 * cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return apply_rope(x, cos, sin)
+    return jnp.concatenate([apply_rope(x[..., :rotary_dim], cos, sin), x[..., rotary_dim:]],
+                           axis=-1)

@@ -111,14 +111,14 @@ class HostPacker:
             start, size = spans[name]
             ints[start:start + size] = np.ravel(value)
         R = layout.sampled
-        values = np.zeros((R, 7), np.float64)  # temperature, top_p, min_p, top_k, hi, lo, greedy
-        values[:] = (1.0, 1.0, 0.0, 20, 0, 0, 1)
+        # per row: temperature, top_p, min_p, top_k, seed high, seed low, greedy
+        padding = (1.0, 1.0, 0.0, 20, 0, 0, 1)
+        values = np.full((R, 7), padding, np.float64)
         index = np.zeros(R, np.int32)
-        for row, spec in enumerate(specs):
-            if spec is None:
-                continue
-            values[row] = self._values(spec.params)
-            index[row] = spec.sample_index
+        if specs:  # one conversion of a list, not a numpy row assignment per row
+            values[:len(specs)] = [padding if s is None else self._values(s.params)
+                                   for s in specs]
+            index[:len(specs)] = [0 if s is None else s.sample_index for s in specs]
         floats[:] = values[:, :3].T.reshape(-1)
         for column, name in ((3, "top_k"), (4, "seed_high"), (5, "seed_low"), (6, "is_greedy")):
             start, _ = spans[name]

@@ -12,44 +12,48 @@ two single-region steps the current runner compiles.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import QUANTIZED_FORMATS
-from ninfer_jax.model import llama, sampling
+from ninfer_jax.model import hybrid, llama, sampling
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
 
-# architecture -> module providing ragged/prefill/decode with the llama.py signatures
-FAMILIES = {"llama": llama, "qwen3": llama}
+# architecture -> module providing ragged/prefill/decode and init_caches/cache_shapes with the
+# llama.py signatures (hybrid prefill/decode also take the state slot(s))
+FAMILIES = {"llama": llama, "qwen3": llama,
+            "qwen3_5": hybrid, "qwen3_5_moe": hybrid, "qwen3_next": hybrid}
 
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
-                config: ModelConfig, page_size: int):
+                config: ModelConfig, page_size: int, draws: bool = True):
     """One ragged step (see llama.ragged); returns (out int32 [1 + max_rows], kv).
 
     prev_out: the previous step's `out` (int32 [1 + max_rows], any values before the first
     step); max_rows is its length - 1, so it is fixed per compiled shape. `sampling_batch` has
     1 + B rows: the chunk, then the row tokens. out[0] is the token after the chunk's last real
     token (meaningless when C == 0), out[1 + i] the token after row token i, and entries past
-    1 + B are zero."""
+    1 + B are zero. `draws=False` compiles greedy sampling only (sampling.sample)."""
     num_rows = batch.row_tokens.shape[0]
     if num_rows > prev_out.shape[0] - 1:
         raise ValueError(f"{num_rows} row tokens exceed max_rows={prev_out.shape[0] - 1}")
     family = FAMILIES[config.architecture]
     logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size)
-    sampled = sampling.sample(logits, sampling_batch)  # [1 + B]
+    sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
     return out, kv
 
 
 def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig,
-                page_size: int, layout: PackedLayout):
+                page_size: int, layout: PackedLayout, draws: bool = True):
     """`ragged_step` over inputs packed into one int32 and one float32 buffer
     (model/packed_inputs.py): two host-to-device transfers per launch instead of fifteen."""
     batch, sampling_batch = unpack(layout, ints, floats, bias)
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
-                       page_size=page_size)
+                       page_size=page_size, draws=draws)
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,
@@ -72,12 +76,16 @@ def decode_step(params, kv, tokens, positions, page_tables, sampling_batch, *,
 
 
 def cast_params(params, dtype):
-    """Floating-point leaves in `dtype` (the compute dtype); other leaves (quantized codes,
-    their scales' integer parts) are left as stored."""
+    """Floating-point leaves in `dtype` (the compute dtype) on the default device; other
+    leaves (quantized codes, their scales' integer parts) are left as stored. Host arrays are
+    cast on the host and the whole tree is placed by one `device_put`, which overlaps the
+    transfers (one `jnp.asarray` per leaf waits for each of an 8B model's ~400 in turn)."""
     def cast(leaf):
-        leaf = jnp.asarray(leaf)
-        return leaf.astype(dtype) if jnp.issubdtype(leaf.dtype, jnp.floating) else leaf
-    return _map_plain_weights(cast, params)
+        leaf = leaf if isinstance(leaf, jax.Array) else np.asarray(leaf)
+        if not jnp.issubdtype(leaf.dtype, jnp.floating) or leaf.dtype == dtype:
+            return leaf
+        return leaf.astype(dtype)
+    return jax.device_put(_map_plain_weights(cast, params))
 
 
 def expand_quantized(params, dtype):
@@ -98,10 +106,10 @@ def expand_quantized(params, dtype):
 
 def _map_plain_weights(fn, tree):
     """Apply fn to plain array leaves; a quantized leaf (a dict with a format key, see
-    kernels/quant_matmul/formats.py) is kept whole as a device array dict."""
+    kernels/quant_matmul/formats.py) is kept whole, its arrays as stored."""
     if isinstance(tree, dict):
         if _is_quantized(tree):
-            return {k: jnp.asarray(v) for k, v in tree.items()}
+            return dict(tree)
         return {k: _map_plain_weights(fn, v) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
         return type(tree)(_map_plain_weights(fn, v) for v in tree)

@@ -45,8 +45,9 @@ class ServeConfig:
     max_request_mib: int = 384
     no_prefix_reuse: bool = False
     kv_dtype: str = "auto"  # auto: f32 on CPU, bf16 on GPU
-    # hybrid models: state slots beyond one per lane (accepted and unused on dense models)
-    device_state_slots: int = 0
+    # hybrid models: state slots beyond one per lane (accepted and unused on dense models);
+    # None: as many as --max-concurrency, the spec's default (engine/state_slots.extra_slots)
+    device_state_slots: int | None = None
     # templates and reasoning
     chat_template: str | None = None  # path of a Jinja file overriding the artifact's
     default_thinking_budget: int | None = None

@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
+import time
 from typing import Mapping
 
+from ninfer_jax.engine.state_slots import extra_slots
 from ninfer_jax.serve import kv_sizing
 from ninfer_jax.serve.config import ServeConfig
 
@@ -62,7 +65,13 @@ def build_engine(config: ServeConfig):
     from ninfer_jax.engine.engine import Engine
     from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
 
+    started = time.perf_counter()
+    # The device runtime starts (seconds on a GPU) while the weights are read.
+    runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
+    runtime.start()
     artifact = load_artifact(config.artifact, weights=True)
+    runtime.join()
+    read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
     kv_dtype = kv_dtype_for(config.kv_dtype)
     artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
@@ -76,6 +85,9 @@ def build_engine(config: ServeConfig):
                        kv_dtype=kv_dtype, state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.is_hybrid))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
+    log.info("weights read (and the device runtime started) in %.1f s, placed on the device "
+             "in %.1f s", read - started,
+             time.perf_counter() - read)
     log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes, %d state "
              "slots; warming up", artifact.name, artifact.config.architecture, max_context,
              engine.pool_tokens, runner.kv_dtype.name, config.max_concurrency,
@@ -88,11 +100,18 @@ def build_engine(config: ServeConfig):
     return engine
 
 
+def _start_runtime() -> None:
+    import jax
+
+    jax.devices()
+
+
 def log_state_slots(config: ServeConfig, model_config) -> str | None:
     """Say what the state slots are for (hybrid models: lanes, then prefix checkpoints in
     the spare ones), or that --device-state-slots has no effect on a dense model."""
+    spare = extra_slots(config.device_state_slots, config.max_concurrency)
     if model_config.is_hybrid:
-        message = (f"state slots: {config.max_concurrency} lanes + {config.device_state_slots}"
+        message = (f"state slots: {config.max_concurrency} lanes + {spare}"
                    " spare (prefix reuse keeps state checkpoints in free slots)")
     elif config.device_state_slots:
         message = (f"--device-state-slots {config.device_state_slots} has no effect: "

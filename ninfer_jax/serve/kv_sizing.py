@@ -30,7 +30,7 @@ import os
 import numpy as np
 
 from ninfer_jax.engine.config import AUTO_KV_HEADROOM_BYTES, auto_kv_tokens, kv_bytes_per_token
-from ninfer_jax.engine.state_slots import state_slot_capacity
+from ninfer_jax.engine.state_slots import extra_slots, state_slot_capacity
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -69,7 +69,8 @@ def device_state_slots_of(config, model_config) -> int:
     """Slots the runner allocates for a ServeConfig: the usable ones plus the dummy slot."""
     usable = state_slot_capacity(has_state=model_config.is_hybrid,
                                  max_concurrency=config.max_concurrency,
-                                 extra_slots=config.device_state_slots)
+                                 extra_slots=extra_slots(config.device_state_slots,
+                                                         config.max_concurrency))
     return usable + 1 if usable else 0
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from ninfer_jax.artifact import convert_common as common
+from ninfer_jax.artifact.components import mtp_expected_shapes
 from ninfer_jax.artifact.format import load_artifact
 from ninfer_jax.artifact.random_init import (PRESETS, QWEN3_VOCAB, init_random, random_params,
                                              random_tensor)
@@ -85,12 +86,79 @@ def test_llama3_metadata_uses_the_llama3_layout():
     assert init_random("qwen3-tiny", tiny=True).name == "qwen3-tiny"  # already tiny
 
 
-def test_qwen35_tiny_metadata_says_it_is_a_dense_stand_in():
-    contents = init_random("qwen3.5-tiny", seed=0)
+def test_qwen35_dense_tiny_metadata_says_it_is_a_dense_stand_in():
+    contents = init_random("qwen3.5-dense-tiny", seed=0)
+    assert contents.config.architecture == "qwen3"
     assert contents.chat_format["tool_call_format"] == "qwen_xml"
-    assert "hybrid" in contents.notes
+    assert "standing in" in contents.notes
     assert contents.config.vocab_size == 248077
     assert "<function=" in contents.chat_template
+
+
+def test_hybrid_presets_have_the_published_shapes():
+    def count(name, component=False):
+        config = PRESETS[name].config
+        shapes = mtp_expected_shapes(config) if component else config.expected_shapes()
+        return sum(int(np.prod(s)) for s in shapes.values())
+
+    # Text model without the vision tower (about 0.4B in each published checkpoint).
+    assert 26.8e9 < count("qwen3.5-27b") < 27.0e9
+    assert 34.5e9 < count("qwen3.6-35b-a3b") < 34.8e9
+    assert 0.4e9 < count("qwen3.5-27b", True) < 0.45e9  # one gated-attention layer + MLP
+    dense, moe = PRESETS["qwen3.5-27b"].config, PRESETS["qwen3.6-35b-a3b"].config
+    assert dense.layer_types.count("full_attention") == 16 and dense.layer_types[3] == "full_attention"
+    assert (moe.num_experts, moe.num_experts_per_tok, moe.moe_intermediate_size) == (256, 8, 512)
+    assert dense.vocab_size == moe.vocab_size == 248320
+    # Qwen3.5-27B: 48 GDN layers of conv [3, 10240] bf16 + recurrent [48, 128, 128] f32.
+    state = dense.state_shapes()
+    assert state == {"conv": (3, 10240), "recurrent": (48, 128, 128)}
+
+
+def test_qwen35_tiny_is_a_hybrid_with_an_mtp_head():
+    contents = init_random("qwen3.5-tiny", seed=0)
+    config = contents.config
+    assert (config.architecture, config.layer_types) == ("qwen3_5",
+                                                         ("linear_attention", "full_attention"))
+    assert config.attn_output_gate and config.num_experts == 0 and config.mtp_num_layers == 1
+    assert contents.components["mtp"] and contents.weight_formats["mtp"] == "f32"
+    assert contents.chat_format["tool_call_format"] == "qwen_xml"
+    linear, full = contents.params["layers"]
+    assert full["wq"].shape == (64, 2 * 4 * 16)  # query and gate columns per head
+    assert linear["in_qkv"].shape == (64, config.linear_conv_dim)
+    # Zero-centred norms around 0 (applied as 1 + w); the GDN output norm around 1.
+    assert abs(float(full["q_norm"].mean())) < 0.1 and abs(float(linear["gdn_norm"].mean()) - 1) < 0.1
+    assert abs(float(contents.params["mtp"]["norm"].mean())) < 0.1
+    assert np.all((linear["A_log"] >= 0) & (linear["A_log"] <= np.log(16)))
+    assert linear["A_log"].dtype == linear["dt_bias"].dtype == np.float32
+
+
+def test_qwen36_tiny_moe_has_experts_everywhere():
+    contents = init_random("qwen3.6-tiny-moe", seed=0)
+    config = contents.config
+    assert config.architecture == "qwen3_5_moe" and config.mlp_only_layers == ()
+    for layer in (*contents.params["layers"], *contents.params["mtp"]["layers"]):
+        assert layer["experts_gate_up"].shape == (8, 64, 64)
+        assert layer["experts_down"].shape == (8, 32, 64)
+        assert layer["router"].shape == (64, 8) and layer["shared_w_up"].shape == (64, 32)
+        assert "w_gate" not in layer
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8", "int4", "nvfp4"])
+def test_hybrid_presets_quantize_their_projections(fmt, tmp_path):
+    from ninfer_jax.artifact.format import save_artifact
+    from ninfer_jax.kernels.quant_matmul.formats import format_of
+
+    contents = init_random("qwen3.6-tiny-moe", weights=fmt)
+    assert contents.weight_formats == {"embed": "f32", "layers": fmt, "norms": "f32",
+                                       "mtp": fmt}
+    artifact = load_artifact(save_artifact(tmp_path / "q.ninfer", contents), mtp=True)
+    linear, full = artifact.params["layers"]
+    head = artifact.params["mtp"]
+    for leaf in (linear["in_qkv"], linear["in_z"], linear["out"], full["wq"], full["wo"],
+                 linear["shared_w_down"], head["fc"], head["layers"][0]["wk"]):
+        assert format_of(leaf) == fmt
+    for leaf in ("experts_gate_up", "experts_down", "router", "shared_gate", "conv", "in_a"):
+        assert isinstance(linear[leaf], np.ndarray) and linear[leaf].dtype == np.float32, leaf
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])
@@ -140,11 +208,13 @@ def test_llama3_template_renders_calls_and_results_in_llama3_turns():
     assert prompt.ids[-2:] == [128007, *tokenizer.encode("\n\n")]
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
-def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset):
+@pytest.mark.parametrize("preset, weights", [
+    *((name, None) for name in PRESETS),
+    *((name, fmt) for name in ("qwen3.5-27b", "qwen3.6-35b-a3b") for fmt in ("int8", "nvfp4"))])
+def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset, weights):
     from ninfer_jax.artifact.format import check_metadata
 
-    metadata = init_random(preset, tiny=True).metadata()
+    metadata = init_random(preset, tiny=True, weights=weights).metadata()
     metadata["config"] = PRESETS[preset].config.to_dict()  # the 8B shapes, no 8B weights
     assert check_metadata(metadata, pathlib.Path("m")) == PRESETS[preset].config
 

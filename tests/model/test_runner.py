@@ -239,3 +239,35 @@ def test_a_restart_loads_stored_executables_without_tracing(tiny, runner, tmp_pa
     other._jitted = NoTracing()
     with pytest.raises(AssertionError, match="traced again"):
         other.warmup()
+
+
+def test_all_greedy_steps_use_the_variant_without_draws(tiny, runner):
+    """With greedy variants (the GPU's default) every decode-only shape compiles twice; a step
+    whose rows are all greedy runs the variant without the draws, any sampled row the full
+    one, and the tokens are those of a runner without variants."""
+    variants = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
+                         prefill_chunk=32, greedy_variants=True)
+    assert variants.greedy_shapes() == [(0, b) for b in variants.row_buckets]
+    variants.warmup()
+    assert variants.compile_done.wait(600)
+    num_shapes = len(variants.step_shapes()) + len(variants.row_buckets)
+    assert variants.compile_progress() == (num_shapes, num_shapes)
+    # What compiled after warm-up runs once on padding when the engine is idle, then no more.
+    primed = 0
+    while variants.prime_one():
+        primed += 1
+    assert primed == len(variants.greedy_shapes())  # the step shapes all ran in warm-up here
+    used = []
+    for shape, executable in list(variants._greedy_executables.items()):
+        def recording(*args, _shape=shape, _executable=executable):
+            used.append(_shape)
+            return _executable(*args)
+        variants._greedy_executables[shape] = recording
+    batch = prompts(3, seed=16)
+    assert generate(variants, batch, NUM_NEW) == generate(runner, batch, NUM_NEW)
+    assert used and all(chunk == 0 for chunk, _ in used)
+    used.clear()
+    seeded = SamplingParams(temperature=0.8, seed=5)
+    assert generate(variants, batch, NUM_NEW, sampling=seeded) == \
+        generate(runner, batch, NUM_NEW, sampling=seeded)
+    assert not used, "a step with a sampled row ran without draws"

@@ -27,8 +27,9 @@ def client(harness):
 
 @pytest.fixture(scope="session")
 def qwen35():
-    """Qwen3.5-style: XML tool calls, the generation prompt opens <think>."""
-    return RandomQwen.build("qwen3.5-tiny")
+    """Qwen3.5-style: XML tool calls, the generation prompt opens <think> (the dense stand-in
+    with Qwen3.5's tokenizer and template: these tests never run the hybrid body)."""
+    return RandomQwen.build("qwen3.5-dense-tiny")
 
 
 @pytest.fixture(scope="session")

@@ -84,3 +84,13 @@ def test_device_state_slots_apply_to_hybrid_models_only():
     assert "no effect" in log_state_slots(options, dense)  # accepted, nothing to size
     assert "2 lanes + 3 spare" in log_state_slots(options, hybrid)
     assert log_state_slots(config(), dense) is None
+
+
+def test_device_state_slots_default_to_one_spare_per_lane():
+    """The spec's default: --device-state-slots unset means --max-concurrency spare slots."""
+    from ninfer_jax.engine.config import EngineConfig
+
+    unset = EngineConfig.from_serve_config(config(max_concurrency=3))
+    assert unset.device_state_slots == 3 and unset.state_slot_capacity(True) == 6
+    assert EngineConfig.from_serve_config(
+        config(max_concurrency=3, device_state_slots=0)).state_slot_capacity(True) == 3

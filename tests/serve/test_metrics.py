@@ -7,7 +7,7 @@ import pytest
 from falcon import testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import build_harness
+from harness import build_harness, wait_for
 from ninfer_jax.serve.metrics import ENGINE_COUNTERS, ENGINE_GAUGES
 
 API_KEY = "metrics-key"
@@ -86,12 +86,21 @@ def test_counters_grow_histograms_count_once_gauges_return_to_zero(h, client):
     rejected = chat(client, h.ctx.model_id, max_tokens=10 ** 6)
     assert rejected.status_code == 400
     assert all(r.status_code == 200 for r in responses)
-    after = scrape(client)
     completion = sum(r.json["usage"]["completion_tokens"] for r in responses)
     prompt = sum(r.json["usage"]["prompt_tokens"] for r in responses)
+    # The engine publishes its stats snapshot at the end of a round, after the events that
+    # let the replies go out, so a scrape right after them may still show the last one.
+    after = {}
+
+    def settled():
+        after.update(scrape(client))
+        return grew("ninfer_generation_tokens_total") >= completion and \
+            value(after, "ninfer_requests_running") == 0
 
     def grew(name, **labels):
         return value(after, name, **labels) - value(before, name, **labels)
+
+    assert wait_for(settled), "the engine's counters never caught up with the replies"
 
     assert grew("ninfer_generation_tokens_total") == completion
     assert grew("ninfer_decode_tokens_total") == completion - 3  # first tokens come from prefill

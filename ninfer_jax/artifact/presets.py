@@ -1,0 +1,135 @@
+"""The `ninfer init-random` presets: architecture and sizes, vocabulary, special tokens, chat
+template and format of each, and `tiny_config`, which shrinks any of them for CI.
+
+Dense: `qwen3-tiny`, `qwen3.5-dense-tiny` (the dense qwen3 body with the Qwen3.5 tokenizer,
+template and XML tool calls: what serving tests use until the hybrid forward is served),
+`qwen3-8b`, `llama3-8b`. Hybrid: `qwen3.5-tiny` and `qwen3.6-tiny-moe` (tiny_config of the
+two full-size shapes, with the unpadded tokenizer vocabulary and tied embeddings to stay a few
+tens of MB), `qwen3.5-27b` (dense MLP) and `qwen3.6-35b-a3b` (256 experts), all with an MTP
+head. Full-size hybrid shapes, from the published model cards and configs (27B: hidden 5120, 64 layers, 24 / 4 heads of 256, GDN 16 / 48 heads of 128, FFN 17408;
+35B-A3B: hidden 2048, 40 layers, 16 / 2 heads of 256, GDN 16 / 32 heads of 128, 256 experts
+top-8 of width 512 plus a shared expert of 512; both vocab 248320 padded, 262144 positions).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ninfer_jax.model.config import ModelConfig
+
+QWEN3_VOCAB = 151669  # 151,643 ranks + 26 control tokens
+QWEN3_5_VOCAB = 248077  # 248,044 ranks + 33 control tokens
+QWEN3_5_PADDED_VOCAB = 248320  # the published checkpoints' embedding rows
+LLAMA3_VOCAB = 128256  # 128,000 ranks + 256 control tokens
+QWEN_EOS = ("<|im_end|>", "<|endoftext|>")  # end of turn first: it also ends a chat reply
+# What `tiny` changes: dimensions only (the query heads keep the preset's grouping).
+TINY_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
+             "head_dim": 16}
+# Hybrid presets at tiny size: one layer of each kind, 2 GDN key heads (value heads keep the
+# preset's ratio) of 16, and 8 experts of 32 with top-2 (a shared expert of 32 if it has one).
+TINY_LAYER_TYPES = ("linear_attention", "full_attention")
+TINY_LINEAR = {"linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
+TINY_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    config: ModelConfig
+    vocabulary: str  # qwen_vocab kind
+    template: str  # templates/<name>.jinja
+    tool_call_format: str
+    dtype: str  # default storage dtype
+    notes: str
+    eos: tuple[str, ...] = QWEN_EOS  # spellings of the end tokens
+    pad: str = "<|endoftext|>"
+    bos: str | None = None  # written by the template; also prepended to raw prompts
+    thinks: bool = True  # <think> reasoning markers, thinking unless the request says not
+
+
+def tiny_config(config: ModelConfig) -> ModelConfig:
+    """The same model at TINY_DIMS: vocabulary, norms, RoPE, tying, qk-norm, the query heads
+    per KV head, the GDN value heads per key head, MTP layers and attention gate unchanged."""
+    group = config.num_heads // config.num_kv_heads
+    fields = dict(TINY_DIMS, num_kv_heads=max(1, TINY_DIMS["num_heads"] // group))
+    if config.is_hybrid:
+        ratio = config.linear_num_value_heads // config.linear_num_key_heads
+        fields.update(TINY_LINEAR, layer_types=TINY_LAYER_TYPES, mlp_only_layers=(),
+                      linear_num_value_heads=TINY_LINEAR["linear_num_key_heads"] * ratio)
+    if config.num_experts:
+        shared = TINY_MOE["moe_intermediate_size"] if config.shared_expert_intermediate_size else 0
+        fields.update(TINY_MOE, shared_expert_intermediate_size=shared)
+    return dataclasses.replace(config, **fields)
+
+
+def _dense(arch, vocab, hidden, ffn, layers, heads, kv_heads, head_dim, theta, eps, tied,
+           max_positions):
+    return ModelConfig(architecture=arch, vocab_size=vocab, hidden_size=hidden,
+                       intermediate_size=ffn, num_layers=layers, num_heads=heads,
+                       num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=eps,
+                       rope_theta=theta, tie_word_embeddings=tied, qk_norm=arch == "qwen3",
+                       max_position_embeddings=max_positions)
+
+
+def _qwen3_5(arch, hidden, ffn, layers, heads, kv_heads, value_heads, **moe) -> ModelConfig:
+    """A published Qwen3.5 / 3.6 hybrid shape: every fourth layer gated full attention (head
+    dim 256, RoPE on its first quarter), the rest Gated DeltaNet (16 key heads of 128)."""
+    return ModelConfig(
+        architecture=arch, vocab_size=QWEN3_5_PADDED_VOCAB, hidden_size=hidden,
+        intermediate_size=ffn, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=256, rms_norm_eps=1e-6, rope_theta=1e7, tie_word_embeddings=False,
+        qk_norm=True, max_position_embeddings=262144,
+        layer_types=tuple("full_attention" if (i + 1) % 4 == 0 else "linear_attention"
+                          for i in range(layers)),
+        partial_rotary_factor=0.25, attn_output_gate=True, linear_num_key_heads=16,
+        linear_num_value_heads=value_heads, linear_key_head_dim=128, linear_value_head_dim=128,
+        linear_conv_kernel_dim=4, mtp_num_layers=1, **moe)
+
+
+QWEN3_5_27B = _qwen3_5("qwen3_5", 5120, 17408, 64, 24, 4, 48)
+QWEN3_6_35B_A3B = _qwen3_5("qwen3_5_moe", 2048, 0, 40, 16, 2, 32, num_experts=256,
+                           num_experts_per_tok=8, moe_intermediate_size=512,
+                           shared_expert_intermediate_size=512)
+
+
+def _tiny_hybrid(config: ModelConfig) -> ModelConfig:
+    return dataclasses.replace(tiny_config(config), vocab_size=QWEN3_5_VOCAB,
+                               tie_word_embeddings=True, max_position_embeddings=40960)
+
+
+_QWEN3_5_NOTES = "random weights; Qwen3.5 tokenizer and template written for ninfer-jax"
+PRESETS = {
+    "qwen3-tiny": Preset(
+        _dense("qwen3", QWEN3_VOCAB, 64, 128, 2, 4, 2, 16, 1e6, 1e-6, True, 40960),
+        "qwen3", "qwen3", "hermes", "f32",
+        "random weights; Qwen3 tokenizer and a Qwen3-style template written for ninfer-jax"),
+    "qwen3.5-dense-tiny": Preset(
+        _dense("qwen3", QWEN3_5_VOCAB, 64, 128, 2, 4, 2, 16, 1e7, 1e-6, True, 40960),
+        "qwen3_5", "qwen3_5", "qwen_xml", "f32",
+        "random weights; Qwen3.5 tokenizer and template with a dense qwen3 body standing in "
+        "for the hybrid Qwen3.5 architecture (see qwen3.5-tiny)"),
+    "qwen3.5-tiny": Preset(
+        _tiny_hybrid(QWEN3_5_27B), "qwen3_5", "qwen3_5", "qwen_xml", "f32",
+        _QWEN3_5_NOTES + "; hybrid Qwen3.5 (Gated DeltaNet + gated attention, dense MLP, "
+                         "MTP head) at tiny size"),
+    "qwen3.6-tiny-moe": Preset(
+        _tiny_hybrid(QWEN3_6_35B_A3B), "qwen3_5", "qwen3_5", "qwen_xml", "f32",
+        _QWEN3_5_NOTES + "; hybrid Qwen3.6-MoE (Gated DeltaNet + gated attention, routed "
+                         "and shared experts, MTP head) at tiny size"),
+    "qwen3-8b": Preset(
+        _dense("qwen3", 151936, 4096, 12288, 36, 32, 8, 128, 1e6, 1e-6, False, 40960),
+        "qwen3", "qwen3", "hermes", "bf16", "random weights in Qwen3-8B shapes, for benchmarks"),
+    "qwen3.5-27b": Preset(
+        QWEN3_5_27B, "qwen3_5", "qwen3_5", "qwen_xml", "bf16",
+        "random weights in Qwen3.5-27B shapes (with its MTP head), for benchmarks"),
+    "qwen3.6-35b-a3b": Preset(
+        QWEN3_6_35B_A3B, "qwen3_5", "qwen3_5", "qwen_xml", "bf16",
+        "random weights in Qwen3.6-35B-A3B shapes (with its MTP head), for benchmarks"),
+    "llama3-8b": Preset(
+        _dense("llama", LLAMA3_VOCAB, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
+        "llama3", "llama3", "hermes", "bf16",
+        "random weights in Llama-3-8B shapes, for benchmarks; a Llama-3-layout stand-in "
+        "vocabulary (Qwen's first 128,000 BPE ranks plus Llama-3's 256 control tokens at "
+        "their ids, since Meta's vocabulary is not available offline) and a Llama-3-style "
+        "header template written for ninfer-jax, with hermes-style tool calls as text",
+        eos=("<|eot_id|>", "<|end_of_text|>"), pad="<|end_of_text|>", bos="<|begin_of_text|>",
+        thinks=False),
+}

@@ -1,0 +1,119 @@
+"""Pure-jnp reference of the gated delta rule (the CPU path and the test oracle).
+
+The rule, per value head with state S [dk, dv] (float32), for each token t:
+    S <- exp(g_t) S;   S <- S + k_t (x) beta_t (v_t - S^T k_t);   o_t = S^T q_t
+Three entry points, same argument conventions:
+  recurrent_gated_delta   the per-token scan of one sequence (the oracle; T steps)
+  chunk_gated_delta       the same result in chunks of CHUNK_SIZE tokens (prefill): within a
+                          chunk the rule is solved in WY/UT form, a few matmuls instead of a
+                          serial loop; only the chunk-to-chunk state update is sequential
+  gated_delta_step        one token for each of B independent rows, each with its own state
+Inputs: q, k [T, Hk, dk] (L2-normalised by the caller, q also scaled by dk^-0.5), v [T, Hv, dv],
+g [T, Hv] the log decay (<= 0), beta [T, Hv]. Value head j reads key head j // (Hv / Hk), as
+transformers repeats them. Tokens t >= num_tokens are padding: their g and beta are zeroed,
+which makes them the identity on the state, so the returned state is the one after the last
+real token; their outputs are unspecified. Everything is computed in float32.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+CHUNK_SIZE = 64
+_HIGHEST = jax.lax.Precision.HIGHEST  # the state must not drift through TF32 products
+
+
+def recurrent_gated_delta(q, k, v, g, beta, initial_state, num_tokens):
+    """Token by token over one sequence. initial_state [Hv, dk, dv]; num_tokens int32 [].
+    Returns (out [T, Hv, dv] f32, final_state [Hv, dk, dv] f32)."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, num_tokens)
+
+    def step(state, token):
+        out, state = _update(state, *token)
+        return state, out
+
+    state, out = jax.lax.scan(step, initial_state.astype(jnp.float32), (q, k, v, g, beta))
+    return out, state
+
+
+def gated_delta_step(q, k, v, g, beta, states):
+    """One token per row: q, k [B, Hk, dk], v [B, Hv, dv], g, beta [B, Hv], states
+    [B, Hv, dk, dv]. Returns (out [B, Hv, dv] f32, new states [B, Hv, dk, dv] f32)."""
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, None)
+    return jax.vmap(_update)(states.astype(jnp.float32), q, k, v, g, beta)
+
+
+def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens, *, chunk_size=CHUNK_SIZE):
+    """Chunked form of recurrent_gated_delta (same arguments and results). T need not be a
+    multiple of chunk_size: the tail is padded with identity tokens."""
+    T = q.shape[0]
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, num_tokens)
+    C = min(chunk_size, T)
+    pad = -T % C
+    q, k, v, g, beta = (jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+                        for x in (q, k, v, g, beta))
+    # [T', Hv, d] -> [N chunks, Hv, C, d]: heads lead so each chunk is a batch of matmuls
+    q, k, v = (x.reshape(-1, C, *x.shape[1:]).transpose(0, 2, 1, 3) for x in (q, k, v))
+    g, beta = (x.reshape(-1, C, x.shape[-1]).transpose(0, 2, 1) for x in (g, beta))
+    terms = _chunk_terms(q, k, v, g, beta)
+    state, out = jax.lax.scan(_carry_chunk, initial_state.astype(jnp.float32), terms)
+    out = out.transpose(0, 2, 1, 3)  # [N, C, Hv, dv]
+    return out.reshape(-1, *out.shape[2:])[:T], state
+
+
+def _prepare(q, k, v, g, beta, num_tokens):
+    """float32 copies with key heads repeated to value heads and padding tokens neutralised."""
+    repeat = v.shape[-2] // k.shape[-2]
+    q, k = (jnp.repeat(x.astype(jnp.float32), repeat, axis=-2) for x in (q, k))
+    v, g, beta = (x.astype(jnp.float32) for x in (v, g, beta))
+    if num_tokens is not None:
+        is_real = (jnp.arange(q.shape[0]) < num_tokens)[:, None]
+        g, beta = jnp.where(is_real, g, 0.0), jnp.where(is_real, beta, 0.0)
+    return q, k, v, g, beta
+
+
+def _update(state, q, k, v, g, beta):
+    """One token of the rule for all heads: state [Hv, dk, dv], q/k [Hv, dk], v [Hv, dv]."""
+    state = state * jnp.exp(g)[:, None, None]
+    predicted = jnp.einsum("hkv,hk->hv", state, k, precision=_HIGHEST)
+    correction = (v - predicted) * beta[:, None]
+    state = state + k[:, :, None] * correction[:, None, :]
+    return jnp.einsum("hkv,hk->hv", state, q, precision=_HIGHEST), state
+
+
+def _chunk_terms(q, k, v, g, beta):
+    """Everything of each chunk that does not depend on the incoming state ([N, Hv, C, ...]).
+
+    With G the in-chunk cumulative log decay and D_ij = exp(G_i - G_j) for j <= i, the chunk's
+    writes solve (I + L) U = beta V and (I + L) W = beta K e^G, L = strict_lower(beta K K^T D):
+    U are the values the chunk writes from a zero state, W how much each write reads of the
+    incoming state. The solves are unit lower-triangular."""
+    C = q.shape[-2]
+    G = jnp.cumsum(g, axis=-1)  # [N, Hv, C]
+    is_past = jnp.tril(jnp.ones((C, C), bool))
+    # exp only where j <= i: the masked entries would overflow (G_i - G_j > 0 for j > i)
+    decay = jnp.exp(jnp.where(is_past, G[..., :, None] - G[..., None, :], -jnp.inf))
+    k_beta = k * beta[..., None]
+    system = jnp.einsum("...ik,...jk->...ij", k_beta, k, precision=_HIGHEST) * decay
+    system = jnp.where(jnp.tril(is_past, -1), system, 0.0) + jnp.eye(C)
+    def solve(b):
+        return jax.lax.linalg.triangular_solve(system, b, left_side=True, lower=True,
+                                               unit_diagonal=True)
+
+    values = solve(v * beta[..., None])  # U [N, Hv, C, dv]
+    reads = solve(k_beta * jnp.exp(G)[..., None])  # W [N, Hv, C, dk]
+    attn = jnp.einsum("...ik,...jk->...ij", q, k, precision=_HIGHEST) * decay
+    q_decayed = q * jnp.exp(G)[..., None]
+    k_to_end = k * jnp.exp(G[..., -1:] - G)[..., None]
+    return values, reads, attn, q_decayed, k_to_end, jnp.exp(G[..., -1])
+
+
+def _carry_chunk(state, terms):
+    """Pass the state [Hv, dk, dv] through one chunk; returns (new state, out [Hv, C, dv])."""
+    values, reads, attn, q_decayed, k_to_end, chunk_decay = terms
+    new_values = values - jnp.einsum("hck,hkv->hcv", reads, state, precision=_HIGHEST)
+    out = (jnp.einsum("hck,hkv->hcv", q_decayed, state, precision=_HIGHEST)
+           + jnp.einsum("hij,hjv->hiv", attn, new_values, precision=_HIGHEST))
+    state = (state * chunk_decay[:, None, None]
+             + jnp.einsum("hck,hcv->hkv", k_to_end, new_values, precision=_HIGHEST))
+    return state, out

@@ -1,0 +1,111 @@
+"""Gated DeltaNet, the "linear_attention" layer of the hybrid families, over one ragged step.
+
+Per token: in_qkv -> causal depthwise conv (K taps) -> SiLU -> q, k [Hk, dk], v [Hv, dv];
+q and k L2-normalised (q also scaled by dk^-0.5), beta = sigmoid(b),
+g = -exp(A_log) * softplus(a + dt_bias); the gated delta rule (kernels/gated_delta) turns them
+into o [Hv, dv]; o is RMS-normalised per head with the plain weight gdn_norm, gated by silu(z),
+and projected by `out`.
+
+State (one layer's entry of the cache list, S state slots, slot 0 = DUMMY_STATE_SLOT):
+    conv       [S, K-1, conv_dim]  the last K-1 conv inputs, oldest first (compute dtype)
+    recurrent  [S, Hv, dk, dv]     the delta-rule state (float32)
+The chunk region (one sequence) reads slot `chunk_state_slot` (or a zero state when
+chunk_start == 0) and writes back the state after its last real token; each row token reads
+and writes `row_state_slots[i]`. Rows are independent sequences: several rows of one sequence
+(a verify row) would each start from the same slot, which this layer does not support.
+Shape letters: N = C + B rows, C chunk tokens, B row tokens, H hidden, D_c conv channels.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ninfer_jax.kernels import gated_delta
+from ninfer_jax.model import ragged_batch
+from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.layers import linear
+
+L2_EPS = 1e-6  # as the reference implementation's l2norm
+
+
+def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, config: ModelConfig):
+    """h [N, H] -> (out [N, H], the layer's updated state dict)."""
+    C = ragged_batch.num_chunk_tokens(batch)
+    N = h.shape[0]
+    Hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
+    mixed = linear(h, layer["in_qkv"])  # [N, D_c]
+    beta = jax.nn.sigmoid(linear(h, layer["in_b"]).astype(jnp.float32))
+    g = -jnp.exp(layer["A_log"].astype(jnp.float32)) * jax.nn.softplus(
+        linear(h, layer["in_a"]).astype(jnp.float32) + layer["dt_bias"].astype(jnp.float32))
+    conv, recurrent = state["conv"], state["recurrent"]
+    outputs = []
+    if C:
+        out, conv, recurrent = _chunk(mixed[:C], g[:C], beta[:C], layer["conv"], conv,
+                                      recurrent, batch, config)
+        outputs.append(out)
+    if N > C:
+        out, conv, recurrent = _rows(mixed[C:], g[C:], beta[C:], layer["conv"], conv,
+                                     recurrent, batch.row_state_slots, config)
+        outputs.append(out)
+    core = jnp.concatenate(outputs)  # [N, Hv, dv] f32
+    z = linear(h, layer["in_z"]).reshape(N, Hv, dv)
+    normed = gated_rms_norm(core, z, layer["gdn_norm"], config.rms_norm_eps).astype(h.dtype)
+    return linear(normed.reshape(N, Hv * dv), layer["out"]), {"conv": conv,
+                                                              "recurrent": recurrent}
+
+
+def gated_rms_norm(x, z, weight, eps: float):
+    """RMSNorm of x over its last axis with a plain weight, times silu(z); float32."""
+    x32 = x.astype(jnp.float32)
+    normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return normed * weight.astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
+
+
+def _chunk(mixed, g, beta, conv_weight, conv, recurrent, batch, config: ModelConfig):
+    """The chunk's C tokens from its slot's state (zero at chunk_start 0); the slot receives
+    the state after token chunk_len - 1."""
+    slot = batch.chunk_state_slot
+    is_continued = batch.chunk_start > 0
+    conv_state = jnp.where(is_continued, conv[slot], 0).astype(mixed.dtype)
+    start_state = jnp.where(is_continued, recurrent[slot], 0.0)
+    window = jnp.concatenate([conv_state, mixed])  # [K-1+C, D_c]: history, then the chunk
+    taps = conv_weight.shape[0]
+    conv_out = sum(window[j:j + mixed.shape[0]].astype(jnp.float32)
+                   * conv_weight[j].astype(jnp.float32) for j in range(taps))
+    # the K-1 inputs before token chunk_len: padding tokens never enter the conv state
+    new_conv = jax.lax.dynamic_slice_in_dim(window, batch.chunk_len, taps - 1)
+    q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
+    out, new_state = gated_delta.chunk_gated_delta(q, k, v, g, beta, start_state,
+                                                   batch.chunk_len)
+    conv = conv.at[slot].set(new_conv.astype(conv.dtype))
+    return out, conv, recurrent.at[slot].set(new_state)
+
+
+def _rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
+    """B independent one-token steps, row i on state slot slots[i]."""
+    window = jnp.concatenate([conv[slots].astype(mixed.dtype), mixed[:, None]], axis=1)
+    conv_out = jnp.einsum("bkc,kc->bc", window.astype(jnp.float32),
+                          conv_weight.astype(jnp.float32))
+    q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
+    out, new_states = gated_delta.gated_delta_step(q, k, v, g, beta, recurrent[slots])
+    # Padding rows all write slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant.
+    conv = conv.at[slots].set(window[:, 1:].astype(conv.dtype))
+    return out, conv, recurrent.at[slots].set(new_states)
+
+
+def _heads(x, config: ModelConfig):
+    """Split conv outputs [N, D_c] into q, k [N, Hk, dk] (f32, L2-normalised, q scaled by
+    dk^-0.5) and v [N, Hv, dv]."""
+    N = x.shape[0]
+    Hk, dk = config.linear_num_key_heads, config.linear_key_head_dim
+    key_dim = Hk * dk
+    q = _l2_normalised(x[:, :key_dim].reshape(N, Hk, dk)) * dk ** -0.5
+    k = _l2_normalised(x[:, key_dim:2 * key_dim].reshape(N, Hk, dk))
+    v = x[:, 2 * key_dim:].reshape(N, config.linear_num_value_heads,
+                                   config.linear_value_head_dim)
+    return q, k, v
+
+
+def _l2_normalised(x):
+    x32 = x.astype(jnp.float32)
+    return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + L2_EPS)

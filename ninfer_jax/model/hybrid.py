@@ -1,0 +1,145 @@
+"""The hybrid families `qwen3_5` (dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE) as pure steps.
+
+    ragged(params, kv, batch: RaggedBatch, prev_out) -> (logits[1 + B, V], kv)
+    prefill(params, kv, tokens[T], start, num_tokens, page_table[W], state_slot)
+                                                     -> (logits_last[V], kv)
+    decode(params, kv, tokens[B], positions[B], page_tables[B, W], state_slots[B])
+                                                     -> (logits[B, V], kv)
+Same contract as model/llama.py, plus the state slots of RaggedBatch (chunk_state_slot,
+row_state_slots), which must be set. Layer i is config.layer_types[i]:
+  "full_attention"    gated attention: q_proj yields per head D query then D gate columns;
+                      zero-centred q/k norms; RoPE over the first D * partial_rotary_factor
+                      dims; paged KV exactly as llama; output times sigmoid(gate) before wo
+  "linear_attention"  Gated DeltaNet over per-sequence state slots (model/gated_deltanet.py)
+then a dense SwiGLU MLP or, on MoE layers, model/moe_mlp.py. Every norm but the DeltaNet's
+output norm is zero-centred (1 + w).
+
+Caches: a list with one entry per layer, the engine's interface (build it with init_caches):
+    full_attention    (k, v), each shaped by paged_attention.get_kv_cache_shape, kv_dtype
+    linear_attention  {"conv": [S, K-1, conv_dim] compute dtype,
+                       "recurrent": [S, Hv, dk, dv] float32}
+S state slots counting slot 0 (DUMMY_STATE_SLOT), which padding rows read and write.
+Shape letters: N rows of a step (C chunk tokens + B row tokens), W page-table width.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from ninfer_jax.kernels import paged_attention, ragged_attention
+from ninfer_jax.model import ragged_batch
+from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.gated_deltanet import gated_deltanet
+from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, rope_inverse_frequencies,
+                                     rope_tables, swiglu_mlp, zero_centred_rms_norm)
+from ninfer_jax.model.moe_mlp import moe_mlp
+
+
+def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
+           page_size: int):
+    """One ragged step (see llama.ragged): returns the f32 logits of the 1 + B sampled rows
+    (row 0 after the chunk's last real token, meaningless when C == 0) and the caches."""
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
+                     page_size)
+    if ragged_batch.num_chunk_tokens(batch) == 0:
+        logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
+        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
+    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
+
+
+def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
+            config: ModelConfig, page_size: int):
+    """One chunk of one sequence on state slot `state_slot` (int32 []); see llama.prefill."""
+    batch = dataclasses.replace(ragged_batch.chunk_only(tokens, start, num_tokens, page_table),
+                                chunk_state_slot=state_slot,
+                                row_state_slots=jnp.zeros(0, jnp.int32))
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
+
+
+def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
+           config: ModelConfig, page_size: int):
+    """One token per row, row i on state slot state_slots[i] (padding rows: slot 0 and
+    DUMMY_PAGE tables); see llama.decode."""
+    batch = dataclasses.replace(ragged_batch.rows_only(tokens, positions, page_tables),
+                                chunk_state_slot=jnp.int32(ragged_batch.DUMMY_STATE_SLOT),
+                                row_state_slots=state_slots)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, x, config), kv
+
+
+def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
+                 dtype, kv_dtype):
+    """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring)."""
+    kv_spec = jax.ShapeDtypeStruct(paged_attention.get_kv_cache_shape(
+        num_pages, page_size, config.num_kv_heads, config.head_dim), kv_dtype)
+    state = config.state_shapes()
+    linear_spec = {
+        "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
+        "recurrent": jax.ShapeDtypeStruct((num_state_slots, *state["recurrent"]), jnp.float32)}
+    return [(kv_spec, kv_spec) if kind == "full_attention" else dict(linear_spec)
+            for kind in config.layer_types]
+
+
+def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
+                dtype, kv_dtype):
+    """Zero caches: every state slot starts empty, slot 0 included."""
+    specs = cache_shapes(config, num_pages=num_pages, page_size=page_size,
+                         num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype)
+    return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
+
+
+def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
+    """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
+    if batch.row_state_slots is None or (ragged_batch.num_chunk_tokens(batch)
+                                         and batch.chunk_state_slot is None):
+        raise ValueError("hybrid models need the batch's state slots")
+    attend = functools.partial(
+        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
+        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
+        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
+        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
+    rotary_dim = int(config.head_dim * config.partial_rotary_factor)
+    inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
+    rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
+    slots = ragged_batch.step_slots(batch, page_size)
+    x = embed(params["embed"], tokens)
+    new_kv = []
+    for i, (layer, cache) in enumerate(zip(params["layers"], kv)):
+        h = zero_centred_rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+        if config.layer_types[i] == "full_attention":
+            mixed, cache = _gated_attention(h, layer, cache, rope, slots, attend, config)
+        else:
+            mixed, cache = gated_deltanet(h, layer, cache, batch, config)
+        x = x + mixed
+        h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
+        x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i) else swiglu_mlp(h, layer))
+        new_kv.append(cache)
+    return x, new_kv
+
+
+def _gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
+    """GQA attention of rows h [N, H] with zero-centred q/k norms, partial RoPE and (when
+    config.attn_output_gate) the sigmoid output gate; K/V stored at `slots` first."""
+    N, D, NH = h.shape[0], config.head_dim, config.num_heads
+    q = linear(h, layer["wq"]).reshape(N, NH, -1)
+    q, gate = (q[..., :D], q[..., D:]) if config.attn_output_gate else (q, None)
+    k = linear(h, layer["wk"]).reshape(N, config.num_kv_heads, D)
+    v = linear(h, layer["wv"]).reshape(N, config.num_kv_heads, D)
+    q = apply_partial_rope(zero_centred_rms_norm(q, layer["q_norm"], config.rms_norm_eps), *rope)
+    k = apply_partial_rope(zero_centred_rms_norm(k, layer["k_norm"], config.rms_norm_eps), *rope)
+    k_cache, v_cache = paged_attention.write_kv(*cache, k, v, slots)
+    out = attend(q, k_cache, v_cache)
+    if gate is not None:
+        out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
+    return linear(out.reshape(N, NH * D), layer["wo"]), (k_cache, v_cache)
+
+
+def _logits(params, x, config: ModelConfig):
+    """Zero-centred final norm and the (tied or untied) output projection, in f32."""
+    h = zero_centred_rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    return linear(h, head, out_dtype=jnp.float32).astype(jnp.float32)
