@@ -289,7 +289,8 @@ class JaxRunner:
         for shape in essential:
             self._run_padding(self._executables[shape], shape)
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
-            self.kv = self._copy_slot(self.kv, DUMMY_STATE_SLOT, DUMMY_STATE_SLOT)
+            dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
+            self.kv = self._copy_slot(self.kv, dummy, dummy)
         jax.block_until_ready(self.kv)
         for shape in essential:
             self._unprimed.pop((shape, True), None)

@@ -40,7 +40,7 @@ Policies (see also sequence.py for the prefill/decode rule):
   to evict). Cached KV pages cannot rebuild a recurrent state, so a hybrid prefix hit only
   reaches the deepest cached node with a state checkpoint (engine/state_checkpoints.py),
   whose copy starts the sequence's slot; without one a sequence (a restored one too)
-  starts from position 0. Chunks end at a sequence's checkpoint boundary, where it leaves one.
+  starts from position 0. Chunks end at a sequence's checkpoint marks, where it leaves them.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
-from ninfer_jax.engine.state_checkpoints import StateCheckpoints, boundary
+from ninfer_jax.engine.state_checkpoints import StateCheckpoints, marks
 from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.errors import InternalError
 
@@ -195,11 +195,17 @@ class Scheduler:
 
     def _chunk_end(self, seq: Sequence) -> int:
         end = min(seq.prefill_target, seq.num_computed + self.config.prefill_chunk)
-        if self.checkpoints is not None:
-            mark = boundary(len(seq.tokens), self.page_size)
-            if seq.num_computed < mark < end:
-                end = mark  # the state there is checkpointed once this chunk is launched
+        checkpoints = self.checkpoints
+        # Split only where a checkpoint can be kept (a free slot, or one to evict).
+        if checkpoints is not None and (self.slots.num_free or checkpoints.num_checkpoints):
+            for mark in self._marks(seq):
+                if seq.num_computed < mark < end:
+                    end = mark  # the state there is checkpointed once this chunk is launched
+                    break
         return end
+
+    def _marks(self, seq: Sequence) -> tuple[int, ...]:
+        return marks(len(seq.tokens), seq.request.cache_breakpoints, self.page_size)
 
     def _with_copies(self, plan: StepPlan) -> StepPlan:
         """The plan with the state copies queued since the last one (run before it)."""
@@ -276,13 +282,13 @@ class Scheduler:
             self._in_flight[seq.seq_id] += 1
 
     def _checkpoint(self, seq: Sequence) -> None:
-        """A launched chunk ended at `seq`'s checkpoint boundary: keep a copy of its state
-        for the prefix cache node that ends there."""
+        """A launched chunk ended at one of `seq`'s checkpoint marks: keep a copy of its
+        state for the prefix cache node that ends there."""
         if self.checkpoints is None or seq.status is not Status.RESIDENT:
             return
-        mark = boundary(len(seq.tokens), self.page_size)
         num_pages, node_id = seq.cache_cursor
-        if mark and seq.num_computed == mark == num_pages * self.page_size:
+        if (seq.num_computed == num_pages * self.page_size
+                and seq.num_computed in self._marks(seq)):
             self.checkpoints.take(node_id, seq.state_slot)
 
     # ------------------------------------------------------------------ pressure

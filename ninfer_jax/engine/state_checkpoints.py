@@ -6,10 +6,11 @@ keeps, for some of its nodes, a copy of the state after the node's last token in
 of its own (a checkpoint). A later request may reuse a cached prefix only up to the deepest
 node with a checkpoint: it takes the pages and starts from a copy of the checkpoint.
 
-Where checkpoints come from: the scheduler ends a prefill chunk exactly at a sequence's
-*checkpoint boundary* (its longest matchable prefix: the last whole page before its last
-token, `boundary`), and once that chunk is launched it copies the sequence's slot into a
-checkpoint slot. Copies are device operations (`StepPlan.state_copies`): the runner applies
+Where checkpoints come from: the scheduler ends prefill chunks exactly at a sequence's
+*checkpoint marks* (`marks`: its longest matchable prefix, the last whole page before its
+last token, plus the whole pages before each of the request's cache breakpoints, the ends
+of client messages a next turn repeats), and once such a chunk is launched it copies the
+sequence's slot into a checkpoint slot. Copies are device operations (`StepPlan.state_copies`): the runner applies
 them in order before the step they ride with, so a copy sees every earlier step's state and
 none of its own step's. Everything here is therefore stated "as of after the queued copies".
 
@@ -29,6 +30,14 @@ def boundary(num_tokens: int, page_size: int) -> int:
     """The checkpoint boundary of a sequence of `num_tokens` tokens: the longest prefix a
     request can reuse (whole pages, at least one token left to compute)."""
     return (num_tokens - 1) // page_size * page_size
+
+
+def marks(num_tokens: int, breakpoints, page_size: int) -> tuple[int, ...]:
+    """Where a sequence of `num_tokens` tokens with these cache breakpoints (prompt token
+    offsets) leaves checkpoints, ascending: whole pages only, none past `boundary`."""
+    last = boundary(num_tokens, page_size)
+    points = {offset // page_size * page_size for offset in breakpoints} | {last}
+    return tuple(sorted(mark for mark in points if 0 < mark <= last))
 
 
 class StateCheckpoints:

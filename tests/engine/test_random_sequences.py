@@ -32,8 +32,9 @@ def random_request(rng: random.Random, pool_tokens: int, hybrid: bool = False,
     sampling = GREEDY if rng.random() < 0.6 else SamplingParams(temperature=1.0,
                                                                 seed=rng.randrange(100))
     background = hybrid and rng.random() < 0.3  # yields lanes, slots and pages to others
+    breakpoints = (rng.randint(1, len(prompt)),) if hybrid and rng.random() < 0.5 else ()
     return make_request(prompt, max_tokens=rng.choice([0, 1, 3, 9, 17]), sampling=sampling,
-                        background=background)
+                        background=background, cache_breakpoints=breakpoints)
 
 
 @pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])

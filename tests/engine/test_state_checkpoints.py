@@ -95,6 +95,7 @@ def test_checkpoints_need_a_spare_slot_and_yield_to_residents():
     prompt = prompt_of(22)
     run_one(tight, prompt)
     assert tight.scheduler.checkpoints.num_checkpoints == 0
+    assert [len(p.chunk.tokens) for p in tight.schedules if p.chunk] == [22]  # no split
     assert run_one(tight, prompt)[0] == 0
     # Two slots: the spare one holds the newest checkpoint, the older one is evicted.
     driver = Driver(state_slots=2, max_concurrency=1, num_pages=64, page_size=PAGE)
@@ -146,3 +147,25 @@ def test_pause_restores_from_a_checkpoint_or_from_zero(reuse):
     assert driver.scheduler.counters.preemptions > 0
     restored = sum(e.counters["restored_cached_tokens"] for e in ends)
     assert (restored > 0) == reuse
+
+
+def test_marks_add_the_cache_breakpoints():
+    from ninfer_jax.engine.state_checkpoints import marks
+
+    assert marks(22, (), 4) == (20,)
+    assert marks(22, (3, 9, 13, 21, 40), 4) == (8, 12, 20)  # whole pages, none past 20
+
+
+def test_a_breakpoint_checkpoint_serves_a_prompt_that_diverges_after_it():
+    """A client-marked breakpoint (the end of a message) leaves a checkpoint of its own, so
+    a later prompt that shares the text up to the breakpoint only reuses it."""
+    driver = Driver(state_slots=3, max_concurrency=1, num_pages=64, page_size=PAGE)
+    prompt = prompt_of(22)
+    handle = driver.submit(make_request(prompt, max_tokens=4, cache_breakpoints=(13,)))
+    driver.run()
+    assert list(drain(handle)[-1].output_ids) == expected_output(prompt, 4, hybrid=True)
+    chunks = [(p.chunk.start, len(p.chunk.tokens)) for p in driver.schedules if p.chunk]
+    assert chunks == [(0, 12), (12, 8), (20, 2)]
+    assert driver.scheduler.checkpoints.num_checkpoints == 2
+    other = prompt[:14] + prompt_of(9, salt=7)
+    assert run_one(driver, other)[0] == 12

@@ -134,3 +134,4 @@ def test_state_copies_run_in_order_before_the_step(runner):
     assert runner.collect(runner.launch(plan)).chunk_token == 13
     state = np.asarray(runner.kv[0]["recurrent"])
     assert list(state[1:]) == [10, 10, 13]
+    assert runner._copy_slot._cache_size() == 1  # warm-up compiled the one copy there is

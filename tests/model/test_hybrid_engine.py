@@ -1,0 +1,120 @@
+"""The real hybrid model (model/hybrid.py, random tiny Qwen3.5 weights) through the JaxRunner
+and the engine's scheduler: state slots and state checkpoints change no greedy token.
+Batched streams equal the same requests alone, a repeated prompt that starts from a
+checkpoint copy equals its first run, and pauses under a small KV pool (restored from zero or
+from a checkpoint) leave the text unchanged. One runner serves every test: its slots hold
+stale state from earlier tests, which a correct engine never reads. The Gated DeltaNet
+layer's output projection is scaled up (STATE_GAIN) so that its recurrent state decides the
+tokens: at the drawn scale a tiny model repeats one token whatever its state, and a lost
+checkpoint copy changed nothing."""
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import numpy as np
+import pytest
+
+from ninfer_jax.artifact.presets import PRESETS
+from ninfer_jax.artifact.random_init import random_params
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.runner import JaxRunner
+from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.state_slots import StateSlotPool
+from ninfer_jax.engine.step_loop import StepLoop
+
+VOCAB, PAGE, CONTEXT, LANES, SLOTS = 256, 4, 64, 4, 6
+STATE_GAIN = 16.0
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    config = dataclasses.replace(PRESETS["qwen3.5-tiny"].config, vocab_size=VOCAB,
+                                 mtp_num_layers=0, max_position_embeddings=CONTEXT)
+    params = random_params(config, seed=3, dtype="f32")
+    for layer, kind in zip(params["layers"], config.layer_types):
+        if kind == "linear_attention":
+            layer["out"] = layer["out"] * STATE_GAIN
+    artifact = types.SimpleNamespace(config=config, params=params)
+    runner = JaxRunner(artifact, num_pages=64, page_size=PAGE, max_batch=LANES,
+                       max_context=CONTEXT, prefill_chunk=16, state_slot_capacity=SLOTS)
+    runner.warmup()
+    return runner
+
+
+def prompt(length: int, salt: int) -> list[int]:
+    rng = np.random.default_rng(salt)
+    return rng.integers(1, VOCAB, length).tolist()
+
+
+def generate(runner, prompts, *, lanes=LANES, num_pages=64, slots=SLOTS, reuse=True,
+             max_tokens=8, together=True):
+    """Run `prompts` (all submitted at once, or one after another) through a fresh
+    scheduler on `runner`; returns (per request (cache_n, output ids), scheduler)."""
+    config = EngineConfig(max_concurrency=lanes, prefill_chunk=16, max_context=CONTEXT,
+                          prefix_reuse=reuse)
+    scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE,
+                          max_batch=runner.max_batch, slots=StateSlotPool(slots))
+    loop = StepLoop(scheduler, runner)
+    handles = []
+    for index, ids in enumerate(prompts):
+        handle = RequestHandle(GenerationRequest(f"r{index}", list(ids), GREEDY, max_tokens))
+        scheduler.add(handle)
+        handles.append(handle)
+        if not together:
+            _run(scheduler, loop)
+    _run(scheduler, loop)
+    results = []
+    for handle in handles:
+        events = []
+        while (event := handle.next_event(timeout=0)) is not None:
+            events.append(event)
+        assert events[-1].reason == "length", events[-1]
+        results.append((events[0].cache_n, list(events[-1].output_ids), events[-1].counters))
+    return results, scheduler
+
+
+def _run(scheduler, loop) -> None:
+    for _ in range(10_000):
+        scheduler.apply_controls()
+        if not loop.advance() and not scheduler.has_work():
+            loop.drain()
+            return
+    raise AssertionError("the scheduler did not finish")
+
+
+def outputs(results):
+    return [ids for _, ids, _ in results]
+
+
+def test_batched_streams_equal_each_alone(runner):
+    prompts = [prompt(5 + 6 * i, salt=i) for i in range(LANES)]
+    together, scheduler = generate(runner, prompts, reuse=False)
+    alone = [outputs(generate(runner, [p], lanes=1, reuse=False)[0])[0] for p in prompts]
+    assert outputs(together) == alone
+    assert scheduler.slots.num_used == 0
+
+
+def test_a_repeated_prompt_from_its_checkpoint_equals_its_first_run(runner):
+    ids = prompt(30, salt=11)
+    results, scheduler = generate(runner, [ids, ids], lanes=1, together=False)
+    (first_cached, first, _), (cached, second, _) = results
+    assert first_cached == 0 and cached == 28  # the whole pages before the last token
+    assert second == first and len(set(first)) > 2  # not one token repeated
+    assert scheduler.checkpoints.num_checkpoints == 1
+
+
+def test_pauses_restore_from_zero_or_from_a_checkpoint_without_changing_text(runner):
+    prompts = [prompt(9, salt=20 + i) for i in range(LANES)]
+    reference = outputs(generate(runner, prompts, reuse=False, max_tokens=20)[0])
+    assert len({tuple(ids) for ids in reference}) == LANES  # the streams differ
+    for reuse in (False, True):
+        results, scheduler = generate(runner, prompts, num_pages=12, reuse=reuse,
+                                      max_tokens=20)
+        assert scheduler.counters.preemptions > 0
+        assert outputs(results) == reference
+        restored = sum(counters["restored_cached_tokens"] for _, _, counters in results)
+        assert (restored > 0) == reuse
