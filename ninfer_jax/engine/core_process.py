@@ -158,6 +158,9 @@ class CoreServer:
         self._owners: dict[str, _Worker] = {}  # request id -> worker (scheduling events)
         self._cond = threading.Condition()
         self._outbox: dict = collections.defaultdict(list)  # guarded by _cond
+        # (worker, item) queued without the lock (deque appends are atomic): the engine
+        # thread's per-row events; moved into the outbox, in order, under the lock
+        self._pending: collections.deque = collections.deque()
         self._stopping = False
         self._sender = threading.Thread(target=self._send_forever, name="ninfer-core-send",
                                         daemon=True)
@@ -279,23 +282,37 @@ class CoreServer:
         """Queue an item for a worker. The engine thread's items (events, scheduling
         events) wait for the end of its round (`_flush`), so each round reaches a worker
         as one message and the sender thread wakes once per round, not once per token:
-        every wake-up takes the GIL from the engine thread."""
+        every wake-up takes the GIL from the engine thread. They skip the lock too (one
+        per row per step otherwise)."""
+        if not wake:
+            self._pending.append((worker, item))
+            return
         with self._cond:
+            self._take_pending()  # what was queued before this item goes first
             self._outbox[worker].append(item)
-            if wake:
-                self._cond.notify()
+            self._cond.notify()
+
+    def _take_pending(self) -> None:
+        """Move the lock-free queue into the outbox (with _cond held)."""
+        pending = self._pending
+        while pending:
+            worker, item = pending.popleft()
+            self._outbox[worker].append(item)
 
     def _flush(self) -> None:
         """End of an engine round: send what it queued."""
         with self._cond:
+            self._take_pending()
             if self._outbox:
                 self._cond.notify()
 
     def _send_forever(self) -> None:
         while True:
             with self._cond:
+                self._take_pending()
                 if not self._outbox and not self._stopping:
                     self._cond.wait(STATS_PUSH_S)
+                    self._take_pending()  # e.g. Failed events published after the last round
                 outbox, self._outbox = self._outbox, collections.defaultdict(list)
                 stopping = self._stopping
             engine = self.engine
