@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from typing import Any
+from typing import Any, NamedTuple
 
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.request import Event, GenerationRequest
@@ -54,10 +54,10 @@ class SubmitReply:
     error: NinferError | None  # the synchronous refusal Engine.submit raised, if any
 
 
-@dataclasses.dataclass(frozen=True)
-class Relayed:
-    """One handle event. With the terminal event comes what the engine-side copy of the
-    request's token policy recorded (`outcome()`), for the worker's copy to adopt."""
+class Relayed(NamedTuple):
+    """One handle event (one per row per step: a NamedTuple, cheap to build and pickle).
+    With the terminal event comes what the engine-side copy of the request's token policy
+    recorded (`outcome()`), for the worker's copy to adopt."""
 
     key: int
     event: Event

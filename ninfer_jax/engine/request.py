@@ -11,7 +11,7 @@ import dataclasses
 import queue
 import threading
 import time
-from typing import Protocol, Sequence, Union
+from typing import NamedTuple, Protocol, Sequence, Union
 
 from ninfer_jax.errors import NinferError
 
@@ -87,8 +87,9 @@ class PromptProgress:
     time: float
 
 
-@dataclasses.dataclass(frozen=True)
-class Tokens:
+class Tokens(NamedTuple):
+    """Published for every row of every step: a NamedTuple (built in C), not a dataclass."""
+
     ids: tuple[int, ...]  # newly committed output tokens, in order
     num_committed: int  # total committed output tokens after these
     time: float
