@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from ninfer_jax.artifact.components import mtp_expected_shapes
+from ninfer_jax.artifact.weights_io import human_bytes
 from ninfer_jax.model.config import ModelConfig
 
 _SHORT = {"linear_attention": "linear", "full_attention": "full"}
@@ -82,10 +83,10 @@ def format_hybrid(summary: dict[str, Any]) -> list[str]:
     lines = [
         f"layer types   {layers['linear_attention']} linear_attention, "
         f"{layers['full_attention']} full_attention: {layers['pattern']}",
-        f"state/seq     {_size(state['total'])} ({state['total']:,} bytes): per linear layer "
-        f"conv {state['conv_shape']} {_size(state['conv_per_layer'])} + recurrent "
-        f"{state['recurrent_shape']} f32 {_size(state['recurrent_per_layer'])}",
-        f"KV/token      {_size(summary['kv_bytes_per_token'])} "
+        f"state/seq     {human_bytes(state['total'])} ({state['total']:,} bytes): per linear layer "
+        f"conv {state['conv_shape']} {human_bytes(state['conv_per_layer'])} + recurrent "
+        f"{state['recurrent_shape']} f32 {human_bytes(state['recurrent_per_layer'])}",
+        f"KV/token      {human_bytes(summary['kv_bytes_per_token'])} "
         f"({summary['kv_bytes_per_token']:,} bytes, full-attention layers only)",
         f"attention     output gate {'on' if attention['output_gate'] else 'off'}, "
         f"RoPE on {attention['rotary_dims']} dims per head",
@@ -98,13 +99,5 @@ def format_hybrid(summary: dict[str, Any]) -> list[str]:
     if summary["mtp"]:
         mtp = summary["mtp"]
         lines.append(f"MTP head      {mtp['layers']} layer(s), {mtp['parameters']:,} parameters, "
-                     f"KV/token {_size(mtp['kv_bytes_per_token'])} (mtp component)")
+                     f"KV/token {human_bytes(mtp['kv_bytes_per_token'])} (mtp component)")
     return lines
-
-
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
-        count /= 1024
-    return f"{count:.1f} GiB"

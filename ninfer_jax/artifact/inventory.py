@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ninfer_jax.artifact import weights_io
+from ninfer_jax.artifact.weights_io import human_bytes
 from ninfer_jax.artifact.components import MTP_DIR, MTP_PREFIX, mtp_expected_shapes
 from ninfer_jax.artifact.format import WEIGHTS_DIR, load_artifact
 from ninfer_jax.artifact.hybrid_report import format_hybrid, hybrid_summary
@@ -77,7 +78,7 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"notes         {metadata['notes']}")
     lines += ["", *_table(report["tensors"]), "",
               f"total         {totals['tensors']} arrays, {totals['parameters']:,} parameters, "
-              f"{_human_bytes(totals['bytes'])} ({totals['bytes']:,} bytes)"]
+              f"{human_bytes(totals['bytes'])} ({totals['bytes']:,} bytes)"]
     return "\n".join(lines)
 
 
@@ -102,11 +103,3 @@ def _table(rows: list[dict]) -> list[str]:
     render = lambda values: "  ".join(  # noqa: E731
         v.rjust(w) if i == 4 else v.ljust(w) for i, (v, w) in enumerate(zip(values, widths)))
     return [render(headers), render(tuple("-" * w for w in widths)), *map(render, cells)]
-
-
-def _human_bytes(count: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.1f} {unit}" if unit != "B" else f"{count} B"
-        count /= 1024
-    return f"{count:.1f} GiB"

@@ -38,6 +38,15 @@ def _itemsize(dtype: str) -> int:
         return np.dtype(getattr(ml_dtypes, dtype)).itemsize
 
 
+def human_bytes(count: float) -> str:
+    """A byte count for people: B, KiB, MiB or GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.1f} {unit}" if unit != "B" else f"{int(count)} B"
+        count /= 1024
+    return f"{count:.1f} GiB"
+
+
 def walk_tree(tree: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
     """Yield (dotted name, leaf) for every leaf of a nest of dicts and lists."""
     if isinstance(tree, dict):
