@@ -171,8 +171,11 @@ class Engine:
         scheduler, loop = self.scheduler, self.loop
         # Idle: executables compiled in the background take their first run now, one at a
         # time, rather than in front of a request (runner.prime_one).
+        primed = False
         while not self._has_round_work() and self.runner.prime_one():
-            pass
+            primed = True
+        if primed:
+            self._publish_stats()  # /health counts primed executables as ready
         with self._cond:
             while not self._has_round_work():
                 self._cond.wait()

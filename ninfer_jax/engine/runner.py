@@ -141,7 +141,8 @@ class JaxRunner:
                  max_context: int, prefill_chunk: int, dtype=None, kv_dtype=None,
                  min_rows: int | None = None, expand_quantized: bool | None = None,
                  background_compile: bool | None = None, compile_threads: int | None = None,
-                 greedy_variants: bool | None = None, state_slot_capacity: int | None = None):
+                 greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
+                 store_executables: bool | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -190,7 +191,9 @@ class JaxRunner:
         self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
         self._greedy_executables: dict[tuple[int, int], object] = {}
-        self._unprimed: list[tuple[tuple[int, int], bool]] = []  # compiled, never run
+        # (shape, draws) of executables compiled but never run, in compile order (a dict:
+        # compile threads add, the engine thread removes; each operation is atomic)
+        self._unprimed: dict[tuple[tuple[int, int], bool], None] = {}
         self._compile_lock = threading.Lock()
         self._prev_out = jnp.zeros(1 + max_batch, jnp.int32)
         self._zero_bias: dict[int, jax.Array] = {}
@@ -198,7 +201,13 @@ class JaxRunner:
         self.compile_done = threading.Event()  # every shape compiled (background included)
         self.on_compiled = None  # called (from any thread) after each shape compiles
         # Executables kept on disk next to JAX's cache: a restart loads them untraced.
-        self._store = ExecutableStore.from_environment(self._fingerprint())
+        # Not on XLA:CPU by default: an executable it deserialises runs in the process that
+        # compiled it but fails in another ("Function multiply_add_fusion not found"), and a
+        # CPU restart is cheap anyway (JAX's own cache still applies there).
+        if store_executables is None:
+            store_executables = jax.default_backend() != "cpu"
+        self._store = (ExecutableStore.from_environment(self._fingerprint())
+                       if store_executables else None)
 
     # the pre-v2 names, still read by tests and tools
     @property
@@ -256,9 +265,11 @@ class JaxRunner:
         return [(0, rows) for rows in self.row_buckets] if self.greedy_variants else []
 
     def compile_progress(self) -> tuple[int, int]:
-        """(executables compiled, executables planned), for /health while loading and the
-        logs: every step shape plus the greedy variants."""
-        return (len(self._executables) + len(self._greedy_executables),
+        """(executables ready, executables planned), for /health and the logs: every step
+        shape plus the greedy variants; ready means compiled and run once (prime_one), so
+        none of them would stall a request with its first-run set-up."""
+        compiled = len(self._executables) + len(self._greedy_executables)
+        return (compiled - len(self._unprimed),
                 len(self.step_shapes()) + len(self.greedy_shapes()))
 
     def warmup(self) -> None:
@@ -281,8 +292,8 @@ class JaxRunner:
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
             self.kv = self._copy_slot(self.kv, dummy, dummy)
         jax.block_until_ready(self.kv)
-        self._unprimed = [(shape, draws) for shape, draws in self._unprimed
-                          if not (draws and shape in essential)]
+        for shape in essential:
+            self._unprimed.pop((shape, True), None)
         self.is_warm = True
         log.info("compiled %d step shapes in %.1f s, first runs %.1f s%s", len(essential),
                  compiled - started, time.perf_counter() - compiled,
@@ -300,9 +311,11 @@ class JaxRunner:
         first run pays a one-time set-up, on the GPU CUDA graph instantiation and module
         loading (run 12: 0.36-0.49 s stalls of every stream when a load level first used a
         shape), which would otherwise land on a request. Engine thread, no step in flight."""
-        if not self._unprimed:
+        key = next(iter(self._unprimed), None)
+        if key is None:
             return False
-        shape, draws = self._unprimed.pop(0)
+        shape, draws = key
+        self._unprimed.pop(key, None)
         executables = self._executables if draws else self._greedy_executables
         self._run_padding(executables[shape], shape)
         jax.block_until_ready(self.kv)
@@ -370,7 +383,7 @@ class JaxRunner:
         stored = self._store.load(key) if self._store is not None else None
         if stored is not None:
             executables[shape] = stored
-            self._unprimed.append((shape, draws))
+            self._unprimed[(shape, draws)] = None
             if self.on_compiled is not None:
                 self.on_compiled()
             return
@@ -382,7 +395,7 @@ class JaxRunner:
                                          layout=self._layout(*shape), draws=draws)
         compiled = lowered.compile()
         executables[shape] = compiled
-        self._unprimed.append((shape, draws))
+        self._unprimed[(shape, draws)] = None
         if self._store is not None:
             self._store.save(key, compiled)
         if self.on_compiled is not None:
@@ -441,9 +454,12 @@ class JaxRunner:
         layout = self._layout(*shape)
         specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
         ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
-        executable = self._executables[shape]
+        executable, draws = self._executables[shape], True
         if self.greedy_variants and all(s is None or s.params.is_greedy for s in specs):
-            executable = self._greedy_executables.get(shape, executable)
+            greedy = self._greedy_executables.get(shape)
+            if greedy is not None:
+                executable, draws = greedy, False
+        self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
         for src, dst in plan.state_copies:  # in order, before the step (state checkpoints)
             self.kv = self._copy_slot(self.kv, np.int32(src), np.int32(dst))
         out, self.kv = executable(

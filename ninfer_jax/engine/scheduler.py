@@ -518,9 +518,10 @@ class Scheduler:
     def _publish_prefix(self, seq: Sequence) -> None:
         if self.cache is not None and seq.status is Status.RESIDENT:
             # Only committed tokens name a page's contents (a pending token's KV may exist).
-            seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages,
-                                                  min(seq.num_computed, len(seq.tokens)),
-                                                  seq.cache_cursor)
+            computed = min(seq.num_computed, len(seq.tokens))
+            if computed // self.page_size > seq.cache_cursor[0]:  # a page filled up since
+                seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages, computed,
+                                                      seq.cache_cursor)
 
     def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
         try:

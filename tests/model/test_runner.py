@@ -220,7 +220,10 @@ def test_a_restart_loads_stored_executables_without_tracing(tiny, runner, tmp_pa
     model and shapes loads them (no tracing at all) and decodes the same tokens. Another
     configuration never picks them up."""
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
-    common = dict(num_pages=64, page_size=8, max_batch=2, max_context=128, prefill_chunk=32)
+    # The store is off on CPU by default (its executables do not run in another process);
+    # within one process, as here, they do.
+    common = dict(num_pages=64, page_size=8, max_batch=2, max_context=128, prefill_chunk=32,
+                  store_executables=True)
     first = JaxRunner(tiny[1], **common)
     first.warmup()
     stored = list((tmp_path / "ninfer-executables").glob("*.exe"))
@@ -251,12 +254,14 @@ def test_all_greedy_steps_use_the_variant_without_draws(tiny, runner):
     variants.warmup()
     assert variants.compile_done.wait(600)
     num_shapes = len(variants.step_shapes()) + len(variants.row_buckets)
-    assert variants.compile_progress() == (num_shapes, num_shapes)
-    # What compiled after warm-up runs once on padding when the engine is idle, then no more.
+    # What compiled after warm-up runs once on padding when the engine is idle, then no more;
+    # until then it does not count as ready (the step shapes all ran in warm-up here).
+    assert variants.compile_progress() == (len(variants.step_shapes()), num_shapes)
     primed = 0
     while variants.prime_one():
         primed += 1
-    assert primed == len(variants.greedy_shapes())  # the step shapes all ran in warm-up here
+    assert primed == len(variants.greedy_shapes())
+    assert variants.compile_progress() == (num_shapes, num_shapes)
     used = []
     for shape, executable in list(variants._greedy_executables.items()):
         def recording(*args, _shape=shape, _executable=executable):
@@ -271,3 +276,14 @@ def test_all_greedy_steps_use_the_variant_without_draws(tiny, runner):
     assert generate(variants, batch, NUM_NEW, sampling=seeded) == \
         generate(runner, batch, NUM_NEW, sampling=seeded)
     assert not used, "a step with a sampled row ran without draws"
+
+
+def test_no_executable_store_on_cpu_by_default(tiny, tmp_path, monkeypatch):
+    """A CPU executable deserialised in a new process fails to run, so the CPU keeps none."""
+    import jax
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
+    cpu = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
+                    prefill_chunk=32)
+    cpu.compile_shapes([(0, 1)])
+    assert jax.default_backend() != "cpu" or not (tmp_path / "ninfer-executables").exists()
