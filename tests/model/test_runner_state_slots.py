@@ -124,6 +124,7 @@ def test_dense_families_keep_their_layout(monkeypatch):
 
 
 def test_state_copies_run_in_order_before_the_step(runner):
+    compiled = runner._copy_slot._cache_size()  # (shared by every runner in the process)
     first = runner.prefill(PrefillUnit(0, np.asarray([4, 4], np.int32), 0, _table(1), GREEDY,
                                        state_slot=1))
     assert first == 10
@@ -134,4 +135,4 @@ def test_state_copies_run_in_order_before_the_step(runner):
     assert runner.collect(runner.launch(plan)).chunk_token == 13
     state = np.asarray(runner.kv[0]["recurrent"])
     assert list(state[1:]) == [10, 10, 13]
-    assert runner._copy_slot._cache_size() == 1  # warm-up compiled the one copy there is
+    assert runner._copy_slot._cache_size() == compiled  # warm-up compiled the copy launch runs
