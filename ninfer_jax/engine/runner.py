@@ -330,13 +330,10 @@ class JaxRunner:
         left over is sized for that many compiles' autotuning scratch. The greedy variants
         come last: until they exist, greedy steps run the shapes with draws (same tokens)."""
         started = time.perf_counter()
-        shapes = [(shape, True) for shape in shapes] + [(s, False) for s in greedy_shapes]
         try:
-            with concurrent.futures.ThreadPoolExecutor(BACKGROUND_COMPILE_THREADS) as pool:
-                for future in [pool.submit(self._compile, *job) for job in shapes]:
-                    future.result()
-            log.info("background compile: %d more step shapes in %.1f s", len(shapes),
-                     time.perf_counter() - started)
+            self._compile_all(shapes, greedy_shapes, threads=BACKGROUND_COMPILE_THREADS)
+            log.info("background compile: %d more step shapes in %.1f s",
+                     len(shapes) + len(greedy_shapes), time.perf_counter() - started)
         except Exception:  # the essential shapes still serve every step
             log.exception("background compile failed; steps keep using the compiled shapes")
         finally:
@@ -349,13 +346,16 @@ class JaxRunner:
         greedy = set(self.greedy_shapes())
         self._compile_all(shapes, [shape for shape in shapes if shape in greedy])
 
-    def _compile_all(self, shapes, greedy_shapes=()) -> None:
+    def _compile_all(self, shapes, greedy_shapes=(), threads: int | None = None) -> None:
+        """Compile the shapes, then the greedy variants of `greedy_shapes`, `threads` at a
+        time (default: compile_threads)."""
         jobs = [(shape, True) for shape in shapes] + [(s, False) for s in greedy_shapes]
-        if len(jobs) <= 1 or self.compile_threads <= 1:
+        threads = threads or self.compile_threads
+        if len(jobs) <= 1 or threads <= 1:
             for job in jobs:
                 self._compile(*job)
             return
-        with concurrent.futures.ThreadPoolExecutor(self.compile_threads) as pool:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
             for future in [pool.submit(self._compile, *job) for job in jobs]:
                 future.result()
 
