@@ -1,7 +1,7 @@
 """Prefill and decode speed of JaxRunner on a real artifact (default: the embedded SmolLM2).
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
-        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--json]
+        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--plain-launch] [--json]
         [--profile DIR]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 
 import numpy as np
@@ -111,6 +112,9 @@ def main():
     parser.add_argument("--keep-quantized", action="store_true",
                         help="off the GPU, dequantize quantized weights in every step instead "
                              "of once at load (the runner's default before 2026-11-29)")
+    parser.add_argument("--plain-launch", action="store_true",
+                        help="launch without the GPU's stable buffers (the step's inputs and "
+                             "prev_out fresh buffers every launch: XLA updates its CUDA graph)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--profile", metavar="DIR",
                         help="trace each batch's pipelined decode under DIR/batchN and print "
@@ -123,7 +127,8 @@ def main():
     pages = max(batches) * math.ceil(max_context / 16) + 2
     runner = JaxRunner(artifact, num_pages=pages, max_batch=max(batches), max_context=max_context,
                        prefill_chunk=args.prefill_chunk,
-                       expand_quantized=False if args.keep_quantized else None)
+                       expand_quantized=False if args.keep_quantized else None,
+                       stable_buffers=False if args.plain_launch else None)
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.
     prefill_chunk = runner.chunk_buckets[-1]
@@ -149,7 +154,8 @@ def main():
                     records.append({"op": "profile", "batch": batch, **summary})
     header = {"artifact": artifact.name, "dtype": np.dtype(runner.dtype).name,
               "row_buckets": runner.row_buckets, "chunk_buckets": runner.chunk_buckets,
-              "max_context": max_context}
+              "max_context": max_context, "stable_buffers": runner.stable_buffers,
+              "xla_flags": os.environ.get("XLA_FLAGS", "")}
     if args.json:
         for record in records:
             print(json.dumps({**header, **record}), flush=True)

@@ -142,7 +142,7 @@ class JaxRunner:
                  min_rows: int | None = None, expand_quantized: bool | None = None,
                  background_compile: bool | None = None, compile_threads: int | None = None,
                  greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
-                 store_executables: bool | None = None):
+                 store_executables: bool | None = None, stable_buffers: bool | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -179,9 +179,22 @@ class JaxRunner:
         self.width = math.ceil(max_context / page_size)  # page-table entries per row
         self.background_compile = kernels if background_compile is None else background_compile
         self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
+        # GPU: every buffer a step reads or writes keeps its device address from step to
+        # step. XLA's command buffer (CUDA graph) records addresses, and any allocation that
+        # moved makes the next launch update the graph: 1.0-1.4 ms of host time per launch
+        # of the 8B step however few nodes change (run 14, launch_probe). So the packed
+        # inputs are copied into per-shape staging buffers that are donated back to
+        # themselves, `prev_out` is donated and comes back as `out`, and the host reads a
+        # copy of `out` made by a tiny executable of its own.
+        self.stable_buffers = kernels if stable_buffers is None else stable_buffers
         self._jitted = jax.jit(steps.packed_step,
                                static_argnames=("config", "page_size", "layout", "draws"),
-                               donate_argnames=("kv",))
+                               donate_argnames=("kv", "prev_out") if self.stable_buffers
+                               else ("kv",))
+        self._staging: dict[tuple[int, int], tuple[jax.Array, jax.Array]] = {}
+        self._restage = jax.jit(_overwrite, donate_argnums=(0, 1))
+        self._snapshot = jax.jit(_host_copy)
+        self._zero = jnp.zeros((), jnp.int32)
         # GPU: every decode-only shape also gets a variant without the draws, which steps
         # whose rows are all greedy use once it has compiled (sampling.sample: the draws'
         # top-k is a sort of the vocabulary there, and the CPU's run-time skip would stall the
@@ -322,8 +335,27 @@ class JaxRunner:
         return True
 
     def _run_padding(self, executable, shape) -> None:
-        _, self.kv = executable(self.params, self.kv, self._prev_out,
-                                *self._example_inputs(*shape))
+        ints, floats, bias = self._example_inputs(*shape)
+        if self.stable_buffers:
+            ints, floats = self._staged(shape, ints, floats)
+        # The previous step's output is kept: a padding run's own rows are all padding.
+        out, self.kv = executable(self.params, self.kv, self._prev_out, ints, floats, bias)
+        if self.stable_buffers:  # prev_out was donated: `out` is its buffer, same values
+            self._prev_out = out
+
+    def _prev_out_spec(self) -> jax.ShapeDtypeStruct:
+        # Abstract: the engine thread may donate the real one while a compile thread traces.
+        return jax.ShapeDtypeStruct((1 + self.max_batch,), jnp.int32)
+
+    def _staged(self, shape, ints: np.ndarray, floats: np.ndarray):
+        """The shape's staging buffers, now holding `ints` and `floats` (same addresses as
+        at the previous launch of this shape)."""
+        staged = self._staging.get(shape)
+        if staged is None:
+            staged = (jnp.zeros(ints.shape, ints.dtype), jnp.zeros(floats.shape, floats.dtype))
+        staged = self._restage(*staged, ints, floats)
+        self._staging[shape] = staged
+        return staged
 
     def _compile_rest(self, shapes, greedy_shapes=()) -> None:
         """BACKGROUND_COMPILE_THREADS shapes at a time: with the pool allocated, the memory
@@ -373,6 +405,7 @@ class JaxRunner:
                               for s in jax.tree_util.tree_leaves(self._kv_spec)}),
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
                 "width": self.width, "max_batch": self.max_batch,
+                "stable_buffers": self.stable_buffers,
                 **({"state_slots": self.state_slot_capacity} if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
@@ -390,7 +423,8 @@ class JaxRunner:
         example = self._example_inputs(*shape)
         with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
             # Abstract caches: the engine thread donates the real ones while this traces.
-            lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out, *example,
+            lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out_spec(),
+                                         *example,
                                          config=self.config, page_size=self.page_size,
                                          layout=self._layout(*shape), draws=draws)
         compiled = lowered.compile()
@@ -462,11 +496,15 @@ class JaxRunner:
         self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
         for src, dst in plan.state_copies:  # in order, before the step (state checkpoints)
             self.kv = self._copy_slot(self.kv, np.int32(src), np.int32(dst))
+        if self.stable_buffers:
+            ints, floats = self._staged(shape, ints, floats)
         out, self.kv = executable(
             self.params, self.kv, self._prev_out, ints, floats,
             self._bias(specs, layout.sampled))
         self._prev_out = out
-        return _Launched(out=out, plan=plan)
+        # With stable buffers `out` is donated to the next step, so the host reads a copy.
+        host_view = self._snapshot(out, self._zero) if self.stable_buffers else out
+        return _Launched(out=host_view, plan=plan)
 
     def wait(self, launched: _Launched) -> None:
         launched.out.block_until_ready()
@@ -529,6 +567,19 @@ class JaxRunner:
         if not 1 <= len(rows) <= self.max_batch:
             raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
         return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
+
+
+def _overwrite(ints_buffer, floats_buffer, ints, floats):
+    """The staging buffers (donated) overwritten with this launch's packed inputs: the
+    outputs alias the donated inputs, so the addresses stay."""
+    return (jax.lax.dynamic_update_slice(ints_buffer, ints, (0,)),
+            jax.lax.dynamic_update_slice(floats_buffer, floats, (0,)))
+
+
+def _host_copy(out, zero):
+    """A fresh copy of a step's output for the host (xor with a runtime zero: XLA cannot
+    fold it into the input buffer)."""
+    return out ^ zero
 
 
 def copy_state_slot(kv, src, dst):

@@ -287,3 +287,45 @@ def test_no_executable_store_on_cpu_by_default(tiny, tmp_path, monkeypatch):
                     prefill_chunk=32)
     cpu.compile_shapes([(0, 1)])
     assert jax.default_backend() != "cpu" or not (tmp_path / "ninfer-executables").exists()
+
+
+def _pipelined(runner, prompt, num_new, params):
+    """Greedy/sampled tokens with every step launched before the previous one is collected,
+    each row fed the previous step's token on the device (as the engine's step loop runs)."""
+    table = np.arange(1, 1 + -(-(len(prompt) + num_new) // runner.page_size), dtype=np.int32)
+    first = runner.prefill(PrefillUnit(0, np.asarray(prompt, np.int32), 0,
+                                       table, SampleSpec(params, 0)))
+    tokens, position = [first], len(prompt)
+    in_flight = runner.launch(StepPlan(chunk=None, rows=(
+        DecodeRow(0, first, position, table, SampleSpec(params, 1)),)))
+    for index in range(2, num_new):
+        position += 1
+        launched = runner.launch(StepPlan(chunk=None, rows=(
+            DecodeRow(0, 0, position, table, SampleSpec(params, index), from_previous=0),)))
+        tokens.append(int(runner.collect(in_flight).row_tokens[0]))
+        in_flight = launched
+    tokens.append(int(runner.collect(in_flight).row_tokens[0]))
+    return tokens
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.0),
+                                    SamplingParams(temperature=0.8, seed=11)])
+def test_stable_buffers_keep_addresses_and_tokens(tiny, runner, params):
+    """The GPU's stable-buffer launch (staging buffers donated back to themselves, prev_out
+    donated, the host reading a copy): pipelined decoding gives the tokens of the plain
+    launch, and the step's inputs and prev_out keep their device addresses across launches
+    (what keeps XLA from updating its CUDA graph at every launch)."""
+    stable = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
+                       prefill_chunk=32, stable_buffers=True)
+    stable.warmup()
+    prompt = prompts(1, seed=21)[0]
+    assert _pipelined(stable, prompt, NUM_NEW, params) == \
+        _pipelined(runner, prompt, NUM_NEW, params)
+
+    def addresses():
+        return ({shape: tuple(a.unsafe_buffer_pointer() for a in arrays)
+                 for shape, arrays in stable._staging.items()},
+                stable._prev_out.unsafe_buffer_pointer())
+    before = addresses()
+    assert _pipelined(stable, prompt, 4, params) == _pipelined(runner, prompt, 4, params)
+    assert addresses() == before
