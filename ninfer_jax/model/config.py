@@ -15,6 +15,9 @@ Params pytree (weights stored as [in, out] so a projection is `x @ w`):
         mlp_norm [H]
         w_gate [H, F]  w_up [H, F]  w_down [F, H]
 A quantized weight leaf is a dict (see kernels/quant_matmul) instead of a plain array.
+Fused layout (model/fused_projections.py, made at load by the runner, never stored): a layer
+may hold wqkv [H, (NH + 2*NK)*D] (wq | wk | wv columns) in place of wq wk wv, and
+w_gate_up [H, 2F] (gate columns first) in place of w_gate w_up; the model takes either.
 
 Hybrid families (model/hybrid.py). Every norm weight named *_norm except `gdn_norm` is
 zero-centred (applied as 1 + w). layer_types[i] says what layer i holds:

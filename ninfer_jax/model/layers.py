@@ -43,9 +43,12 @@ def zero_centred_rms_norm(x, weight, eps: float):
 
 
 def swiglu_mlp(x, layer):
-    """The gated MLP: down(silu(gate(x)) * up(x))."""
-    gate = linear(x, layer["w_gate"])
-    up = linear(x, layer["w_up"])
+    """The gated MLP: down(silu(gate(x)) * up(x)); one product for gate and up when the layer
+    has the fused `w_gate_up` (model/fused_projections.py)."""
+    if "w_gate_up" in layer:
+        gate, up = jnp.split(linear(x, layer["w_gate_up"]), 2, axis=-1)
+    else:
+        gate, up = linear(x, layer["w_gate"]), linear(x, layer["w_up"])
     hidden = gate * jnp.reciprocal(1.0 + jnp.exp(-gate)) * up
     return linear(hidden, layer["w_down"])
 

@@ -99,9 +99,7 @@ def _attention(h, layer, k_cache, v_cache, cos, sin, slots, attend, config: Mode
     """GQA self-attention of rows h [N, H]: project, (qwen3) per-head norm, rotate, store the
     new K/V at `slots`, attend over the paged cache, project back."""
     N, D = h.shape[0], config.head_dim
-    q = linear(h, layer["wq"]).reshape(N, config.num_heads, D)
-    k = linear(h, layer["wk"]).reshape(N, config.num_kv_heads, D)
-    v = linear(h, layer["wv"]).reshape(N, config.num_kv_heads, D)
+    q, k, v = _project_qkv(h, layer, config)
     if config.qk_norm:
         q = rms_norm(q, layer["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, layer["k_norm"], config.rms_norm_eps)
@@ -109,6 +107,17 @@ def _attention(h, layer, k_cache, v_cache, cos, sin, slots, attend, config: Mode
     k_cache, v_cache = paged_attention.write_kv(k_cache, v_cache, k, v, slots)
     out = attend(q, k_cache, v_cache)
     return linear(out.reshape(N, config.num_heads * D), layer["wo"]), k_cache, v_cache
+
+
+def _project_qkv(h, layer, config: ModelConfig):
+    """q [N, NH, D], k and v [N, NK, D]: one product when the layer has the fused `wqkv`
+    (model/fused_projections.py), three otherwise."""
+    N, NH, NK, D = h.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
+    if "wqkv" in layer:
+        q, k, v = jnp.split(linear(h, layer["wqkv"]), [NH * D, (NH + NK) * D], axis=-1)
+    else:
+        q, k, v = (linear(h, layer[name]) for name in ("wq", "wk", "wv"))
+    return q.reshape(N, NH, D), k.reshape(N, NK, D), v.reshape(N, NK, D)
 
 
 def _logits(params, x, config: ModelConfig):

@@ -1,0 +1,79 @@
+"""Fused projections: the dense families' q|k|v and gate|up weights joined at load time.
+
+Projections that read the same input become one matrix, so a step runs one product for them
+and a decode GEMV streams one larger weight (H200, Qwen3-8B shape: the separate q, k and v
+products ran far below the bandwidth of the MLP's). `fuse_projections(params, config)` turns
+each layer of a `llama`/`qwen3` params tree (model/config.py) into
+
+    wqkv       [H, (NH + 2*NK) * D]   wq | wk | wv     (joined along the output axis)
+    w_gate_up  [H, 2F]                w_gate | w_up
+
+and model/llama.py and layers.swiglu_mlp split the product again. Plain float weights always
+fuse. Quantized leaves (kernels/quant_matmul/formats.py) fuse when all parts share a format
+whose every array runs along the output axis last: int8 and fp8 (codes [K, N], per-channel
+scales [N]) and int4 (codes pack column pairs within one leaf, so [Kp, N/2] joins cleanly;
+group scales [Kp/128, N]). nvfp4 leaves carry one global scale each and stay separate, as do
+parts of mixed formats or row counts. Already fused layers and hybrid families are returned
+unchanged.
+Memory: host (numpy) leaves are joined on the host, before steps.cast_params places the tree
+on the device, so the device never holds both layouts; device leaves are joined on their
+device, and the parts stay there as long as the caller keeps them.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ninfer_jax.kernels.quant_matmul.formats import format_of, logical_shape
+from ninfer_jax.model.config import ModelConfig
+
+DENSE_ARCHITECTURES = ("llama", "qwen3")
+# fused leaf -> the leaves it replaces, in column order
+FUSED_LEAVES = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+# quantized formats whose arrays all join along their last (output) axis
+JOINABLE_FORMATS = ("int8", "fp8", "int4")
+
+
+def fuse_projections(params: dict, config: ModelConfig) -> dict:
+    """`params` with each dense layer's fusable projection groups joined (module docstring)."""
+    if config.architecture not in DENSE_ARCHITECTURES:
+        return params
+    return {**params, "layers": [fuse_layer(layer) for layer in params["layers"]]}
+
+
+def fuse_layer(layer: dict) -> dict:
+    """One layer's leaves with every group of FUSED_LEAVES that can be joined replaced."""
+    layer = dict(layer)
+    for fused, parts in FUSED_LEAVES.items():
+        if not all(part in layer for part in parts):
+            continue
+        joined = join_columns([layer[part] for part in parts])
+        if joined is not None:
+            for part in parts:
+                del layer[part]
+            layer[fused] = joined
+    return layer
+
+
+def join_columns(leaves: list):
+    """One weight leaf whose output columns are those of `leaves` in order, or None when their
+    formats do not allow it (see the module docstring)."""
+    formats = {format_of(leaf) for leaf in leaves}
+    rows = {logical_shape(leaf)[0] for leaf in leaves}
+    if len(formats) != 1 or len(rows) != 1:
+        return None
+    fmt = formats.pop()
+    if fmt == "bf16":  # any plain float array
+        return _concatenate(leaves)
+    if fmt not in JOINABLE_FORMATS:
+        return None
+    return {key: _concatenate([leaf[key] for leaf in leaves]) for key in leaves[0]}
+
+
+def _concatenate(arrays: list):
+    """Join along the last axis: on the host for numpy arrays, on the device for jax ones."""
+    if any(isinstance(array, jax.Array) for array in arrays):
+        return jnp.concatenate(arrays, axis=-1)
+    dtype = np.result_type(*arrays)
+    return np.concatenate([np.asarray(array, dtype) for array in arrays], axis=-1)
