@@ -37,7 +37,7 @@ JOINABLE_FORMATS = ("int8", "fp8", "int4")
 
 def fuse_projections(params: dict, config: ModelConfig) -> dict:
     """`params` with each dense layer's fusable projection groups joined (module docstring)."""
-    if config.architecture not in DENSE_ARCHITECTURES:
+    if config.architecture not in DENSE_ARCHITECTURES or "layers" not in params:
         return params
     return {**params, "layers": [fuse_layer(layer) for layer in params["layers"]]}
 
