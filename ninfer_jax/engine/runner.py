@@ -46,7 +46,7 @@ from ninfer_jax.engine.runner_api import (
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
-from ninfer_jax.model import packed_inputs, sampling, steps
+from ninfer_jax.model import fused_projections, packed_inputs, sampling, steps
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ class JaxRunner:
                  min_rows: int | None = None, expand_quantized: bool | None = None,
                  background_compile: bool | None = None, compile_threads: int | None = None,
                  greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
-                 store_executables: bool | None = None, stable_buffers: bool | None = None):
+                 store_executables: bool | None = None, stable_buffers: bool | None = None,
+                 fuse_projections: bool | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -151,8 +152,11 @@ class JaxRunner:
         self.max_context = max_context
         self.dtype = dtype or default_dtype()
         self.kv_dtype = jnp.dtype(kv_dtype or self.dtype)
-        self.params = steps.cast_params(artifact.params, self.dtype)
         kernels = use_kernels()
+        params = artifact.params
+        if fuse_projections is None or fuse_projections:  # joined on the host, before the put
+            params = fused_projections.fuse_projections(params, self.config)
+        self.params = steps.cast_params(params, self.dtype)
         if expand_quantized is None:  # without the quantized kernels, dense weights are faster
             expand_quantized = not kernels
         if expand_quantized and has_quantized_projections(self.params):

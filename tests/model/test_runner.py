@@ -157,9 +157,34 @@ def test_quantized_weights_expanded_at_load_decode_the_same_tokens(tiny, fmt):
     expanded = JaxRunner(artifact, **common)
     per_step = JaxRunner(artifact, **common, expand_quantized=False)
     assert not any(isinstance(leaf, dict) for leaf in expanded.params["layers"][0].values())
-    assert isinstance(per_step.params["layers"][0]["wq"], dict)
+    assert isinstance(per_step.params["layers"][0]["wqkv"], dict)  # int8, int4: fused
     batch = prompts(2, seed=13)
     assert generate(expanded, batch, NUM_NEW) == generate(per_step, batch, NUM_NEW)
+
+
+def test_fused_and_separate_projections_decode_the_same_tokens(default_artifact_path):
+    """On the embedded default model: the runner joins q|k|v and gate|up at load (by
+    default) and generates what the separate products do."""
+    from ninfer_jax.artifact import load_artifact
+
+    artifact = load_artifact(default_artifact_path)
+    common = dict(num_pages=32, page_size=16, max_batch=2, max_context=128, prefill_chunk=32)
+    fused = JaxRunner(artifact, **common)
+    separate = JaxRunner(artifact, **common, fuse_projections=False)
+    assert {"wqkv", "w_gate_up"} <= set(fused.params["layers"][0])
+    assert not {"wqkv", "w_gate_up"} & set(separate.params["layers"][0])
+    batch = [list(range(100, 140)), list(range(2000, 2011))]
+    assert generate(fused, batch, NUM_NEW) == generate(separate, batch, NUM_NEW)
+
+
+def test_stored_executables_are_keyed_by_the_params_layout(tiny):
+    """An executable compiled for separate projections is never loaded for fused ones."""
+    common = dict(num_pages=64, page_size=8, max_batch=2, max_context=128, prefill_chunk=32)
+    fused = JaxRunner(tiny[1], **common)._fingerprint()
+    separate = JaxRunner(tiny[1], **common, fuse_projections=False)._fingerprint()
+    assert fused["params"] != separate["params"]
+    assert {k: v for k, v in fused.items() if k != "params"} == \
+        {k: v for k, v in separate.items() if k != "params"}
 
 
 def test_warmup_compiles_exactly_the_step_shapes(runner):
