@@ -171,13 +171,15 @@ def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
 
 
 def place_weights(artifact, dtype):
-    """The artifact with its params cast to `dtype` on the default device (what the runner
-    would do), so that free memory can be measured with the weights resident."""
+    """The artifact with its params fused (on the host) and cast to `dtype` on the default
+    device, as the runner does by default (it keeps fused leaves as given), so that free
+    memory can be measured with the weights resident, and resident once."""
     import jax
 
-    from ninfer_jax.model import steps
+    from ninfer_jax.model import fused_projections, steps
 
-    params = steps.cast_params(artifact.params, dtype)
+    params = steps.cast_params(
+        fused_projections.fuse_projections(artifact.params, artifact.config), dtype)
     jax.block_until_ready(params)
     return dataclasses.replace(artifact, params=params)
 

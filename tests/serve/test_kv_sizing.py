@@ -11,7 +11,8 @@ from ninfer_jax.serve.config import ServeConfig
 GIB = 1 << 30
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 2 * 30 * 3 * 64 = 11520 values per token.
 SMOLLM2 = dataclasses.make_dataclass(
-    "Cfg", ["num_layers", "num_kv_heads", "head_dim", ("is_hybrid", bool, False)])(30, 3, 64)
+    "Cfg", ["num_layers", "num_kv_heads", "head_dim", ("is_hybrid", bool, False),
+            ("architecture", str, "llama")])(30, 3, 64)
 
 
 def test_bytes_per_token_follows_the_kv_dtype():
@@ -86,6 +87,24 @@ def test_place_weights_casts_once_so_the_runner_cast_is_free():
     assert placed.params["w"].dtype == jnp.bfloat16 and placed.params["codes"].dtype == jnp.int8
     again = steps.cast_params(placed.params, jnp.bfloat16)
     assert again["w"] is placed.params["w"]  # no second copy on the device
+
+
+def test_place_weights_fuses_on_the_host_so_the_runner_keeps_the_placed_leaves():
+    from ninfer_jax.artifact.random_init import random_params
+    from ninfer_jax.model import fused_projections, steps
+
+    from ninfer_jax.model.config import ModelConfig
+
+    config = ModelConfig("llama", vocab_size=64, hidden_size=32, intermediate_size=64,
+                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16)
+    artifact = dataclasses.make_dataclass("A", ["params", "config"])(
+        random_params(config, seed=0, dtype="f32"), config)
+    placed = kv_sizing.place_weights(artifact, jnp.float32)
+    layer = placed.params["layers"][0]
+    assert {"wqkv", "w_gate_up"} <= set(layer) and "wq" not in layer
+    again = steps.cast_params(fused_projections.fuse_projections(placed.params, config),
+                              jnp.float32)
+    assert again["layers"][0]["wqkv"] is layer["wqkv"]  # no second copy on the device
 
 
 def test_default_pool_is_a_context_per_lane_within_the_bound():
