@@ -1,8 +1,8 @@
 """Prefill and decode speed of JaxRunner on a real artifact (default: the embedded SmolLM2).
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
-        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--plain-launch] [--json]
-        [--profile DIR]
+        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--plain-launch]
+        [--no-fuse] [--json] [--profile DIR]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
 (greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
@@ -115,6 +115,9 @@ def main():
     parser.add_argument("--plain-launch", action="store_true",
                         help="launch without the GPU's stable buffers (the step's inputs and "
                              "prev_out fresh buffers every launch: XLA updates its CUDA graph)")
+    parser.add_argument("--no-fuse", action="store_true",
+                        help="keep q/k/v and gate/up as separate products (the runner joins "
+                             "them at load by default: model/fused_projections.py)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--profile", metavar="DIR",
                         help="trace each batch's pipelined decode under DIR/batchN and print "
@@ -128,7 +131,8 @@ def main():
     runner = JaxRunner(artifact, num_pages=pages, max_batch=max(batches), max_context=max_context,
                        prefill_chunk=args.prefill_chunk,
                        expand_quantized=False if args.keep_quantized else None,
-                       stable_buffers=False if args.plain_launch else None)
+                       stable_buffers=False if args.plain_launch else None,
+                       fuse_projections=False if args.no_fuse else None)
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.
     prefill_chunk = runner.chunk_buckets[-1]
@@ -155,6 +159,7 @@ def main():
     header = {"artifact": artifact.name, "dtype": np.dtype(runner.dtype).name,
               "row_buckets": runner.row_buckets, "chunk_buckets": runner.chunk_buckets,
               "max_context": max_context, "stable_buffers": runner.stable_buffers,
+              "fused": "wqkv" in runner.params["layers"][0],
               "xla_flags": os.environ.get("XLA_FLAGS", "")}
     if args.json:
         for record in records:
