@@ -16,7 +16,10 @@ engine's step loop runs it (step n+1 launched before step n is collected, rows f
 the previous step sampled on the device, greedy), every row at `--context` tokens on its own
 state slot; prefill is one `--prompt`-token sequence in `--prefill-chunk` chunks, waited for
 chunk by chunk. `gdn_prefill` times one Gated DeltaNet layer alone on a `--prompt`-token
-chunk (projections, conv, delta rule, gated norm) and its delta-rule kernel alone.
+chunk (projections, conv, delta rule, gated norm) and its delta-rule kernel alone, with the
+chunk-to-chunk scan rolled (as served) and unrolled; `gdn_decode` the layer alone on the
+smallest and largest batch of decode rows, against its weights plus the rows' state
+(hybrid_gdn.py).
 Each figure comes with what it must move or compute (hybrid_costs.py) and the same process's
 ceilings (benchlib: bf16 GEMV bandwidth, copy bandwidth, bf16 matmul rate), measured first.
 --json prints one JSON object per measurement, flushed as it comes, so a run cut short by a
@@ -25,7 +28,6 @@ time limit keeps what it measured. --smoke: CPU check with the tiny presets and 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import gc
 import json
@@ -39,14 +41,12 @@ import numpy as np
 
 import benchlib
 import hybrid_costs
+import hybrid_gdn
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.tensor_groups import is_norm, tensor_group
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import JaxRunner, fit_bucket
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan
-from ninfer_jax.kernels import gated_delta
-from ninfer_jax.model import ragged_batch
-from ninfer_jax.model.gated_deltanet import gated_deltanet
 
 GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
 DEFAULT_PRESETS = "qwen3.5-27b,qwen3.6-35b-a3b"
@@ -150,36 +150,6 @@ def time_prefill(runner, prompt_len: int, chunk: int, repeats: int = 2) -> float
     return (time.perf_counter() - started) / repeats
 
 
-def time_gdn_layer(config, layer: dict, num_tokens: int, dtype, smoke: bool) -> dict:
-    """One Gated DeltaNet layer over a chunk of num_tokens (from a zero state), and its
-    delta-rule kernel alone, each timed inside one jitted loop (benchlib.time_op)."""
-    key = jax.random.PRNGKey(7)
-    h = jax.random.normal(key, (num_tokens, config.hidden_size), dtype)
-    shapes = config.state_shapes()
-    state = {"conv": jnp.zeros((2, *shapes["conv"]), dtype),
-             "recurrent": jnp.zeros((2, *shapes["recurrent"]), jnp.float32)}
-    batch = dataclasses.replace(
-        ragged_batch.chunk_only(jnp.zeros(num_tokens, jnp.int32), jnp.int32(0),
-                                jnp.int32(num_tokens), jnp.zeros(1, jnp.int32)),
-        chunk_state_slot=jnp.int32(1), row_state_slots=jnp.zeros(0, jnp.int32))
-    iters, reps = (2, 2) if smoke else (5, 3)
-    layer_s = benchlib.time_op(lambda x, w, s, b: gated_deltanet(x, w, s, b, config), h, layer,
-                               state, batch, iters=iters, reps=reps)
-    Hk, dk = config.linear_num_key_heads, config.linear_key_head_dim
-    Hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
-    keys = jax.random.split(key, 5)
-    q = jax.random.normal(keys[0], (num_tokens, Hk, dk), jnp.float32) * dk ** -0.5
-    k = jax.random.normal(keys[1], (num_tokens, Hk, dk), jnp.float32) * dk ** -0.5
-    v = jax.random.normal(keys[2], (num_tokens, Hv, dv), dtype)
-    g = -jax.random.uniform(keys[3], (num_tokens, Hv), jnp.float32, 0.01, 0.5)
-    beta = jax.random.uniform(keys[4], (num_tokens, Hv), jnp.float32)
-    start = jnp.zeros((Hv, dk, dv), jnp.float32)
-    kernel_s = benchlib.time_op(
-        lambda q, k, v, g, b, s: gated_delta.chunk_gated_delta(q, k, v, g, b, s, num_tokens),
-        q, k, v, g, beta, start, iters=iters, reps=reps)
-    return {"layer_s": layer_s, "kernel_s": kernel_s}
-
-
 # ---------------------------------------------------------------------------- one preset
 
 def ceilings(smoke: bool) -> dict:
@@ -248,17 +218,20 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
                   "flops_per_s": flops["flops"] / prefill_s,
                   "fraction_of_matmul_rate": flops["flops"] / prefill_s / rate,
                   "matmul_flops_per_s": rate})
-    first_gdn = config.layer_types.index("linear_attention")
-    gdn = time_gdn_layer(config, held["layers"][first_gdn], args.prompt, dtype, args.smoke)
-    kernel_flops = hybrid_costs.gdn_chunk_flops(config, args.prompt)
-    layer_flops = 2.0 * args.prompt * hybrid_costs.gdn_projection_params(config) + kernel_flops
-    emit({**header, "op": "gdn_prefill", "tokens": args.prompt,
-          "layer_ms": 1e3 * gdn["layer_s"], "layer_flops": layer_flops,
-          "layer_fraction_of_matmul_rate": layer_flops / gdn["layer_s"] / rate,
-          "kernel_ms": 1e3 * gdn["kernel_s"], "kernel_flops": kernel_flops,
-          "kernel_fraction_of_matmul_rate": kernel_flops / gdn["kernel_s"] / rate,
+    gdn_layer = hybrid_gdn.gdn_leaves(held["layers"][config.layer_types.index(
+        "linear_attention")])
+    timing = dict(iters=2, reps=2) if args.smoke else dict(iters=5, reps=3)
+    gdn = hybrid_gdn.prefill(config, gdn_layer, args.prompt, dtype, **timing)
+    emit({**header, "op": "gdn_prefill", **gdn,
+          "layer_fraction_of_matmul_rate": gdn["layer_flops"] / gdn["layer_ms"] * 1e3 / rate,
+          "kernel_fraction_of_matmul_rate": gdn["kernel_flops"] / gdn["kernel_ms"] * 1e3 / rate,
           "num_gdn_layers": config.layer_types.count("linear_attention"),
           "matmul_flops_per_s": rate})
+    for rows in sorted({min(batches), max(batches)}):
+        gdn = hybrid_gdn.decode(config, gdn_layer, rows, dtype, **timing)
+        emit({**header, "op": "gdn_decode", **gdn,
+              "fraction_of_gemv_ceiling": gdn["bandwidth_bytes_per_s"] / gemv,
+              "gemv_bytes_per_s": gemv})
     # Executables take no params (they are arguments), so dropping the references frees
     # the device memory; jit caches stay (the next preset reuses the leaf generators).
     del runner, held
@@ -303,10 +276,15 @@ def _print_text(record: dict) -> None:
     elif op == "prefill":
         print(f"  prefill {record['prompt']}: {record['tok_per_s']:.0f} tok/s, "
               f"{record['fraction_of_matmul_rate']:.0%} of the matmul rate", flush=True)
-    else:
+    elif op == "gdn_prefill":
         print(f"  GDN layer at {record['tokens']} tokens: {record['layer_ms']:.2f} ms "
               f"({record['layer_fraction_of_matmul_rate']:.0%} of the matmul rate), delta rule "
-              f"{record['kernel_ms']:.2f} ms", flush=True)
+              f"{record['kernel_ms']:.2f} ms (scan unrolled {record['kernel_unrolled_ms']:.2f})",
+              flush=True)
+    else:
+        print(f"  GDN layer, {record['rows']} decode rows: {record['ms']:.3f} ms, "
+              f"{record['bytes'] / 1e6:.0f} MB -> {record['fraction_of_gemv_ceiling']:.0%} "
+              f"of GEMV", flush=True)
 
 
 def main(argv=None) -> list[dict]:

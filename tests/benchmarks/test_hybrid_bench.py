@@ -61,9 +61,10 @@ def test_smoke_run_prints_sane_json_lines(capsys):
              if line.startswith("{")]
     assert lines == records
     for preset in ("qwen3.5-tiny", "qwen3.6-tiny-moe"):
-        mine = {(r["op"], r.get("batch")): r for r in records if r["preset"] == preset}
+        mine = {(r["op"], r.get("batch", r.get("rows"))): r for r in records
+                if r["preset"] == preset}
         assert set(mine) == {("setup", None), ("decode", 1), ("decode", 2), ("prefill", None),
-                             ("gdn_prefill", None)}
+                             ("gdn_prefill", None), ("gdn_decode", 1), ("gdn_decode", 2)}
         assert mine["setup", None]["gemv_bytes_per_s"] > 0
         assert mine["setup", None]["matmul_flops_per_s"] > 0
         for batch in (1, 2):
@@ -78,6 +79,10 @@ def test_smoke_run_prints_sane_json_lines(capsys):
         assert 0 < prefill["fraction_of_matmul_rate"]
         gdn = mine["gdn_prefill", None]
         assert gdn["layer_ms"] > 0 and gdn["kernel_ms"] > 0
-        assert gdn["layer_flops"] > gdn["kernel_flops"] > 0
+        assert gdn["layer_flops"] > gdn["kernel_flops"] > 0 and gdn["kernel_unrolled_ms"] > 0
+        for rows in (1, 2):
+            gdn = mine["gdn_decode", rows]
+            assert gdn["ms"] > 0 and gdn["weight_bytes"] > 0
+            assert gdn["state_bytes"] == rows * mine["gdn_decode", 1]["state_bytes"] > 0
     moe = next(r for r in records if r["preset"] == "qwen3.6-tiny-moe" and r["op"] == "decode")
     assert moe["expert_bytes"] > 0 and moe["experts_touched_per_layer"] == 2.0
