@@ -24,6 +24,14 @@ Each figure comes with what it must move or compute (hybrid_costs.py) and the sa
 ceilings (benchlib: bf16 GEMV bandwidth, copy bandwidth, bf16 matmul rate), measured first.
 --json prints one JSON object per measurement, flushed as it comes, so a run cut short by a
 time limit keeps what it measured. --smoke: CPU check with the tiny presets and sizes.
+
+On the H200, one process per preset (each under its own cap, its memory gone with it; the
+35B-A3B preset holds ~70 GB of params, the 27B ~54 GB plus ~15 GB of KV pages and state slots):
+    export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+    timeout 250 python3 benchmarks/hybrid_bench.py --presets qwen3.6-35b-a3b --json \
+        > $OUT/hybrid-35b.jsonl 2> $OUT/hybrid-35b.log
+    timeout 270 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --json \
+        > $OUT/hybrid-27b.jsonl 2> $OUT/hybrid-27b.log
 """
 from __future__ import annotations
 

@@ -149,7 +149,10 @@ def _tile_plan(expert_ids, num_experts: int, tiles: GroupedTiles):
     position = jnp.zeros(A, jnp.int32).at[order].set(padded)
     row_tokens = jnp.zeros(T * bm, jnp.int32).at[padded].set(order // top_k)
     tile = jnp.arange(T, dtype=jnp.int32)
-    tile_expert = jnp.minimum(jnp.searchsorted(tile_ends, tile, side="right"), num_experts - 1)
+    # compare_all: the default search is a loop, and each XLA loop iteration on a GPU is a
+    # host round trip
+    tile_expert = jnp.minimum(jnp.searchsorted(tile_ends, tile, side="right",
+                                               method="compare_all"), num_experts - 1)
     is_used = (tile < tile_ends[-1]).astype(jnp.int32)
     return jnp.stack([tile_expert.astype(jnp.int32), is_used], axis=1), row_tokens, position
 
