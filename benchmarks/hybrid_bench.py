@@ -106,7 +106,7 @@ def device_params(config, storage_dtype, seed: int = 0) -> dict:
             params["layers"][int(layer)][leaf_name] = leaf
         else:
             params[name] = leaf
-    return jax.block_until_ready(params)
+    return params
 
 
 # ---------------------------------------------------------------------------- timing
@@ -184,66 +184,80 @@ def build_runner(config, params, args, batches):
 
 
 def bench_preset(name: str, args, limits: dict, emit) -> None:
+    """Every measurement of one preset, emitted as it comes; its memory freed at the end."""
     preset = PRESETS[name]
     config = preset.config
     batches = [int(b) for b in args.batches.split(",")]
     started = time.perf_counter()
-    params = device_params(config, jnp.bfloat16 if preset.dtype == "bf16" else jnp.float32)
+    params = jax.block_until_ready(
+        device_params(config, jnp.bfloat16 if preset.dtype == "bf16" else jnp.float32))
     made = time.perf_counter()
     runner, max_context = build_runner(config, params, args, batches)
     del params  # the runner holds the (cast) tree
-    chunk = runner.chunk_buckets[-1]
     shapes = [(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches]
-    runner.compile_shapes(shapes + [(chunk, runner.row_buckets[0])])
-    compiled = time.perf_counter()
-    held = runner.params
-    dtype = jnp.dtype(runner.dtype)
-    header = {"preset": name, "dtype": dtype.name, "max_context": max_context}
-    emit({**header, "op": "setup", "param_bytes": hybrid_costs.tree_bytes(held),
-          "params_s": made - started, "compile_s": compiled - made,
-          "shapes": [list(s) for s in shapes + [(chunk, runner.row_buckets[0])]], **limits})
-    gemv, rate = limits["gemv_bytes_per_s"], limits["matmul_flops_per_s"]
-    order = sorted(batches, key=lambda b: b != 1)  # batch 1 first: the headline target
-    for position, batch in enumerate(order):
-        step_s = time_decode(runner, batch, args.context, args.steps)
-        rows = fit_bucket(runner.row_buckets, batch, "rows")
-        sizes = dict(context=args.context + args.steps // 2, kv_itemsize=runner.kv_dtype.itemsize,
-                     state_itemsize=dtype.itemsize)
-        need = hybrid_costs.decode_bytes(config, held, rows=batch, **sizes)
-        padded = hybrid_costs.decode_bytes(config, held, rows=rows, **sizes)
-        emit({**header, "op": "decode", "batch": batch, "padded_rows": rows,
-              "context": args.context, "tok_per_s": batch / step_s, "ms_per_step": 1e3 * step_s,
-              **need, "bytes_with_padding_rows": padded["bytes"],
-              "bandwidth_bytes_per_s": need["bytes"] / step_s,
-              "fraction_of_gemv_ceiling": need["bytes"] / step_s / gemv,
-              "gemv_bytes_per_s": gemv, "expert_estimate": "uniform routing, expected distinct"})
+    shapes.append((runner.chunk_buckets[-1], runner.row_buckets[0]))
+    runner.compile_shapes(shapes)
+    header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context}
+    emit({**header, "op": "setup", "param_bytes": hybrid_costs.tree_bytes(runner.params),
+          "params_s": made - started, "compile_s": time.perf_counter() - made,
+          "shapes": [list(s) for s in shapes], **limits})
+    for position, batch in enumerate(sorted(batches, key=lambda b: b != 1)):  # batch 1 first
+        emit({**header, **_decode_record(runner, config, batch, args, limits)})
         if position == 0:
-            prefill_s = time_prefill(runner, args.prompt, args.prefill_chunk)
-            flops = hybrid_costs.prefill_flops(config, held, args.prompt,
-                                               math.ceil(args.prompt / args.prefill_chunk))
-            emit({**header, "op": "prefill", "prompt": args.prompt, "chunk": args.prefill_chunk,
-                  "tok_per_s": args.prompt / prefill_s, "ms": 1e3 * prefill_s, **flops,
-                  "flops_per_s": flops["flops"] / prefill_s,
-                  "fraction_of_matmul_rate": flops["flops"] / prefill_s / rate,
-                  "matmul_flops_per_s": rate})
-    gdn_layer = hybrid_gdn.gdn_leaves(held["layers"][config.layer_types.index(
-        "linear_attention")])
-    timing = dict(iters=2, reps=2) if args.smoke else dict(iters=5, reps=3)
-    gdn = hybrid_gdn.prefill(config, gdn_layer, args.prompt, dtype, **timing)
-    emit({**header, "op": "gdn_prefill", **gdn,
-          "layer_fraction_of_matmul_rate": gdn["layer_flops"] / gdn["layer_ms"] * 1e3 / rate,
-          "kernel_fraction_of_matmul_rate": gdn["kernel_flops"] / gdn["kernel_ms"] * 1e3 / rate,
-          "num_gdn_layers": config.layer_types.count("linear_attention"),
-          "matmul_flops_per_s": rate})
-    for rows in sorted({min(batches), max(batches)}):
-        gdn = hybrid_gdn.decode(config, gdn_layer, rows, dtype, **timing)
-        emit({**header, "op": "gdn_decode", **gdn,
-              "fraction_of_gemv_ceiling": gdn["bandwidth_bytes_per_s"] / gemv,
-              "gemv_bytes_per_s": gemv})
+            emit({**header, **_prefill_record(runner, config, args, limits)})
+    for record in _gdn_records(runner, config, batches, args, limits):
+        emit({**header, **record})
     # Executables take no params (they are arguments), so dropping the references frees
     # the device memory; jit caches stay (the next preset reuses the leaf generators).
-    del runner, held
+    del runner
     gc.collect()
+
+
+def _decode_record(runner, config, batch: int, args, limits: dict) -> dict:
+    step_s = time_decode(runner, batch, args.context, args.steps)
+    rows = fit_bucket(runner.row_buckets, batch, "rows")
+    sizes = dict(context=args.context + args.steps // 2, kv_itemsize=runner.kv_dtype.itemsize,
+                 state_itemsize=jnp.dtype(runner.dtype).itemsize)
+    need = hybrid_costs.decode_bytes(config, runner.params, rows=batch, **sizes)
+    padded = hybrid_costs.decode_bytes(config, runner.params, rows=rows, **sizes)
+    gemv = limits["gemv_bytes_per_s"]
+    return {"op": "decode", "batch": batch, "padded_rows": rows, "context": args.context,
+            "tok_per_s": batch / step_s, "ms_per_step": 1e3 * step_s, **need,
+            "bytes_with_padding_rows": padded["bytes"],
+            "bandwidth_bytes_per_s": need["bytes"] / step_s,
+            "fraction_of_gemv_ceiling": need["bytes"] / step_s / gemv, "gemv_bytes_per_s": gemv,
+            "expert_estimate": "uniform routing, expected distinct"}
+
+
+def _prefill_record(runner, config, args, limits: dict) -> dict:
+    seconds = time_prefill(runner, args.prompt, args.prefill_chunk)
+    flops = hybrid_costs.prefill_flops(config, runner.params, args.prompt,
+                                       math.ceil(args.prompt / args.prefill_chunk))
+    rate = limits["matmul_flops_per_s"]
+    return {"op": "prefill", "prompt": args.prompt, "chunk": args.prefill_chunk,
+            "tok_per_s": args.prompt / seconds, "ms": 1e3 * seconds, **flops,
+            "flops_per_s": flops["flops"] / seconds,
+            "fraction_of_matmul_rate": flops["flops"] / seconds / rate,
+            "matmul_flops_per_s": rate}
+
+
+def _gdn_records(runner, config, batches, args, limits: dict):
+    """The first Gated DeltaNet layer alone: a --prompt chunk, and the extreme batches."""
+    layer = hybrid_gdn.gdn_leaves(runner.params["layers"][config.layer_types.index(
+        "linear_attention")])
+    dtype = jnp.dtype(runner.dtype)
+    rate, gemv = limits["matmul_flops_per_s"], limits["gemv_bytes_per_s"]
+    timing = dict(iters=1, reps=1) if args.smoke else dict(iters=5, reps=3)
+    gdn = hybrid_gdn.prefill(config, layer, args.prompt, dtype, **timing)
+    yield {"op": "gdn_prefill", **gdn,
+           "layer_fraction_of_matmul_rate": gdn["layer_flops"] / gdn["layer_ms"] * 1e3 / rate,
+           "kernel_fraction_of_matmul_rate": gdn["kernel_flops"] / gdn["kernel_ms"] * 1e3 / rate,
+           "num_gdn_layers": config.layer_types.count("linear_attention"),
+           "matmul_flops_per_s": rate}
+    for rows in sorted({min(batches), max(batches)}):
+        gdn = hybrid_gdn.decode(config, layer, rows, dtype, **timing)
+        yield {"op": "gdn_decode", **gdn, "gemv_bytes_per_s": gemv,
+               "fraction_of_gemv_ceiling": gdn["bandwidth_bytes_per_s"] / gemv}
 
 
 def parse_args(argv=None):

@@ -21,12 +21,12 @@ def _described(tree):
 
 
 def test_device_params_have_the_artifact_trees_names_shapes_and_dtypes():
-    # bf16 storage: norms and the DeltaNet vectors stay float32; f32 is what --smoke uses
-    for name, dtype in (("qwen3.6-tiny-moe", "bf16"), ("qwen3.5-tiny", "f32")):
+    # bf16 storage: norms and the DeltaNet vectors stay float32 (traced only: no compiles)
+    for name in ("qwen3.6-tiny-moe", "qwen3.5-tiny"):
         config = dataclasses.replace(PRESETS[name].config, vocab_size=512)
-        expected = random_params(config, seed=0, dtype=dtype)
+        expected = random_params(config, seed=0, dtype="bf16")
         expected.pop("mtp", None)  # the runner never reads the MTP head
-        got = hybrid_bench.device_params(config, jnp.dtype(np.dtype(expected["embed"].dtype)))
+        got = jax.eval_shape(lambda: hybrid_bench.device_params(config, jnp.bfloat16))
         assert _described(got) == _described(expected)
 
 
@@ -38,7 +38,7 @@ def test_expected_distinct_experts():
 
 def test_decode_bytes_count_each_weight_once_and_only_selected_experts():
     config = dataclasses.replace(PRESETS["qwen3.6-tiny-moe"].config, vocab_size=512)
-    params = hybrid_bench.device_params(config, jnp.bfloat16)
+    params = jax.eval_shape(lambda: hybrid_bench.device_params(config, jnp.bfloat16))
     one = hybrid_costs.decode_bytes(config, params, rows=1, context=0, kv_itemsize=2,
                                     state_itemsize=2)
     experts = sum(hybrid_costs.tree_bytes(layer[name]) for layer in params["layers"]
