@@ -28,9 +28,11 @@ time limit keeps what it measured. --smoke: CPU check with the tiny presets and 
 On the H200, one process per preset (each under its own cap, its memory gone with it; the
 35B-A3B preset holds ~70 GB of params, the 27B ~54 GB plus ~15 GB of KV pages and state slots):
     export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-    timeout 250 python3 benchmarks/hybrid_bench.py --presets qwen3.6-35b-a3b --json \
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
+        -k "gpu or lower" > $OUT/pytest-moe.log 2>&1  # the MoE kernels natively, first
+    timeout 240 python3 benchmarks/hybrid_bench.py --presets qwen3.6-35b-a3b --json \
         > $OUT/hybrid-35b.jsonl 2> $OUT/hybrid-35b.log
-    timeout 270 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --json \
+    timeout 280 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --json \
         > $OUT/hybrid-27b.jsonl 2> $OUT/hybrid-27b.log
 """
 from __future__ import annotations
