@@ -41,14 +41,14 @@ def time_op(fn, first, *rest, iters: int = 20, reps: int = 5) -> float:
     return statistics.median(samples)
 
 
-def gemv_bandwidth(rows: int = 1, copies: int = 8) -> float:
-    """XLA bf16 GEMV bandwidth (bytes/s): x [rows, 4096] times `copies` distinct 4096x14336
-    weights in turn (together far larger than L2), the decode-shaped ceiling."""
+def gemv_bandwidth(rows: int = 1, copies: int = 8, *, k: int = 4096, n: int = 14336) -> float:
+    """XLA bf16 GEMV bandwidth (bytes/s): x [rows, k] times `copies` distinct k x n weights in
+    turn (by default 4096x14336, together far larger than L2), the decode-shaped ceiling."""
     keys = jax.random.split(jax.random.PRNGKey(3), copies)
-    weights = [jax.random.normal(k, (4096, 14336), jnp.bfloat16) for k in keys]
-    x = jax.random.normal(jax.random.PRNGKey(4), (rows, 4096), jnp.bfloat16)
+    weights = [jax.random.normal(key, (k, n), jnp.bfloat16) for key in keys]
+    x = jax.random.normal(jax.random.PRNGKey(4), (rows, k), jnp.bfloat16)
     seconds = time_op(lambda x, ws: [x @ w for w in ws], x, weights, iters=10)
-    return copies * 4096 * 14336 * 2 / seconds
+    return copies * k * n * 2 / seconds
 
 
 def copy_bandwidth(num_bytes: int = 2 << 30) -> float:

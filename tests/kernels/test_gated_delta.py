@@ -93,3 +93,14 @@ def test_scan_matches_the_rule_written_out_in_numpy():
             state[h] += np.outer(kh, beta[t, h] * (v[t, h] - state[h].T @ kh))
             np.testing.assert_allclose(np.asarray(out[t, h]), state[h].T @ qh, atol=1e-5)
     np.testing.assert_allclose(np.asarray(final), state, atol=1e-5)
+
+
+def test_unrolled_chunk_scan_gives_the_same_result():
+    rng = np.random.default_rng(5)
+    args = inputs(rng, 150)
+    state = start_state(rng, "random")
+    with jax.default_matmul_precision("highest"):
+        rolled = reference.chunk_gated_delta(*args, state, jnp.int32(150))
+        unrolled = reference.chunk_gated_delta(*args, state, jnp.int32(150), unroll=True)
+    for a, b in zip(rolled, unrolled):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-6)

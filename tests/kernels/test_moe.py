@@ -1,14 +1,18 @@
 """Routed MoE experts: the grouped (ragged_dot) and gathered paths against the dense per-expert
-loop, including experts that no token picks and a token count below the expert count."""
+loop, including experts that no token picks and a token count below the expert count; the
+Pallas kernels (kernel.py) the same way in interpret mode on CPU and natively on the GPU."""
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, relative_error
 
 from ninfer_jax.kernels import moe
-from ninfer_jax.kernels.moe import reference
+from ninfer_jax.kernels.moe import kernel, reference, tuning
 
 NUM_EXPERTS, HIDDEN, WIDTH = 8, 24, 10
 
@@ -21,10 +25,10 @@ def routing(rng, num_tokens, top_k, *, skip_experts=()):
     return jnp.asarray(ids, jnp.int32), jnp.asarray(weights, jnp.float32)
 
 
-def expert_weights(rng):
-    gate_up = rng.standard_normal((NUM_EXPERTS, HIDDEN, 2 * WIDTH)) * 0.3
-    down = rng.standard_normal((NUM_EXPERTS, WIDTH, HIDDEN)) * 0.3
-    return jnp.asarray(gate_up, jnp.float32), jnp.asarray(down, jnp.float32)
+def expert_weights(rng, hidden=HIDDEN, width=WIDTH, num_experts=NUM_EXPERTS, dtype=jnp.float32):
+    gate_up = rng.standard_normal((num_experts, hidden, 2 * width)) * hidden ** -0.5
+    down = rng.standard_normal((num_experts, width, hidden)) * width ** -0.5
+    return jnp.asarray(gate_up, dtype), jnp.asarray(down, dtype)
 
 
 @pytest.mark.parametrize("path", ["grouped_experts", "gathered_experts", "routed_experts"])
@@ -57,3 +61,77 @@ def test_dense_loop_is_a_weighted_sum_of_swiglu_experts():
             expected += float(weights[n, j]) * ((gate / (1 + np.exp(-gate)) * up)
                                                 @ np.asarray(down[e]))
         np.testing.assert_allclose(got[n], expected, atol=1e-5, rtol=1e-5)
+
+
+# Kernel shapes: Triton tiles are powers of two of at least 16.
+KERNEL_HIDDEN, KERNEL_WIDTH = 64, 32
+
+
+@cpu_only
+@pytest.mark.parametrize("path", ["gathered_experts", "grouped_experts"])
+@pytest.mark.parametrize("num_tokens,top_k", [(1, 2), (3, 2), (37, 3)])
+def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k):
+    rng = np.random.default_rng(num_tokens * 10 + top_k)
+    x = jnp.asarray(rng.standard_normal((num_tokens, KERNEL_HIDDEN)), jnp.float32)
+    ids, weights = routing(rng, num_tokens, top_k, skip_experts=(2, 5))
+    gate_up, down = expert_weights(rng, KERNEL_HIDDEN, KERNEL_WIDTH)
+    fn = functools.partial(getattr(kernel, path), interpret=True)
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(fn)(x, ids, weights, gate_up, down)
+        expected = reference.dense_experts(x, ids, weights, gate_up, down)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
+
+
+def test_tile_plan_gives_each_assignment_its_own_row_in_a_tile_of_its_expert():
+    rng = np.random.default_rng(3)
+    ids, _ = routing(rng, 37, 3, skip_experts=(2, 5))
+    tiles = tuning.grouped_tiles(assignments=37 * 3, experts=NUM_EXPERTS,
+                                 hidden=KERNEL_HIDDEN, width=KERNEL_WIDTH)
+    info, row_tokens, position = map(np.asarray, kernel._tile_plan(ids, NUM_EXPERTS, tiles))
+    flat = np.asarray(ids).reshape(-1)
+    assert len(set(position)) == len(position)  # distinct rows
+    tile_of = position // tiles.block_m
+    assert np.all(info[tile_of, 0] == flat) and np.all(info[tile_of, 1] == 1)
+    assert np.all(row_tokens[position] == np.arange(len(flat)) // 3)
+    # tiles past the routing's need are marked unused and come last
+    used = info[:, 1]
+    assert used.sum() == sum(-(-np.sum(flat == e) // tiles.block_m) for e in range(8))
+    assert np.all(np.diff(used) <= 0)
+
+
+def test_shapes_without_a_tiling_fall_back_to_the_reference():
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((3, HIDDEN)), jnp.float32)
+    ids, weights = routing(rng, 3, 2)
+    gate_up, down = expert_weights(rng)  # hidden 24, width 10: no power-of-two tiles
+    assert kernel.routed_experts(x, ids, weights, gate_up, down) is None
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 64, 1026])
+def test_kernels_lower_for_cuda_at_the_35b_a3b_shape(num_tokens):
+    spec = jax.ShapeDtypeStruct
+    args = (spec((num_tokens, 2048), jnp.bfloat16), spec((num_tokens, 8), jnp.int32),
+            spec((num_tokens, 8), jnp.float32), spec((256, 2048, 1024), jnp.bfloat16),
+            spec((256, 512, 2048), jnp.bfloat16))
+    text = lowers_for_cuda(kernel.routed_experts, *args)
+    names = (["ninfer_moe_expert_gemv"] if num_tokens * 8 < 256
+             else ["ninfer_moe_gate_up", "ninfer_moe_down"])
+    assert all(name in text for name in names)
+    assert "ragged" not in text  # neither ragged_dot nor its dense expansion
+
+
+@needs_gpu
+@pytest.mark.parametrize("num_tokens", [1, 2, 8, 64, 300])
+def test_kernels_on_the_gpu_match_the_dense_loop(num_tokens):
+    rng = np.random.default_rng(num_tokens)
+    num_experts, top_k = 64, 8
+    x = jnp.asarray(rng.standard_normal((num_tokens, 512)), jnp.bfloat16)
+    ids = jnp.asarray(np.stack([rng.choice(num_experts, top_k, replace=False)
+                                for _ in range(num_tokens)]), jnp.int32)
+    weights = jnp.asarray(rng.uniform(0.1, 1.0, (num_tokens, top_k)), jnp.float32)
+    gate_up, down = expert_weights(rng, 512, 256, num_experts, jnp.bfloat16)
+    got = jax.jit(moe.routed_experts)(x, ids, weights, gate_up, down)
+    with jax.default_matmul_precision("highest"):
+        expected = reference.dense_experts(*(a.astype(jnp.float32) if a.dtype == jnp.bfloat16
+                                             else a for a in (x, ids, weights, gate_up, down)))
+    assert relative_error(got, expected) < 1e-2

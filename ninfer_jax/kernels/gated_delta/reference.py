@@ -43,9 +43,12 @@ def gated_delta_step(q, k, v, g, beta, states):
     return jax.vmap(_update)(states.astype(jnp.float32), q, k, v, g, beta)
 
 
-def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens, *, chunk_size=CHUNK_SIZE):
+def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens, *, chunk_size=CHUNK_SIZE,
+                      unroll: int | bool = 1):
     """Chunked form of recurrent_gated_delta (same arguments and results). T need not be a
-    multiple of chunk_size: the tail is padded with identity tokens."""
+    multiple of chunk_size: the tail is padded with identity tokens. `unroll` is the
+    chunk-to-chunk scan's (lax.scan): on a GPU every iteration of a rolled XLA loop costs a
+    host round trip, which benchmarks/hybrid_bench.py weighs against unrolling."""
     T = q.shape[0]
     q, k, v, g, beta = _prepare(q, k, v, g, beta, num_tokens)
     C = min(chunk_size, T)
@@ -56,7 +59,8 @@ def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens, *, chunk_size
     q, k, v = (x.reshape(-1, C, *x.shape[1:]).transpose(0, 2, 1, 3) for x in (q, k, v))
     g, beta = (x.reshape(-1, C, x.shape[-1]).transpose(0, 2, 1) for x in (g, beta))
     terms = _chunk_terms(q, k, v, g, beta)
-    state, out = jax.lax.scan(_carry_chunk, initial_state.astype(jnp.float32), terms)
+    state, out = jax.lax.scan(_carry_chunk, initial_state.astype(jnp.float32), terms,
+                              unroll=unroll)
     out = out.transpose(0, 2, 1, 3)  # [N, C, Hv, dv]
     return out.reshape(-1, *out.shape[2:])[:T], state
 

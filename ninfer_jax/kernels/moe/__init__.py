@@ -1,18 +1,28 @@
 """Routed MoE experts: `routed_experts(x, expert_ids, expert_weights, gate_up, down)`.
 
-The path is picked while tracing from the static shapes: when the step's assignments (N * k)
-are fewer than the experts, gathering the selected experts' weights reads less than a grouped
-matmul over every expert (decode); otherwise the grouped matmul (prefill). Both are the
-references of reference.py; a GPU kernel would plug in here behind kernels/dispatch.py.
+Dispatch, decided while tracing (kernels/dispatch.py): on a GPU the Pallas kernels of
+kernel.py, which read only the selected experts' weights and read them in place (XLA's GPU
+`ragged_dot` is a dense dot over every expert, and gathering weights copies them); shapes
+that do not tile fall back to the references. Elsewhere, or with NINFER_FORCE_REFERENCE, the
+references of reference.py. Either way the path follows the static shapes: when the step's
+assignments (N * k) are fewer than the experts, per-assignment products (decode); otherwise a
+grouped matmul over the assignments sorted by expert (prefill).
 """
 from __future__ import annotations
 
+from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.kernels.moe import reference
 
 
 def routed_experts(x, expert_ids, expert_weights, gate_up, down):
     """x [N, H], expert_ids int32 [N, k], expert_weights [N, k], gate_up [E, H, 2I],
     down [E, I, H] -> [N, H] in x's dtype."""
+    if use_kernels():
+        from ninfer_jax.kernels.moe import kernel
+
+        out = kernel.routed_experts(x, expert_ids, expert_weights, gate_up, down)
+        if out is not None:
+            return out
     num_assignments = expert_ids.shape[0] * expert_ids.shape[1]
     if num_assignments < gate_up.shape[0]:
         return reference.gathered_experts(x, expert_ids, expert_weights, gate_up, down)

@@ -1,0 +1,334 @@
+"""Hybrid Qwen3.5 / 3.6 decode and prefill speed through JaxRunner, weights made on the device.
+
+Issue 11's H200 measurement: random weights in the presets' shapes are generated in device
+memory (a 27B or 35B bf16 artifact would not fit the device's disk), nothing is read or written.
+
+    python benchmarks/hybrid_bench.py [--presets qwen3.5-27b,qwen3.6-35b-a3b]
+        [--batches 1,8,64] [--context 1024] [--prompt 4096] [--steps 32]
+        [--prefill-chunk 1024] [--min-rows N] [--json] [--smoke]
+
+Per preset (one at a time; its params and runner are freed before the next): the params
+pytree the artifact loader would produce (config.expected_shapes, norms and Gated DeltaNet
+vectors float32, the rest in the preset's dtype, drawn as artifact/random_init.py draws them
+but with jax.random on the device), a JaxRunner over it, then exactly the shapes measured
+compiled (one decode shape per batch, one prefill chunk shape). Decode is pipelined as the
+engine's step loop runs it (step n+1 launched before step n is collected, rows fed the token
+the previous step sampled on the device, greedy), every row at `--context` tokens on its own
+state slot; prefill is one `--prompt`-token sequence in `--prefill-chunk` chunks, waited for
+chunk by chunk. `gdn_prefill` times one Gated DeltaNet layer alone on a `--prompt`-token
+chunk (projections, conv, delta rule, gated norm) and its delta-rule kernel alone, with the
+chunk-to-chunk scan rolled (as served) and unrolled; `gdn_decode` the layer alone on the
+smallest and largest batch of decode rows, against its weights plus the rows' state
+(hybrid_gdn.py).
+Each figure comes with what it must move or compute (hybrid_costs.py) and the same process's
+ceilings (benchlib: bf16 GEMV bandwidth, copy bandwidth, bf16 matmul rate), measured first.
+--json prints one JSON object per measurement, flushed as it comes, so a run cut short by a
+time limit keeps what it measured. --smoke: CPU check with the tiny presets and sizes.
+
+On the H200, one process per preset (each under its own cap, its memory gone with it; the
+35B-A3B preset holds ~70 GB of params, the 27B ~54 GB plus ~15 GB of KV pages and state slots):
+    export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+    timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
+        -k "gpu or lower" > $OUT/pytest-moe.log 2>&1  # the MoE kernels natively, first
+    timeout 240 python3 benchmarks/hybrid_bench.py --presets qwen3.6-35b-a3b --json \
+        > $OUT/hybrid-35b.jsonl 2> $OUT/hybrid-35b.log
+    timeout 280 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --json \
+        > $OUT/hybrid-27b.jsonl 2> $OUT/hybrid-27b.log
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import json
+import math
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import benchlib
+import hybrid_costs
+import hybrid_gdn
+from ninfer_jax.artifact.presets import PRESETS
+from ninfer_jax.artifact.tensor_groups import is_norm, tensor_group
+from ninfer_jax.engine.request import SamplingParams
+from ninfer_jax.engine.runner import JaxRunner, fit_bucket
+from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan
+
+GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
+DEFAULT_PRESETS = "qwen3.5-27b,qwen3.6-35b-a3b"
+SMOKE = dict(presets="qwen3.5-tiny,qwen3.6-tiny-moe", batches="1,2", context=40, prompt=48,
+             steps=4, prefill_chunk=32)
+
+
+# ---------------------------------------------------------------------------- params
+
+@functools.partial(jax.jit, static_argnames=("shape", "dtype", "log_uniform"))
+def _random_leaf(key, std, mean, *, shape, dtype, log_uniform=False):
+    if log_uniform:  # A_log ~ log U(1, 16)
+        return jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
+    return (jax.random.normal(key, shape, dtype) * std + mean).astype(dtype)
+
+
+def _leaf_law(config, name: str, shape) -> tuple[float, float, bool]:
+    """(std, mean, log_uniform) of a tensor, as artifact/random_init._draw has them."""
+    leaf = name.rsplit(".", 1)[-1]
+    if leaf == "A_log":
+        return 0.0, 0.0, True
+    if leaf == "dt_bias":
+        return 0.1, 0.0, False
+    if is_norm(name):
+        centred = config.is_hybrid and leaf != "gdn_norm"  # applied as 1 + w
+        return 0.1, 0.0 if centred else 1.0, False
+    if name == "embed":
+        return 1.0, 0.0, False
+    if name == "lm_head":
+        return 2.0 / math.sqrt(shape[0]), 0.0, False
+    fan_in = shape[-2] if len(shape) == 3 else shape[0]  # stacked experts: [E, in, out]
+    if leaf == "conv":
+        fan_in = shape[0]
+    return 1.0 / math.sqrt(fan_in), 0.0, False
+
+
+def device_params(config, storage_dtype, seed: int = 0) -> dict:
+    """The params tree load_artifact(weights=True) would return (no MTP head), made on the
+    default device leaf by leaf: norms and per-head vectors float32, the rest storage_dtype."""
+    params: dict = {"layers": [{} for _ in range(config.num_layers)]}
+    key = jax.random.PRNGKey(seed)
+    for index, (name, shape) in enumerate(config.expected_shapes().items()):
+        std, mean, log_uniform = _leaf_law(config, name, shape)
+        dtype = jnp.float32 if tensor_group(name) == "norms" else storage_dtype
+        leaf = _random_leaf(jax.random.fold_in(key, index), std, mean, shape=tuple(shape),
+                            dtype=jnp.dtype(dtype), log_uniform=log_uniform)
+        if name.startswith("layers."):
+            _, layer, leaf_name = name.split(".", 2)
+            params["layers"][int(layer)][leaf_name] = leaf
+        else:
+            params[name] = leaf
+    return params
+
+
+# ---------------------------------------------------------------------------- timing
+
+def time_decode(runner, batch: int, context: int, steps: int) -> float:
+    """Seconds per pipelined decode step of `batch` rows at positions context, context + 1, ..."""
+    pages_per_row = math.ceil((context + steps + 2) / runner.page_size)
+    tables = [np.arange(1 + r * pages_per_row, 1 + (r + 1) * pages_per_row, dtype=np.int32)
+              for r in range(batch)]
+
+    def plan(step, fed_back):
+        position = context + step
+        return StepPlan(chunk=None, rows=tuple(
+            DecodeRow(r, 100 + r, position, tables[r][:position // runner.page_size + 1],
+                      SampleSpec(GREEDY.params, step), from_previous=r if fed_back else None,
+                      state_slot=1 + r)
+            for r in range(batch)))
+
+    def run(count):
+        in_flight = runner.launch(plan(0, False))
+        for step in range(1, count):
+            launched = runner.launch(plan(step, True))
+            runner.collect(in_flight)
+            in_flight = launched
+        runner.collect(in_flight)
+
+    run(2)  # first runs of the executable
+    started = time.perf_counter()
+    run(steps)
+    return (time.perf_counter() - started) / steps
+
+
+def time_prefill(runner, prompt_len: int, chunk: int, repeats: int = 2) -> float:
+    """Seconds to prefill one prompt from position 0, chunk by chunk, on state slot 1."""
+    tokens = np.arange(prompt_len, dtype=np.int32) % 1000 + 100
+    table = np.arange(1, 1 + math.ceil(prompt_len / runner.page_size), dtype=np.int32)
+
+    def run():
+        for start in range(0, prompt_len, chunk):
+            piece = tokens[start:start + chunk]
+            end = start + len(piece)
+            runner.prefill(PrefillUnit(0, piece, start,
+                                       table[:math.ceil(end / runner.page_size)],
+                                       GREEDY if end == prompt_len else None, state_slot=1))
+    run()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        run()
+    return (time.perf_counter() - started) / repeats
+
+
+# ---------------------------------------------------------------------------- one preset
+
+def ceilings(smoke: bool) -> dict:
+    """The same process's bf16 GEMV bandwidth, copy bandwidth and matmul rate (benchlib).
+    The GEMV ceiling is the better of one and two rows: a lone decode row runs padded to two
+    on the GPU, where XLA's two-row product is the faster one."""
+    # CPU smoke: sizes that take a second, not minutes
+    gemv = dict(copies=2, k=512, n=2048) if smoke else {}
+    by_rows = {rows: benchlib.gemv_bandwidth(rows=rows, **gemv) for rows in (1, 2)}
+    return {"gemv_bytes_per_s": max(by_rows.values()), "gemv_1row_bytes_per_s": by_rows[1],
+            "gemv_2row_bytes_per_s": by_rows[2],
+            "copy_bytes_per_s": benchlib.copy_bandwidth(1 << 24 if smoke else 2 << 30),
+            "matmul_flops_per_s": benchlib.matmul_rate(256 if smoke else 8192)}
+
+
+def build_runner(config, params, args, batches):
+    max_context = 2 ** math.ceil(math.log2(max(args.context + args.steps + 2, args.prompt)))
+    page = 16
+    pages = (max(batches) * math.ceil((args.context + args.steps + 2) / page)
+             + math.ceil(args.prompt / page) + 1)
+    runner = JaxRunner(types.SimpleNamespace(config=config, params=params), num_pages=pages,
+                       page_size=page, max_batch=max(batches), max_context=max_context,
+                       prefill_chunk=args.prefill_chunk, min_rows=args.min_rows,
+                       background_compile=False, state_slot_capacity=max(batches))
+    return runner, max_context
+
+
+def bench_preset(name: str, args, limits: dict, emit) -> None:
+    """Every measurement of one preset, emitted as it comes; its memory freed at the end."""
+    preset = PRESETS[name]
+    config = preset.config
+    batches = [int(b) for b in args.batches.split(",")]
+    started = time.perf_counter()
+    params = jax.block_until_ready(
+        device_params(config, jnp.bfloat16 if preset.dtype == "bf16" else jnp.float32))
+    made = time.perf_counter()
+    runner, max_context = build_runner(config, params, args, batches)
+    del params  # the runner holds the (cast) tree
+    shapes = [(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches]
+    shapes.append((runner.chunk_buckets[-1], runner.row_buckets[0]))
+    runner.compile_shapes(shapes)
+    header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context}
+    emit({**header, "op": "setup", "param_bytes": hybrid_costs.tree_bytes(runner.params),
+          "params_s": made - started, "compile_s": time.perf_counter() - made,
+          "shapes": [list(s) for s in shapes], **limits})
+    for position, batch in enumerate(sorted(batches, key=lambda b: b != 1)):  # batch 1 first
+        emit({**header, **_decode_record(runner, config, batch, args, limits)})
+        if position == 0:
+            emit({**header, **_prefill_record(runner, config, args, limits)})
+    for record in _gdn_records(runner, config, batches, args, limits):
+        emit({**header, **record})
+    # Executables take no params (they are arguments), so dropping the references frees
+    # the device memory; jit caches stay (the next preset reuses the leaf generators).
+    del runner
+    gc.collect()
+
+
+def _decode_record(runner, config, batch: int, args, limits: dict) -> dict:
+    step_s = time_decode(runner, batch, args.context, args.steps)
+    rows = fit_bucket(runner.row_buckets, batch, "rows")
+    sizes = dict(context=args.context + args.steps // 2, kv_itemsize=runner.kv_dtype.itemsize,
+                 state_itemsize=jnp.dtype(runner.dtype).itemsize)
+    need = hybrid_costs.decode_bytes(config, runner.params, rows=batch, **sizes)
+    padded = hybrid_costs.decode_bytes(config, runner.params, rows=rows, **sizes)
+    gemv = limits["gemv_bytes_per_s"]
+    return {"op": "decode", "batch": batch, "padded_rows": rows, "context": args.context,
+            "tok_per_s": batch / step_s, "ms_per_step": 1e3 * step_s, **need,
+            "bytes_with_padding_rows": padded["bytes"],
+            "bandwidth_bytes_per_s": need["bytes"] / step_s,
+            "fraction_of_gemv_ceiling": need["bytes"] / step_s / gemv, "gemv_bytes_per_s": gemv,
+            "expert_estimate": "uniform routing, expected distinct"}
+
+
+def _prefill_record(runner, config, args, limits: dict) -> dict:
+    seconds = time_prefill(runner, args.prompt, args.prefill_chunk)
+    flops = hybrid_costs.prefill_flops(config, runner.params, args.prompt,
+                                       math.ceil(args.prompt / args.prefill_chunk))
+    rate = limits["matmul_flops_per_s"]
+    return {"op": "prefill", "prompt": args.prompt, "chunk": args.prefill_chunk,
+            "tok_per_s": args.prompt / seconds, "ms": 1e3 * seconds, **flops,
+            "flops_per_s": flops["flops"] / seconds,
+            "fraction_of_matmul_rate": flops["flops"] / seconds / rate,
+            "matmul_flops_per_s": rate}
+
+
+def _gdn_records(runner, config, batches, args, limits: dict):
+    """The first Gated DeltaNet layer alone: a --prompt chunk, and the extreme batches."""
+    layer = hybrid_gdn.gdn_leaves(runner.params["layers"][config.layer_types.index(
+        "linear_attention")])
+    dtype = jnp.dtype(runner.dtype)
+    rate, gemv = limits["matmul_flops_per_s"], limits["gemv_bytes_per_s"]
+    timing = dict(iters=1, reps=1) if args.smoke else dict(iters=5, reps=3)
+    gdn = hybrid_gdn.prefill(config, layer, args.prompt, dtype, **timing)
+    yield {"op": "gdn_prefill", **gdn,
+           "layer_fraction_of_matmul_rate": gdn["layer_flops"] / gdn["layer_ms"] * 1e3 / rate,
+           "kernel_fraction_of_matmul_rate": gdn["kernel_flops"] / gdn["kernel_ms"] * 1e3 / rate,
+           "num_gdn_layers": config.layer_types.count("linear_attention"),
+           "matmul_flops_per_s": rate}
+    for rows in sorted({min(batches), max(batches)}):
+        gdn = hybrid_gdn.decode(config, layer, rows, dtype, **timing)
+        yield {"op": "gdn_decode", **gdn, "gemv_bytes_per_s": gemv,
+               "fraction_of_gemv_ceiling": gdn["bandwidth_bytes_per_s"] / gemv}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    options = [("presets", str, DEFAULT_PRESETS, None), ("batches", str, "1,8,64", None),
+               ("context", int, 1024, None), ("prompt", int, 4096, None),
+               ("steps", int, 32, None),
+               ("prefill_chunk", int, 1024, "the runner's largest chunk (serving: 1024)")]
+    for field, kind, default, help_text in options:
+        smoke = f", with --smoke {SMOKE[field]}" if field in SMOKE else ""
+        parser.add_argument("--" + field.replace("_", "-"), type=kind, default=None,
+                            help=f"{help_text + '; ' if help_text else ''}default {default}{smoke}")
+    parser.add_argument("--min-rows", type=int, default=None,
+                        help="the runner's smallest row bucket (default: its own choice, 2 "
+                             "on the GPU: a lone row runs padded with a dummy row)")
+    parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--smoke", action="store_true",
+                        help="CPU check: the tiny presets at tiny sizes")
+    args = parser.parse_args(argv)
+    for field, _, default, _ in options:  # given options win over --smoke's sizes
+        if getattr(args, field) is None:
+            setattr(args, field, SMOKE[field] if args.smoke else default)
+    return args
+
+
+def _print_text(record: dict) -> None:
+    op = record["op"]
+    if op == "setup":
+        print(f"{record['preset']}: {record['param_bytes'] / 1e9:.1f} GB of params in "
+              f"{record['params_s']:.1f} s, compile {record['compile_s']:.1f} s; GEMV "
+              f"{record['gemv_bytes_per_s'] / 1e9:.0f} GB/s, matmul "
+              f"{record['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
+    elif op == "decode":
+        print(f"  decode batch {record['batch']}: {record['tok_per_s']:.1f} tok/s "
+              f"({record['ms_per_step']:.2f} ms/step), {record['bytes'] / 1e9:.2f} GB -> "
+              f"{record['bandwidth_bytes_per_s'] / 1e9:.0f} GB/s = "
+              f"{record['fraction_of_gemv_ceiling']:.0%} of GEMV", flush=True)
+    elif op == "prefill":
+        print(f"  prefill {record['prompt']}: {record['tok_per_s']:.0f} tok/s, "
+              f"{record['fraction_of_matmul_rate']:.0%} of the matmul rate", flush=True)
+    elif op == "gdn_prefill":
+        print(f"  GDN layer at {record['tokens']} tokens: {record['layer_ms']:.2f} ms "
+              f"({record['layer_fraction_of_matmul_rate']:.0%} of the matmul rate), delta rule "
+              f"{record['kernel_ms']:.2f} ms (scan unrolled {record['kernel_unrolled_ms']:.2f})",
+              flush=True)
+    else:
+        print(f"  GDN layer, {record['rows']} decode rows: {record['ms']:.3f} ms, "
+              f"{record['bytes'] / 1e6:.0f} MB -> {record['fraction_of_gemv_ceiling']:.0%} "
+              f"of GEMV", flush=True)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    records: list[dict] = []
+
+    def emit(record):
+        records.append(record)
+        if args.json:
+            print(json.dumps(record), flush=True)
+        else:
+            _print_text(record)
+
+    limits = {**ceilings(args.smoke), **benchlib.environment()}
+    for name in args.presets.split(","):
+        bench_preset(name, args, limits, emit)
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""One Gated DeltaNet layer timed alone, for benchmarks/hybrid_bench.py: a prefill chunk (the
+layer, and its delta-rule kernel with the chunk scan rolled and unrolled) and decode rows.
+
+Timing as benchlib.time_op (repetitions inside one jitted call, each depending on the last),
+except that the layer's state dict is carried from one repetition to the next: a state passed
+in afresh would make every repetition copy the whole slot array before its in-place update,
+which the runner (caches donated) never does.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+
+import benchlib
+import hybrid_costs
+from ninfer_jax.kernels.gated_delta import reference as gated_delta
+from ninfer_jax.model import ragged_batch
+from ninfer_jax.model.gated_deltanet import gated_deltanet
+
+GDN_LEAVES = ("in_qkv", "in_z", "in_b", "in_a", "conv", "dt_bias", "A_log", "gdn_norm", "out")
+
+
+def gdn_leaves(layer: dict) -> dict:
+    """The Gated DeltaNet part of a layer's params (its norms and MLP left out)."""
+    return {name: layer[name] for name in GDN_LEAVES}
+
+
+def time_carried(fn, x, state, *rest, iters: int, reps: int) -> float:
+    """Median seconds per fn(x, state, *rest) -> (out, state), the state carried."""
+    def looped(zero, x, state, *rest):
+        for _ in range(iters):
+            out, state = fn(x, state, *rest)
+            bump = jnp.ravel(out)[0].astype(jnp.float32) * zero
+            x, state = jax.lax.optimization_barrier((x + bump.astype(x.dtype), state))
+        return x, state
+
+    run = jax.jit(looped, donate_argnums=(2,))
+    zero = jnp.float32(0.0)
+    _, state = jax.block_until_ready(run(zero, x, state, *rest))  # compile + warm up
+    samples = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        _, state = jax.block_until_ready(run(zero, x, state, *rest))
+        samples.append((time.perf_counter() - started) / iters)
+    return statistics.median(samples)
+
+
+def _state(config, num_slots: int, dtype) -> dict:
+    shapes = config.state_shapes()
+    return {"conv": jnp.zeros((num_slots, *shapes["conv"]), dtype),
+            "recurrent": jnp.zeros((num_slots, *shapes["recurrent"]), jnp.float32)}
+
+
+def prefill(config, layer: dict, num_tokens: int, dtype, *, iters: int, reps: int) -> dict:
+    """The layer (gdn_leaves) on a num_tokens chunk from a zero state; its delta-rule kernel
+    alone with the chunk scan rolled and unrolled."""
+    key = jax.random.PRNGKey(7)
+    h = jax.random.normal(key, (num_tokens, config.hidden_size), dtype)
+    batch = dataclasses.replace(
+        ragged_batch.chunk_only(jnp.zeros(num_tokens, jnp.int32), jnp.int32(0),
+                                jnp.int32(num_tokens), jnp.zeros(1, jnp.int32)),
+        chunk_state_slot=jnp.int32(1), row_state_slots=jnp.zeros(0, jnp.int32))
+    layer_s = time_carried(lambda x, s, w, b: gated_deltanet(x, w, s, b, config), h,
+                           _state(config, 2, dtype), layer, batch, iters=iters, reps=reps)
+    Hk, dk = config.linear_num_key_heads, config.linear_key_head_dim
+    Hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
+    keys = jax.random.split(key, 5)
+    q = jax.random.normal(keys[0], (num_tokens, Hk, dk), jnp.float32) * dk ** -0.5
+    k = jax.random.normal(keys[1], (num_tokens, Hk, dk), jnp.float32) * dk ** -0.5
+    v = jax.random.normal(keys[2], (num_tokens, Hv, dv), dtype)
+    g = -jax.random.uniform(keys[3], (num_tokens, Hv), jnp.float32, 0.01, 0.5)
+    beta = jax.random.uniform(keys[4], (num_tokens, Hv), jnp.float32)
+    start = jnp.zeros((Hv, dk, dv), jnp.float32)
+    kernel_s = {}
+    for unroll in (1, True):
+        kernel_s[unroll] = benchlib.time_op(
+            lambda q, k, v, g, b, s, unroll=unroll: gated_delta.chunk_gated_delta(
+                q, k, v, g, b, s, num_tokens, unroll=unroll),
+            q, k, v, g, beta, start, iters=iters, reps=reps)
+    kernel_flops = hybrid_costs.gdn_chunk_flops(config, num_tokens)
+    layer_flops = 2.0 * num_tokens * hybrid_costs.gdn_projection_params(config) + kernel_flops
+    return {"tokens": num_tokens, "layer_ms": 1e3 * layer_s, "layer_flops": layer_flops,
+            "kernel_ms": 1e3 * kernel_s[1], "kernel_unrolled_ms": 1e3 * kernel_s[True],
+            "kernel_flops": kernel_flops}
+
+
+def decode(config, layer: dict, rows: int, dtype, *, iters: int, reps: int) -> dict:
+    """The layer (gdn_leaves) on `rows` decode rows, row i on state slot i + 1, with what it
+    must move: its weights once, each row's state read and written."""
+    h = jax.random.normal(jax.random.PRNGKey(8), (rows, config.hidden_size), dtype)
+    batch = dataclasses.replace(
+        ragged_batch.rows_only(jnp.zeros(rows, jnp.int32), jnp.full(rows, 100, jnp.int32),
+                               jnp.zeros((rows, 1), jnp.int32)),
+        chunk_state_slot=jnp.int32(ragged_batch.DUMMY_STATE_SLOT),
+        row_state_slots=jnp.arange(1, rows + 1, dtype=jnp.int32))
+    seconds = time_carried(lambda x, s, w, b: gated_deltanet(x, w, s, b, config), h,
+                           _state(config, rows + 1, dtype), layer, batch, iters=iters,
+                           reps=reps)
+    shapes = config.state_shapes()
+    per_row = (4 * math.prod(shapes["recurrent"])
+               + jnp.dtype(dtype).itemsize * math.prod(shapes["conv"]))
+    weight_bytes = hybrid_costs.tree_bytes(layer)
+    state_bytes = 2 * rows * per_row  # read and written
+    return {"rows": rows, "ms": 1e3 * seconds, "weight_bytes": weight_bytes,
+            "state_bytes": state_bytes, "bytes": weight_bytes + state_bytes,
+            "bandwidth_bytes_per_s": (weight_bytes + state_bytes) / seconds}

@@ -1,0 +1,224 @@
+"""Routed MoE experts as Pallas kernels (GPU), same contract as reference.py.
+
+Why: on NVIDIA GPUs XLA rewrites `ragged_dot` into a dense dot over a group-masked copy of
+the rows broadcast to every expert (RaggedDotRewriter: E times the FLOPs and an [rows, E, H]
+temporary, 256x for Qwen3.6-35B-A3B), and the reference's decode path gathers the selected
+experts' weights into a new array before multiplying (read, write, read again). Both kernels
+here read each selected expert's weights in place, once per tile.
+
+Lowering: Pallas' Triton backend (as kernels/paged_attention and quant_matmul), tested in
+interpret mode on CPU. Two paths, picked while tracing from the static shapes:
+  expert GEMV   fewer (token, expert) assignments than experts (decode): one program per
+                (assignment, column block, K split) streams its expert's weight tile with
+                float32 FMAs (no tensor cores: one row would leave them idle); XLA adds the
+                splits, applies SwiGLU between the two projections and the combine weights.
+  grouped GEMM  otherwise (prefill, large batches): assignments sorted by expert are laid
+                out in `num_tiles` tiles of block_m rows, each tile one expert's (its rows
+                past the expert's count are padding); the gate/up kernel gathers its tokens'
+                rows of x, multiplies on the tensor cores and applies SwiGLU in registers; the
+                down kernel reads those tiles as they are. Tiles past the routing's need run
+                no loop iterations. XLA gathers each assignment's row back and combines.
+Layout of the grouped path: padded row of sorted assignment p of expert e =
+tile_start[e] * block_m + (p - start[e]); `position[a]` is that row for assignment a.
+Shape letters: N tokens, k experts per token, A = N*k assignments, E experts, H hidden,
+I expert width, T tiles, M = T * block_m padded rows.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from ninfer_jax.kernels.moe.reference import _swiglu
+from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
+                                           grouped_tiles)
+
+
+def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret: bool = False):
+    """x [N, H], expert_ids int32 [N, k], expert_weights [N, k], gate_up [E, H, 2I],
+    down [E, I, H] -> [N, H] in x's dtype; None when the shapes do not tile."""
+    num_assignments = expert_ids.shape[0] * expert_ids.shape[1]
+    path = gathered_experts if num_assignments < gate_up.shape[0] else grouped_experts
+    return path(x, expert_ids, expert_weights, gate_up, down, interpret=interpret)
+
+
+def _combine(per_assignment, expert_weights, dtype):
+    """[A, H] float32 rows in (token, k) order -> [N, H], weighted by the router."""
+    N, top_k = expert_weights.shape
+    rows = per_assignment.reshape(N, top_k, -1)
+    return jnp.einsum("nkh,nk->nh", rows, expert_weights.astype(jnp.float32)).astype(dtype)
+
+
+# ---------------------------------------------------------------------------- expert GEMV
+
+def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=False):
+    """The decode path: each assignment's row times its expert's weights, read in place."""
+    N, top_k = expert_ids.shape
+    A, (_, H, two_i) = N * top_k, gate_up.shape
+    up_tiles = gemv_tiles(assignments=A, k=H, n=two_i)
+    down_tiles = gemv_tiles(assignments=A, k=two_i // 2, n=H)
+    if up_tiles is None or down_tiles is None:
+        return None
+    ids = expert_ids.reshape(A).astype(jnp.int32)
+    hidden = _expert_gemv(x, ids, gate_up, rows_per_input=top_k, tiles=up_tiles,
+                          interpret=interpret)  # [A, 2I]
+    act = _swiglu(hidden).astype(x.dtype)
+    out = _expert_gemv(act, ids, down, rows_per_input=1, tiles=down_tiles, interpret=interpret)
+    return _combine(out, expert_weights, x.dtype)
+
+
+def _gemv_kernel(id_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,
+                 num_blocks: int):
+    """One (assignment, column block, K split) program: o_ref [bn] partial sums."""
+    assignment, column, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    expert = id_ref[0]
+    row = assignment // rows_per_input
+    block_n = o_ref.shape[0]
+    first_col = pl.multiple_of(column * block_n, block_n)
+    first_k = split * (num_blocks * block_k)
+
+    def body(i, acc):
+        k0 = pl.multiple_of(first_k + i * block_k, block_k)
+        xs = x_ref[row, pl.ds(k0, block_k)].astype(jnp.float32)
+        w = w_ref[expert, pl.ds(k0, block_k), pl.ds(first_col, block_n)].astype(jnp.float32)
+        return acc + xs[:, None] * w
+
+    acc = lax.fori_loop(0, num_blocks, body, jnp.zeros((block_k, block_n), jnp.float32))
+    o_ref[...] = acc.sum(axis=0)
+
+
+def _expert_gemv(x, ids, w, *, rows_per_input: int, tiles: GemvTiles, interpret: bool):
+    """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 [A, n]."""
+    A, (_, K, n) = ids.shape[0], w.shape
+    bk, bn, NS = tiles.block_k, tiles.block_n, tiles.num_splits
+    whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
+    kernel = functools.partial(_gemv_kernel, rows_per_input=rows_per_input, block_k=bk,
+                               num_blocks=K // bk // NS)
+    partial = pl.pallas_call(
+        kernel,
+        grid=(A, n // bn, NS),
+        in_specs=[pl.BlockSpec((1,), lambda a, j, s: (a,)), whole(x), whole(w)],
+        out_specs=pl.BlockSpec((None, None, bn), lambda a, j, s: (s, a, j)),
+        out_shape=jax.ShapeDtypeStruct((NS, A, n), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=tiles.num_warps,
+                                                num_stages=tiles.num_stages),
+        interpret=interpret,
+        name="ninfer_moe_expert_gemv",
+    )(ids, x, w)
+    return partial.sum(axis=0)
+
+
+# ---------------------------------------------------------------------------- grouped GEMM
+
+def grouped_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=False):
+    """The prefill path: a grouped matmul over expert-sorted tiles of assignments."""
+    N, top_k = expert_ids.shape
+    E, H, two_i = gate_up.shape
+    tiles = grouped_tiles(assignments=N * top_k, experts=E, hidden=H, width=two_i // 2)
+    if tiles is None:
+        return None
+    tile_info, row_tokens, position = _tile_plan(expert_ids, E, tiles)
+    act = _grouped_call(_gate_up_kernel, tile_info, (row_tokens, x), gate_up, tiles,
+                        width=two_i // 2, n=two_i // 2, block_n=tiles.block_n_gate_up,
+                        out_dtype=x.dtype, interpret=interpret)  # [M, I]
+    out = _grouped_call(_down_kernel, tile_info, (act,), down, tiles, width=two_i // 2, n=H,
+                        block_n=tiles.block_n_down, out_dtype=jnp.float32,
+                        interpret=interpret)  # [M, H]
+    return _combine(out[position], expert_weights, x.dtype)
+
+
+def _tile_plan(expert_ids, num_experts: int, tiles: GroupedTiles):
+    """(tile_info int32 [T, 2]: expert and is-used per tile, row_tokens int32 [M]: the token
+    of each padded row (padding rows: token 0), position int32 [A]: each assignment's row)."""
+    top_k, bm, T = expert_ids.shape[1], tiles.block_m, tiles.num_tiles
+    flat = expert_ids.reshape(-1).astype(jnp.int32)
+    A = flat.shape[0]
+    order = jnp.argsort(flat, stable=True)  # sorted position p -> assignment
+    sorted_experts = flat[order]
+    sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    starts = jnp.cumsum(sizes) - sizes
+    tile_counts = (sizes + bm - 1) // bm
+    tile_ends = jnp.cumsum(tile_counts)
+    tile_starts = tile_ends - tile_counts
+    rank = jnp.arange(A, dtype=jnp.int32) - starts[sorted_experts]
+    padded = tile_starts[sorted_experts] * bm + rank  # [A]: row of sorted position p
+    position = jnp.zeros(A, jnp.int32).at[order].set(padded)
+    row_tokens = jnp.zeros(T * bm, jnp.int32).at[padded].set(order // top_k)
+    tile = jnp.arange(T, dtype=jnp.int32)
+    # compare_all: the default search is a loop, and each XLA loop iteration on a GPU is a
+    # host round trip
+    tile_expert = jnp.minimum(jnp.searchsorted(tile_ends, tile, side="right",
+                                               method="compare_all"), num_experts - 1)
+    is_used = (tile < tile_ends[-1]).astype(jnp.int32)
+    return jnp.stack([tile_expert.astype(jnp.int32), is_used], axis=1), row_tokens, position
+
+
+def _gate_up_kernel(info_ref, token_ref, x_ref, w_ref, o_ref, *, width: int, block_k: int,
+                    num_blocks: int):
+    """One (tile, column block) program: SwiGLU of the tile's rows of x times its expert's
+    gate and up columns; o_ref [bm, bn]."""
+    expert, is_used = info_ref[0], info_ref[1]
+    block_m, block_n = o_ref.shape
+    gate_col = pl.multiple_of(pl.program_id(1) * block_n, block_n)
+    up_col = pl.multiple_of(width + gate_col, block_n)
+    tokens = token_ref[...]  # [bm]
+
+    def body(i, acc):
+        gate, up = acc
+        k0 = pl.multiple_of(i * block_k, block_k)
+        rows = x_ref[tokens, pl.ds(k0, block_k)]  # [bm, bk], gathered
+        gate += pltriton.dot(rows, w_ref[expert, pl.ds(k0, block_k), pl.ds(gate_col, block_n)])
+        up += pltriton.dot(rows, w_ref[expert, pl.ds(k0, block_k), pl.ds(up_col, block_n)])
+        return gate, up
+
+    zeros = jnp.zeros((block_m, block_n), jnp.float32)
+    gate, up = lax.fori_loop(0, is_used * num_blocks, body, (zeros, zeros))
+    o_ref[...] = (gate * jax.nn.sigmoid(gate) * up).astype(o_ref.dtype)
+
+
+def _down_kernel(info_ref, act_ref, w_ref, o_ref, *, width: int, block_k: int,
+                 num_blocks: int):
+    """One (tile, column block) program: the tile's SwiGLU rows times its expert's down
+    columns; o_ref [bm, bn] float32."""
+    del width
+    expert, is_used = info_ref[0], info_ref[1]
+    block_m, block_n = o_ref.shape
+    col = pl.multiple_of(pl.program_id(1) * block_n, block_n)
+
+    def body(i, acc):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        return acc + pltriton.dot(act_ref[:, pl.ds(k0, block_k)],
+                                  w_ref[expert, pl.ds(k0, block_k), pl.ds(col, block_n)])
+
+    o_ref[...] = lax.fori_loop(0, is_used * num_blocks, body,
+                               jnp.zeros((block_m, block_n), jnp.float32))
+
+
+def _grouped_call(kernel, tile_info, inputs, w, tiles: GroupedTiles, *, width: int, n: int,
+                  block_n: int, out_dtype, interpret: bool):
+    """Run a grouped kernel over grid (tiles, n // block_n); inputs are (row_tokens, x) for
+    the gate/up kernel (x gathered per tile) or (act,) for the down kernel (tile-major)."""
+    bm, T = tiles.block_m, tiles.num_tiles
+    K = w.shape[1]
+    whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
+    if len(inputs) == 2:  # row tokens per tile, x whole (rows gathered in the kernel)
+        specs = [pl.BlockSpec((bm,), lambda t, j: (t,)), whole(inputs[1])]
+    else:  # the tile's own rows
+        specs = [pl.BlockSpec((bm, inputs[0].shape[1]), lambda t, j: (t, 0))]
+    body = functools.partial(kernel, width=width, block_k=tiles.block_k,
+                             num_blocks=K // tiles.block_k)
+    return pl.pallas_call(
+        body,
+        grid=(T, n // block_n),
+        in_specs=[pl.BlockSpec((None, 2), lambda t, j: (t, 0)), *specs, whole(w)],
+        out_specs=pl.BlockSpec((bm, block_n), lambda t, j: (t, j)),
+        out_shape=jax.ShapeDtypeStruct((T * bm, n), out_dtype),
+        compiler_params=pltriton.CompilerParams(num_warps=tiles.num_warps,
+                                                num_stages=tiles.num_stages),
+        interpret=interpret,
+        name=f"ninfer_moe_{kernel.__name__.strip('_').removesuffix('_kernel')}",
+    )(tile_info, *inputs, w)

@@ -1,0 +1,89 @@
+"""Tile sizes for the routed-experts kernels (kernel.py), chosen per shape at trace time.
+
+Both kernels read expert weights in place, so every tile must divide the weights exactly
+(padding them would copy them) and be a power of two (Triton); when none fits, the tuning is
+None and the caller takes the reference.
+  expert GEMV  (few assignments, memory-bound): the grid is (assignments, column blocks, K
+               splits), aiming at GEMV_TARGET_PROGRAMS programs so that enough weight bytes
+               are in flight; tiles as the quantized one-row kernel measured best (float32
+               partial sums of block_k x block_n values, no pipelining).
+  grouped GEMM (many assignments): the assignments sorted by expert are cut into tiles of
+               block_m rows that each belong to one expert; block_m follows the mean rows per
+               expert so that decode-sized groups do not pay for 64-row tiles.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+GEMV_TARGET_PROGRAMS = 1056  # 8 per SM on an H200 (132 SMs)
+GEMV_TILE = (64, 128)  # (block_k, block_n)
+MIN_BLOCKS_PER_SPLIT = 2
+MIN_DOT = 16  # Triton's smallest matmul tile side
+GROUPED_BLOCK_M = (16, 64)  # smallest and largest rows per grouped tile
+GROUPED_BLOCK_K = 64
+GROUPED_BLOCK_N = {"gate_up": 64, "down": 128}  # gate_up holds two accumulators (gate, up)
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvTiles:
+    block_k: int
+    block_n: int
+    num_splits: int  # programs along K; their partial sums are added by XLA
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedTiles:
+    block_m: int  # rows per tile (all of one expert)
+    num_tiles: int  # static bound on the tiles any routing needs
+    block_k: int
+    block_n_gate_up: int
+    block_n_down: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def _fit(size: int, preferred: int, smallest: int) -> int | None:
+    """The largest power of two in [smallest, preferred] that divides size."""
+    tile = preferred
+    while tile >= smallest:
+        if size % tile == 0:
+            return tile
+        tile //= 2
+    return None
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def gemv_tiles(*, assignments: int, k: int, n: int) -> GemvTiles | None:
+    """Tiles for `assignments` rows, each times its own expert's [k, n] weight."""
+    block_k = _fit(k, GEMV_TILE[0], MIN_DOT)
+    block_n = _fit(n, GEMV_TILE[1], MIN_DOT)
+    if block_k is None or block_n is None:
+        return None
+    num_blocks = k // block_k
+    wanted = max(1, -(-GEMV_TARGET_PROGRAMS // (assignments * (n // block_n))))
+    limit = max(1, num_blocks // MIN_BLOCKS_PER_SPLIT)
+    splits = max(d for d in range(1, min(wanted, limit) + 1) if num_blocks % d == 0)
+    return GemvTiles(block_k=block_k, block_n=block_n, num_splits=splits)
+
+
+def grouped_tiles(*, assignments: int, experts: int, hidden: int,
+                  width: int) -> GroupedTiles | None:
+    """Tiles for `assignments` (token, expert) rows through experts of hidden x width."""
+    smallest, largest = GROUPED_BLOCK_M
+    block_m = min(largest, max(smallest, _next_power_of_2(-(-assignments // experts))))
+    block_k_up = _fit(hidden, GROUPED_BLOCK_K, MIN_DOT)
+    block_k_down = _fit(width, GROUPED_BLOCK_K, MIN_DOT)
+    block_n_up = _fit(width, GROUPED_BLOCK_N["gate_up"], MIN_DOT)
+    block_n_down = _fit(hidden, GROUPED_BLOCK_N["down"], MIN_DOT)
+    if None in (block_k_up, block_k_down, block_n_up, block_n_down):
+        return None
+    # Each expert's rows round up to whole tiles: at most one partial tile per used expert.
+    num_tiles = -(-assignments // block_m) + min(experts, assignments)
+    return GroupedTiles(block_m=block_m, num_tiles=num_tiles,
+                        block_k=min(block_k_up, block_k_down), block_n_gate_up=block_n_up,
+                        block_n_down=block_n_down)

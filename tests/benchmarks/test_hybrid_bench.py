@@ -1,0 +1,88 @@
+"""benchmarks/hybrid_bench.py: the device-made params mirror what the artifact path builds,
+the byte/FLOP model on hand-checkable cases, and the --smoke run's JSON lines (CPU)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import hybrid_bench
+import hybrid_costs
+from ninfer_jax.artifact.presets import PRESETS
+from ninfer_jax.artifact.random_init import random_params
+
+
+def _described(tree):
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    return structure, [(leaf.shape, np.dtype(leaf.dtype)) for leaf in leaves]
+
+
+def test_device_params_have_the_artifact_trees_names_shapes_and_dtypes():
+    # bf16 storage: norms and the DeltaNet vectors stay float32 (traced only: no compiles)
+    for name in ("qwen3.6-tiny-moe", "qwen3.5-tiny"):
+        config = dataclasses.replace(PRESETS[name].config, vocab_size=512)
+        expected = random_params(config, seed=0, dtype="bf16")
+        expected.pop("mtp", None)  # the runner never reads the MTP head
+        got = jax.eval_shape(lambda: hybrid_bench.device_params(config, jnp.bfloat16))
+        assert _described(got) == _described(expected)
+
+
+def test_expected_distinct_experts():
+    assert hybrid_costs.expected_distinct_experts(256, 8, 1) == 8
+    assert 15.7 < hybrid_costs.expected_distinct_experts(256, 8, 2) < 15.8
+    assert hybrid_costs.expected_distinct_experts(256, 8, 10_000) == 256
+
+
+def test_decode_bytes_count_each_weight_once_and_only_selected_experts():
+    config = dataclasses.replace(PRESETS["qwen3.6-tiny-moe"].config, vocab_size=512)
+    params = jax.eval_shape(lambda: hybrid_bench.device_params(config, jnp.bfloat16))
+    one = hybrid_costs.decode_bytes(config, params, rows=1, context=0, kv_itemsize=2,
+                                    state_itemsize=2)
+    experts = sum(hybrid_costs.tree_bytes(layer[name]) for layer in params["layers"]
+                  for name in hybrid_costs.EXPERT_LEAVES)
+    k, E = config.num_experts_per_tok, config.num_experts
+    assert one["expert_bytes"] == experts * k // E
+    # tied embeddings: the table is read whole as the LM head, no separate row
+    assert one["weight_bytes"] == hybrid_costs.tree_bytes(params) - experts + experts * k // E
+    assert one["bytes"] == one["weight_bytes"] + one["kv_bytes"] + one["state_bytes"]
+    # one attention layer: k and v of 2 KV heads x 16 dims read at position 0 and written
+    assert one["kv_bytes"] == 2 * (2 * 1 * 16 * 2)
+    many = hybrid_costs.decode_bytes(config, params, rows=64, context=0, kv_itemsize=2,
+                                     state_itemsize=2)
+    assert one["expert_bytes"] < many["expert_bytes"] <= experts
+
+
+def test_smoke_run_prints_sane_json_lines(capsys):
+    records = hybrid_bench.main(["--smoke", "--json"])
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+             if line.startswith("{")]
+    assert lines == records
+    for preset in ("qwen3.5-tiny", "qwen3.6-tiny-moe"):
+        mine = {(r["op"], r.get("batch", r.get("rows"))): r for r in records
+                if r["preset"] == preset}
+        assert set(mine) == {("setup", None), ("decode", 1), ("decode", 2), ("prefill", None),
+                             ("gdn_prefill", None), ("gdn_decode", 1), ("gdn_decode", 2)}
+        assert mine["setup", None]["gemv_bytes_per_s"] > 0
+        assert mine["setup", None]["matmul_flops_per_s"] > 0
+        for batch in (1, 2):
+            decode = mine["decode", batch]
+            assert decode["tok_per_s"] > 0 and decode["ms_per_step"] > 0
+            assert decode["bytes"] >= decode["weight_bytes"] > 0
+            assert decode["kv_bytes"] > 0 and decode["state_bytes"] > 0
+            assert decode["bandwidth_bytes_per_s"] > 0 and decode["fraction_of_gemv_ceiling"] > 0
+        prefill = mine["prefill", None]
+        assert prefill["tok_per_s"] > 0 and prefill["prompt"] == 48
+        assert prefill["flops"] > prefill["weight_flops"] > 0 and prefill["gdn_flops"] > 0
+        assert 0 < prefill["fraction_of_matmul_rate"]
+        gdn = mine["gdn_prefill", None]
+        assert gdn["layer_ms"] > 0 and gdn["kernel_ms"] > 0
+        assert gdn["layer_flops"] > gdn["kernel_flops"] > 0 and gdn["kernel_unrolled_ms"] > 0
+        for rows in (1, 2):
+            gdn = mine["gdn_decode", rows]
+            assert gdn["ms"] > 0 and gdn["weight_bytes"] > 0
+            assert gdn["state_bytes"] == rows * mine["gdn_decode", 1]["state_bytes"] > 0
+    moe = next(r for r in records if r["preset"] == "qwen3.6-tiny-moe" and r["op"] == "decode")
+    assert moe["expert_bytes"] > 0 and moe["experts_touched_per_layer"] == 2.0
