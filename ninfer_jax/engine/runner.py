@@ -173,8 +173,12 @@ class JaxRunner:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
             # 2; docs/benchmarks.md), so a lone row runs padded with a dummy row there.
-            # Quantized projections keep one row: their one-row kernel is built for it.
-            min_rows = 2 if kernels and not has_quantized_projections(self.params) else 1
+            # Quantized projections keep one row: their one-row kernel is built for it. So
+            # do MoE models: a padding row routes to its own top-k experts, and reading them
+            # costs more than the dense GEMVs gain (35B-A3B shape, H200 run 15: 8.1 GB per
+            # step instead of 6.0 with the padding row).
+            min_rows = (2 if kernels and not has_quantized_projections(self.params)
+                        and not self.config.num_experts else 1)
         self.row_buckets = row_buckets(max_batch, min_rows)
         self.chunk_buckets = (chunk_buckets(prefill_chunk, growth=4, smallest=GPU_SMALLEST_CHUNK)
                               if kernels else chunk_buckets(prefill_chunk, growth=2))
