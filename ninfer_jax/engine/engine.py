@@ -46,7 +46,8 @@ class Engine:
         self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0))
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
-                                   slots=self.slots)
+                                   slots=self.slots,
+                                   max_chunk_rows=getattr(runner, "max_chunk_rows", None))
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)
         # Called on the engine thread after every round (the engine-core process flushes
