@@ -23,8 +23,9 @@ and --steady-s more seconds have passed, one --long-prompt-token request arrives
 its TTFT (its prefill, interleaved with the decodes) and the S streams' largest chunk gap
 overlapping [arrival, its first token], next to their largest gap in the steady seconds
 before it. One unmeasured request warms the server
-first. `--task echo` asks to repeat a ~200-token paragraph (an input-echoing task, where prompt
-lookup drafts well). `--draft off` sends every request with `draft: false` (plain decoding on
+first. `--task echo` asks to repeat one of two ~180-token paragraphs (an input-echoing task, where
+prompt lookup drafts well; the replies end at the model's end token, so `num_short` counts
+them). `--draft off` sends every request with `draft: false` (plain decoding on
 a server started with --spec); `--draft both` runs each level plain, then speculative, in the
 same server, and prints the speedup; the summaries add the terminal timings' draft_n and
 draft_n_accepted. `--json` prints one JSON object per level. Nothing but httpx is needed.
@@ -64,16 +65,15 @@ ECHO_PARAGRAPHS = [
     "logbook the time of every ship that passed, the strength of the gale and the height of "
     "the sea. In the morning he put out the lamp, ate a slice of bread with cheese, and "
     "slept until noon while the gulls cried over the empty beach.",
-    "To bake a simple loaf of bread, mix five hundred grams of strong white flour with ten "
-    "grams of salt and seven grams of dried yeast in a large bowl. Pour in three hundred and "
-    "fifty millilitres of warm water and stir until a rough dough forms. Turn it out onto a "
-    "floured table and knead it for ten minutes, pushing it away with the heel of your hand "
-    "and folding it back, until it feels smooth and springy. Put the dough back in the bowl, "
-    "cover it with a damp cloth and leave it somewhere warm for an hour, or until it has "
-    "doubled in size. Knock it back, shape it into a round, and place it on a baking tray "
-    "dusted with flour. Let it rise again for thirty minutes while the oven heats to two "
-    "hundred and twenty degrees. Slash the top with a sharp knife and bake it for thirty "
-    "minutes, until the crust is deep brown and the loaf sounds hollow when tapped.",
+    "Every summer the family drove to the small cabin by the lake, where the water was so "
+    "clear that you could see the stones on the bottom. The children spent the long days "
+    "swimming, fishing from the wooden dock and building boats out of bark and string. Their "
+    "father cooked fish over an open fire, and their mother read stories on the porch while "
+    "the loons called across the water. At night they lay on the grass and counted the stars, "
+    "and sometimes they saw a shooting star fall behind the dark pines. When the rain came "
+    "they played cards by the window and listened to the drops on the tin roof. On the last "
+    "morning they packed the car in silence, waved goodbye to the lake, and promised that "
+    "they would come back again the next year.",
 ]
 # Random prompt ids stay inside every vocabulary we serve (SmolLM2 has 49,152 entries) and
 # above the low ids where byte and control tokens sit.
@@ -109,9 +109,9 @@ def request_body(args, index: int, prompt_tokens: int, max_tokens: int) -> tuple
               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if getattr(args, "draft_off", False):
         common["draft"] = False
-    if args.task == "echo":
+    if args.task == "echo":  # replies end at the end of the echo, as a client sees them
         paragraph = ECHO_PARAGRAPHS[index % len(ECHO_PARAGRAPHS)]
-        return "/v1/chat/completions", {**common, "messages": [
+        return "/v1/chat/completions", {**common, "ignore_eos": False, "messages": [
             {"role": "user", "content": f"Repeat this paragraph exactly: {paragraph}"}]}
     if args.api == "completions":
         return "/v1/completions", {**common, "prompt": token_prompt(index, prompt_tokens,

@@ -122,7 +122,7 @@ def test_echo_task_runs_each_level_plain_then_drafted(fake, capsys):
     bodies = fake.bodies[1:]  # after the warm-up
     assert [b.get("draft", True) for b in bodies] == [False, True, False, False, True, True]
     assert all(b["messages"][0]["content"].startswith("Repeat this paragraph exactly: ")
-               for b in bodies)
+               and b["ignore_eos"] is False for b in bodies)
 
 
 def test_a_refused_request_is_reported_not_raised(fake):
