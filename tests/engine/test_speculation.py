@@ -288,3 +288,14 @@ def test_cancel_during_a_round():
     driver.run()
     assert finished(handle).reason == "cancelled"
     assert finished(other).reason == "length" and driver.request_pages() == 0
+
+
+def test_the_engine_refuses_speculation_on_a_model_with_state_slots():
+    from ninfer_jax.engine.config import EngineConfig
+    from ninfer_jax.engine.engine import Engine
+    from ninfer_jax.engine.fake import FakeRunner
+
+    with pytest.raises(ValueError, match="hybrid"):
+        Engine(FakeRunner(state_slot_capacity=2),
+               EngineConfig(max_concurrency=1, speculative=NGRAM))
+    Engine(FakeRunner(), EngineConfig(max_concurrency=1, speculative=NGRAM))
