@@ -4,6 +4,7 @@
         --concurrency 1 4 8 --requests-per-client 2 --max-tokens 64 [--api-key KEY] [--json]
     ... --api completions --prompt-tokens 256 --max-tokens 256 --json       # exact lengths
     ... --api completions --interference 63 --long-prompt 4000 --json       # see below
+    ... --task echo --draft both --concurrency 1 8 --max-tokens 200         # speculation
 
 For each concurrency level C, C client threads each send `--requests-per-client` streaming
 requests one after another (temperature 0, `ignore_eos`, so every reply has exactly
@@ -22,7 +23,12 @@ and --steady-s more seconds have passed, one --long-prompt-token request arrives
 its TTFT (its prefill, interleaved with the decodes) and the S streams' largest chunk gap
 overlapping [arrival, its first token], next to their largest gap in the steady seconds
 before it. One unmeasured request warms the server
-first. `--json` prints one JSON object per level. Nothing but httpx is needed.
+first. `--task echo` asks to repeat one of two ~180-token paragraphs (an input-echoing task, where
+prompt lookup drafts well; the replies end at the model's end token, so `num_short` counts
+them). `--draft off` sends every request with `draft: false` (plain decoding on
+a server started with --spec); `--draft both` runs each level plain, then speculative, in the
+same server, and prints the speedup; the summaries add the terminal timings' draft_n and
+draft_n_accepted. `--json` prints one JSON object per level. Nothing but httpx is needed.
 """
 from __future__ import annotations
 
@@ -48,6 +54,27 @@ PROMPTS = [
     "Describe a busy market in a large city.",
 ]
 FILLER = "river stone window garden lantern harbor meadow candle".split()
+ECHO_PARAGRAPHS = [
+    "The old lighthouse stood on a black rock at the edge of the bay, and for forty years the "
+    "same keeper had climbed its one hundred and twelve stairs every evening. He trimmed the "
+    "wick, polished the great lens until it shone like water, and lit the lamp just as the "
+    "sun touched the hills behind the village. Then he sat by the window with a cup of tea "
+    "and watched the fishing boats come home through the fog, counting each one aloud until "
+    "the harbour was full. On stormy nights he did not sleep at all. He walked around the "
+    "gallery in his heavy coat, listening to the wind and the waves, and wrote in his "
+    "logbook the time of every ship that passed, the strength of the gale and the height of "
+    "the sea. In the morning he put out the lamp, ate a slice of bread with cheese, and "
+    "slept until noon while the gulls cried over the empty beach.",
+    "Every summer the family drove to the small cabin by the lake, where the water was so "
+    "clear that you could see the stones on the bottom. The children spent the long days "
+    "swimming, fishing from the wooden dock and building boats out of bark and string. Their "
+    "father cooked fish over an open fire, and their mother read stories on the porch while "
+    "the loons called across the water. At night they lay on the grass and counted the stars, "
+    "and sometimes they saw a shooting star fall behind the dark pines. When the rain came "
+    "they played cards by the window and listened to the drops on the tin roof. On the last "
+    "morning they packed the car in silence, waved goodbye to the lake, and promised that "
+    "they would come back again the next year.",
+]
 # Random prompt ids stay inside every vocabulary we serve (SmolLM2 has 49,152 entries) and
 # above the low ids where byte and control tokens sit.
 TOKEN_ID_RANGE = (1000, 30000)
@@ -80,6 +107,12 @@ def request_body(args, index: int, prompt_tokens: int, max_tokens: int) -> tuple
     """(path, body) of one streaming request; `index` picks a distinct prompt."""
     common = {"model": args.model, "max_tokens": max_tokens, "temperature": 0,
               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    if getattr(args, "draft_off", False):
+        common["draft"] = False
+    if args.task == "echo":  # replies end at the end of the echo, as a client sees them
+        paragraph = ECHO_PARAGRAPHS[index % len(ECHO_PARAGRAPHS)]
+        return "/v1/chat/completions", {**common, "ignore_eos": False, "messages": [
+            {"role": "user", "content": f"Repeat this paragraph exactly: {paragraph}"}]}
     if args.api == "completions":
         return "/v1/completions", {**common, "prompt": token_prompt(index, prompt_tokens,
                                                                     args.seed)}
@@ -167,6 +200,9 @@ def summarize(results: list[dict], wall: float, concurrency: int, max_tokens: in
         "tokens_per_chunk": tokens / chunks if chunks else None,
         "server_prompt_ms_p50": percentile(server_prompt_ms, 0.5),
         "server_decode_tok_s": concurrency * median_server_rate if median_server_rate else None,
+        "draft_n": sum((r["timings"] or {}).get("draft_n", 0) for r in results),
+        "draft_n_accepted": sum((r["timings"] or {}).get("draft_n_accepted", 0)
+                                for r in results),
     }
 
 
@@ -253,17 +289,17 @@ def model_id(args) -> str:
     return reply.json()["data"][0]["id"]
 
 
-def print_table(levels: list[dict]) -> None:
-    print(f"{'conc':>4} {'reqs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'TTFT p50':>9} "
+def print_table(levels: list[dict], speedups: bool = True) -> None:
+    print(f"{'draft':>5} {'conc':>4} {'reqs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'TTFT p50':>9} "
           f"{'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'ITL max':>8}   (seconds)")
     for level in levels:
         cells = [level[k] for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
                                     "itl_max_s")]
-        print(f"{level['concurrency']:>4} {level['requests']:>5} {level['output_tok_s']:>10.1f} "
+        print(f"{level.get('draft', '-'):>5} {level['concurrency']:>4} {level['requests']:>5} {level['output_tok_s']:>10.1f} "
               f"{level['decode_tok_s'] or 0:>10.1f} "
               + " ".join(f"{c:>8.3f}" if c is not None else f"{'-':>8}" for c in cells))
     base = levels[0]["output_tok_s"]
-    for level in levels[1:]:
+    for level in levels[1:] if speedups else []:
         print(f"throughput at concurrency {level['concurrency']}: "
               f"{level['output_tok_s'] / base:.2f}x concurrency {levels[0]['concurrency']}")
 
@@ -280,6 +316,10 @@ def parse_args(argv=None):
                         help="prompt length (completions: exact token ids; chat: about this "
                              "many words of padding); 0: the short fixed chat prompts")
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--task", choices=["prompts", "echo"], default="prompts",
+                        help="echo: repeat a ~200-token paragraph (chat API)")
+    parser.add_argument("--draft", choices=["on", "off", "both"], default="on",
+                        help="off: send draft: false; both: each level plain, then drafted")
     parser.add_argument("--seed", type=int, default=0, help="picks the random prompt ids")
     parser.add_argument("--interference", type=int, default=0, metavar="STREAMS",
                         help="run the interference measurement with this many streams "
@@ -310,13 +350,25 @@ def main(argv=None) -> int:
     if args.interference:
         records = [interference(args)]
     else:
-        records = [run_level(args, c) for c in args.concurrency]
+        records = []
+        for concurrency in args.concurrency:
+            for draft in (("off", "on") if args.draft == "both" else (args.draft,)):
+                args.draft_off = draft == "off"
+                records.append({"draft": draft, **run_level(args, concurrency)})
     if args.json:
         for record in records:
             print(json.dumps({"url": args.url, "model": args.model, "api": args.api,
                               **record}), flush=True)
     elif args.interference:
         print(json.dumps(records[0], indent=2))
+    elif args.draft == "both":
+        print_table(records, speedups=False)
+        for plain, spec in zip(records[::2], records[1::2]):
+            accepted = spec["draft_n_accepted"] / spec["draft_n"] if spec["draft_n"] else 0
+            print(f"concurrency {spec['concurrency']}: speculative {spec['output_tok_s']:.1f} "
+                  f"vs plain {plain['output_tok_s']:.1f} tok/s = "
+                  f"{spec['output_tok_s'] / plain['output_tok_s']:.2f}x "
+                  f"(drafts accepted {100 * accepted:.0f}%)")
     else:
         print_table(records)
     return 0

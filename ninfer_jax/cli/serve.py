@@ -6,6 +6,7 @@ import sys
 import click
 
 from ninfer_jax.engine.config import MAX_LANES, MIN_LANES
+from ninfer_jax.engine.speculation import BACKENDS, DRAFT_RANGES, SpeculativeConfig
 from ninfer_jax.serve.config import SamplingOverrides, ServeConfig
 
 
@@ -48,6 +49,14 @@ def _kv_capacity(value: str | None):
               help="Hybrid models: device state slots beyond one per lane (total capacity "
                    "--max-concurrency + N; default N = --max-concurrency). Dense models have "
                    "no state slots: accepted, no effect.")
+@click.option("--spec", default=None, type=click.Choice(BACKENDS),
+              help="Speculative decoding backend (off by default). ngram: prompt lookup, "
+                   "no weights; mtp, dflash, dflash2: not implemented yet. Refused for "
+                   "hybrid models.")
+@click.option("--draft-tokens", default=None, type=click.IntRange(min=1),
+              help="Draft tokens per speculative round: "
+                   + "; ".join(f"{b} {lo}..{hi} (default {d})"
+                               for b, (lo, hi, d) in DRAFT_RANGES.items()) + ".")
 @click.option("--kv-dtype", default="auto", show_default=True,
               help="KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU).",
               type=click.Choice(["auto", "f32", "bf16"]))
@@ -88,15 +97,20 @@ def _kv_capacity(value: str | None):
               help="HTTP worker processes sharing the one engine core. Above 1 it needs the "
                    "Responses store off (--response-store-max-records 0) and no "
                    "--request-log-jsonl / --capture-requests: those are per worker.")
-def serve(artifact, kv_capacity, temperature, top_p, top_k, min_p, presence_penalty,
-          frequency_penalty, seed, greedy, **options):
+def serve(artifact, kv_capacity, spec, draft_tokens, temperature, top_p, top_k, min_p,
+          presence_penalty, frequency_penalty, seed, greedy, **options):
     """Serve ARTIFACT (default: the embedded SmolLM2-135M-Instruct) over HTTP."""
     from ninfer_jax.artifact.default_model import default_artifact_path
     from ninfer_jax.serve.launcher import run_server
 
+    try:
+        speculative = SpeculativeConfig.from_options(spec, draft_tokens)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     config = ServeConfig(
         artifact=str(artifact or default_artifact_path()),
         kv_capacity=_kv_capacity(kv_capacity),
+        spec=spec, draft_tokens=speculative.draft_tokens if speculative else None,
         sampling=SamplingOverrides(temperature, top_p, top_k, min_p, presence_penalty,
                                    frequency_penalty, seed, greedy),
         argv=tuple(sys.argv),

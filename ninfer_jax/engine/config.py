@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from ninfer_jax.engine.speculation import SpeculativeConfig
 from ninfer_jax.engine.state_slots import extra_slots, state_slot_capacity
 
 # Bounds of --max-concurrency (resident execution lanes): the contract's 1..8, widened to 256
@@ -58,6 +59,8 @@ class EngineConfig:
     max_bypass: int = 4
     # Hybrid models: device state slots beyond one per lane (--device-state-slots).
     device_state_slots: int = 0
+    # --spec / --draft-tokens (engine/speculation.py); None: plain decoding only.
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self):
         if not MIN_LANES <= self.max_concurrency <= MAX_LANES:
@@ -112,4 +115,5 @@ class EngineConfig:
             kv_capacity=kv,
             prefix_reuse=not serve.no_prefix_reuse,
             device_state_slots=extra_slots(serve.device_state_slots, serve.max_concurrency),
+            speculative=SpeculativeConfig.from_options(serve.spec, serve.draft_tokens),
         )

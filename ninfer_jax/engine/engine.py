@@ -39,6 +39,9 @@ class Engine:
         if config.max_concurrency > runner.max_batch:
             raise ValueError(f"max_concurrency {config.max_concurrency} exceeds the runner's "
                              f"largest decode batch {runner.max_batch}")
+        if config.speculative is not None and getattr(runner, "state_slot_capacity", 0):
+            raise ValueError("speculative decoding needs per-position recurrent-state "
+                             "snapshots on hybrid models, which are not built")
         self.runner = runner
         self.config = config
         self.pool = PagePool(runner.num_pages)
@@ -46,7 +49,8 @@ class Engine:
         self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0))
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
-                                   slots=self.slots)
+                                   slots=self.slots,
+                                   max_chunk_rows=getattr(runner, "max_chunk_rows", None))
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)
         # Called on the engine thread after every round (the engine-core process flushes

@@ -96,10 +96,13 @@ class FakeRunner:
                  vocab_size: int = 1000, next_token: NextToken | None = None,
                  prefill_sleep: float = 0.0, decode_sleep: float = 0.0,
                  warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None,
-                 async_dispatch: bool = True, state_slot_capacity: int = 0):
+                 async_dispatch: bool = True, state_slot_capacity: int = 0,
+                 max_chunk_rows: int | None = None):
         self.page_size = page_size
         self.num_pages = num_pages
         self.max_batch = max_batch
+        # Rows a step with a chunk may carry (JaxRunner compiles fewer chunk shapes on CPU).
+        self.max_chunk_rows = max_chunk_rows or max_batch
         self.vocab_size = vocab_size
         self.next_token = next_token or weighted_sum_next_token(vocab_size)
         self.prefill_sleep = prefill_sleep  # seconds per step that carries a prefill chunk
@@ -137,6 +140,9 @@ class FakeRunner:
     def launch(self, plan: StepPlan) -> _Launched:
         if len(plan.rows) > self.max_batch:
             raise ValueError(f"step of {len(plan.rows)} rows (max {self.max_batch})")
+        if plan.chunk is not None and len(plan.rows) > self.max_chunk_rows:
+            raise ValueError(f"chunk step of {len(plan.rows)} rows "
+                             f"(max {self.max_chunk_rows})")
         self.plans.append(plan)
         launched = _Launched(plan)
         if not self.async_dispatch:

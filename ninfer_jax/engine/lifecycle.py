@@ -151,6 +151,17 @@ class Lifecycle:
             raise TokenPolicyError(f"token policy of {seq.request_id} failed") from exc
         if not ids:
             ids = [sampled]  # a policy may replace the sample, never swallow the round
+        return self._append(seq, ids, from_decode=from_decode)[1]
+
+    def commit_run(self, seq: Sequence, ids) -> tuple:
+        """Commit a speculative round's tokens (no TokenPolicy: such requests never draft)
+        up to the first that ends the request, as one Tokens event. Returns
+        (number committed, finish or None)."""
+        new, finish = self._append(seq, [int(t) for t in ids], from_decode=True)
+        return len(new), finish
+
+    def _append(self, seq: Sequence, ids, *, from_decode: bool) -> tuple[list, tuple | None]:
+        """Append `ids` up to the first that ends the request; publish them as one event."""
         new, finish = [], None
         for token in ids:
             seq.tokens.append(token)
@@ -166,7 +177,7 @@ class Lifecycle:
         if from_decode:
             self.counters.decode_tokens += len(new)
         seq.handle.publish(Tokens(ids=tuple(new), num_committed=seq.num_output, time=now))
-        return finish
+        return new, finish
 
     def _stop_reason(self, seq: Sequence, token: int):
         request = seq.request
@@ -193,7 +204,7 @@ class Lifecycle:
                       completion_tokens=seq.num_output)
         seq.handle.publish(Finished(
             reason=reason, usage=usage, output_ids=tuple(seq.output_ids),
-            timings=self._timings(seq, now), counters=dict(seq.counters), time=now,
+            timings=self._timings(seq, now), counters=_copy_counters(seq.counters), time=now,
             matched_stop_token=matched))
         self._terminal(seq)
 
@@ -240,7 +251,12 @@ class Lifecycle:
             return
         event = SchedulingEvent(kind=kind, request_id=seq.request_id, seq_id=seq.seq_id,
                                 preemption_index=seq.counters["preemptions"],
-                                num_tokens=len(seq.tokens), counters=dict(seq.counters),
+                                num_tokens=len(seq.tokens), counters=_copy_counters(seq.counters),
                                 time=self.clock())
         for listener in self.listeners:
             listener(event)
+
+
+def _copy_counters(counters: dict) -> dict:
+    """A snapshot of a sequence's counters that shares no list with the engine thread."""
+    return {k: list(v) if isinstance(v, list) else v for k, v in counters.items()}

@@ -66,6 +66,9 @@ class GenerationRequest:
     # Background work (TensorFold's `priority: "background"`) waits behind foreground
     # requests and yields its lane or pages to them; its delivered tokens are never repeated.
     background: bool = False
+    # TensorFold's per-request `draft: false`: decode this request plainly even when the
+    # server speculates (--spec).
+    speculative: bool = True
     # Free-form labels for logs (protocol name etc.); never read by scheduling.
     labels: dict = dataclasses.field(default_factory=dict)
 

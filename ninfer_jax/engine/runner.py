@@ -143,7 +143,7 @@ class JaxRunner:
                  background_compile: bool | None = None, compile_threads: int | None = None,
                  greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
-                 fuse_projections: bool | None = None):
+                 fuse_projections: bool | None = None, max_chunk_rows: int | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         enable_persistent_cache()
@@ -186,6 +186,10 @@ class JaxRunner:
         # (there a padding row costs nearly a real one: 8 rows are 2.3x the time of one).
         self.chunk_rows = chunk_row_buckets(
             self.row_buckets, growth=4 if kernels else 1)
+        if max_chunk_rows is not None:  # speculation: verify rows widen decode steps only
+            cap = fit_bucket(self.row_buckets, min(max_chunk_rows, max_batch), "chunk rows")
+            self.chunk_rows = tuple(r for r in self.chunk_rows if r < cap) + (cap,)
+        self.max_chunk_rows = self.chunk_rows[-1]
         self.width = math.ceil(max_context / page_size)  # page-table entries per row
         self.background_compile = kernels if background_compile is None else background_compile
         self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
@@ -275,7 +279,7 @@ class JaxRunner:
 
     def essential_shapes(self) -> list[tuple[int, int]]:
         """The shapes that can serve any step between them (by padding), compiled first."""
-        largest = (self.chunk_buckets[-1], self.row_buckets[-1])
+        largest = (self.chunk_buckets[-1], self.chunk_rows[-1])
         return list(dict.fromkeys([(0, self.row_buckets[0]), (0, self.row_buckets[-1]),
                                    largest]))
 

@@ -46,8 +46,9 @@ class PrefillUnit:
 
 class DecodeRow(NamedTuple):
     """One token of a ragged step's row region: computes the KV of `token` at `position`
-    and samples what follows it. A decode row is one such token; later a verify row is K+1
-    consecutive ones of one sequence (each sees the keys up to its own position)."""
+    and samples what follows it. A decode row is one such token; a speculative round is
+    K+1 consecutive ones of one sequence (each sees the keys up to its own position, the
+    drafts' KV written by the rows before it in the same step: `VerifySpan`)."""
 
     seq_id: int
     token: int  # the last committed token, whose KV is not yet in the cache
@@ -63,16 +64,30 @@ class DecodeRow(NamedTuple):
 CHUNK_SLOT = -1  # DecodeRow.from_previous naming the previous step's chunk sample
 
 
+class VerifySpan(NamedTuple):
+    """Rows first_row..first_row + len(draft.tokens) of a plan verify one sequence's drafts
+    (engine/speculation.py): row first_row feeds its last committed token, the next rows
+    the drafts in order. The runner runs them as ordinary rows; a drafter with a
+    distribution (`draft.probs`) would need the runner to return acceptance draws too."""
+
+    seq_id: int
+    first_row: int
+    draft: object  # speculation.Draft
+
+
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
     """One ragged step: an optional prefill chunk of one sequence plus any number of rows
-    (at most max_batch), run as one compiled call."""
+    (at most max_batch; with a chunk at most the runner's chunk row capacity), run as one
+    compiled call."""
 
     chunk: PrefillUnit | None
     rows: tuple[DecodeRow, ...] = ()
     # Hybrid models: (src, dst) state slot copies applied in order before the step runs
     # (state checkpoints: engine/state_checkpoints.py).
     state_copies: tuple[tuple[int, int], ...] = ()
+    # Speculative rounds among the rows (the scheduler reads them back at collect).
+    verify: tuple[VerifySpan, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +100,8 @@ class StepRunner(Protocol):
     page_size: int
     num_pages: int  # pool size, DUMMY_PAGE included
     max_batch: int
+    # Most rows a step with a prefill chunk may carry (optional: max_batch without it).
+    max_chunk_rows: int
     # Usable state slots (DUMMY_STATE_SLOT excluded); 0 for dense models. Optional: a
     # runner without the attribute has none.
     state_slot_capacity: int

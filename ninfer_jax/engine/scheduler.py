@@ -16,6 +16,17 @@ lands in pages released meanwhile, which is harmless because steps run in launch
 Rows whose next step needs the host's view of the last token (presence/frequency penalties,
 a TokenPolicy) sit out while their token is pending.
 
+Speculative decoding (--spec, engine/speculation.py): a sequence that may draft (the request
+did not say `draft: false`, has no penalties and no TokenPolicy) proposes drafts from its
+committed tokens, so it is planned only when none of its tokens is pending; rather than let
+it skip every other step, planning then waits for the step in flight (NEEDS_SYNC). Its round
+is K + 1 rows at consecutive positions (`VerifySpan`); at collect the accepted prefix plus the
+correction or bonus token is committed (stopping at an end token, max_tokens or the context
+end exactly where plain decoding would), and its KV frontier moves to the last of them: the
+rejected rows' KV is overwritten later. Drafts take only the rows left over by one row per
+ready resident (the runner's row capacity; smaller in steps with a prefill chunk), oldest
+first, and only pages that are free: a draft never pauses anyone.
+
 Policies (see also sequence.py for the prefill/decode rule):
 - Lanes: at most max_concurrency resident sequences; every step carries every decode-ready
   resident (oldest first, up to max_batch), plus one prefill chunk of the oldest resident
@@ -59,9 +70,10 @@ from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult, VerifySpan,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.engine.speculation import Draft, TokenHistory, make_drafter, num_accepted
 from ninfer_jax.engine.state_checkpoints import StateCheckpoints, marks
 from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.errors import InternalError
@@ -88,12 +100,19 @@ class Scheduler:
     def __init__(self, config: EngineConfig, pool: PagePool, *, page_size: int,
                  max_batch: int, eos_ids: Iterable[int] = (),
                  clock: Callable[[], float] = time.monotonic,
-                 slots: StateSlotPool | None = None):
+                 slots: StateSlotPool | None = None, max_chunk_rows: int | None = None):
         self.config = config
         self.pool = pool
         self.slots = slots if slots is not None else StateSlotPool(0)
         self.page_size = page_size
+        # Rows per step: one per ready lane, plus verify rows up to the runner's capacity
+        # (`max_rows`; `max_chunk_rows` in a step with a prefill chunk).
         self.max_batch = min(max_batch, config.max_concurrency)
+        self.max_rows = max_batch
+        self.max_chunk_rows = min(max_chunk_rows or max_batch, max_batch)
+        spec = config.speculative
+        self.drafter = make_drafter(spec) if spec is not None else None
+        self.draft_tokens = spec.draft_tokens if spec is not None else 0
         self.clock = clock
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
@@ -166,6 +185,9 @@ class Scheduler:
 
     def _plan(self) -> StepPlan | None:
         """None when a reservation paused or ended chosen work (the caller re-plans)."""
+        if any(s.pending_slots and self._can_draft(s) and not self._pending_ends(s)
+               for s in self.resident):
+            raise _Sync()  # a drafting sequence waits for its tokens: so does the plan
         chunk_seq = next((s for s in self.resident if s.needs_prefill), None)
         ready = [s for s in self.resident if s.is_decode_ready and self._can_decode(s)]
         if chunk_seq is None and not ready and not self._in_flight and not any(
@@ -175,7 +197,8 @@ class Scheduler:
             raise RuntimeError("scheduler invariant broken: a resident has nothing to run")
         if chunk_seq is not None and self.config.decode_share == 0:
             ready = []  # prompts first
-        ready = ready[: self.max_batch]
+        max_rows = self.max_chunk_rows if chunk_seq is not None else self.max_rows
+        ready = ready[: min(self.max_batch, max_rows)]
         chunk_end = self._chunk_end(chunk_seq) if chunk_seq is not None else None
         # Oldest first: a reservation only ever pauses younger sequences.
         wanted = sorted(ready + ([chunk_seq] if chunk_seq is not None else []),
@@ -190,8 +213,17 @@ class Scheduler:
         if chunk_seq is not None and chunk_seq.status is not Status.RESIDENT:
             return None
         chunk = self._chunk_unit(chunk_seq, chunk_end) if chunk_seq is not None else None
-        rows = tuple(self._decode_row(s) for s in ready if s.status is Status.RESIDENT)
-        return StepPlan(chunk=chunk, rows=rows)
+        ready = [s for s in ready if s.status is Status.RESIDENT]
+        drafts = self._drafts(ready, max_rows - len(ready))
+        rows, verify = [], []
+        for seq in ready:
+            draft = drafts.get(seq.seq_id)
+            if draft is None:
+                rows.append(self._decode_row(seq))
+            else:
+                verify.append(VerifySpan(seq.seq_id, len(rows), draft))
+                rows += self._verify_rows(seq, draft)
+        return StepPlan(chunk=chunk, rows=tuple(rows), verify=tuple(verify))
 
     def _chunk_end(self, seq: Sequence) -> int:
         end = min(seq.prefill_target, seq.num_computed + self.config.prefill_chunk)
@@ -216,12 +248,70 @@ class Scheduler:
     def _can_decode(self, seq: Sequence) -> bool:
         """Whether `seq` may take a row in the next step."""
         request = seq.request
-        if seq.num_output_total >= request.max_tokens or seq.num_total >= self.config.max_context:
+        if self._pending_ends(seq):
             return False  # its pending token already ends it
         if seq.pending_slots and (request.token_policy is not None
-                                  or _uses_output(request.sampling)):
+                                  or _uses_output(request.sampling) or self._can_draft(seq)):
             return False  # its next row needs the committed last token on the host
         return True
+
+    def _pending_ends(self, seq: Sequence) -> bool:
+        return (seq.num_output_total >= seq.request.max_tokens
+                or seq.num_total >= self.config.max_context)
+
+    # ------------------------------------------------------------------ speculation
+
+    def _speculates(self, seq: Sequence) -> bool:
+        """The server speculates and the request did not opt out (`draft: false`)."""
+        return self.drafter is not None and seq.request.speculative
+
+    def _can_draft(self, seq: Sequence) -> bool:
+        """Eligible and decodable from the committed tokens alone: penalties and token
+        policies need the host's view of every token, so such requests decode plainly."""
+        request = seq.request
+        return (self._speculates(seq) and request.token_policy is None
+                and not _uses_output(request.sampling))
+
+    def _drafts(self, ready: list[Sequence], room: int) -> dict[int, Draft]:
+        """Drafts for the ready sequences that may draft, oldest first, while `room` rows
+        are left; each within its max_tokens, the context and the free pages."""
+        drafts: dict[int, Draft] = {}
+        if self.drafter is None:
+            return drafts
+        for seq in ready:
+            if room <= 0:
+                break
+            if seq.pending_slots or not self._can_draft(seq):
+                continue
+            num_tokens = len(seq.tokens)
+            free_positions = (len(seq.pages) + self.pool.num_free) * self.page_size
+            # The round commits up to k + 1 tokens, the last one at position num_tokens + k.
+            k = min(self.draft_tokens, room, seq.request.max_tokens - seq.num_output - 1,
+                    self.config.max_context - num_tokens - 1, free_positions - num_tokens)
+            if k <= 0:
+                continue
+            if seq.history is None:
+                seq.history = TokenHistory()
+            draft = self.drafter.propose(seq.history.view(seq.tokens), k)
+            if not len(draft.tokens):
+                continue
+            missing = pages_for(num_tokens + len(draft.tokens), self.page_size) - len(seq.pages)
+            if missing > 0:
+                seq.pages.extend(self.pool.alloc(missing))
+            drafts[seq.seq_id] = draft
+            room -= len(draft.tokens)
+        return drafts
+
+    def _verify_rows(self, seq: Sequence, draft: Draft) -> list[DecodeRow]:
+        """Rows for [last committed token, d_1..d_k] at positions p..p+k; row i samples
+        output position n + i with the SampleSpec plain decoding would give it."""
+        position, num_output = len(seq.tokens) - 1, seq.num_output
+        table, params = self._page_table(seq), seq.request.sampling
+        tokens = [seq.tokens[-1], *draft.tokens.tolist()]
+        return [DecodeRow(seq_id=seq.seq_id, token=token, position=position + i,
+                          page_table=table, sample=SampleSpec(params, num_output + i),
+                          state_slot=seq.state_slot)
+                for i, token in enumerate(tokens)]
 
     def _chunk_unit(self, seq: Sequence, end: int) -> PrefillUnit:
         start = seq.num_computed
@@ -275,11 +365,32 @@ class Scheduler:
             self._in_flight[seq.seq_id] += 1
             self._publish_prefix(seq)
             self._checkpoint(seq)
+        drafted_rows = _drafted_rows(plan)
         for index, row in enumerate(plan.rows):
             seq = seqs[row.seq_id]
             seq.num_computed = row.position + 1
-            seq.pending_slots.append(index)
             self._in_flight[seq.seq_id] += 1
+            if index not in drafted_rows:  # a round's tokens are pending as one
+                seq.pending_slots.append(index)
+        self._count_rounds(plan, seqs, drafted_rows)
+
+    def _count_rounds(self, plan: StepPlan, seqs: dict, drafted_rows: set[int]) -> None:
+        if self.drafter is None:
+            return
+        counters = self.counters
+        for span in plan.verify:
+            seq, num = seqs[span.seq_id], len(span.draft.tokens)
+            counters.spec_rounds += 1
+            counters.spec_draft_tokens += num
+            seq.counters["spec_rounds"] += 1
+            seq.counters["spec_drafted"] += num
+        rounds = {span.first_row for span in plan.verify}
+        for index, row in enumerate(plan.rows):
+            if index not in rounds and index not in drafted_rows:
+                seq = seqs[row.seq_id]
+                if self._speculates(seq):
+                    counters.spec_fallback_steps += 1
+                    seq.counters["spec_fallback_steps"] += 1
 
     def _checkpoint(self, seq: Sequence) -> None:
         """A launched chunk ended at one of `seq`'s checkpoint marks: keep a copy of its
@@ -490,14 +601,46 @@ class Scheduler:
                 self._apply_chunk(seq, plan.chunk, result.chunk_token)
         if num_rows:
             self.counters.record_decode(num_rows, seconds * (1.0 - prefill_share))
-        for row, token in zip(plan.rows, result.row_tokens):
+        rounds = {span.first_row: span for span in plan.verify}
+        drafted_rows = _drafted_rows(plan)
+        for index, (row, token) in enumerate(zip(plan.rows, result.row_tokens)):
             seq = live.get(row.seq_id)
-            if seq is None or seq.status is not Status.RESIDENT:
+            if seq is None or seq.status is not Status.RESIDENT or index in drafted_rows:
                 continue  # ended while the step ran: its extra token is dropped
+            span = rounds.get(index)
+            if span is not None:
+                num = len(span.draft.tokens)
+                self._apply_round(seq, span, row.position,
+                                  result.row_tokens[index:index + num + 1])
+                continue
             self.life.computed(seq, row.position, row.position + 1, is_prefill=False)
             seq.pending_slots.pop(0)
             self._commit(seq, int(token), from_decode=True)
             self._publish_prefix(seq)
+
+    def _apply_round(self, seq: Sequence, span: VerifySpan, position: int,
+                     produced: np.ndarray) -> None:
+        """Commit a speculative round (its first row at `position`): the accepted drafts and
+        the correction (or bonus) token, up to the first that ends the request."""
+        accepted = num_accepted(span.draft, produced)
+        seq.pending_slots.pop(0)
+        self.life.computed(seq, position, position + accepted + 1, is_prefill=False)
+        committed, finish = self.life.commit_run(seq, produced[:accepted + 1])
+        self._count_accepted(seq, min(accepted, committed))
+        if finish is not None:
+            self._end(seq, *finish)
+            return
+        seq.num_computed = len(seq.tokens) - 1  # the rejected rows' KV is stale
+        self._publish_prefix(seq)
+
+    def _count_accepted(self, seq: Sequence, accepted: int) -> None:
+        self.counters.spec_accepted_tokens += accepted
+        seq.counters["spec_accepted"] += accepted
+        per_position = seq.counters["spec_accepted_per_position"]
+        if not per_position:
+            per_position.extend([0] * self.draft_tokens)
+        for i in range(accepted):
+            per_position[i] += 1
 
     def _apply_chunk(self, seq: Sequence, unit: PrefillUnit, token) -> None:
         self.life.computed(seq, unit.start, unit.start + len(unit.tokens), is_prefill=True)
@@ -585,6 +728,12 @@ class Scheduler:
         if self.cache is not None:
             holders.append(self.cache.pages())
         return holders
+
+
+def _drafted_rows(plan: StepPlan) -> set[int]:
+    """Indexes of the rows that feed drafts (each round's rows after its first)."""
+    return {span.first_row + j for span in plan.verify
+            for j in range(1, len(span.draft.tokens) + 1)}
 
 
 def _uses_output(params) -> bool:

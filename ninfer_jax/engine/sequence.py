@@ -71,7 +71,12 @@ class Sequence:
         "preemptions": 0, "replay_restores": 0, "replayed_tokens": 0,
         "restored_cached_tokens": 0,
         "prefill_tokens": 0, "prefill_units": 0, "decode_rounds": 0, "paused_seconds": 0.0,
+        # speculative decoding (engine/stats.py's spec_* counters, for this request)
+        "spec_rounds": 0, "spec_drafted": 0, "spec_accepted": 0, "spec_fallback_steps": 0,
+        "spec_accepted_per_position": [],
     })
+    # The drafter's view of `tokens` (speculation.TokenHistory), made on first use.
+    history: object = None
 
     @property
     def request(self) -> GenerationRequest:

@@ -32,6 +32,13 @@ class EngineCounters:
     prefill_units: int = 0
     decode_rounds: int = 0
     decode_rows: int = 0  # sum of decode batch sizes (average = rows / rounds)
+    # Speculative decoding: verify rounds (a sequence's rows with >= 1 draft), tokens drafted
+    # and accepted in them, and decode rows of speculation-eligible requests that ran
+    # without drafts (no proposal, no room, penalties or a token policy).
+    spec_rounds: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_fallback_steps: int = 0
     prefill_seconds: float = 0.0  # time inside runner.prefill
     decode_seconds: float = 0.0  # time inside runner.decode
     requests: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
@@ -83,6 +90,10 @@ class EngineStats:
     prefill_units: int
     decode_rounds: int
     decode_rows: int
+    spec_rounds: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
+    spec_fallback_steps: int
     prefill_seconds: float
     decode_seconds: float
     requests: dict  # outcome -> count

@@ -49,6 +49,7 @@ class AnthropicRequest:
     thinking_budget: int | None = None  # budget_tokens of thinking.type "enabled"
     thinking_mode: str | None = None  # disabled | adaptive | enabled | None (unspecified)
     background: bool = False  # `priority` (an extension: Anthropic's API has no such field)
+    draft: bool = True  # `draft` (TensorFold's extension: false turns speculation off)
 
 
 def _with_examples(description: str | None, examples, param: str) -> str | None:
@@ -185,6 +186,7 @@ def _sampling(body: dict, request: AnthropicRequest) -> None:
             for n, s in enumerate(fields.require_list(stops, "stop_sequences")))
     request.stream = bool(fields.opt_bool(body.get("stream"), "stream"))
     request.background = fields.is_background(body.get("priority"))
+    request.draft = fields.allows_draft(body.get("draft"))
 
 
 def _max_tokens(value) -> int | None:

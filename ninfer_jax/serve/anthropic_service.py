@@ -58,7 +58,7 @@ class MessagesService:
             stop=request.stop_sequences, tool_choice=request.tool_choice,
             thinking_budget=request.thinking_budget,
             thinking_budget_param="thinking.budget_tokens", protocol="anthropic",
-            background=request.background, stream=request.stream)
+            background=request.background, draft=request.draft, stream=request.stream)
         prepared = generation.prepare_chat(self.ctx, request.conversation, options, request_id)
         started = generation.start(self.ctx, prepared, peer)
         cached = started.admitted.cache_n if started.admitted is not None else 0

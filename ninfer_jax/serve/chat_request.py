@@ -12,9 +12,9 @@ import dataclasses
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.generation import GenerationOptions, ToolChoice
-from ninfer_jax.serve.responses_fields import (check_enum, is_background, opt_bool, opt_int,
-                                               opt_number, require_list, require_object,
-                                               require_string)
+from ninfer_jax.serve.responses_fields import (allows_draft, check_enum, is_background,
+                                               opt_bool, opt_int, opt_number, require_list,
+                                               require_object, require_string)
 from ninfer_jax.serve.sampling import SAMPLING_FIELDS
 
 MAX_STOP_STRINGS = 4
@@ -120,7 +120,6 @@ def check_common_unsupported(body: dict) -> None:
                                   require_object(kwargs, "mm_processor_kwargs").values()):
         raise unsupported("mm_processor_kwargs", "there is no media processor to configure")
     opt_bool(body.get("ignore_eos"), "ignore_eos")
-    opt_bool(body.get("draft"), "draft")
 
 
 def base_options(body: dict, protocol: str) -> GenerationOptions:
@@ -130,7 +129,8 @@ def base_options(body: dict, protocol: str) -> GenerationOptions:
         max_tokens=limit, max_tokens_param=limit_param, sampling=sampling_fields(body),
         seed=seed, stop=stop_strings(body.get("stop")),
         ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol,
-        background=is_background(body.get("priority")), stream=body.get("stream") is True)
+        background=is_background(body.get("priority")), draft=allows_draft(body.get("draft")),
+        stream=body.get("stream") is True)
 
 
 def check_chat_unsupported(body: dict) -> None:

@@ -48,6 +48,9 @@ class ServeConfig:
     # hybrid models: state slots beyond one per lane (accepted and unused on dense models);
     # None: as many as --max-concurrency, the spec's default (engine/state_slots.extra_slots)
     device_state_slots: int | None = None
+    # speculative decoding (engine/speculation.py): backend, draft tokens per round
+    spec: str | None = None
+    draft_tokens: int | None = None  # None: the backend's default
     # templates and reasoning
     chat_template: str | None = None  # path of a Jinja file overriding the artifact's
     default_thinking_budget: int | None = None

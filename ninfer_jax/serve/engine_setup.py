@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Mapping
 
+from ninfer_jax.engine.speculation import SpeculativeConfig
 from ninfer_jax.engine.state_slots import extra_slots
 from ninfer_jax.serve import kv_sizing
 from ninfer_jax.serve.config import ServeConfig
@@ -79,11 +80,13 @@ def build_engine(config: ServeConfig):
     engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
     engine_config = dataclasses.replace(engine_config, max_context=max_context)
     log_state_slots(config, artifact.config)
+    speculative = check_speculation(config, artifact.config)
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
-                       page_size=PAGE_SIZE, max_batch=config.max_concurrency,
-                       max_context=max_context, prefill_chunk=config.prefill_chunk,
-                       kv_dtype=kv_dtype, state_slot_capacity=engine_config.state_slot_capacity(
-                           artifact.config.is_hybrid))
+                       page_size=PAGE_SIZE, max_context=max_context,
+                       prefill_chunk=config.prefill_chunk, kv_dtype=kv_dtype,
+                       state_slot_capacity=engine_config.state_slot_capacity(
+                           artifact.config.is_hybrid),
+                       **runner_rows(config.max_concurrency, speculative))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     log.info("weights read (and the device runtime started) in %.1f s, placed on the device "
              "in %.1f s", read - started,
@@ -98,6 +101,30 @@ def build_engine(config: ServeConfig):
 
         ThroughputReporter(engine, config.log_stats_interval_ms / 1000.0).start()
     return engine
+
+
+def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:
+    """--spec for this model, or ValueError (an unimplemented backend, a hybrid family)."""
+    speculative = SpeculativeConfig.from_options(config.spec, config.draft_tokens)
+    if speculative is not None:
+        speculative.check_servable(model_config)
+    return speculative
+
+
+def runner_rows(lanes: int, speculative: SpeculativeConfig | None) -> dict:
+    """The runner's row capacity. With --spec every lane may verify K drafts: lanes x (K+1)
+    rows (bounded) in decode steps. Steps with a prefill chunk keep one row per lane on CPU,
+    where each chunk bucket is compiled at every row bucket (a larger capacity there would
+    multiply start-up compiles; such steps carry drafts only within the lanes' bucket); GPUs
+    compile chunk steps at a few row buckets anyway."""
+    if speculative is None:
+        return {"max_batch": lanes}
+    from ninfer_jax.kernels.dispatch import use_kernels
+
+    rows = speculative.row_capacity(lanes)
+    log.info("speculative decoding: %s, %d draft tokens, up to %d rows per step",
+             speculative.backend, speculative.draft_tokens, rows)
+    return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes}
 
 
 def _start_runtime() -> None:

@@ -55,6 +55,7 @@ class GenerationOptions:
     protocol: str = "chat"
     session_key: str | None = None
     background: bool = False  # the request's `priority` (responses_fields.is_background)
+    draft: bool = True  # the request's `draft` (responses_fields.allows_draft)
     stream: bool = False  # recorded in the request log only
 
 
@@ -254,7 +255,8 @@ def _request(ctx, request_id, prompt_ids, options, max_tokens, thinking, policie
         stop_token_ids=ctx.eos_ids, ignore_eos=options.ignore_eos, token_policy=token_policy,
         cache_breakpoints=breakpoints, session_key=options.session_key, arrival_time=arrival,
         deadline=arrival + ctx.config.pending_timeout_ms / 1000.0,
-        background=options.background, labels={"protocol": options.protocol})
+        background=options.background, speculative=options.draft,
+        labels={"protocol": options.protocol})
 
 
 @dataclasses.dataclass

@@ -4,7 +4,7 @@ Two sources, neither of which touches the device or waits on the engine thread:
 - `EngineCollector` reads the engine's latest immutable stats snapshot (`Engine.stats()`, a
   reference read) at scrape time and turns it into gauges and counters: lanes and limits,
   scheduler gauges, token/step counters, KV occupancy. Resources this engine does not have yet
-  (speculative decoding, host context backing, transfers) are exported as zero so
+  (host context backing, transfers) are exported as zero so
   dashboards see every documented name; docs/operations.md lists them.
 - `ServeMetrics` holds what the HTTP side counts through the request trace: requests by
   outcome and the TTFT / duration / queue histograms (each observed once per request).
@@ -73,11 +73,14 @@ ENGINE_COUNTERS = (
     ("ninfer_preemptions_total", "Pauses under KV pressure.", "preemptions"),
     ("ninfer_replay_restores_total", "Paused requests restored by replay.", "replay_restores"),
     ("ninfer_snapshot_restores_total", "Restores from host snapshots (not implemented).", None),
-    ("ninfer_spec_decode_rounds_total", "Speculative rounds (no speculative backend yet).", None),
-    ("ninfer_spec_decode_draft_tokens_total", "Drafted tokens (no speculative backend).", None),
-    ("ninfer_spec_decode_accepted_tokens_total", "Accepted drafts (no speculative backend).",
-     None),
-    ("ninfer_spec_decode_fallback_steps_total", "Speculative fallbacks (none).", None),
+    ("ninfer_spec_decode_rounds_total", "Speculative rounds: a request's verify rows with at "
+     "least one draft in one step (--spec).", "spec_rounds"),
+    ("ninfer_spec_decode_draft_tokens_total", "Draft tokens verified.", "spec_draft_tokens"),
+    ("ninfer_spec_decode_accepted_tokens_total", "Draft tokens accepted (and committed).",
+     "spec_accepted_tokens"),
+    ("ninfer_spec_decode_fallback_steps_total", "Decode rows of speculation-eligible requests "
+     "that ran without drafts (no proposal, no room, penalties or a token policy).",
+     "spec_fallback_steps"),
     ("ninfer_prefill_units_total", "Prefill units run.", "prefill_units"),
     ("ninfer_decode_rounds_total", "Decode rounds run.", "decode_rounds"),
     ("ninfer_decode_rows_total", "Decode rows run (sum of batch sizes).", "decode_rows"),

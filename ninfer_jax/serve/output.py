@@ -282,6 +282,16 @@ class OutputAssembler:
             tool_calls=calls, finish_reason=reason, prompt_tokens=usage.prompt_tokens,
             cached_tokens=usage.cached_tokens, completion_tokens=completion,
             reasoning_tokens=min(self._reasoning_tokens, completion),
-            timings=self.clock.timings(), matched_stop=self._stops.match.stop
+            timings=_with_drafts(self.clock.timings(), finished.counters),
+            matched_stop=self._stops.match.stop
             if self._stops.match else None, tool_report=self._parser.report,
             output_ids=tuple(finished.output_ids[:completion]), counters=dict(finished.counters))
+
+
+def _with_drafts(timings: dict, counters: dict) -> dict:
+    """llama.cpp's terminal draft_n / draft_n_accepted, when the request drafted at all."""
+    drafted = counters.get("spec_drafted", 0)
+    if drafted:
+        timings = {**timings, "draft_n": drafted,
+                   "draft_n_accepted": counters.get("spec_accepted", 0)}
+    return timings

@@ -185,6 +185,8 @@ def server_start_record(ctx) -> dict:
             "pending_timeout_ms": config.pending_timeout_ms,
             "prefix_reuse": getattr(engine_config, "prefix_reuse", not config.no_prefix_reuse),
             "kv_dtype": config.kv_dtype,
+            "speculative": ({"backend": config.spec, "draft_tokens": config.draft_tokens}
+                            if config.spec else None),
             "kv_page_size": stats.page_size,
             "kv_capacity_pages": stats.kv_pages_capacity,
             "kv_capacity_tokens": stats.page_size * stats.kv_pages_capacity,

@@ -123,6 +123,12 @@ def is_background(value, param: str = "priority") -> bool:
     return value > 0
 
 
+def allows_draft(value, param: str = "draft") -> bool:
+    """TensorFold's per-request `draft` of every dialect: false decodes this request without
+    speculation (the serial reference); true or absent lets the server's --spec work."""
+    return opt_bool(value, param) is not False
+
+
 @dataclasses.dataclass(frozen=True)
 class TemplateOptions:
     """Thinking options after merging typed fields with chat_template_kwargs."""

@@ -26,7 +26,7 @@ CREATE_FIELDS = PROMPT_FIELDS | {
     "stream", "store", "max_output_tokens", "temperature", "top_p", "metadata",
     "client_metadata", "max_tool_calls", "top_logprobs", "service_tier", "background",
     "include", "stream_options", "prompt_cache_key", "prompt_cache_options",
-    "prompt_cache_retention", "safety_identifier", "user", "priority",
+    "prompt_cache_retention", "safety_identifier", "user", "priority", "draft",
 }
 # Recognized OpenAI features that this server cannot provide at all.
 UNSUPPORTED_FIELDS = {
@@ -60,6 +60,7 @@ class ResponsesRequest:
     # `priority` background (yields to foreground work); unrelated to the wire's `background`
     # (asynchronous execution), which is rejected.
     background_priority: bool = False
+    draft: bool = True  # TensorFold's `draft` (false: no speculation for this request)
 
 
 def check_fields(body: dict, allowed: frozenset) -> None:
@@ -207,6 +208,7 @@ def parse_request(body, public_model_id: str, *, count_only: bool = False) -> Re
         request.temperature = fields.opt_number(body.get("temperature"), "temperature", 0, 2)
         request.top_p = fields.opt_number(body.get("top_p"), "top_p", 0, 1)
         request.background_priority = fields.is_background(body.get("priority"))
+        request.draft = fields.allows_draft(body.get("draft"))
     return request
 
 

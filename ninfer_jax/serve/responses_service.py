@@ -92,7 +92,8 @@ class ResponsesService:
             sampling={"temperature": request.temperature, "top_p": request.top_p},
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
-            background=request.background_priority, stream=request.stream)
+            background=request.background_priority, draft=request.draft,
+            stream=request.stream)
         try:
             prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
         except ContextLengthExceeded as error:

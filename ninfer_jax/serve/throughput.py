@@ -19,7 +19,8 @@ log = logging.getLogger("ninfer_jax.serve.throughput")
 DELTA_FIELDS = ("prompt_tokens", "cached_tokens", "prefill_tokens", "replayed_tokens",
                 "generation_tokens", "decode_tokens", "preemptions", "replay_restores",
                 "prefill_units", "decode_rounds", "decode_rows", "prefill_seconds",
-                "decode_seconds")
+                "decode_seconds", "spec_rounds", "spec_draft_tokens", "spec_accepted_tokens",
+                "spec_fallback_steps")
 GAUGE_FIELDS = ("running", "prefilling", "decode_ready", "waiting", "paused", "replaying",
                 "kv_pages_used", "kv_pages_capacity", "kv_pages_cached")
 
@@ -47,6 +48,7 @@ def throughput_record(before, after, interval_s: float) -> dict | None:
         "decode": {"rounds": rounds, "row_rounds": rows,
                    "average_size": rows / rounds if rounds else None},
         "prefill": {"units": delta["prefill_units"]},
+        "speculative": _speculative(delta),
         "host_work": {"step_seconds": {"prefill": delta["prefill_seconds"],
                                        "decode": delta["decode_seconds"],
                                        "total": step_seconds},
@@ -54,6 +56,13 @@ def throughput_record(before, after, interval_s: float) -> dict | None:
         "finished_requests": finished,
         "gauges": {**gauges, "materializing": 0, "capture_pending": 0, "terminal_pending": 0},
     }
+
+
+def _speculative(delta: dict) -> dict:
+    drafted, accepted = delta["spec_draft_tokens"], delta["spec_accepted_tokens"]
+    return {"rounds": delta["spec_rounds"], "draft_tokens": drafted,
+            "accepted_tokens": accepted, "fallback_steps": delta["spec_fallback_steps"],
+            "acceptance": accepted / drafted if drafted else None}
 
 
 def _rate(count: float, seconds: float) -> str:
@@ -75,6 +84,11 @@ def pretty(record: dict) -> str:
     average = record["decode"]["average_size"]
     if average is not None:
         parts.append(f"batch {average:.2f}")
+    spec = record.get("speculative") or {}
+    if spec.get("draft_tokens"):
+        parts.append(f"spec accepted {spec['accepted_tokens']}/{spec['draft_tokens']} "
+                     f"({100 * spec['acceptance']:.0f}%, "
+                     f"{spec['accepted_tokens'] / spec['rounds']:.2f}/round)")
     work = record["host_work"]
     busy = work["busy_fraction"]
     parts.append(f"busy {work['step_seconds']['total']:.2f}s"

@@ -14,7 +14,8 @@ from ninfer_jax.serve.policies import ForcedToolCall, ThinkingBudget
 
 ENDPOINTS = {"chat": "/v1/chat/completions", "completions": "/v1/completions",
              "responses": "/v1/responses", "anthropic": "/v1/messages"}
-# Nothing here drafts tokens yet; the object keeps its documented shape.
+# The speculative object of a request the server does not speculate for (no --spec, or the
+# request's `draft: false`): the documented shape, zeros.
 NO_SPECULATION = {"backend": None, "draft_window": 0, "rounds": 0, "drafted_tokens": 0,
                   "accepted_tokens": 0, "fallback_steps": 0, "accepted_per_position": []}
 
@@ -140,7 +141,7 @@ def done(trace, finished, result) -> dict:
             "ttft": None if first is None else first - trace.began_at,
             "vision": 0.0, "prefill": engine_t.get("prefill", 0.0),
             "decode": engine_t.get("decode", 0.0), "total": finished.time - trace.began_at,
-            "speculative": dict(NO_SPECULATION),
+            "speculative": _speculative(trace, counters),
         },
         "generation": {"scheduling": {
             "preemptions": counters.get("preemptions", 0),
@@ -153,6 +154,22 @@ def done(trace, finished, result) -> dict:
         "thinking": {"enabled": prepared.thinking, "budget": prepared.thinking_budget,
                      "budget_applied": _budget_applied(prepared)},
     }
+
+
+def _speculative(trace, counters: dict) -> dict:
+    """request_done's speculative object: the server's backend and draft window, and the
+    request's rounds, drafted/accepted tokens, fallback steps and acceptance by position."""
+    config = trace.observer.ctx.config
+    if config.spec is None or not trace.prepared.request.speculative:
+        return {**NO_SPECULATION, "accepted_per_position": []}
+    window = config.draft_tokens or 0
+    return {"backend": config.spec, "draft_window": window,
+            "rounds": counters.get("spec_rounds", 0),
+            "drafted_tokens": counters.get("spec_drafted", 0),
+            "accepted_tokens": counters.get("spec_accepted", 0),
+            "fallback_steps": counters.get("spec_fallback_steps", 0),
+            "accepted_per_position": list(counters.get("spec_accepted_per_position")
+                                          or [0] * window)}
 
 
 def errored(trace, error: NinferError, when: float) -> dict:

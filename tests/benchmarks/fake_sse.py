@@ -39,7 +39,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.server.bodies.append(body)
         is_chat = self.path == "/v1/chat/completions"
         prompt = body["messages"][0]["content"].split() if is_chat else body.get("prompt")
-        if not isinstance(prompt, list) or not body.get("ignore_eos"):
+        if not isinstance(prompt, list) or "ignore_eos" not in body:
             self._json(400, {"error": {"message": "token ids and ignore_eos expected"}})
             return
         self.send_response(200)

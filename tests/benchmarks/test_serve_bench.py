@@ -111,6 +111,20 @@ def test_chat_levels_use_the_padded_prompts(fake, capsys):
     assert level["prompt_tokens"] == 41  # 40 words asked, + "Context:"
 
 
+def test_echo_task_runs_each_level_plain_then_drafted(fake, capsys):
+    rc = serve_bench.main(["--url", fake.url, "--task", "echo", "--draft", "both",
+                           "--max-tokens", "3", "--concurrency", "1", "2",
+                           "--requests-per-client", "1", "--json"])
+    assert rc == 0
+    levels = _json_lines(capsys)
+    assert [(lv["concurrency"], lv["draft"]) for lv in levels] == [
+        (1, "off"), (1, "on"), (2, "off"), (2, "on")]
+    bodies = fake.bodies[1:]  # after the warm-up
+    assert [b.get("draft", True) for b in bodies] == [False, True, False, False, True, True]
+    assert all(b["messages"][0]["content"].startswith("Repeat this paragraph exactly: ")
+               and b["ignore_eos"] is False for b in bodies)
+
+
 def test_a_refused_request_is_reported_not_raised(fake):
     with httpx.Client(base_url=fake.url) as client:
         result = serve_bench.one_request(client, "/v1/completions",

@@ -60,16 +60,19 @@ class Driver:
     collected; the fake runner dispatches asynchronously like the real one."""
 
     def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), overlap=True,
-                 async_dispatch=True, state_slots=0, **config):
+                 async_dispatch=True, state_slots=0, max_batch=8, max_chunk_rows=None,
+                 next_token=None, **config):
         # state_slots: usable state slots of a hybrid-like fake model (0: dense)
         self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB,
-                                 async_dispatch=async_dispatch, state_slot_capacity=state_slots)
+                                 async_dispatch=async_dispatch, state_slot_capacity=state_slots,
+                                 max_batch=max_batch, max_chunk_rows=max_chunk_rows,
+                                 next_token=next_token)
         self.config = EngineConfig(**config)
         self.pool = PagePool(num_pages)
         self.slots = StateSlotPool(state_slots)
         self.scheduler = Scheduler(self.config, self.pool, page_size=page_size,
                                    max_batch=self.runner.max_batch, eos_ids=eos_ids,
-                                   slots=self.slots)
+                                   slots=self.slots, max_chunk_rows=self.runner.max_chunk_rows)
         self.loop = StepLoop(self.scheduler, self.runner, overlap=overlap)
         self.handles: list[RequestHandle] = []
         self.schedules: list[StepPlan] = []  # every launched plan, in order

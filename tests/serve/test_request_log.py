@@ -218,3 +218,22 @@ def test_throughput_record_skips_idle_intervals_and_reads_plainly():
     assert "batch 1.50" in line and "\x1b" not in line
     # Still running but no progress this interval: reported, not idle.
     assert throughput_record(busy, busy, 1.0) is not None
+
+
+def test_throughput_record_reports_speculative_acceptance():
+    from ninfer_jax.engine.stats import EngineCounters, build_stats
+    from ninfer_jax.serve.throughput import pretty, throughput_record
+
+    gauges = {"running": 1, "waiting": 0, "paused": 0, "prefilling": 0, "decode_ready": 1,
+              "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": 10, "kv_pages_cached": 0,
+              "page_size": 16, "max_concurrency": 1}
+    counters = EngineCounters()
+    before = build_stats(counters, gauges=gauges, ready=True, healthy=True)
+    assert "spec" not in pretty(throughput_record(before, before, 1.0))
+    counters.spec_rounds, counters.spec_draft_tokens = 10, 40
+    counters.spec_accepted_tokens, counters.spec_fallback_steps = 30, 2
+    after = build_stats(counters, gauges=gauges, ready=True, healthy=True)
+    record = throughput_record(before, after, 1.0)
+    assert record["speculative"] == {"rounds": 10, "draft_tokens": 40, "accepted_tokens": 30,
+                                     "fallback_steps": 2, "acceptance": 0.75}
+    assert "spec accepted 30/40 (75%, 3.00/round)" in pretty(record)
