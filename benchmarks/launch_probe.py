@@ -1,6 +1,6 @@
 """What the host pays inside one launch of the real step, by which inputs change between calls.
 
-    python benchmarks/launch_probe.py ARTIFACT [--batches 1,64] [--calls 40] [--plain] [--json]
+    python benchmarks/launch_probe.py ARTIFACT [--batches 1,64] [--calls 40] [--stable] [--json]
 
 runner_bench's `launch_ms` (~2 ms per step on the H200 for the 8B shape) is far above what
 dispatch_bench measures for the same number of arrays (~0.45 ms). One suspect is XLA's command
@@ -13,8 +13,8 @@ inputs and its `prev_out` are fresh buffers every call. This times the compiled 
   device     inputs put on the device beforehand, a fresh buffer per call
   reused     the same device input buffers every call (only prev_out/out move)
   fixed      as reused, and prev_out one fixed buffer too (nothing but `out` moves)
-The four executable-level variants need the plain launch (--plain: prev_out not donated); with
-the runner's stable buffers (the GPU default since run 14) only `runner` is timed.
+The four executable-level variants need the plain launch (the default: prev_out not donated);
+with the runner's stable buffers (--stable) only `runner` is timed.
 Set TF_CPP_VMODULE=command_buffer_thunk=3 TF_CPP_MIN_LOG_LEVEL=0 to see XLA's own lines
 ("Updated command buffer in N us; ... updated_allocs=K").
 """
@@ -91,8 +91,8 @@ def main():
     parser.add_argument("artifact")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--calls", type=int, default=40)
-    parser.add_argument("--plain", action="store_true",
-                        help="the launch without stable buffers (prev_out not donated)")
+    parser.add_argument("--stable", action="store_true",
+                        help="the runner's stable-buffer launch (prev_out donated)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     batches = [int(b) for b in args.batches.split(",")]
@@ -100,7 +100,7 @@ def main():
     max_batch = max(batches)
     runner = JaxRunner(artifact, num_pages=max_batch * 32 + 2, max_batch=max_batch,
                        max_context=512, prefill_chunk=256, background_compile=False,
-                       stable_buffers=False if args.plain else None)
+                       stable_buffers=args.stable)
     runner.compile_shapes([(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches])
     for batch in batches:
         record = probe(runner, batch, args.calls)

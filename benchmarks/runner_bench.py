@@ -1,7 +1,7 @@
 """Prefill and decode speed of JaxRunner on a real artifact (default: the embedded SmolLM2).
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
-        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--plain-launch]
+        [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--stable-buffers]
         [--no-fuse] [--json] [--profile DIR]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
@@ -112,9 +112,9 @@ def main():
     parser.add_argument("--keep-quantized", action="store_true",
                         help="off the GPU, dequantize quantized weights in every step instead "
                              "of once at load (the runner's default before 2026-11-29)")
-    parser.add_argument("--plain-launch", action="store_true",
-                        help="launch without the GPU's stable buffers (the step's inputs and "
-                             "prev_out fresh buffers every launch: XLA updates its CUDA graph)")
+    parser.add_argument("--stable-buffers", action="store_true",
+                        help="the runner's stable-buffer launch (inputs and prev_out keep their "
+                             "device addresses, so XLA need not update its CUDA graph)")
     parser.add_argument("--no-fuse", action="store_true",
                         help="keep q/k/v and gate/up as separate products (the runner joins "
                              "them at load by default: model/fused_projections.py)")
@@ -131,7 +131,7 @@ def main():
     runner = JaxRunner(artifact, num_pages=pages, max_batch=max(batches), max_context=max_context,
                        prefill_chunk=args.prefill_chunk,
                        expand_quantized=False if args.keep_quantized else None,
-                       stable_buffers=False if args.plain_launch else None,
+                       stable_buffers=args.stable_buffers,
                        fuse_projections=False if args.no_fuse else None)
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.

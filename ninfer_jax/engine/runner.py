@@ -173,12 +173,11 @@ class JaxRunner:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
             # 2; docs/benchmarks.md), so a lone row runs padded with a dummy row there.
-            # Quantized projections keep one row: their one-row kernel is built for it. So
-            # do MoE models: a padding row routes to its own top-k experts, and reading them
-            # costs more than the dense GEMVs gain (35B-A3B shape, H200 run 15: 8.1 GB per
-            # step instead of 6.0 with the padding row).
-            min_rows = (2 if kernels and not has_quantized_projections(self.params)
-                        and not self.config.num_experts else 1)
+            # Quantized projections keep one row: their one-row kernel is built for it. MoE
+            # models pad too, although the padding row reads its own top-k experts: one row
+            # measured slower still (35B-A3B shape, H200 runs 15-16: 4.88 ms per step with
+            # the padding row, 5.83 ms without).
+            min_rows = 2 if kernels and not has_quantized_projections(self.params) else 1
         self.row_buckets = row_buckets(max_batch, min_rows)
         self.chunk_buckets = (chunk_buckets(prefill_chunk, growth=4, smallest=GPU_SMALLEST_CHUNK)
                               if kernels else chunk_buckets(prefill_chunk, growth=2))
@@ -193,14 +192,17 @@ class JaxRunner:
         self.width = math.ceil(max_context / page_size)  # page-table entries per row
         self.background_compile = kernels if background_compile is None else background_compile
         self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
-        # GPU: every buffer a step reads or writes keeps its device address from step to
-        # step. XLA's command buffer (CUDA graph) records addresses, and any allocation that
-        # moved makes the next launch update the graph: 1.0-1.4 ms of host time per launch
-        # of the 8B step however few nodes change (run 14, launch_probe). So the packed
-        # inputs are copied into per-shape staging buffers that are donated back to
+        # `stable_buffers`: every buffer a step reads or writes keeps its device address
+        # from step to step. XLA's command buffer (CUDA graph) records addresses, and any
+        # allocation that moved makes the next launch update the graph: 1.0-1.4 ms of host
+        # time per launch of the 8B step however few nodes change (H200 run 14). With it the
+        # packed inputs are copied into per-shape staging buffers donated back to
         # themselves, `prev_out` is donated and comes back as `out`, and the host reads a
-        # copy of `out` made by a tiny executable of its own.
-        self.stable_buffers = kernels if stable_buffers is None else stable_buffers
+        # copy of `out` made by a tiny executable of its own. Off by default: the graph
+        # updates fell from every launch to 1 in 10, yet the step did not get faster
+        # (run 16: 212.1 / 1,674 / 9,334 tok/s at 1 / 8 / 64 rows, 214.1 / 1,691 / 9,352
+        # without), the two extra small launches costing what the updates did.
+        self.stable_buffers = bool(stable_buffers)
         self._jitted = jax.jit(steps.packed_step,
                                static_argnames=("config", "page_size", "layout", "draws"),
                                donate_argnames=("kv", "prev_out") if self.stable_buffers
