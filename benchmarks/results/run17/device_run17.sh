@@ -3,7 +3,7 @@
 # verify rows (a verify round of K drafts for B sequences is a decode step of B * (K + 1)
 # rows). From the repository root: bash benchmarks/results/run17/device_run17.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1
+export PYTHONPATH=.:benchmarks:/tmp/site PYTHONUNBUFFERED=1
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
 timeout 70 python3 -m ninfer_jax.cli.main init-random --preset qwen3-8b /tmp/a/q.ninfer --force >/dev/null 2>&1
 stamp "artifact rc=$?"
