@@ -290,12 +290,14 @@ def model_id(args) -> str:
 
 
 def print_table(levels: list[dict], speedups: bool = True) -> None:
-    print(f"{'draft':>5} {'conc':>4} {'reqs':>5} {'out tok/s':>10} {'dec tok/s':>10} {'TTFT p50':>9} "
+    print(f"{'draft':>5} {'conc':>4} {'reqs':>5} {'out tok/s':>10} {'dec tok/s':>10} "
+          f"{'TTFT p50':>9} "
           f"{'TTFT p99':>9} {'ITL p50':>8} {'ITL p99':>8} {'ITL max':>8}   (seconds)")
     for level in levels:
         cells = [level[k] for k in ("ttft_p50_s", "ttft_p99_s", "itl_p50_s", "itl_p99_s",
                                     "itl_max_s")]
-        print(f"{level.get('draft', '-'):>5} {level['concurrency']:>4} {level['requests']:>5} {level['output_tok_s']:>10.1f} "
+        print(f"{level.get('draft', '-'):>5} {level['concurrency']:>4} {level['requests']:>5} "
+              f"{level['output_tok_s']:>10.1f} "
               f"{level['decode_tok_s'] or 0:>10.1f} "
               + " ".join(f"{c:>8.3f}" if c is not None else f"{'-':>8}" for c in cells))
     base = levels[0]["output_tok_s"]

@@ -73,7 +73,8 @@ from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult, VerifySpan,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
-from ninfer_jax.engine.speculation import Draft, TokenHistory, make_drafter, num_accepted
+from ninfer_jax.engine.speculation import num_accepted
+from ninfer_jax.engine.speculative_rounds import SpeculativeRounds, drafted_rows, uses_output
 from ninfer_jax.engine.state_checkpoints import StateCheckpoints, marks
 from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.errors import InternalError
@@ -110,9 +111,6 @@ class Scheduler:
         self.max_batch = min(max_batch, config.max_concurrency)
         self.max_rows = max_batch
         self.max_chunk_rows = min(max_chunk_rows or max_batch, max_batch)
-        spec = config.speculative
-        self.drafter = make_drafter(spec) if spec is not None else None
-        self.draft_tokens = spec.draft_tokens if spec is not None else 0
         self.clock = clock
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
@@ -124,6 +122,7 @@ class Scheduler:
             self.cache.on_remove = self.checkpoints.forget
         self.life = Lifecycle(pool, clock, eos_ids, config.max_context, self.slots)
         self.counters = self.life.counters
+        self.spec = SpeculativeRounds(config, pool, page_size, self.counters)
         self._next_seq_id = 0
         self._paused_now: set[int] = set()
         # seq id -> launched, uncollected steps that hold it
@@ -185,7 +184,7 @@ class Scheduler:
 
     def _plan(self) -> StepPlan | None:
         """None when a reservation paused or ended chosen work (the caller re-plans)."""
-        if any(s.pending_slots and self._can_draft(s) and not self._pending_ends(s)
+        if any(s.pending_slots and self.spec.can_draft(s) and not self._pending_ends(s)
                for s in self.resident):
             raise _Sync()  # a drafting sequence waits for its tokens: so does the plan
         chunk_seq = next((s for s in self.resident if s.needs_prefill), None)
@@ -214,7 +213,7 @@ class Scheduler:
             return None
         chunk = self._chunk_unit(chunk_seq, chunk_end) if chunk_seq is not None else None
         ready = [s for s in ready if s.status is Status.RESIDENT]
-        drafts = self._drafts(ready, max_rows - len(ready))
+        drafts = self.spec.drafts(ready, max_rows - len(ready))
         rows, verify = [], []
         for seq in ready:
             draft = drafts.get(seq.seq_id)
@@ -222,7 +221,7 @@ class Scheduler:
                 rows.append(self._decode_row(seq))
             else:
                 verify.append(VerifySpan(seq.seq_id, len(rows), draft))
-                rows += self._verify_rows(seq, draft)
+                rows += self.spec.rows(seq, draft, self._page_table(seq))
         return StepPlan(chunk=chunk, rows=tuple(rows), verify=tuple(verify))
 
     def _chunk_end(self, seq: Sequence) -> int:
@@ -251,67 +250,13 @@ class Scheduler:
         if self._pending_ends(seq):
             return False  # its pending token already ends it
         if seq.pending_slots and (request.token_policy is not None
-                                  or _uses_output(request.sampling) or self._can_draft(seq)):
+                                  or uses_output(request.sampling) or self.spec.can_draft(seq)):
             return False  # its next row needs the committed last token on the host
         return True
 
     def _pending_ends(self, seq: Sequence) -> bool:
         return (seq.num_output_total >= seq.request.max_tokens
                 or seq.num_total >= self.config.max_context)
-
-    # ------------------------------------------------------------------ speculation
-
-    def _speculates(self, seq: Sequence) -> bool:
-        """The server speculates and the request did not opt out (`draft: false`)."""
-        return self.drafter is not None and seq.request.speculative
-
-    def _can_draft(self, seq: Sequence) -> bool:
-        """Eligible and decodable from the committed tokens alone: penalties and token
-        policies need the host's view of every token, so such requests decode plainly."""
-        request = seq.request
-        return (self._speculates(seq) and request.token_policy is None
-                and not _uses_output(request.sampling))
-
-    def _drafts(self, ready: list[Sequence], room: int) -> dict[int, Draft]:
-        """Drafts for the ready sequences that may draft, oldest first, while `room` rows
-        are left; each within its max_tokens, the context and the free pages."""
-        drafts: dict[int, Draft] = {}
-        if self.drafter is None:
-            return drafts
-        for seq in ready:
-            if room <= 0:
-                break
-            if seq.pending_slots or not self._can_draft(seq):
-                continue
-            num_tokens = len(seq.tokens)
-            free_positions = (len(seq.pages) + self.pool.num_free) * self.page_size
-            # The round commits up to k + 1 tokens, the last one at position num_tokens + k.
-            k = min(self.draft_tokens, room, seq.request.max_tokens - seq.num_output - 1,
-                    self.config.max_context - num_tokens - 1, free_positions - num_tokens)
-            if k <= 0:
-                continue
-            if seq.history is None:
-                seq.history = TokenHistory()
-            draft = self.drafter.propose(seq.history.view(seq.tokens), k)
-            if not len(draft.tokens):
-                continue
-            missing = pages_for(num_tokens + len(draft.tokens), self.page_size) - len(seq.pages)
-            if missing > 0:
-                seq.pages.extend(self.pool.alloc(missing))
-            drafts[seq.seq_id] = draft
-            room -= len(draft.tokens)
-        return drafts
-
-    def _verify_rows(self, seq: Sequence, draft: Draft) -> list[DecodeRow]:
-        """Rows for [last committed token, d_1..d_k] at positions p..p+k; row i samples
-        output position n + i with the SampleSpec plain decoding would give it."""
-        position, num_output = len(seq.tokens) - 1, seq.num_output
-        table, params = self._page_table(seq), seq.request.sampling
-        tokens = [seq.tokens[-1], *draft.tokens.tolist()]
-        return [DecodeRow(seq_id=seq.seq_id, token=token, position=position + i,
-                          page_table=table, sample=SampleSpec(params, num_output + i),
-                          state_slot=seq.state_slot)
-                for i, token in enumerate(tokens)]
 
     def _chunk_unit(self, seq: Sequence, end: int) -> PrefillUnit:
         start = seq.num_computed
@@ -349,7 +294,7 @@ class Scheduler:
         params = seq.request.sampling
         # Committed output only matters to the penalties; skip the copy otherwise.
         return SampleSpec(params=params, sample_index=seq.num_output_total,
-                          output_ids=tuple(seq.output_ids) if _uses_output(params) else ())
+                          output_ids=tuple(seq.output_ids) if uses_output(params) else ())
 
     # ------------------------------------------------------------------ launch
 
@@ -365,32 +310,14 @@ class Scheduler:
             self._in_flight[seq.seq_id] += 1
             self._publish_prefix(seq)
             self._checkpoint(seq)
-        drafted_rows = _drafted_rows(plan)
+        drafted = drafted_rows(plan)
         for index, row in enumerate(plan.rows):
             seq = seqs[row.seq_id]
             seq.num_computed = row.position + 1
             self._in_flight[seq.seq_id] += 1
-            if index not in drafted_rows:  # a round's tokens are pending as one
+            if index not in drafted:  # a round's tokens are pending as one
                 seq.pending_slots.append(index)
-        self._count_rounds(plan, seqs, drafted_rows)
-
-    def _count_rounds(self, plan: StepPlan, seqs: dict, drafted_rows: set[int]) -> None:
-        if self.drafter is None:
-            return
-        counters = self.counters
-        for span in plan.verify:
-            seq, num = seqs[span.seq_id], len(span.draft.tokens)
-            counters.spec_rounds += 1
-            counters.spec_draft_tokens += num
-            seq.counters["spec_rounds"] += 1
-            seq.counters["spec_drafted"] += num
-        rounds = {span.first_row for span in plan.verify}
-        for index, row in enumerate(plan.rows):
-            if index not in rounds and index not in drafted_rows:
-                seq = seqs[row.seq_id]
-                if self._speculates(seq):
-                    counters.spec_fallback_steps += 1
-                    seq.counters["spec_fallback_steps"] += 1
+        self.spec.count_launched(plan, seqs)
 
     def _checkpoint(self, seq: Sequence) -> None:
         """A launched chunk ended at one of `seq`'s checkpoint marks: keep a copy of its
@@ -602,10 +529,10 @@ class Scheduler:
         if num_rows:
             self.counters.record_decode(num_rows, seconds * (1.0 - prefill_share))
         rounds = {span.first_row: span for span in plan.verify}
-        drafted_rows = _drafted_rows(plan)
+        drafted = drafted_rows(plan)
         for index, (row, token) in enumerate(zip(plan.rows, result.row_tokens)):
             seq = live.get(row.seq_id)
-            if seq is None or seq.status is not Status.RESIDENT or index in drafted_rows:
+            if seq is None or seq.status is not Status.RESIDENT or index in drafted:
                 continue  # ended while the step ran: its extra token is dropped
             span = rounds.get(index)
             if span is not None:
@@ -626,21 +553,12 @@ class Scheduler:
         seq.pending_slots.pop(0)
         self.life.computed(seq, position, position + accepted + 1, is_prefill=False)
         committed, finish = self.life.commit_run(seq, produced[:accepted + 1])
-        self._count_accepted(seq, min(accepted, committed))
+        self.spec.count_accepted(seq, min(accepted, committed))
         if finish is not None:
             self._end(seq, *finish)
             return
         seq.num_computed = len(seq.tokens) - 1  # the rejected rows' KV is stale
         self._publish_prefix(seq)
-
-    def _count_accepted(self, seq: Sequence, accepted: int) -> None:
-        self.counters.spec_accepted_tokens += accepted
-        seq.counters["spec_accepted"] += accepted
-        per_position = seq.counters["spec_accepted_per_position"]
-        if not per_position:
-            per_position.extend([0] * self.draft_tokens)
-        for i in range(accepted):
-            per_position[i] += 1
 
     def _apply_chunk(self, seq: Sequence, unit: PrefillUnit, token) -> None:
         self.life.computed(seq, unit.start, unit.start + len(unit.tokens), is_prefill=True)
@@ -728,14 +646,3 @@ class Scheduler:
         if self.cache is not None:
             holders.append(self.cache.pages())
         return holders
-
-
-def _drafted_rows(plan: StepPlan) -> set[int]:
-    """Indexes of the rows that feed drafts (each round's rows after its first)."""
-    return {span.first_row + j for span in plan.verify
-            for j in range(1, len(span.draft.tokens) + 1)}
-
-
-def _uses_output(params) -> bool:
-    """Whether sampling reads the committed output (presence/frequency penalties)."""
-    return params.presence_penalty != 0 or params.frequency_penalty != 0

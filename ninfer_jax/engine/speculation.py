@@ -153,7 +153,8 @@ class NgramDrafter:
             match &= extended
         if found < 0:
             return Draft(EMPTY_DRAFT)
-        return Draft(window[found + 1:found + 1 + k].astype(np.int32, copy=False))
+        # A copy: `tokens` may be a view of a buffer that later rounds append to.
+        return Draft(window[found + 1:found + 1 + k].astype(np.int32))
 
 
 DRAFTERS = {"ngram": NgramDrafter}
