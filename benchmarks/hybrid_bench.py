@@ -52,11 +52,12 @@ import numpy as np
 import benchlib
 import hybrid_costs
 import hybrid_gdn
+import runner_bench
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.tensor_groups import is_norm, tensor_group
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import JaxRunner, fit_bucket
-from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan
+from ninfer_jax.engine.runner_api import PrefillUnit, SampleSpec
 
 GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
 DEFAULT_PRESETS = "qwen3.5-27b,qwen3.6-35b-a3b"
@@ -114,31 +115,10 @@ def device_params(config, storage_dtype, seed: int = 0) -> dict:
 # ---------------------------------------------------------------------------- timing
 
 def time_decode(runner, batch: int, context: int, steps: int) -> float:
-    """Seconds per pipelined decode step of `batch` rows at positions context, context + 1, ..."""
-    pages_per_row = math.ceil((context + steps + 2) / runner.page_size)
-    tables = [np.arange(1 + r * pages_per_row, 1 + (r + 1) * pages_per_row, dtype=np.int32)
-              for r in range(batch)]
-
-    def plan(step, fed_back):
-        position = context + step
-        return StepPlan(chunk=None, rows=tuple(
-            DecodeRow(r, 100 + r, position, tables[r][:position // runner.page_size + 1],
-                      SampleSpec(GREEDY.params, step), from_previous=r if fed_back else None,
-                      state_slot=1 + r)
-            for r in range(batch)))
-
-    def run(count):
-        in_flight = runner.launch(plan(0, False))
-        for step in range(1, count):
-            launched = runner.launch(plan(step, True))
-            runner.collect(in_flight)
-            in_flight = launched
-        runner.collect(in_flight)
-
-    run(2)  # first runs of the executable
-    started = time.perf_counter()
-    run(steps)
-    return (time.perf_counter() - started) / steps
+    """Seconds per pipelined decode step of `batch` rows at positions context, context + 1, ...
+    (runner_bench's loop; each row on its own state slot)."""
+    rate, _ = runner_bench.time_decode(runner, batch, context, steps, pipelined=True)
+    return batch / rate
 
 
 def time_prefill(runner, prompt_len: int, chunk: int, repeats: int = 2) -> float:

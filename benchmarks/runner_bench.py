@@ -62,7 +62,8 @@ def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool
         position = context + step
         return StepPlan(chunk=None, rows=tuple(
             DecodeRow(r, 100 + r, position, tables[r][:position // runner.page_size + 1],
-                      SampleSpec(GREEDY.params, step), from_previous=r if fed_back else None)
+                      SampleSpec(GREEDY.params, step), from_previous=r if fed_back else None,
+                      **({"state_slot": 1 + r} if runner.has_state else {}))
             for r in range(batch)))
 
     launch_seconds = []
