@@ -195,6 +195,28 @@ def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head
     assert relative_error(out, ref) < 1e-5
 
 
+@cpu_only
+def test_merge_reads_only_the_splits_that_hold_a_rows_keys():
+    """Splits past a row's length are never stored by the decode kernel, so the merge must not
+    read them: NaN there must not reach the output, and the result is the by-hand merge."""
+    rng = np.random.default_rng(7)
+    splits, batch, kv_heads, rows, dim, split_tokens = 4, 3, 2, 16, 8, 32
+    lengths = np.array([1, 40, 128], np.int32)  # 1, 2 and 4 splits hold keys
+    used = -(-lengths // split_tokens)
+    o = rng.standard_normal((splits, batch, kv_heads, rows, dim)).astype(np.float32)
+    m = rng.standard_normal((splits, batch, kv_heads, rows)).astype(np.float32)
+    l = rng.uniform(0.5, 2.0, (splits, batch, kv_heads, rows)).astype(np.float32)
+    for b, n in enumerate(used):
+        o[n:, b], m[n:, b], l[n:, b] = np.nan, np.nan, np.nan
+    out = np.asarray(kernel._merge_call(jnp.asarray(o), jnp.asarray(m), jnp.asarray(l),
+                                        jnp.asarray(lengths), split_tokens=split_tokens,
+                                        dtype=jnp.float32, interpret=True))
+    for b, n in enumerate(used):
+        weight = np.exp(m[:n, b] - m[:n, b].max(axis=0))
+        want = (weight[..., None] * o[:n, b]).sum(0) / (weight * l[:n, b]).sum(0)[..., None]
+        np.testing.assert_allclose(out[b], want, rtol=1e-5, atol=1e-6)
+
+
 def test_decode_tuning_covers_the_table_and_splits_long_contexts():
     crowded = decode_tuning(batch=256, num_kv_heads=8, page_size=16, table_width=64)
     assert crowded.num_splits == 1 and crowded.pages_per_split >= 64

@@ -1,0 +1,147 @@
+"""Paged DECODE attention as a Pallas kernel (GPU), same signature as reference.py.
+
+Lowering: Pallas' Triton backend. Why not Mosaic GPU: the kernel's core is a gather of whole
+pages through a page table, which Triton expresses as pointer arithmetic and pipelines with
+cp.async; Mosaic GPU would want one TMA copy per page plus explicit barriers, and its CPU
+interpreter on JAX 0.10 cannot simulate those copies, so it could not be tested in CI. The
+Triton path is tested in interpret mode on CPU and natively on the H200.
+
+Work split (flash-decoding): one program per (row b, kv head h, context split s). A program
+walks its split's pages `pages_per_block` at a time, keeping an online softmax for the G query
+heads that share kv head h, and writes an unnormalised partial output plus its running max and
+sum. A small XLA epilogue merges the splits. Query heads are padded to 16 rows (the minimum
+Triton matmul tile); the padding rows are zeros and are dropped after the merge.
+Layout: k_cache, v_cache [P, K, S, D] (reference.py); partials o [NS, B, K, Gp, D] f32,
+m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pltriton
+
+from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE
+from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
+
+MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
+# Finite stand-in for -inf: masked logits and empty splits use it, so exp() of differences
+# never sees inf - inf.
+MASK_VALUE = -1e30
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
+                   scale: float, page_size: int, pages_per_block: int, pages_per_split: int):
+    """One (row, kv head, split) program. table_ref holds this split's pages only."""
+    head, split = pl.program_id(1), pl.program_id(2)
+    block_tokens = pages_per_block * page_size
+    length = length_ref[0]
+    first_token = split * pages_per_split * page_size
+    num_tokens = jnp.clip(length - first_token, 0, pages_per_split * page_size)
+    num_blocks = (num_tokens + block_tokens - 1) // block_tokens
+    q = q_ref[...]  # [Gp, D]
+    num_rows, head_dim = q.shape
+
+    def body(i, carry):
+        acc, running_max, running_sum = carry
+        page_ids = table_ref[pl.ds(i * pages_per_block, pages_per_block)]
+        # Pages past the row's length may hold anything; read the dummy page instead.
+        page_start = first_token + (i * pages_per_block + jnp.arange(pages_per_block)) * page_size
+        page_ids = jnp.where(page_start < length, page_ids, DUMMY_PAGE)
+        k = k_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
+        v = v_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
+        logits = pltriton.dot(q, k, trans_b=True) * scale  # [Gp, block] f32
+        token = first_token + i * block_tokens + jnp.arange(block_tokens)
+        logits = jnp.where((token < length)[None, :], logits, MASK_VALUE)
+        new_max = jnp.maximum(running_max, logits.max(axis=1))
+        correction = jnp.exp(running_max - new_max)
+        probs = jnp.exp(logits - new_max[:, None])
+        running_sum = running_sum * correction + probs.sum(axis=1)
+        acc = acc * correction[:, None] + pltriton.dot(probs.astype(v.dtype), v)
+        return acc, new_max, running_sum
+
+    init = (jnp.zeros((num_rows, head_dim), jnp.float32),
+            jnp.full((num_rows,), MASK_VALUE, jnp.float32),
+            jnp.zeros((num_rows,), jnp.float32))
+    acc, running_max, running_sum = lax.fori_loop(0, num_blocks, body, init)
+    o_ref[...] = acc
+    m_ref[...] = running_max
+    l_ref[...] = running_sum
+
+
+def merge_splits(o, m, l):
+    """Combine per-split partials o [NS, ..., D], m/l [NS, ...] into the normalised output."""
+    global_max = m.max(axis=0)
+    weight = jnp.exp(m - global_max[None])  # empty splits: exp(-1e30 - x) = 0
+    total = (weight * l).sum(axis=0)
+    out = (weight[..., None] * o).sum(axis=0)
+    return out / jnp.maximum(total, 1e-30)[..., None]
+
+
+def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,
+                           tuning: DecodeTuning | None = None, interpret: bool = False):
+    """One query token per row. q [B, H, D]; page_table [B, W]; lengths [B] valid keys per row.
+    Returns [B, H, D] in q's dtype (see reference.py for the contract)."""
+    B, H, D = q.shape
+    _, K, S, _ = k_cache.shape
+    G = H // K
+    Gp = max(MIN_DOT_ROWS, _next_power_of_2(G))
+    W = page_table.shape[1]
+    if tuning is None:
+        tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W)
+    padded_width = tuning.num_splits * tuning.pages_per_split
+    table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
+                    constant_values=DUMMY_PAGE)
+    qg = jnp.pad(q.reshape(B, K, G, D), ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
+    o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths.astype(jnp.int32),
+                           scale=scale, tuning=tuning, interpret=interpret)
+    out = merge_splits(o, m, l)[:, :, :G, :]  # [B, K, G, D]
+    return out.reshape(B, H, D).astype(q.dtype)
+
+
+def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeTuning,
+                 interpret: bool):
+    B, K, Gp, D = qg.shape
+    NS = tuning.num_splits
+    kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
+                               pages_per_block=tuning.pages_per_block,
+                               pages_per_split=tuning.pages_per_split)
+    whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
+    return pl.pallas_call(
+        kernel,
+        grid=(B, K, NS),
+        in_specs=[
+            pl.BlockSpec((1,), lambda b, h, s: (b,)),
+            pl.BlockSpec((None, tuning.pages_per_split), lambda b, h, s: (b, s)),
+            pl.BlockSpec((None, None, Gp, D), lambda b, h, s: (b, h, 0, 0)),
+            whole(k_cache),
+            whole(v_cache),
+        ],
+        out_specs=[
+            pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (s, b, h, 0, 0)),
+            pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (s, b, h, 0)),
+            pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (s, b, h, 0)),
+        ],
+        out_shape=[
+            jax.ShapeDtypeStruct((NS, B, K, Gp, D), jnp.float32),
+            jax.ShapeDtypeStruct((NS, B, K, Gp), jnp.float32),
+            jax.ShapeDtypeStruct((NS, B, K, Gp), jnp.float32),
+        ],
+        compiler_params=pltriton.CompilerParams(num_warps=tuning.num_warps,
+                                                num_stages=tuning.num_stages),
+        interpret=interpret,
+        name="ninfer_paged_decode",
+    )(lengths, table, qg, k_cache, v_cache)
+
+
+def decode_bytes(batch_lengths, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """Fewest bytes a decode call must read: every valid key and value once (for benchmarks)."""
+    return int(sum(batch_lengths)) * num_kv_heads * head_dim * itemsize * 2
+
