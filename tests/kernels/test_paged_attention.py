@@ -175,9 +175,13 @@ DECODE_GRID = [
 
 
 @cpu_only
+@pytest.mark.parametrize("merge", ["kernel", "xla"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID)
 def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head_dim,
-                                                           page_size, lengths):
+                                                           page_size, lengths, merge,
+                                                           monkeypatch):
+    # Both merges: the kernel (empty splits store nothing) and XLA's (every split stores).
+    monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", 1 if merge == "kernel" else 10**6)
     rng = np.random.default_rng(len(lengths) * head_dim + heads)
     k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
                                     num_kv_heads=kv_heads, head_dim=head_dim,
@@ -265,8 +269,12 @@ def test_dispatch_prefers_kernels_on_gpu_unless_forced(monkeypatch):
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page_size", [(32, 8, 128, 16), (16, 2, 256, 8),
                                                                 (9, 3, 64, 64)])
-def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size):
-    """The Triton lowering accepts every tile the tuning picks (checked without a GPU)."""
+@pytest.mark.parametrize("merge_min_splits", [1, 10**6])
+def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size, merge_min_splits,
+                                       monkeypatch):
+    """The Triton lowering accepts every tile the tuning picks, with either merge (checked
+    without a GPU)."""
+    monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", merge_min_splits)
     rng = np.random.default_rng(0)
     k, v, table, lens = paged_setup(rng, batch=3, lengths=[300, 5, 77], num_kv_heads=kv_heads,
                                     head_dim=head_dim, page_size=page_size, dtype=jnp.bfloat16)
@@ -274,6 +282,7 @@ def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size):
     text = lowers_for_cuda(lambda *a: kernel.paged_decode_attention(*a, scale=0.1),
                            q, k, v, table, lens)
     assert "ninfer_paged_decode" in text
+    assert ("ninfer_paged_decode_merge" in text) == (merge_min_splits == 1)
 
 
 # ---------------------------------------------------------------------------- native GPU

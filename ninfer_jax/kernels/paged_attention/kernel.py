@@ -9,12 +9,13 @@ Triton path is tested in interpret mode on CPU and natively on the H200.
 Work split (flash-decoding): one program per (row b, kv head h, context split s). A program
 walks its split's pages `pages_per_block` at a time, keeping an online softmax for the G query
 heads that share kv head h, and writes an unnormalised partial output plus its running max and
-sum. A second small Pallas kernel merges the splits of each (row, kv head), reading only the
-splits that hold keys of that row: the split count follows the page table's width (the
-server's max context), not the row's length, so an XLA merge over every split read and wrote
-partials for thousands of empty contexts (at 8 rows and a 4k table, 32 splits of which 3 held
-keys: 1.2 GB of partials per step, about 0.4 ms). Empty splits do not store their partials
-either. Query heads are padded to 16 rows (the minimum Triton matmul tile); the padding rows
+sum, and a merge combines the splits. The split count follows the page table's width (the
+server's max context), not the rows' lengths: at 8 rows and a 4k table there are 32 splits,
+of which 3 hold keys at a 384-token context, and an XLA merge over all of them moved 1.2 GB of
+partials per step (0.34 ms of a 5.2 ms step, run 18). Past MERGE_KERNEL_MIN_SPLITS splits a
+second Pallas kernel merges each (row, kv head) reading only the splits that hold its keys,
+and empty splits store nothing; with few splits the XLA merge is cheaper than one more launch
+(about 5 us per layer, run 18) and every split stores its partials. Query heads are padded to 16 rows (the minimum Triton matmul tile); the padding rows
 are zeros and are dropped after the merge.
 Layout: k_cache, v_cache [P, K, S, D] (reference.py); partials o [NS, B, K, Gp, D] f32,
 m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
@@ -36,6 +37,9 @@ MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
 # Finite stand-in for -inf: masked logits and empty splits use it, so exp() of differences
 # never sees inf - inf.
 MASK_VALUE = -1e30
+# From this many context splits on, the merge kernel replaces the XLA merge (run 18: at 4 splits
+# the XLA merge was 0.19 ms a step faster at batch 1, at 32 splits 0.34 ms slower at batch 8).
+MERGE_KERNEL_MIN_SPLITS = 8
 # The merge moves a few KiB per program; more warps only add synchronisation.
 NUM_MERGE_WARPS = 2
 
@@ -45,7 +49,8 @@ def _next_power_of_2(n: int) -> int:
 
 
 def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
-                   scale: float, page_size: int, pages_per_block: int, pages_per_split: int):
+                   scale: float, page_size: int, pages_per_block: int, pages_per_split: int,
+                   store_empty: bool):
     """One (row, kv head, split) program. table_ref holds this split's pages only."""
     head, split = pl.program_id(1), pl.program_id(2)
     block_tokens = pages_per_block * page_size
@@ -79,12 +84,15 @@ def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_r
             jnp.zeros((num_rows,), jnp.float32))
     acc, running_max, running_sum = lax.fori_loop(0, num_blocks, body, init)
 
-    # The merge reads only splits that hold keys, so an empty split's outputs stay unwritten.
-    @pl.when(num_blocks > 0)
-    def _store():
+    def store():
         o_ref[...] = acc
         m_ref[...] = running_max
         l_ref[...] = running_sum
+
+    if store_empty:  # the XLA merge reads every split
+        store()
+    else:  # the merge kernel reads only splits that hold keys
+        pl.when(num_blocks > 0)(store)
 
 
 def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int,
@@ -127,20 +135,34 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
                     constant_values=DUMMY_PAGE)
     qg = jnp.pad(q.reshape(B, K, G, D), ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
     lengths = lengths.astype(jnp.int32)
+    merge_kernel = tuning.num_splits >= MERGE_KERNEL_MIN_SPLITS
     o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
-                           interpret=interpret)
-    out = _merge_call(o, m, l, lengths, split_tokens=tuning.pages_per_split * S,
-                      dtype=q.dtype, interpret=interpret)[:, :, :G, :]  # [B, K, G, D]
-    return out.reshape(B, H, D)
+                           store_empty=not merge_kernel, interpret=interpret)
+    if merge_kernel:
+        out = _merge_call(o, m, l, lengths, split_tokens=tuning.pages_per_split * S,
+                          dtype=q.dtype, interpret=interpret)
+    else:
+        out = merge_splits(o, m, l).astype(q.dtype)
+    return out[:, :, :G, :].reshape(B, H, D)
+
+
+def merge_splits(o, m, l):
+    """Combine per-split partials o [NS, ..., D], m/l [NS, ...] into the normalised output."""
+    global_max = m.max(axis=0)
+    weight = jnp.exp(m - global_max[None])  # empty splits: exp(-1e30 - x) = 0
+    total = (weight * l).sum(axis=0)
+    out = (weight[..., None] * o).sum(axis=0)
+    return out / jnp.maximum(total, 1e-30)[..., None]
 
 
 def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeTuning,
-                 interpret: bool):
+                 store_empty: bool, interpret: bool):
     B, K, Gp, D = qg.shape
     NS = tuning.num_splits
     kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
                                pages_per_block=tuning.pages_per_block,
-                               pages_per_split=tuning.pages_per_split)
+                               pages_per_split=tuning.pages_per_split,
+                               store_empty=store_empty)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
     return pl.pallas_call(
         kernel,
