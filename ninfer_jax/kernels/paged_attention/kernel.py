@@ -15,8 +15,9 @@ of which 3 hold keys at a 384-token context, and an XLA merge over all of them m
 partials per step (0.34 ms of a 5.2 ms step, run 18). Past MERGE_KERNEL_MIN_SPLITS splits a
 second Pallas kernel merges each (row, kv head) reading only the splits that hold its keys,
 and empty splits store nothing; with few splits the XLA merge is cheaper than one more launch
-(about 5 us per layer, run 18) and every split stores its partials. Query heads are padded to 16 rows (the minimum Triton matmul tile); the padding rows
-are zeros and are dropped after the merge.
+(about 5 us per layer, run 18) and every split stores its partials. Query heads are padded
+to 16 rows (the minimum Triton matmul tile); the padding rows are zeros and are dropped after
+the merge.
 Layout: k_cache, v_cache [P, K, S, D] (reference.py); partials o [NS, B, K, Gp, D] f32,
 m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
 """
