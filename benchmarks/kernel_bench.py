@@ -1,7 +1,7 @@
 """Kernel microbenchmarks on the GPU: paged decode/prefill attention and quantized matmuls,
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
-    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [prefill] [quant] [qsweep]
+    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [prefill] [quant] [qsweep]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -39,12 +39,16 @@ def rel_err(out, ref) -> float:
 # ------------------------------------------------------------------------------ attention
 
 
-def paged_inputs(batch, context, heads=32, kv_heads=8, head_dim=128, page_size=16, seed=0):
-    """bf16 caches holding `batch` rows of `context` tokens on shuffled pages."""
+def paged_inputs(batch, context, heads=32, kv_heads=8, head_dim=128, page_size=16, seed=0,
+                 table_context=None):
+    """bf16 caches holding `batch` rows of `context` tokens on shuffled pages; the page table
+    is `table_context` tokens wide (a server's max context), its tail the dummy page."""
     width = -(-context // page_size)
     num_pages = batch * width + 1
     rng = np.random.default_rng(seed)
     table = (rng.permutation(num_pages - 1) + 1).astype(np.int32).reshape(batch, width)
+    table_width = -(-(table_context or context) // page_size)
+    table = np.pad(table, ((0, 0), (0, table_width - width)))  # page 0 is the dummy page
     key = jax.random.PRNGKey(seed)
     shape = (num_pages, kv_heads, page_size, head_dim)
     k = jax.random.normal(key, shape, jnp.bfloat16)
@@ -54,8 +58,10 @@ def paged_inputs(batch, context, heads=32, kv_heads=8, head_dim=128, page_size=1
     return q, k, v, jnp.asarray(table), lengths
 
 
-def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, tag=""):
-    q, k, v, table, lengths = paged_inputs(batch, context, page_size=page_size)
+def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, tag="",
+                 table_context=None):
+    q, k, v, table, lengths = paged_inputs(batch, context, page_size=page_size,
+                                           table_context=table_context)
     scale = 128 ** -0.5
     fn = functools.partial(attn_kernel.paged_decode_attention, scale=scale, tuning=tuning)
     ref_fn = jax.jit(functools.partial(attn_reference.paged_decode_attention, scale=scale))
@@ -64,6 +70,7 @@ def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, 
     seconds = time_op(fn, q, k, v, table, lengths)
     moved = attn_kernel.decode_bytes([context] * batch, 8, 128, 2)
     row = dict(op="decode_attention", batch=batch, context=context, page_size=page_size,
+               table_context=table_context or context,
                tuning=str(tuning) if tuning else "default", us=seconds * 1e6,
                tbps=moved / seconds / 1e12, err=err, tag=tag)
     if reference:
@@ -88,11 +95,21 @@ def sweep_section():
                    target_programs=target)
 
 
-def _sweep_one(batch, context, **knobs):
+def rows_sweep_section():
+    """Block/warps/stages for many short rows (64 and 256 rows x 384 tokens, a 1k table), where
+    paged decode is a fifth (64 rows) to two fifths (256 rows) of the 8B step (run 21)."""
+    for batch in (64, 256):
+        bench_decode(batch, 384, table_context=1024, tag="rows-default")
+        for block, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3)):
+            _sweep_one(batch, 384, table_context=1024, block_tokens=block, num_warps=warps,
+                       num_stages=stages)
+
+
+def _sweep_one(batch, context, table_context=None, **knobs):
     tuning = decode_tuning(batch=batch, num_kv_heads=8, page_size=16,
-                           table_width=context // 16, **knobs)
+                           table_width=(table_context or context) // 16, **knobs)
     try:
-        bench_decode(batch, context, tuning=tuning, tag="sweep")
+        bench_decode(batch, context, tuning=tuning, table_context=table_context, tag="sweep")
     except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
         rec.add(op="decode_attention", tag="sweep", tuning=str(tuning), error=repr(err)[:300])
 
@@ -201,7 +218,8 @@ def ceilings_section():
 
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
-            "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section, "qquick": quant_quick_section}
+            "rows": rows_sweep_section, "prefill": prefill_section, "quant": quant_section,
+            "qsweep": quant_sweep_section, "qquick": quant_quick_section}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(SECTIONS):

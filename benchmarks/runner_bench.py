@@ -2,7 +2,8 @@
 
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
         [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--stable-buffers]
-        [--no-fuse] [--json] [--profile DIR]
+        [--no-fuse] [--json] [--profile DIR] [--modes pipelined,sync]
+        [--decode-split-tokens N] [--merge-min-splits N]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
 (greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
@@ -12,7 +13,8 @@ step's ceiling for the live server. `sync` figures wait for every step before th
 Compilation is excluded: the runner warms up first (set JAX_COMPILATION_CACHE_DIR to reuse
 executables across runs). --json prints one JSON object per measurement. --profile DIR also
 traces each batch's pipelined decode once more under jax.profiler and prints where the
-device's time went per step (benchmarks/trace_summary.py).
+device's time went per step (benchmarks/trace_summary.py). --decode-split-tokens and
+--merge-min-splits set the paged decode kernel's split and merge thresholds for A/B runs.
 """
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ from ninfer_jax.artifact.default_model import ensure_default_artifact
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import JaxRunner, fit_bucket
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan
+from ninfer_jax.kernels.paged_attention import kernel as attention_kernel
+from ninfer_jax.kernels.paged_attention import tuning as attention_tuning
 
 GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
 
@@ -120,10 +124,22 @@ def main():
                         help="keep q/k/v and gate/up as separate products (the runner joins "
                              "them at load by default: model/fused_projections.py)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
+    parser.add_argument("--modes", default="pipelined,sync",
+                        help="decode timing modes, comma separated (pipelined, sync)")
+    parser.add_argument("--decode-split-tokens", type=int, metavar="N",
+                        help="A/B: the paged decode kernel's smallest context split "
+                             "(kernels/paged_attention/tuning.py MIN_SPLIT_TOKENS)")
+    parser.add_argument("--merge-min-splits", type=int, metavar="N",
+                        help="A/B: splits from which the merge kernel replaces the XLA merge "
+                             "(kernels/paged_attention/kernel.py MERGE_KERNEL_MIN_SPLITS)")
     parser.add_argument("--profile", metavar="DIR",
                         help="trace each batch's pipelined decode under DIR/batchN and print "
                              "the device time per step by kernel")
     args = parser.parse_args()
+    if args.decode_split_tokens is not None:
+        attention_tuning.MIN_SPLIT_TOKENS = args.decode_split_tokens
+    if args.merge_min_splits is not None:
+        attention_kernel.MERGE_KERNEL_MIN_SPLITS = args.merge_min_splits
     artifact = load_artifact(args.artifact or ensure_default_artifact())
     batches = [int(b) for b in args.batches.split(",")]
     max_context = args.max_context or 2 ** math.ceil(
@@ -143,7 +159,7 @@ def main():
     prefill_rate = time_prefill(runner, args.prompt)
     records.append({"op": "prefill", "prompt": args.prompt, "tok_per_s": prefill_rate})
     for batch in batches:
-        for mode in ("pipelined", "sync"):
+        for mode in args.modes.split(","):
             trace_dir = (f"{args.profile}/batch{batch}"
                          if args.profile and mode == "pipelined" else None)
             rate, launch_ms = time_decode(runner, batch, args.context, args.steps,
@@ -161,7 +177,9 @@ def main():
               "row_buckets": runner.row_buckets, "chunk_buckets": runner.chunk_buckets,
               "max_context": max_context, "stable_buffers": runner.stable_buffers,
               "fused": "wqkv" in runner.params["layers"][0],
-              "xla_flags": os.environ.get("XLA_FLAGS", "")}
+              "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "decode_split_tokens": attention_tuning.MIN_SPLIT_TOKENS,
+              "merge_min_splits": attention_kernel.MERGE_KERNEL_MIN_SPLITS}
     if args.json:
         for record in records:
             print(json.dumps({**header, **record}), flush=True)

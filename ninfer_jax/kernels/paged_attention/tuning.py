@@ -34,9 +34,11 @@ class DecodeTuning:
 
 def decode_tuning(*, batch: int, num_kv_heads: int, page_size: int, table_width: int,
                   block_tokens: int = BLOCK_TOKENS, target_programs: int = TARGET_PROGRAMS,
-                  min_split_tokens: int = MIN_SPLIT_TOKENS, num_warps: int = NUM_WARPS,
+                  min_split_tokens: int | None = None, num_warps: int = NUM_WARPS,
                   num_stages: int = NUM_STAGES) -> DecodeTuning:
     """Pick the loop block and the context split for one decode call shape."""
+    if min_split_tokens is None:  # read at call time, so a benchmark can set the module's value
+        min_split_tokens = MIN_SPLIT_TOKENS
     pages_per_block = max(1, block_tokens // page_size)
     blocks_in_table = -(-table_width // pages_per_block)
     max_splits = max(1, min(MAX_SPLITS, (table_width * page_size) // min_split_tokens))
