@@ -58,8 +58,10 @@ def _kv_capacity(value: str | None):
                    + "; ".join(f"{b} {lo}..{hi} (default {d})"
                                for b, (lo, hi, d) in DRAFT_RANGES.items()) + ".")
 @click.option("--kv-dtype", default="auto", show_default=True,
-              help="KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU).",
-              type=click.Choice(["auto", "f32", "bf16"]))
+              help="KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU; fp8 "
+                   "(e4m3) and int8: 8-bit codes with a scale per token and KV head, about "
+                   "half of bf16's bytes).",
+              type=click.Choice(["auto", "f32", "bf16", "fp8", "int8"]))
 @click.option("--chat-template", default=None, type=click.Path(exists=True, dir_okay=False))
 @click.option("--default-thinking-budget", default=None, type=click.IntRange(min=1))
 @click.option("--no-thinking", is_flag=True)

@@ -62,22 +62,28 @@ def default_dtype():
     return jnp.float32 if jax.default_backend() == "cpu" else jnp.bfloat16
 
 
-KV_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
+# fp8 (e4m3) and int8 pages carry a float32 scale per token and kv head (paged_attention's
+# ScaledPages); every reader widens the codes to the compute dtype and applies the scales.
+KV_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn,
+             "int8": jnp.int8}
 
 
 def kv_dtype_for(name: str):
     """`--kv-dtype`: auto stores KV in the compute dtype. On CPU bf16 pages halve the pool's
-    memory (attention reads them back into f32); the GPU kernels read pages in the compute
-    dtype only, so anything else is refused there rather than silently changed."""
+    memory (attention reads them back into f32), fp8/int8 pages quarter it. The GPU kernels
+    widen what they load to the compute dtype, which is exact for bf16, fp8 and int8 pages
+    under bf16 compute; f32 pages there would only double the bytes read, so they are refused
+    rather than silently narrowed."""
     compute = default_dtype()
     if name == "auto":
         return compute
     if name not in KV_DTYPES:
-        raise ValueError(f"--kv-dtype {name} is not supported (choose auto, f32 or bf16)")
+        raise ValueError(f"--kv-dtype {name} is not supported (choose auto, "
+                         f"{', '.join(KV_DTYPES)})")
     dtype = KV_DTYPES[name]
-    if use_kernels() and jnp.dtype(dtype) != jnp.dtype(compute):
+    if use_kernels() and jnp.dtype(dtype).itemsize > jnp.dtype(compute).itemsize:
         raise ValueError(f"--kv-dtype {name} is not available with the GPU kernels, which "
-                         f"read {jnp.dtype(compute).name} pages (use auto)")
+                         f"compute in {jnp.dtype(compute).name} (use auto, bf16, fp8 or int8)")
     return dtype
 
 

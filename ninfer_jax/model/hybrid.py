@@ -15,7 +15,7 @@ then a dense SwiGLU MLP or, on MoE layers, model/moe_mlp.py. Every norm but the 
 output norm is zero-centred (1 + w).
 
 Caches: a list with one entry per layer, the engine's interface (build it with init_caches):
-    full_attention    (k, v), each shaped by paged_attention.get_kv_cache_shape, kv_dtype
+    full_attention    (k, v), each shaped by paged_attention.cache_spec (kv_dtype)
     linear_attention  {"conv": [S, K-1, conv_dim] compute dtype,
                        "recurrent": [S, Hv, dk, dv] float32}
 S state slots counting slot 0 (DUMMY_STATE_SLOT), which padding rows read and write.
@@ -74,8 +74,8 @@ def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
                  dtype, kv_dtype):
     """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring)."""
-    kv_spec = jax.ShapeDtypeStruct(paged_attention.get_kv_cache_shape(
-        num_pages, page_size, config.num_kv_heads, config.head_dim), kv_dtype)
+    kv_spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
+                                         config.head_dim, kv_dtype)
     state = config.state_shapes()
     linear_spec = {
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),

@@ -10,7 +10,7 @@ go through the dense parts together as C + B rows, and attention splits them aga
 `init_caches` / `cache_shapes` build the caches the runner donates (the family interface every
 family module provides; dense families ignore the state-slot count).
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
-layer, each shaped by `paged_attention.get_kv_cache_shape`. Cache writes go through
+layer, each shaped by `paged_attention.cache_spec` (fp8 pages carry their scales). Cache writes go through
 paged_attention.write_kv and attention through kernels.ragged_attention only, so the GPU kernels
 plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
 logits are computed in f32.
@@ -132,9 +132,8 @@ def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_sta
     """The caches' jax.ShapeDtypeStructs: one (k, v) pair per layer. Dense families have no
     recurrent state, so `num_state_slots` and the compute `dtype` are unused."""
     del num_state_slots, dtype
-    shape = paged_attention.get_kv_cache_shape(num_pages, page_size, config.num_kv_heads,
-                                               config.head_dim)
-    spec = jax.ShapeDtypeStruct(shape, kv_dtype)
+    spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
+                                      config.head_dim, kv_dtype)
     return [(spec, spec) for _ in range(config.num_layers)]
 
 

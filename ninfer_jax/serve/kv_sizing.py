@@ -29,8 +29,9 @@ import os
 
 import numpy as np
 
-from ninfer_jax.engine.config import AUTO_KV_HEADROOM_BYTES, auto_kv_tokens, kv_bytes_per_token
+from ninfer_jax.engine.config import AUTO_KV_HEADROOM_BYTES, auto_kv_tokens
 from ninfer_jax.engine.state_slots import extra_slots, state_slot_capacity
+from ninfer_jax.kernels import paged_attention
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -75,10 +76,9 @@ def device_state_slots_of(config, model_config) -> int:
 
 
 def bytes_per_token_of(model_config, dtype) -> int:
-    return kv_bytes_per_token(num_layers=attention_layers(model_config),
-                              num_kv_heads=model_config.num_kv_heads,
-                              head_dim=model_config.head_dim,
-                              dtype_bytes=np.dtype(dtype).itemsize)
+    """Device bytes of one token's KV in every attention layer (fp8 pages' scales included)."""
+    return attention_layers(model_config) * paged_attention.cache_bytes_per_token(
+        model_config.num_kv_heads, model_config.head_dim, dtype)
 
 
 def device_free_bytes(device) -> int | None:

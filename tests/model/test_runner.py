@@ -133,14 +133,54 @@ def test_bf16_kv_pages_on_cpu_keep_the_greedy_tokens(tiny, runner):
     import jax.numpy as jnp
 
     assert kv_dtype_for("auto") == jnp.float32 and kv_dtype_for("bf16") == jnp.bfloat16
-    with pytest.raises(ValueError, match="fp8"):
-        kv_dtype_for("fp8")
+    with pytest.raises(ValueError, match="int4"):
+        kv_dtype_for("int4")
     half = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
                      prefill_chunk=32, kv_dtype=kv_dtype_for("bf16"))
     assert {cache.dtype for layer in half.kv for cache in layer} == {jnp.dtype(jnp.bfloat16)}
     assert half.params["embed"].dtype == jnp.float32
     batch = prompts(2, seed=12)
     assert generate(half, batch, NUM_NEW) == generate(runner, batch, NUM_NEW)
+
+
+@pytest.mark.parametrize("name", ["fp8", "int8"])
+def test_8bit_kv_pages_hold_codes_and_scales_and_bound_the_logit_error(tiny, name):
+    """--kv-dtype fp8 / int8: the pool holds 8-bit codes with a scale per token and kv head;
+    the prompt's logits stay within a few percent of f32 pages (e4m3 keeps 3 mantissa bits,
+    int8 7 bits over each vector's range), and decoding runs on them."""
+    import jax.numpy as jnp
+
+    from ninfer_jax.kernels.paged_attention import ScaledPages
+
+    dtype = kv_dtype_for(name)
+    narrow = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
+                       prefill_chunk=32, kv_dtype=dtype)
+    caches = [cache for layer in narrow.kv for cache in layer]
+    assert all(isinstance(c, ScaledPages) and c.codes.dtype == dtype for c in caches)
+    assert all(c.scale.shape == c.codes.shape[:3] for c in caches)
+    wide = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
+                     prefill_chunk=32)
+    prompt = prompts(1, seed=14)[0]
+    narrow_logits, wide_logits = (np.asarray(prefill_logits(r, prompt)) for r in (narrow, wide))
+    error = np.linalg.norm(narrow_logits - wide_logits) / np.linalg.norm(wide_logits)
+    assert 0 < error < 0.1
+    tokens = generate(narrow, prompts(2, seed=12), NUM_NEW)
+    assert all(len(row) == NUM_NEW and all(0 <= t < 96 for t in row) for row in tokens)
+
+
+def prefill_logits(runner, prompt):
+    """The f32 logits after `prompt`, prefilled in one chunk on pages 1.. of a copy of the
+    runner's caches (the model's own prefill; the runner's state is left alone)."""
+    import jax.numpy as jnp
+
+    from ninfer_jax.model import llama
+
+    tokens = np.zeros(64, np.int32)
+    tokens[:len(prompt)] = prompt
+    table = jnp.arange(1, 1 + 64 // 8, dtype=jnp.int32)
+    logits, _ = llama.prefill(runner.params, runner.kv, jnp.asarray(tokens), jnp.int32(0),
+                              jnp.int32(len(prompt)), table, config=runner.config, page_size=8)
+    return logits
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])

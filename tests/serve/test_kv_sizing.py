@@ -18,6 +18,9 @@ SMOLLM2 = dataclasses.make_dataclass(
 def test_bytes_per_token_follows_the_kv_dtype():
     assert kv_sizing.bytes_per_token_of(SMOLLM2, jnp.float32) == 11520 * 4
     assert kv_sizing.bytes_per_token_of(SMOLLM2, jnp.bfloat16) == 11520 * 2
+    # 8-bit codes plus a float32 scale per token, kv head, k and v: 2 * 30 * 3 * (64 + 4).
+    for dtype in (jnp.float8_e4m3fn, jnp.int8):
+        assert kv_sizing.bytes_per_token_of(SMOLLM2, dtype) == 2 * 30 * 3 * 68
 
 
 def test_cpu_is_bounded_by_a_quarter_of_available_ram():

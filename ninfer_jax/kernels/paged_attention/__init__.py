@@ -13,6 +13,9 @@ from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.kernels.paged_attention import reference
 from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     DUMMY_PAGE,
+    ScaledPages,
+    cache_bytes_per_token,
+    cache_spec,
     get_kv_cache_shape,
     write_kv,
 )

@@ -18,7 +18,7 @@ and empty splits store nothing; with few splits the XLA merge is cheaper than on
 (about 5 us per layer, run 18) and every split stores its partials. Query heads are padded
 to 16 rows (the minimum Triton matmul tile); the padding rows are zeros and are dropped after
 the merge.
-Layout: k_cache, v_cache [P, K, S, D] (reference.py); partials o [NS, B, K, Gp, D] f32,
+Layout: k_cache, v_cache [P, K, S, D] or fp8 ScaledPages (reference.py); partials o [NS, B, K, Gp, D] f32,
 m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE
+from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE, ScaledPages
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
 
 MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
@@ -49,10 +49,17 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, *,
-                   scale: float, page_size: int, pages_per_block: int, pages_per_split: int,
-                   store_empty: bool):
-    """One (row, kv head, split) program. table_ref holds this split's pages only."""
+def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, *refs, scale: float,
+                   page_size: int, pages_per_block: int, pages_per_split: int,
+                   store_empty: bool, scaled: bool):
+    """One (row, kv head, split) program. table_ref holds this split's pages only. With
+    `scaled` (fp8 pages) refs starts with the key and value scales [P, K, S]: a key's scale
+    multiplies its logit column and a value's scale its probability, so the products run on
+    the widened codes and no dequantized tile is formed."""
+    if scaled:
+        ks_ref, vs_ref, o_ref, m_ref, l_ref = refs
+    else:
+        o_ref, m_ref, l_ref = refs
     head, split = pl.program_id(1), pl.program_id(2)
     block_tokens = pages_per_block * page_size
     length = length_ref[0]
@@ -71,13 +78,17 @@ def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_r
         k = k_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
         v = v_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
         logits = pltriton.dot(q, k, trans_b=True) * scale  # [Gp, block] f32
+        if scaled:
+            logits = logits * ks_ref[page_ids, head].reshape(block_tokens)[None, :]
         token = first_token + i * block_tokens + jnp.arange(block_tokens)
         logits = jnp.where((token < length)[None, :], logits, MASK_VALUE)
         new_max = jnp.maximum(running_max, logits.max(axis=1))
         correction = jnp.exp(running_max - new_max)
         probs = jnp.exp(logits - new_max[:, None])
         running_sum = running_sum * correction + probs.sum(axis=1)
-        acc = acc * correction[:, None] + pltriton.dot(probs.astype(v.dtype), v)
+        weights = probs * vs_ref[page_ids, head].reshape(block_tokens)[None, :] if scaled \
+            else probs
+        acc = acc * correction[:, None] + pltriton.dot(weights.astype(v.dtype), v)
         return acc, new_max, running_sum
 
     init = (jnp.zeros((num_rows, head_dim), jnp.float32),
@@ -125,7 +136,7 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     """One query token per row. q [B, H, D]; page_table [B, W]; lengths [B] valid keys per row.
     Returns [B, H, D] in q's dtype (see reference.py for the contract)."""
     B, H, D = q.shape
-    _, K, S, _ = k_cache.shape
+    _, K, S, _ = k_cache.shape  # ScaledPages has the codes' shape
     G = H // K
     Gp = max(MIN_DOT_ROWS, _next_power_of_2(G))
     W = page_table.shape[1]
@@ -160,11 +171,14 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
                  store_empty: bool, interpret: bool):
     B, K, Gp, D = qg.shape
     NS = tuning.num_splits
+    scaled = isinstance(k_cache, ScaledPages)
     kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
                                pages_per_block=tuning.pages_per_block,
                                pages_per_split=tuning.pages_per_split,
-                               store_empty=store_empty)
+                               store_empty=store_empty, scaled=scaled)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
+    caches = [k_cache.codes, v_cache.codes, k_cache.scale, v_cache.scale] if scaled \
+        else [k_cache, v_cache]
     return pl.pallas_call(
         kernel,
         grid=(B, K, NS),
@@ -172,8 +186,7 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
             pl.BlockSpec((None, tuning.pages_per_split), lambda b, h, s: (b, s)),
             pl.BlockSpec((None, None, Gp, D), lambda b, h, s: (b, h, 0, 0)),
-            whole(k_cache),
-            whole(v_cache),
+            *[whole(cache) for cache in caches],
         ],
         out_specs=[
             pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (s, b, h, 0, 0)),
@@ -189,7 +202,7 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
                                                 num_stages=tuning.num_stages),
         interpret=interpret,
         name="ninfer_paged_decode",
-    )(lengths, table, qg, k_cache, v_cache)
+    )(lengths, table, qg, *caches)
 
 
 def _merge_call(o, m, l, lengths, *, split_tokens: int, dtype, interpret: bool):

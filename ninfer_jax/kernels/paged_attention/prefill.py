@@ -16,17 +16,21 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels.paged_attention.reference import _gather
+from ninfer_jax.kernels.paged_attention.reference import ScaledPages, _gather, widen
 
 NEG_LARGE = -1e30  # log-sum-exp of an empty context part
 
 
-def _own_keys(cache, page_table, start, T):
-    """Cache rows of the chunk's own positions start..start+T-1 -> [T, K, D]."""
+def _own_keys(cache, page_table, start, T, dtype):
+    """Cache rows of the chunk's own positions start..start+T-1 -> [T, K, D] in `dtype`."""
     page_size = cache.shape[2]
     positions = start + jnp.arange(T)
     pages = jnp.take(page_table, positions // page_size, mode="clip")
-    return cache[pages, :, positions % page_size, :]
+    offsets = positions % page_size
+    if isinstance(cache, ScaledPages):
+        return widen(ScaledPages(cache.codes[pages, :, offsets, :],
+                                 cache.scale[pages, :, offsets]), dtype)
+    return cache[pages, :, offsets, :].astype(dtype)
 
 
 def _attend(q, k, v, *, scale, is_causal, kv_length, implementation):
@@ -43,14 +47,14 @@ def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: fl
     """Causal attention for one chunk; q [T, H, D], page_table [W]. See reference.py."""
     T = q.shape[0]
     dtype = q.dtype
-    k_own = _own_keys(k_cache, page_table, start, T).astype(dtype)
-    v_own = _own_keys(v_cache, page_table, start, T).astype(dtype)
+    k_own = _own_keys(k_cache, page_table, start, T, dtype)
+    v_own = _own_keys(v_cache, page_table, start, T, dtype)
     out_own, lse_own = _attend(q, k_own, v_own, scale=scale, is_causal=True, kv_length=None,
                                implementation=implementation)
     # The context part reads every page of the table; keys at or past `start` are masked by
     # the key length. An empty context (start == 0) gives garbage that the merge drops.
-    k_ctx = jnp.moveaxis(_gather(k_cache, page_table), 0, 1).astype(dtype)  # [W*S, K, D]
-    v_ctx = jnp.moveaxis(_gather(v_cache, page_table), 0, 1).astype(dtype)
+    k_ctx = jnp.moveaxis(_gather(k_cache, page_table, dtype), 0, 1)  # [W*S, K, D]
+    v_ctx = jnp.moveaxis(_gather(v_cache, page_table, dtype), 0, 1)
     out_ctx, lse_ctx = _attend(q, k_ctx, v_ctx, scale=scale, is_causal=False,
                                kv_length=jnp.maximum(start, 1), implementation=implementation)
     has_context = start > 0

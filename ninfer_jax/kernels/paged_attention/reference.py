@@ -1,7 +1,11 @@
 """Pure-jnp reference twin of the paged attention kernels (the CPU path and the test oracle).
 
-Cache layout (owned by this op; the page pool asks `get_kv_cache_shape`):
+Cache layout (owned by this op; the page pool asks `get_kv_cache_shape`, `cache_spec`):
     k_cache, v_cache: [P, K, S, D]  P pages, K kv heads, S tokens per page, D head dim
+    or, for 8-bit pages, ScaledPages(codes [P, K, S, D] float8_e4m3fn or int8, scale [P, K, S]
+    f32): each token's head vector is stored as codes * scale with scale = its absmax / the
+    code's largest value (448 for e4m3, 127 for int8), so the codes span the vector's own
+    range (with a unit scale, fp8 pages lost the default model's greedy text after 5 tokens).
 A token at sequence position t lives in page `page_table[t // S]`, slot `t % S`.
 Page DUMMY_PAGE is never owned by a sequence: padding rows write there and padded page-table
 entries point there, so every index stays in bounds without a branch.
@@ -16,26 +20,84 @@ docs/benchmarks.md, "CPU serving"), and the runner can compile one width instead
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 
 DUMMY_PAGE = 0
+# 8-bit page codes and the largest value each stores (what a vector's absmax maps to).
+CODE_MAX = {jnp.dtype(jnp.float8_e4m3fn): 448.0, jnp.dtype(jnp.int8): 127.0}
 # Keys per block: big enough that the loop runs few iterations (each costs a fixed overhead on
 # CPU), small enough that the last block wastes little past the last real key.
 BLOCK_TOKENS = 64
+
+
+class ScaledPages(NamedTuple):
+    """8-bit pages with one float32 scale per (page, kv head, token); a pytree of two arrays."""
+    codes: jax.Array  # [P, K, S, D] float8_e4m3fn or int8
+    scale: jax.Array  # [P, K, S] float32
+
+    @property
+    def shape(self):
+        return self.codes.shape
 
 
 def get_kv_cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int):
     return (num_pages, num_kv_heads, page_size, head_dim)
 
 
+def cache_spec(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, kv_dtype):
+    """One k or v cache as jax.ShapeDtypeStruct leaves: an array, or ScaledPages for the
+    8-bit codes (fp8, int8)."""
+    shape = get_kv_cache_shape(num_pages, page_size, num_kv_heads, head_dim)
+    if jnp.dtype(kv_dtype) in CODE_MAX:
+        return ScaledPages(jax.ShapeDtypeStruct(shape, kv_dtype),
+                           jax.ShapeDtypeStruct(shape[:3], jnp.float32))
+    return jax.ShapeDtypeStruct(shape, kv_dtype)
+
+
+def cache_bytes_per_token(num_kv_heads: int, head_dim: int, kv_dtype) -> int:
+    """Bytes one token takes in one layer's k and v caches together (scales included)."""
+    if jnp.dtype(kv_dtype) in CODE_MAX:
+        return 2 * num_kv_heads * (head_dim + 4)
+    return 2 * num_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize
+
+
 def write_kv(k_cache, v_cache, k_new, v_new, slots):
     """Store k_new/v_new [N, K, D] at flat slots [N] (page * S + offset)."""
     page_size = k_cache.shape[2]
     pages, offsets = slots // page_size, slots % page_size
-    k_cache = k_cache.at[pages, :, offsets, :].set(k_new.astype(k_cache.dtype))
-    v_cache = v_cache.at[pages, :, offsets, :].set(v_new.astype(v_cache.dtype))
-    return k_cache, v_cache
+    return _write(k_cache, k_new, pages, offsets), _write(v_cache, v_new, pages, offsets)
+
+
+def _write(cache, new, pages, offsets):
+    if not isinstance(cache, ScaledPages):
+        return cache.at[pages, :, offsets, :].set(new.astype(cache.dtype))
+    new = new.astype(jnp.float32)
+    code_max = CODE_MAX[jnp.dtype(cache.codes.dtype)]
+    scale = jnp.max(jnp.abs(new), axis=-1) / code_max  # [N, K]
+    # An all-zero vector keeps scale 0 and codes 0; dividing by 1 avoids 0/0.
+    codes = new / jnp.where(scale > 0, scale, 1.0)[..., None]
+    if jnp.issubdtype(cache.codes.dtype, jnp.integer):
+        codes = jnp.clip(jnp.round(codes), -code_max, code_max)
+    return ScaledPages(cache.codes.at[pages, :, offsets, :].set(codes.astype(cache.codes.dtype)),
+                       cache.scale.at[pages, :, offsets].set(scale))
+
+
+def widen(cache, dtype=jnp.float32):
+    """A cache (or a gathered slice of one, any leading shape) as plain values of `dtype`."""
+    if isinstance(cache, ScaledPages):
+        return (cache.codes.astype(jnp.float32) * cache.scale[..., None]).astype(dtype)
+    return cache.astype(dtype)
+
+
+def take_pages(cache, pages):
+    """Rows of a cache for page ids `pages` (any shape), still stored (codes and scales)."""
+    if isinstance(cache, ScaledPages):
+        return ScaledPages(jnp.take(cache.codes, pages, axis=0, mode="clip"),
+                           jnp.take(cache.scale, pages, axis=0, mode="clip"))
+    return jnp.take(cache, pages, axis=0, mode="clip")
 
 
 def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float):
@@ -113,7 +175,7 @@ def _num_blocks(num_keys, pages_per_block: int, page_size: int, table):
 
 def _take_pages(cache, pages):
     """cache [P, K, S, D] rows for page ids [...] -> [..., K, S, D] in f32."""
-    return jnp.take(cache, pages, axis=0, mode="clip").astype(jnp.float32)
+    return widen(take_pages(cache, pages))
 
 
 def _key_positions(index, pages_per_block: int, page_size: int):
@@ -142,10 +204,10 @@ def _fold_block(state, scores, weigh_values):
     return new_max, total, weighted
 
 
-def _gather(cache, page_table):
-    """[P, K, S, D] gathered by page_table [..., W] -> [..., K, W*S, D] (the whole table at
-    once; the GPU prefill in prefill.py uses it)."""
-    pages = cache[page_table]  # [..., W, K, S, D]
+def _gather(cache, page_table, dtype):
+    """[P, K, S, D] gathered by page_table [..., W] -> [..., K, W*S, D] in `dtype` (the whole
+    table at once; the GPU prefill in prefill.py uses it)."""
+    pages = widen(take_pages(cache, page_table), dtype)  # [..., W, K, S, D]
     pages = jnp.moveaxis(pages, -3, -4)  # [..., K, W, S, D]
     shape = pages.shape
     return pages.reshape(*shape[:-3], shape[-3] * shape[-2], shape[-1])
