@@ -1,36 +1,35 @@
-"""End to end: GLM MoE artifacts served by a live `ninfer serve`, through the openai SDK.
+"""End to end: a GLM MoE artifact served by a live `ninfer serve`, through the openai SDK.
 
-`scripted`: the tiny GLM-4.5-Air shape (`init-random --preset glm4.5-air --tiny`) with its
-weights rewritten into a hand-checkable bigram model: every layer's output projections are
-zero, so the residual stays the token's embedding, and the embeddings of five tokens are
-orthogonal directions that the LM head maps to a chosen next token:
+The tiny GLM-4.5-Air shape (`init-random --preset glm4.5-air --tiny`, random weights) with a
+hand-checkable script laid over it. The first five residual axes are the script's: no other
+embedding, no layer output and no other LM-head entry touches them; each of five tokens is a
+large embedding along its own axis, which the LM head maps to a chosen next token, so after
+those tokens the model's choice is known whatever the layers compute:
     </think> -> "Hi"    "Hi" -> <|user|> (an end token)    <tool_call> -> "Hi"
     "\\n" -> </tool_call>    </tool_call> -> <|observation|> (an end token)
-The real runner, the GLM forward (router and experts included) and the server run as for
-any model. With a named tool_choice the server writes <tool_call>get_time\\n in place of
-"Hi", the model closes the call, so the reply is a GLM XML call that the glm_xml parser
-returns as tool_calls (aggregate and streamed); the tool result goes back rendered by the
-GLM template and the model answers "Hi". `random`: glm4.5-tiny with its random weights, where
-greedy concurrent replies must equal the same requests alone.
+Every other context is the random model's own. The real runner, the GLM forward and the server
+run as for any model. With a named tool_choice the server writes <tool_call>get_time\\n in
+place of "Hi", the model closes the call, so the reply is a GLM XML call that the glm_xml
+parser returns as tool_calls (aggregate and streamed); the tool result goes back rendered by
+the GLM template and the model answers "Hi". Thinking replies to ordinary questions are the
+random model's: batched they must equal the same requests alone.
 """
 from __future__ import annotations
 
 import concurrent.futures
-import subprocess
 
 import httpx
 import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import NINFER, start_server
+from conftest import start_server
 from ninfer_jax.artifact.format import save_artifact
 from ninfer_jax.artifact.random_init import init_random
 
-# Few compiled shapes (each costs warm-up time on CPU): the tool prompt needs 256 positions,
-# the short questions 128; two lanes are enough for batched replies.
-SCRIPTED_FLAGS = ("--max-context", "256", "--prefill-chunk", "64", "--max-concurrency", "1")
-RANDOM_FLAGS = ("--max-context", "128", "--prefill-chunk", "64", "--max-concurrency", "2")
+# Few compiled shapes (each costs warm-up time on CPU); two lanes for batched replies.
+FLAGS = ("--max-context", "256", "--prefill-chunk", "64", "--max-concurrency", "2")
+SCRIPT_EMBED, SCRIPT_HEAD = 100.0, 30.0  # the script's embedding and LM-head scales
 TIME_TOOL = {"type": "function", "function": {
     "name": "get_time", "description": "The current time",
     "parameters": {"type": "object", "properties": {}}}}
@@ -38,7 +37,7 @@ NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 QUESTIONS = ["Name a colour.", "Count to three.", "Say hello in French."]
 
 
-def bigram_glm(out):
+def scripted_glm(out):
     contents = init_random("glm4.5-air", tiny=True, dtype="f32")
     tokenizer = Tokenizer.from_str(contents.tokenizer_json)
     ids = {t: tokenizer.token_to_id(t) for t in ("</think>", "Hi", "<|user|>", "<tool_call>",
@@ -46,34 +45,27 @@ def bigram_glm(out):
     chain = [("</think>", "Hi"), ("Hi", "<|user|>"), ("<tool_call>", "Hi"),
              ("\u010a", "</tool_call>"), ("</tool_call>", "<|observation|>")]
     params = contents.params
-    for layer in params["layers"]:
+    params["final_norm"] = np.ones_like(params["final_norm"])
+    axes = len(chain)
+    for layer in params["layers"]:  # outputs [..., H]: nothing written to the script's axes
         for leaf in ("wo", "w_down", "experts_down", "shared_w_down"):
             if leaf in layer:
-                layer[leaf] = np.zeros_like(layer[leaf])
-    params["final_norm"] = np.ones_like(params["final_norm"])
+                layer[leaf][..., :axes] = 0.0
     embed, head = params["embed"], params["lm_head"]
+    embed[:, :axes] = 0.0
+    head[:axes] = 0.0
     for k, (token, following) in enumerate(chain):
         direction = np.zeros(embed.shape[1], np.float32)
         direction[k] = 1.0
-        embed[ids[token]] = 10.0 * direction
-        head[:, ids[following]] += 100.0 * direction
+        embed[ids[token]] = SCRIPT_EMBED * direction
+        head[:, ids[following]] += SCRIPT_HEAD * direction
     return save_artifact(out, contents)
 
 
 @pytest.fixture(scope="module")
 def scripted(tmp_path_factory):
-    server = start_server(bigram_glm(tmp_path_factory.mktemp("glm") / "glm-bigram.ninfer"),
-                          *SCRIPTED_FLAGS)
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def random_glm(tmp_path_factory):
-    artifact = tmp_path_factory.mktemp("glm") / "glm4.5-tiny.ninfer"
-    subprocess.run([str(NINFER), "init-random", "--preset", "glm4.5-tiny", str(artifact),
-                    "--quiet"], check=True)
-    server = start_server(artifact, *RANDOM_FLAGS)
+    server = start_server(scripted_glm(tmp_path_factory.mktemp("glm") / "glm-script.ninfer"),
+                          *FLAGS)
     yield server
     server.stop()
 
@@ -121,15 +113,19 @@ def test_a_streamed_forced_call_carries_the_same_call(scripted):
     assert names == ["get_time"] and arguments == "{}" and finish == "tool_calls"
 
 
-def chat(server, question):
-    return server.openai().chat.completions.create(
-        model=model_id(server), max_tokens=12, temperature=0, extra_body=NO_THINKING,
+def think(server, question):
+    reply = server.openai().chat.completions.create(
+        model=model_id(server), max_tokens=12, temperature=0, extra_body={"ignore_eos": True},
         messages=[{"role": "user", "content": question}])
+    message = reply.choices[0].message
+    return reply.usage.completion_tokens, message.content, getattr(message, "reasoning_content",
+                                                                   None)
 
 
-def test_random_glm_concurrent_greedy_replies_equal_the_same_requests_alone(random_glm):
-    alone = [chat(random_glm, q).choices[0].message.content for q in QUESTIONS]
+def test_concurrent_greedy_replies_equal_the_same_requests_alone(scripted):
+    alone = [think(scripted, q) for q in QUESTIONS]
     with concurrent.futures.ThreadPoolExecutor(len(QUESTIONS)) as pool:
-        together = list(pool.map(lambda q: chat(random_glm, q), QUESTIONS))
-    assert [r.choices[0].message.content for r in together] == alone
-    assert all(r.usage.completion_tokens == 12 for r in together)
+        together = list(pool.map(lambda q: think(scripted, q), QUESTIONS))
+    assert together == alone
+    assert all(tokens == 12 for tokens, _, _ in together)
+    assert len({(content, reasoning) for _, content, reasoning in alone}) > 1
