@@ -2,7 +2,8 @@
 
 One dataclass for every family: the dense `llama` and `qwen3`, the hybrid `qwen3_5`
 (dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE), and the GLM MoE `glm4_moe`, whose extra
-fields default to "absent" so dense configs are unchanged. `to_dict`/`from_dict` are the metadata.json representation.
+fields default to "absent" so dense configs are unchanged. `to_dict`/`from_dict` are the
+metadata.json representation.
 
 Params pytree (weights stored as [in, out] so a projection is `x @ w`):
     embed        [V, H]
@@ -161,7 +162,7 @@ class ModelConfig:
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Flat name -> shape for every tensor of the text model (plain-array form)."""
-        H, V, F = self.hidden_size, self.vocab_size, self.intermediate_size
+        H, V = self.hidden_size, self.vocab_size
         NH, NK, D = self.num_heads, self.num_kv_heads, self.head_dim
         shapes: dict[str, tuple[int, ...]] = {"embed": (V, H), "final_norm": (H,)}
         if not self.tie_word_embeddings:

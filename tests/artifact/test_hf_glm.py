@@ -63,7 +63,8 @@ def test_glm_checkpoint_converts_leaf_by_leaf(checkpoint, tmp_path):
     np.testing.assert_array_equal(moe["wk"], state[p + "self_attn.k_proj.weight"].T)
     np.testing.assert_array_equal(moe["router"], state[p + "mlp.gate.weight"].T)
     np.testing.assert_array_equal(moe["router_bias"], state[p + "mlp.gate.e_score_correction_bias"])
-    np.testing.assert_array_equal(moe["shared_w_down"], state[p + "mlp.shared_experts.down_proj.weight"].T)
+    np.testing.assert_array_equal(moe["shared_w_down"],
+                                  state[p + "mlp.shared_experts.down_proj.weight"].T)
     gate_up = state[p + "mlp.experts.gate_up_proj"]  # transformers' packed [E, 2I, H]
     np.testing.assert_array_equal(moe["experts_gate_up"], gate_up.transpose(0, 2, 1))
     np.testing.assert_array_equal(moe["experts_down"],
