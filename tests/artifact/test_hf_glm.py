@@ -91,3 +91,23 @@ def test_a_glm_config_without_experts_is_refused(checkpoint, tmp_path):
     (broken / "config.json").write_text(json.dumps(hf))
     with pytest.raises(Exception, match="n_routed_experts"):
         convert(broken, tmp_path / "x.ninfer")
+
+
+def test_a_published_style_config_with_top_level_rope_fields():
+    """GLM-4.5-Air's config.json keeps rope_theta and partial_rotary_factor at the top level
+    (rope_scaling null) and advertises its NTP layer in num_nextn_predict_layers."""
+    import pathlib
+
+    from ninfer_jax.artifact.presets import GLM4_5_AIR
+    from ninfer_jax.artifact.hf_convert import model_config
+
+    hf = {"architectures": ["Glm4MoeForCausalLM"], "attention_bias": True, "head_dim": 128,
+          "hidden_act": "silu", "hidden_size": 4096, "intermediate_size": 10944,
+          "max_position_embeddings": 131072, "moe_intermediate_size": 1408, "n_group": 1,
+          "n_routed_experts": 128, "n_shared_experts": 1, "norm_topk_prob": True,
+          "num_attention_heads": 96, "num_experts_per_tok": 8, "num_hidden_layers": 46,
+          "num_key_value_heads": 8, "num_nextn_predict_layers": 1, "partial_rotary_factor": 0.5,
+          "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 1000000,
+          "routed_scaling_factor": 1.0, "tie_word_embeddings": False, "topk_group": 1,
+          "use_qk_norm": False, "vocab_size": 151552, "first_k_dense_replace": 1}
+    assert model_config(hf, pathlib.Path("config.json")) == GLM4_5_AIR
