@@ -26,7 +26,9 @@ QUANTIZED_LAYER_LEAVES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "i
 NAMED_CONTROLS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
                   "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
                   "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
-                  "<|end_header_id|>", "<|eot_id|>")
+                  "<|end_header_id|>", "<|eot_id|>", "[gMASK]", "<sop>", "<|system|>",
+                  "<|user|>", "<|assistant|>", "<|observation|>", "<arg_key>", "</arg_key>",
+                  "<arg_value>", "</arg_value>")
 REASONING_MARKERS = {"open": "<think>", "close": "</think>"}
 
 ProgressFn = Callable[[int, int, str], None]
@@ -127,7 +129,9 @@ def special_tokens(tokenizer: Tokenizer, *, eos_ids: list[int], bos_id: int | No
 
 def detect_chat_format(template: str, tokenizer: Tokenizer) -> dict:
     """What the output parsers need to know, guessed from the template's own markup."""
-    if "<function=" in template:
+    if "<arg_key>" in template:
+        tool_format = "glm_xml"
+    elif "<function=" in template:
         tool_format = "qwen_xml"
     elif "<tool_call>" in template:
         tool_format = "hermes"

@@ -38,7 +38,7 @@ WEIGHTS_DIR = "weights"
 COMPONENTS = ("text", "mtp", "dflash", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4")
-TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml")
+TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml")
 
 
 @dataclasses.dataclass

@@ -1,4 +1,5 @@
-"""Hugging Face tensors of the hybrid Qwen families -> our params tree (model/config.py).
+"""Hugging Face tensors of the hybrid Qwen families and of GLM MoE -> our params tree
+(model/config.py); the two share the MoE tensors' layout and the per-expert stacking.
 
 Names, as transformers' modeling_qwen3_5 / _qwen3_5_moe / _qwen3_next define the modules
 (multimodal checkpoints put the language model under `model.language_model.`; its vision
@@ -17,6 +18,11 @@ tower `model.visual.*` is not converted):
     ...mlp.experts.gate_up_proj [E, 2I, H], down_proj [E, H, I]       (packed, transformers v5)
     ...mlp.experts.J.{gate,up,down}_proj                              (one per expert, on the hub)
          -> experts_gate_up [E, H, 2I] (gate columns first), experts_down [E, I, H]
+    GLM MoE (transformers' modeling_glm4_moe) adds:
+    ...self_attn.{q,k,v}_proj.bias                                    bq bk bv
+    ...mlp.gate.e_score_correction_bias -> router_bias; mlp.shared_experts.{gate,up,down}_proj
+         -> shared_w_gate/_up/_down; model.layers.L.. (L = num_layers): its next-token
+         prediction layers, not converted
     mtp.fc [H, 2H] -> mtp.fc [2H, H]; mtp.pre_fc_norm_embedding, mtp.pre_fc_norm_hidden, mtp.norm;
     mtp.layers.N.* named like a decoder layer                         mtp.layers.N.*
 Matrices are transposed from torch's [out, in] to our [in, out].
@@ -47,7 +53,11 @@ LAYER_TENSORS = {
     "mlp.gate": "router", "mlp.shared_expert_gate": "shared_gate",
     "mlp.shared_expert.gate_proj": "shared_w_gate", "mlp.shared_expert.up_proj": "shared_w_up",
     "mlp.shared_expert.down_proj": "shared_w_down",
-    "mlp.experts.gate_up_proj": "experts_gate_up", "mlp.experts.down_proj": "experts_down"}
+    "mlp.experts.gate_up_proj": "experts_gate_up", "mlp.experts.down_proj": "experts_down",
+    "self_attn.q_proj.bias": "bq", "self_attn.k_proj.bias": "bk", "self_attn.v_proj.bias": "bv",
+    "mlp.gate.e_score_correction_bias": "router_bias",
+    "mlp.shared_experts.gate_proj": "shared_w_gate", "mlp.shared_experts.up_proj": "shared_w_up",
+    "mlp.shared_experts.down_proj": "shared_w_down"}
 _LAYER = re.compile(r"^(model\.layers|mtp\.layers)\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj$")
 SKIPPED_PREFIXES = ("model.visual.",)  # the vision tower: no vision component yet
@@ -83,7 +93,7 @@ def hybrid_params(sources: list, config: ModelConfig, dtype: str,
     for index, (file, hf_name) in enumerate(sources, start=1):
         if progress:
             progress(index, len(sources), hf_name)
-        if is_skipped(hf_name):
+        if is_skipped(hf_name) or _is_glm_nextn(hf_name, config):
             continue
         array = np.asarray(file.get(hf_name), dtype=np.float32)
         expert = _expert_part(hf_name)
@@ -109,6 +119,13 @@ def hybrid_params(sources: list, config: ModelConfig, dtype: str,
         raise ArtifactError(sources[0][0].path.parent,
                             f"{prefix}mlp.experts incomplete (missing {missing[:4]})")
     return params
+
+
+def _is_glm_nextn(hf_name: str, config: ModelConfig) -> bool:
+    """A GLM checkpoint's next-token-prediction layer, stored after the decoder layers."""
+    match = _LAYER.match(canonical_name(hf_name))
+    return (config.is_glm and match is not None and match.group(1) == "model.layers"
+            and int(match.group(2)) >= config.num_layers)
 
 
 def _expert_part(hf_name: str) -> tuple[str, tuple[str, int]] | None:

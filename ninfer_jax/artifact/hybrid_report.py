@@ -1,6 +1,7 @@
 """What `ninfer inspect-artifact` says about a hybrid model beyond its tensors: the layer
 pattern, the per-sequence recurrent state of the Gated DeltaNet layers, the KV bytes per
-token of the full-attention layers, the MoE shape and the MTP head.
+token of the full-attention layers, the MoE shape and the MTP head; and about a GLM MoE
+model (`moe_summary`): the MoE shape with its grouped sigmoid router, attention and KV bytes.
 
 Sizes assume the engine keeps KV and conv state in the artifact's float dtype (`embed`'s
 format: f32 or bf16) and the delta-rule state in f32 (model/config.py state_shapes)."""
@@ -60,11 +61,47 @@ def hybrid_summary(config: ModelConfig, weight_formats: dict[str, str]) -> dict[
 def _moe(config: ModelConfig) -> dict[str, Any] | None:
     if not config.num_experts:
         return None
-    return {"experts": config.num_experts, "top_k": config.num_experts_per_tok,
-            "expert_width": config.moe_intermediate_size,
-            "shared_expert_width": config.shared_expert_intermediate_size,
-            "renormalise_top_k": config.norm_topk_prob,
-            "dense_layers": list(config.mlp_only_layers)}
+    moe = {"experts": config.num_experts, "top_k": config.num_experts_per_tok,
+           "expert_width": config.moe_intermediate_size,
+           "shared_expert_width": config.shared_expert_intermediate_size,
+           "renormalise_top_k": config.norm_topk_prob,
+           "dense_layers": list(config.mlp_only_layers)}
+    if config.is_glm:
+        moe["router"] = {"scores": "sigmoid", "correction_bias": True,
+                         "groups": config.num_expert_groups,
+                         "top_groups": config.num_topk_groups,
+                         "scaling": config.routed_scaling_factor}
+    return moe
+
+
+def moe_summary(config: ModelConfig, weight_formats: dict[str, str]) -> dict[str, Any]:
+    """JSON-ready facts about a GLM MoE config (the report's `moe` entry)."""
+    float_bytes = _FLOAT_BYTES.get(weight_formats.get("embed"), 2)
+    return {"moe": _moe(config),
+            "kv_bytes_per_token": config.num_layers * 2 * config.num_kv_heads
+            * config.head_dim * float_bytes,
+            "attention": {"biases": config.attention_bias, "qk_norm": config.qk_norm,
+                          "rotary_dims": int(config.head_dim * config.partial_rotary_factor)}}
+
+
+def format_moe(summary: dict[str, Any]) -> list[str]:
+    """The readable lines of a `moe` entry."""
+    moe, attention = summary["moe"], summary["attention"]
+    router = moe["router"]
+    return [
+        _moe_line(moe) + f"; router sigmoid + correction bias, top-{router['top_groups']} of "
+        f"{router['groups']} groups, scaling {router['scaling']}",
+        f"KV/token      {human_bytes(summary['kv_bytes_per_token'])} "
+        f"({summary['kv_bytes_per_token']:,} bytes)",
+        f"attention     q/k/v biases {'on' if attention['biases'] else 'off'}, q/k norm "
+        f"{'on' if attention['qk_norm'] else 'off'}, RoPE on {attention['rotary_dims']} dims "
+        "per head"]
+
+
+def _moe_line(moe: dict[str, Any]) -> str:
+    return (f"MoE           {moe['experts']} experts, top-{moe['top_k']}, width "
+            f"{moe['expert_width']}, shared expert width {moe['shared_expert_width']}"
+            f"{', dense layers ' + str(moe['dense_layers']) if moe['dense_layers'] else ''}")
 
 
 def _mtp(config: ModelConfig, kv_layer: int) -> dict[str, Any] | None:
@@ -92,10 +129,7 @@ def format_hybrid(summary: dict[str, Any]) -> list[str]:
         f"RoPE on {attention['rotary_dims']} dims per head",
     ]
     if summary["moe"]:
-        moe = summary["moe"]
-        lines.append(f"MoE           {moe['experts']} experts, top-{moe['top_k']}, width "
-                     f"{moe['expert_width']}, shared expert width {moe['shared_expert_width']}"
-                     f"{', dense layers ' + str(moe['dense_layers']) if moe['dense_layers'] else ''}")
+        lines.append(_moe_line(summary["moe"]))
     if summary["mtp"]:
         mtp = summary["mtp"]
         lines.append(f"MTP head      {mtp['layers']} layer(s), {mtp['parameters']:,} parameters, "

@@ -9,6 +9,12 @@ tens of MB), `qwen3.5-27b` (dense MLP) and `qwen3.6-35b-a3b` (256 experts), all 
 head. Full-size hybrid shapes, from the published model cards and configs (27B: hidden 5120, 64 layers, 24 / 4 heads of 256, GDN 16 / 48 heads of 128, FFN 17408;
 35B-A3B: hidden 2048, 40 layers, 16 / 2 heads of 256, GDN 16 / 32 heads of 128, 256 experts
 top-8 of width 512 plus a shared expert of 512; both vocab 248320 padded, 262144 positions).
+GLM MoE: `glm4.5-air` (GLM-4.5-Air's published config: hidden 4096, 46 layers, 96 / 8 heads of
+128 with q/k/v biases and RoPE on half of each head, a dense first layer of 10944, then 128
+experts top-8 of width 1408 plus one shared expert, sigmoid router; vocab 151552 padded,
+131072 positions) and `glm4.5-tiny` (its tiny_config, with the unpadded GLM-layout stand-in
+vocabulary and tied embeddings). Their turns are opened by role tokens and never closed: a
+reply ends at the next role token the model writes (<|user|>, <|observation|>).
 """
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ QWEN3_VOCAB = 151669  # 151,643 ranks + 26 control tokens
 QWEN3_5_VOCAB = 248077  # 248,044 ranks + 33 control tokens
 QWEN3_5_PADDED_VOCAB = 248320  # the published checkpoints' embedding rows
 LLAMA3_VOCAB = 128256  # 128,000 ranks + 256 control tokens
+GLM4_VOCAB = 151365  # 151,329 ranks + 36 control tokens
+GLM4_PADDED_VOCAB = 151552  # the published checkpoints' embedding rows
+GLM_EOS = ("<|user|>", "<|observation|>", "<|endoftext|>")  # the role tokens end a reply
 QWEN_EOS = ("<|im_end|>", "<|endoftext|>")  # end of turn first: it also ends a chat reply
 # What `tiny` changes: dimensions only (the query heads keep the preset's grouping).
 TINY_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 4,
@@ -84,6 +93,14 @@ def _qwen3_5(arch, hidden, ffn, layers, heads, kv_heads, value_heads, **moe) -> 
         linear_conv_kernel_dim=4, mtp_num_layers=1, **moe)
 
 
+GLM4_5_AIR = ModelConfig(
+    architecture="glm4_moe", vocab_size=GLM4_PADDED_VOCAB, hidden_size=4096,
+    intermediate_size=10944, num_layers=46, num_heads=96, num_kv_heads=8, head_dim=128,
+    rms_norm_eps=1e-5, rope_theta=1e6, tie_word_embeddings=False, qk_norm=False,
+    max_position_embeddings=131072, partial_rotary_factor=0.5, attention_bias=True,
+    num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1408,
+    shared_expert_intermediate_size=1408, norm_topk_prob=True, mlp_only_layers=(0,),
+    routed_scaling_factor=1.0)
 QWEN3_5_27B = _qwen3_5("qwen3_5", 5120, 17408, 64, 24, 4, 48)
 QWEN3_6_35B_A3B = _qwen3_5("qwen3_5_moe", 2048, 0, 40, 16, 2, 32, num_experts=256,
                            num_experts_per_tok=8, moe_intermediate_size=512,
@@ -95,6 +112,10 @@ def _tiny_hybrid(config: ModelConfig) -> ModelConfig:
                                tie_word_embeddings=True, max_position_embeddings=40960)
 
 
+_GLM_NOTES = ("random weights; a GLM-4.5-layout stand-in vocabulary (Qwen's first 151,329 BPE "
+              "ranks plus GLM-4.5's 36 control tokens at their ids, since Zhipu's vocabulary is "
+              "not available offline) and a GLM-4.5-style template written for ninfer-jax, with "
+              "GLM's XML tool calls")
 _QWEN3_5_NOTES = "random weights; Qwen3.5 tokenizer and template written for ninfer-jax"
 PRESETS = {
     "qwen3-tiny": Preset(
@@ -123,6 +144,15 @@ PRESETS = {
     "qwen3.6-35b-a3b": Preset(
         QWEN3_6_35B_A3B, "qwen3_5", "qwen3_5", "qwen_xml", "bf16",
         "random weights in Qwen3.6-35B-A3B shapes (with its MTP head), for benchmarks"),
+    "glm4.5-tiny": Preset(
+        dataclasses.replace(tiny_config(GLM4_5_AIR), vocab_size=GLM4_VOCAB,
+                            tie_word_embeddings=True),
+        "glm4", "glm4_5", "glm_xml", "f32",
+        _GLM_NOTES + "; GLM-4.5-Air's MoE (dense first layer, routed and shared experts) at "
+                     "tiny size", eos=GLM_EOS),
+    "glm4.5-air": Preset(
+        GLM4_5_AIR, "glm4", "glm4_5", "glm_xml", "bf16",
+        _GLM_NOTES + "; GLM-4.5-Air shapes, for benchmarks", eos=GLM_EOS),
     "llama3-8b": Preset(
         _dense("llama", LLAMA3_VOCAB, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
         "llama3", "llama3", "hermes", "bf16",

@@ -9,6 +9,12 @@
            (<|begin_of_text|>, <|end_of_text|>, <|start_header_id|>, <|end_header_id|>,
            <|eot_id|>, reserved), Llama-3's pre-tokenizer regex, no NFC normalisation. Ids of
            plain text differ from Meta's vocabulary; the size and the control ids do not.
+  glm4     a GLM-4.5-layout stand-in (GLM's rank file does not ship offline either): the first
+           151,329 ranks of qwen.tiktoken + GLM-4.5's 36 control tokens at 151329..151364
+           (<|endoftext|>, [gMASK], <sop>, the role tokens <|system|> <|user|> <|assistant|>
+           <|observation|>, <think>, <tool_call>, <arg_key>, <arg_value>, /nothink, ...), a
+           Llama-3-style regex (digits in threes, as GLM's). Text ids differ from Zhipu's; the
+           size and the control ids do not.
 
 Building a tokenizer from ranks takes seconds, so the resulting tokenizer.json is cached under
 $NINFER_CACHE_DIR (default: <repository>/.cache/ninfer) when that directory is writable.
@@ -23,7 +29,7 @@ import pathlib
 
 from ninfer_jax.artifact.tokenizer_build import AddedSpec, tokenizer_from_tiktoken
 
-KINDS = ("qwen3", "qwen3_5", "llama3")
+KINDS = ("qwen3", "qwen3_5", "llama3", "glm4")
 _BUILD_REVISION = "1"  # bump when the construction below changes, to invalidate caches
 _QWEN3_LAST_CONTROL = "</think>"
 LLAMA3_NUM_RANKS = 128000
@@ -32,6 +38,16 @@ LLAMA3_NUM_RANKS = 128000
 LLAMA3_CONTROLS = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_header_id|>",
                    7: "<|end_header_id|>", 9: "<|eot_id|>"}
 LLAMA3_NUM_CONTROLS = 256
+GLM4_NUM_RANKS = 151329
+# GLM-4.5's control tokens in id order from GLM4_NUM_RANKS (its tokenizer_config.json).
+GLM4_CONTROLS = (
+    "<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
+    "<|user|>", "<|assistant|>", "<|observation|>", "<|begin_of_image|>", "<|end_of_image|>",
+    "<|begin_of_video|>", "<|end_of_video|>", "<|begin_of_audio|>", "<|end_of_audio|>",
+    "<|begin_of_transcription|>", "<|end_of_transcription|>", "<|code_prefix|>",
+    "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
+    "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>",
+    "</arg_value>", "/nothink", "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +89,10 @@ def recipe(kind: str) -> Recipe:
     if kind == "llama3":
         return Recipe(resources / "qwen.tiktoken", "llama3", llama3_controls(),
                       num_ranks=LLAMA3_NUM_RANKS, nfc=False)
+    if kind == "glm4":
+        added = [AddedSpec(name, GLM4_NUM_RANKS + i) for i, name in enumerate(GLM4_CONTROLS)]
+        return Recipe(resources / "qwen.tiktoken", "llama3", added, num_ranks=GLM4_NUM_RANKS,
+                      nfc=False)
     raise ValueError(f"unknown vocabulary {kind!r}; expected one of {KINDS}")
 
 

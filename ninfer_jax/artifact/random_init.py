@@ -2,7 +2,8 @@
 own chat templates, for protocol tests (tiny presets) and GPU benchmarks (8B shapes).
 
 Each preset (presets.py) fixes the architecture, the vocabulary (artifact/qwen_vocab.py: Qwen3,
-Qwen3.5, or a Llama-3-layout stand-in), the special tokens, the chat template and format.
+Qwen3.5, or a Llama-3- or GLM-4.5-layout stand-in), the special tokens, the chat template and
+format.
 `tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
 presets also get their MTP head (the artifact's mtp component).
@@ -10,7 +11,8 @@ presets also get their MTP head (the artifact's mtp component).
 Weights are seeded per tensor (the seed and the tensor name pick the stream), scaled so that
 activations stay finite: projections ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm weights
 around 1 (around 0 for the hybrids' zero-centred norms, applied as 1 + w), Gated DeltaNet
-A_log ~ log U(1, 16) and dt_bias ~ N(0, 0.1) as the reference initialisation does. Tensors larger than a few million values repeat a seeded random block at a random
+A_log ~ log U(1, 16) and dt_bias ~ N(0, 0.1) as the reference initialisation does, the
+GLM router's correction bias ~ N(0, 0.1). Tensors larger than a few million values repeat a seeded random block at a random
 phase instead of drawing every value, so 8B-parameter presets generate in seconds per tensor.
 """
 from __future__ import annotations
@@ -73,7 +75,7 @@ def _draw(config: ModelConfig, seed: int, name: str, shape: tuple[int, ...],
     if leaf == "A_log":
         rng = _stream(seed, name)
         return np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32)
-    if leaf == "dt_bias":
+    if leaf in ("dt_bias", "router_bias"):
         return random_tensor(seed, name, shape, 0.1, "f32")
     if is_norm(name):
         centred = config.is_hybrid and leaf != "gdn_norm"  # applied as 1 + w

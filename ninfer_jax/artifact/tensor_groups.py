@@ -2,13 +2,15 @@
 
 Groups: `embed`, `lm_head`, `layers` (every other layer tensor), `mtp` (the MTP head's
 tensors, named `mtp.*`) and `norms`: every RMSNorm weight (names ending in `norm`, and the MTP
-head's `pre_fc_norm_*`) plus the Gated DeltaNet per-head `dt_bias` and `A_log`, always f32.
+head's `pre_fc_norm_*`) plus the Gated DeltaNet per-head `dt_bias` and `A_log` and the GLM
+router's `router_bias`, always f32.
 """
 from __future__ import annotations
 
 FLOAT_FORMATS = {"f32": "float32", "bf16": "bfloat16"}
-# Per-head Gated DeltaNet vectors kept in f32 with the norms (the decay is exp(-exp(A_log))).
-F32_VECTORS = ("dt_bias", "A_log")
+# Vectors kept in f32 with the norms: the Gated DeltaNet decay is exp(-exp(A_log)), and the
+# router bias is added to scores in [0, 1] whose small differences pick the experts.
+F32_VECTORS = ("dt_bias", "A_log", "router_bias")
 MTP_NORMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden")  # norms not named *norm
 
 

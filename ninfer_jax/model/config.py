@@ -1,8 +1,9 @@
 """Model configuration: the architecture hyper-parameters stored in an artifact's metadata.
 
-One dataclass for every family: the dense `llama` and `qwen3`, and the hybrid `qwen3_5`
-(dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE), whose extra fields default to "absent" so
-dense configs are unchanged. `to_dict`/`from_dict` are the metadata.json representation.
+One dataclass for every family: the dense `llama` and `qwen3`, the hybrid `qwen3_5`
+(dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE), and the GLM MoE `glm4_moe`, whose extra
+fields default to "absent" so dense configs are unchanged. `to_dict`/`from_dict` are the
+metadata.json representation.
 
 Params pytree (weights stored as [in, out] so a projection is `x @ w`):
     embed        [V, H]
@@ -35,6 +36,13 @@ zero-centred (applied as 1 + w). layer_types[i] says what layer i holds:
         router [H, E]  experts_gate_up [E, H, 2I] (gate columns first)  experts_down [E, I, H]
         shared_gate [H, 1]  shared_w_gate [H, Is]  shared_w_up [H, Is]  shared_w_down [Is, H]
         (the shared_* leaves are absent when shared_expert_intermediate_size == 0)
+GLM MoE family `glm4_moe` (model/glm.py): the dense layer above with plain (not zero-centred)
+norms, q/k norms only when qk_norm, RoPE over the first D * partial_rotary_factor dims, and
+    bq [NH*D]  bk [NK*D]  bv [NK*D]        when attention_bias
+    MLP, the first layers (mlp_only_layers): w_gate w_up w_down of width F
+    MLP, the other layers: router [H, E]  router_bias [E] (f32, e_score_correction_bias)
+        experts_gate_up [E, H, 2I]  experts_down [E, I, H]
+        shared_w_gate [H, Is]  shared_w_up [H, Is]  shared_w_down [Is, H]   (no shared_gate)
 The MTP head is a separate artifact component (params["mtp"] when loaded):
     fc [2H, H]  pre_fc_norm_embedding [H]  pre_fc_norm_hidden [H]  norm [H]
     layers: list of mtp_num_layers dicts shaped like a "full_attention" layer (with its MLP)
@@ -44,7 +52,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4_moe")
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
 
@@ -81,6 +89,11 @@ class ModelConfig:
     norm_topk_prob: bool = True  # renormalise the top-k router weights
     mlp_only_layers: tuple[int, ...] = ()  # MoE models: layers with a dense MLP instead
     mtp_num_layers: int = 0  # layers of the MTP head stored in the artifact's mtp component
+    # GLM MoE only: q/k/v biases and the grouped sigmoid router (DeepSeek-V3 style).
+    attention_bias: bool = False
+    num_expert_groups: int = 1  # the E experts split into this many groups ...
+    num_topk_groups: int = 1  # ... of which the best few hold every chosen expert
+    routed_scaling_factor: float = 1.0  # multiplies the routed experts' combine weights
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -99,12 +112,20 @@ class ModelConfig:
             if self.linear_num_value_heads % max(self.linear_num_key_heads, 1):
                 raise ValueError("linear_num_value_heads must be a multiple of "
                                  "linear_num_key_heads")
-        elif self.layer_types is not None or self.num_experts:
-            raise ValueError(f"{self.architecture} has no layer_types or experts")
+        elif self.layer_types is not None:
+            raise ValueError(f"{self.architecture} has no layer_types")
+        elif self.num_experts and not self.is_glm:
+            raise ValueError(f"{self.architecture} has no experts")
+        if self.num_experts % self.num_expert_groups:
+            raise ValueError("num_experts must be a multiple of num_expert_groups")
 
     @property
     def is_hybrid(self) -> bool:
         return self.architecture in HYBRID_ARCHITECTURES
+
+    @property
+    def is_glm(self) -> bool:
+        return self.architecture == "glm4_moe"
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.mlp_only_layers
@@ -141,7 +162,7 @@ class ModelConfig:
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Flat name -> shape for every tensor of the text model (plain-array form)."""
-        H, V, F = self.hidden_size, self.vocab_size, self.intermediate_size
+        H, V = self.hidden_size, self.vocab_size
         NH, NK, D = self.num_heads, self.num_kv_heads, self.head_dim
         shapes: dict[str, tuple[int, ...]] = {"embed": (V, H), "final_norm": (H,)}
         if not self.tie_word_embeddings:
@@ -154,12 +175,13 @@ class ModelConfig:
             p = f"layers.{i}."
             shapes.update({
                 p + "attn_norm": (H,), p + "wq": (H, NH * D), p + "wk": (H, NK * D),
-                p + "wv": (H, NK * D), p + "wo": (NH * D, H), p + "mlp_norm": (H,),
-                p + "w_gate": (H, F), p + "w_up": (H, F), p + "w_down": (F, H),
-            })
+                p + "wv": (H, NK * D), p + "wo": (NH * D, H), p + "mlp_norm": (H,)})
             if self.qk_norm:
                 shapes[p + "q_norm"] = (D,)
                 shapes[p + "k_norm"] = (D,)
+            if self.attention_bias:
+                shapes.update({p + "bq": (NH * D,), p + "bk": (NK * D,), p + "bv": (NK * D,)})
+            shapes.update(self._mlp_shapes(i, p))
         return shapes
 
     def _hybrid_layer_shapes(self, i: int, p: str) -> dict[str, tuple[int, ...]]:
@@ -177,15 +199,23 @@ class ModelConfig:
                 p + "conv": (self.linear_conv_kernel_dim, self.linear_conv_dim),
                 p + "dt_bias": (Hv,), p + "A_log": (Hv,), p + "gdn_norm": (dv,),
                 p + "out": (Hv * dv, H)})
-        if self.is_moe_layer(i):
-            E, I, Is = self.num_experts, self.moe_intermediate_size, \
-                self.shared_expert_intermediate_size
-            shapes.update({p + "router": (H, E), p + "experts_gate_up": (E, H, 2 * I),
-                           p + "experts_down": (E, I, H)})
-            if Is:
-                shapes.update({p + "shared_gate": (H, 1), p + "shared_w_gate": (H, Is),
-                               p + "shared_w_up": (H, Is), p + "shared_w_down": (Is, H)})
-        else:
+        shapes.update(self._mlp_shapes(i, p))
+        return shapes
+
+    def _mlp_shapes(self, i: int, p: str) -> dict[str, tuple[int, ...]]:
+        H = self.hidden_size
+        if not self.is_moe_layer(i):
             F = self.intermediate_size
-            shapes.update({p + "w_gate": (H, F), p + "w_up": (H, F), p + "w_down": (F, H)})
+            return {p + "w_gate": (H, F), p + "w_up": (H, F), p + "w_down": (F, H)}
+        E, I, Is = self.num_experts, self.moe_intermediate_size, \
+            self.shared_expert_intermediate_size
+        shapes = {p + "router": (H, E), p + "experts_gate_up": (E, H, 2 * I),
+                  p + "experts_down": (E, I, H)}
+        if self.is_glm:
+            shapes[p + "router_bias"] = (E,)
+        if Is:
+            shapes.update({p + "shared_w_gate": (H, Is), p + "shared_w_up": (H, Is),
+                           p + "shared_w_down": (Is, H)})
+            if not self.is_glm:  # GLM adds its shared experts ungated
+                shapes[p + "shared_gate"] = (H, 1)
         return shapes

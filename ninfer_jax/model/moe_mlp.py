@@ -1,9 +1,13 @@
-"""The sparse MoE MLP of qwen3_5_moe and qwen3_next layers: router, routed experts, shared expert.
+"""The sparse MoE MLP: router, routed experts (kernels/moe), shared expert.
 
-The router's softmax runs over all E experts in float32; the top k are kept (renormalised to
-sum to one when config.norm_topk_prob) and the routed experts (kernels/moe) combine with them.
-The shared expert, when the model has one, is a SwiGLU MLP scaled by sigmoid(x @ shared_gate)
-and added. Leaves: see model/config.py (router, experts_gate_up, experts_down, shared_*).
+Two routers. qwen3_5_moe / qwen3_next: a softmax over all E experts in float32, the top k kept
+(renormalised to sum to one when config.norm_topk_prob), and a shared expert scaled by
+sigmoid(x @ shared_gate). glm4_moe (DeepSeek-V3 style): sigmoid scores; the choice adds the
+learned `router_bias` (e_score_correction_bias) and is restricted to the num_topk_groups best of
+num_expert_groups groups (a group scores the sum of its two best experts); the combine weights
+are the chosen experts' unbiased scores (renormalised when norm_topk_prob) times
+routed_scaling_factor, and the shared experts are added ungated.
+Leaves: see model/config.py (router, router_bias, experts_gate_up, experts_down, shared_*).
 """
 from __future__ import annotations
 
@@ -17,14 +21,19 @@ from ninfer_jax.model.layers import linear, swiglu_mlp
 
 def moe_mlp(x, layer, config: ModelConfig):
     """x [N, H] -> [N, H]."""
-    expert_ids, expert_weights = route(x, layer["router"], config)
+    if config.is_glm:
+        expert_ids, expert_weights = route_grouped_sigmoid(x, layer, config)
+    else:
+        expert_ids, expert_weights = route(x, layer["router"], config)
     out = moe.routed_experts(x, expert_ids, expert_weights.astype(x.dtype),
                              layer["experts_gate_up"], layer["experts_down"])
     if "shared_w_gate" in layer:
         shared = swiglu_mlp(x, {"w_gate": layer["shared_w_gate"], "w_up": layer["shared_w_up"],
                                 "w_down": layer["shared_w_down"]})
-        gate = jax.nn.sigmoid(linear(x, layer["shared_gate"], out_dtype=jnp.float32))
-        out = out + (gate * shared.astype(jnp.float32)).astype(x.dtype)
+        if "shared_gate" in layer:
+            gate = jax.nn.sigmoid(linear(x, layer["shared_gate"], out_dtype=jnp.float32))
+            shared = (gate * shared.astype(jnp.float32)).astype(x.dtype)
+        out = out + shared
     return out
 
 
@@ -36,3 +45,22 @@ def route(x, router, config: ModelConfig):
     if config.norm_topk_prob:
         weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
     return ids.astype(jnp.int32), weights
+
+
+def route_grouped_sigmoid(x, layer, config: ModelConfig):
+    """glm4_moe's router (see the module docstring): (int32 [N, k], f32 [N, k])."""
+    N, E, G = x.shape[0], config.num_experts, config.num_expert_groups
+    logits = linear(x.astype(jnp.float32), layer["router"].astype(jnp.float32),
+                    out_dtype=jnp.float32)
+    scores = jax.nn.sigmoid(logits.astype(jnp.float32))
+    biased = scores + layer["router_bias"].astype(jnp.float32)
+    if G > 1:
+        group_scores = jnp.sum(jax.lax.top_k(biased.reshape(N, G, E // G), 2)[0], axis=-1)
+        _, best_groups = jax.lax.top_k(group_scores, config.num_topk_groups)
+        in_best = jnp.zeros((N, G), bool).at[jnp.arange(N)[:, None], best_groups].set(True)
+        biased = jnp.where(jnp.repeat(in_best, E // G, axis=-1), biased, -jnp.inf)
+    _, ids = jax.lax.top_k(biased, config.num_experts_per_tok)
+    weights = jnp.take_along_axis(scores, ids, axis=-1)
+    if config.norm_topk_prob:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return ids.astype(jnp.int32), weights * config.routed_scaling_factor

@@ -1,8 +1,10 @@
-"""Parsers for one tool call written by the model, in the two formats our templates use.
+"""Parsers for one tool call written by the model, in the three formats our templates use.
 
 - hermes (Qwen3): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`
 - qwen_xml (Qwen3.5/3.6): `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>
   \\n</function>\\n</tool_call>`, values typed by the tool schema (text/tool_values.py).
+- glm_xml (GLM-4.5 and later): `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>
+  \\n...</tool_call>`, values typed by the schema as for qwen_xml.
 
 `scan_call(text, pos, final)` reads the call that starts at `text[pos]` (the opener) and says
 whether it is complete (with its end offset and the parsed call), still incomplete (more text
@@ -279,7 +281,81 @@ class QwenXmlFormat(_Format):
         return ParsedCall(name, json.dumps(arguments, ensure_ascii=False), omitted, mismatched)
 
 
-FORMATS = {"hermes": HermesFormat, "qwen_xml": QwenXmlFormat}
+# ----------------------------------------------------------------------------- GLM XML
+
+_KEY_OPEN, _KEY_CLOSE = "<arg_key>", "</arg_key>"
+_VALUE_OPEN, _VALUE_CLOSE = "<arg_value>", "</arg_value>"
+
+
+def _glm_name(text: str, pos: int, final: bool) -> tuple[str, int] | Scan:
+    """The tool name after the opener (up to its newline or the first tag) and where it ends."""
+    start = skip_ws(text, pos)
+    ends = [i for i in (text.find("\n", start), text.find("<", start)) if i >= 0]
+    if not ends:
+        return _invalid() if final else _INCOMPLETE
+    return text[start:min(ends)].strip(), min(ends)
+
+
+def _glm_value_end(text: str, pos: int, final: bool) -> tuple[int, int] | Scan:
+    """The value span's end and the position after its closer. A value may itself contain
+    `</arg_value>`: the closer is the first one followed by the next key or the call's end."""
+    scan = pos
+    while True:
+        close = text.find(_VALUE_CLOSE, scan)
+        if close < 0:
+            return _invalid() if final else _INCOMPLETE
+        after = close + len(_VALUE_CLOSE)
+        rest = text[skip_ws(text, after):]
+        if rest.startswith((_KEY_OPEN, CLOSER)):
+            return close, after
+        if not final and (_KEY_OPEN.startswith(rest) or CLOSER.startswith(rest)):
+            return _INCOMPLETE  # empty or a partial tag: the next text decides
+        scan = after
+
+
+class GlmXmlFormat(QwenXmlFormat):
+    call_prefix = OPENER
+    name_terminator = "\n"
+
+    def scan_call(self, text: str, pos: int, final: bool) -> Scan:
+        named = _glm_name(text, pos + len(OPENER), final)
+        if isinstance(named, Scan):
+            return named
+        name, pos = named
+        raw_params: list[tuple[str, str]] = []
+        while True:
+            pos = skip_ws(text, pos)
+            if text.startswith(CLOSER, pos):
+                pos += len(CLOSER)
+                break
+            key_start = _expect(text, pos, _KEY_OPEN, final)
+            if isinstance(key_start, Scan):
+                maybe = not final and CLOSER.startswith(text[pos:])
+                return _INCOMPLETE if maybe else key_start
+            key_end = text.find(_KEY_CLOSE, key_start)
+            if key_end < 0:
+                tag = text.find("<", key_start)
+                maybe = tag < 0 or _KEY_CLOSE.startswith(text[tag:])
+                return _INCOMPLETE if maybe and not final else _invalid()
+            value_start = _expect(text, skip_ws(text, key_end + len(_KEY_CLOSE)), _VALUE_OPEN,
+                                  final)
+            if isinstance(value_start, Scan):
+                return value_start
+            span = _glm_value_end(text, value_start, final)
+            if isinstance(span, Scan):
+                return span
+            value_end, pos = span
+            raw_params.append((text[key_start:key_end].strip(), text[value_start:value_end]))
+        problem = _identity_problem(name, self.tools)
+        if problem:
+            return _invalid(problem)
+        names = [param_name for param_name, _ in raw_params]
+        if len(set(names)) != len(names):
+            return _invalid(DUPLICATE_PARAMETER)
+        return Scan(COMPLETE, pos, self._typed_call(name, raw_params))
+
+
+FORMATS = {"hermes": HermesFormat, "qwen_xml": QwenXmlFormat, "glm_xml": GlmXmlFormat}
 
 
 def tool_format(name: str, tools: list[ToolSpec]) -> _Format:

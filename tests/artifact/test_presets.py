@@ -22,12 +22,20 @@ from ninfer_jax.text.conversation import Conversation, Message, ToolSpec
 MAX_CONTEXT, PAGE_SIZE, CHUNK = 128, 16, 64  # few compiled shapes per preset
 NUM_NEW = 4
 LOOKUP = ToolSpec("lookup", "Find a fact", {"type": "object", "properties": {}})
-# What each preset must keep at any size: (end of turn = first eos, beginning of text or None).
-TURN_TOKENS = {"qwen3-tiny": ("<|im_end|>", None), "qwen3.5-dense-tiny": ("<|im_end|>", None),
-               "qwen3.5-tiny": ("<|im_end|>", None), "qwen3.6-tiny-moe": ("<|im_end|>", None),
-               "qwen3-8b": ("<|im_end|>", None), "qwen3.5-27b": ("<|im_end|>", None),
-               "qwen3.6-35b-a3b": ("<|im_end|>", None),
-               "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>")}
+# What each preset must keep at any size: (end of a reply = first eos, beginning of text or
+# None, how often a system + user prompt holds that end token). ChatML and Llama-3 close each
+# turn with it (system and user: 2); GLM never closes a turn, a reply ends at the next role
+# token, so the prompt holds <|user|> once, opening the user turn.
+_CHATML_TURNS = ("<|im_end|>", None, 2)
+_GLM_TURNS = ("<|user|>", None, 1)
+TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3.5-dense-tiny": _CHATML_TURNS,
+               "qwen3.5-tiny": _CHATML_TURNS, "qwen3.6-tiny-moe": _CHATML_TURNS,
+               "qwen3-8b": _CHATML_TURNS, "qwen3.5-27b": _CHATML_TURNS,
+               "qwen3.6-35b-a3b": _CHATML_TURNS, "glm4.5-tiny": _GLM_TURNS,
+               "glm4.5-air": _GLM_TURNS, "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>", 2)}
+# GLM MoE fields --tiny keeps.
+GLM_KEPT = ("partial_rotary_factor", "attention_bias", "mlp_only_layers", "num_expert_groups",
+            "num_topk_groups", "routed_scaling_factor", "norm_topk_prob")
 # Hybrid fields --tiny keeps (the widths and head counts shrink; their ratios stay).
 HYBRID_KEPT = ("layer_types", "partial_rotary_factor", "attn_output_gate",
                "linear_conv_kernel_dim", "norm_topk_prob", "mtp_num_layers")
@@ -73,6 +81,10 @@ def test_tiny_keeps_everything_but_the_dimensions(tiny):
         assert bool(config.num_experts) == bool(full.num_experts)
         assert bool(config.shared_expert_intermediate_size) == bool(
             full.shared_expert_intermediate_size)
+    if full.is_glm:
+        assert {f: getattr(config, f) for f in GLM_KEPT} == {f: getattr(full, f) for f in GLM_KEPT}
+        assert config.num_experts and config.shared_expert_intermediate_size
+        assert 0 < len(config.mlp_only_layers) < config.num_layers  # dense first, then MoE
 
 
 def test_hybrid_presets_carry_their_mtp_head(tiny):
@@ -91,13 +103,13 @@ def test_hybrid_presets_carry_their_mtp_head(tiny):
 def test_end_tokens_and_template_agree_with_the_vocabulary(tiny):
     name, artifact = tiny
     tokenizer = artifact.load_tokenizer()
-    end_of_turn, begin = TURN_TOKENS[name]
+    end_of_turn, begin, ends_per_prompt = TURN_TOKENS[name]
     assert all(0 <= i < min(tokenizer.vocab_size, artifact.config.vocab_size)
                for i in artifact.eos_ids)
     assert artifact.eos_ids[0] == tokenizer.token_to_id(end_of_turn)
     assert all(tokenizer.is_control(i) for i in artifact.eos_ids)
     rendered = _render(artifact, tokenizer, tools=[LOOKUP])
-    assert rendered.ids.count(artifact.eos_ids[0]) == 2  # closes the system and user turns
+    assert rendered.ids.count(artifact.eos_ids[0]) == ends_per_prompt
     assert '"name": "lookup"' in rendered.text and "Say hi." in rendered.text
     bos = artifact.metadata["special_tokens"]["bos_id"]
     assert bos == (tokenizer.token_to_id(begin) if begin else None)
