@@ -17,7 +17,7 @@ from ninfer_jax.serve import chat_request as fields
 from ninfer_jax.serve.context import ServingContext
 from ninfer_jax.serve.disconnect import peer_of
 from ninfer_jax.serve.generation import prepare_raw, start
-from ninfer_jax.serve.http import read_json_body
+from ninfer_jax.serve.json_body import read_json_body
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.openai_chat import usage_body
 from ninfer_jax.serve.responses_fields import opt_bool, opt_int

@@ -30,7 +30,10 @@ class ServeConfig:
     artifact: str
     host: str = "127.0.0.1"
     port: int = 8080
-    api_key: str | None = None
+    api_key: str | None = None  # --api-key, NINFER_API_KEY or --api-key-file, resolved
+    # Host header names answered besides IP literals, localhost and this machine's names;
+    # "*" answers any (serve/http.py says why the check exists)
+    allowed_hosts: tuple[str, ...] = ()
     model_id: str | None = None  # None -> artifact metadata name
     cors: bool = False
     # context and scheduling

@@ -1,0 +1,125 @@
+"""Request bodies: read under --max-request-mib (Content-Length or chunked) and parse strictly.
+
+Every POST route reads its body through `read_json_body`, so these rules hold everywhere:
+- the body is read in pieces and refused with 413 as soon as it passes the limit, so a large
+  chunked body is never held whole; a body that stalls past the socket's read timeout is 408;
+- JSON is strict: `NaN`, `Infinity` and numbers that overflow to infinity are refused (they
+  would be echoed back as invalid JSON), as are lone UTF-16 surrogates (`"\\ud800"`, which no
+  UTF-8 writer can encode) and nesting deeper than MAX_DEPTH (recursive code further on
+  would overflow the stack). Each refusal is a 400 naming the offending field.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import falcon
+
+from ninfer_jax.errors import InvalidRequest, RequestTimeout, RequestTooLarge
+
+MAX_DEPTH = 64
+_READ_PIECE = 1024 * 1024
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class _NonFinite:
+    """Stands for a NaN/Infinity literal until the walk finds where it sits."""
+
+    def __init__(self, literal: str):
+        self.literal = literal
+
+
+def _parse_float(text: str):
+    value = float(text)
+    return value if math.isfinite(value) else _NonFinite(text)
+
+
+def read_body_bytes(req: falcon.Request, max_bytes: int) -> bytes:
+    """The raw body, at most `max_bytes` (413 past it). Without a Content-Length (chunked
+    transfer) the WSGI server's decoded stream is read to its end."""
+    stream = req.bounded_stream if req.content_length is not None else req.stream
+    pieces, total = [], 0
+    try:
+        while True:
+            piece = stream.read(min(_READ_PIECE, max_bytes + 1 - total))
+            if not piece:
+                break
+            pieces.append(piece)
+            total += len(piece)
+            if total > max_bytes:
+                raise RequestTooLarge(f"The request body exceeds the limit of {max_bytes} "
+                                      "bytes (--max-request-mib).")
+    except TimeoutError:
+        raise RequestTimeout("The request body was not received in time.") from None
+    return b"".join(pieces)
+
+
+def parse_json_object(data: bytes | str) -> dict:
+    """`data` as a JSON object (member order kept), by the strict rules above."""
+    try:
+        body = json.loads(data, parse_constant=_NonFinite, parse_float=_parse_float)
+    except RecursionError:
+        raise InvalidRequest(f"The request body nests deeper than {MAX_DEPTH} levels.",
+                             code="invalid_json") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}.",
+                             code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json")
+    check_strict(body)
+    return body
+
+
+def check_strict(value, root: str = "") -> None:
+    """400 naming the first non-finite number, lone surrogate or too-deep member in `value`.
+    Iterative, so depth itself cannot overflow the stack here."""
+    stack = [(value, root, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise InvalidRequest(f"The request body nests deeper than {MAX_DEPTH} levels.",
+                                 param=path or None, code="invalid_json")
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                raise InvalidRequest("The value holds a lone UTF-16 surrogate, which is not "
+                                     "valid Unicode text.", param=path or None,
+                                     code="invalid_json")
+        elif isinstance(item, _NonFinite):
+            raise InvalidRequest(f"{item.literal} is not a valid JSON number (only finite "
+                                 "numbers are accepted).", param=path or None,
+                                 code="invalid_json")
+        elif isinstance(item, dict):
+            # Reversed onto the stack, so the first offender in document order is named.
+            for key, member in reversed(item.items()):
+                if _SURROGATE.search(key):
+                    raise InvalidRequest("A member name holds a lone UTF-16 surrogate.",
+                                         param=path or None, code="invalid_json")
+                stack.append((member, f"{path}.{key}" if path else str(key), depth + 1))
+        elif isinstance(item, list):
+            for index in range(len(item) - 1, -1, -1):
+                stack.append((item[index], f"{path}[{index}]", depth + 1))
+
+
+def read_json_body(req: falcon.Request, max_bytes: int) -> dict:
+    """The request's JSON object: 413 over the limit, 400 naming the field if malformed.
+    A middleware that already parsed the body (request capture) leaves it in the context."""
+    parsed = getattr(req.context, "json_body", None)
+    if parsed is not None:
+        return parsed
+    return parse_json_object(read_body_bytes(req, max_bytes))
+
+
+def loads_strict(text: str):
+    """Model-written JSON (tool-call arguments): as json.loads, but NaN/Infinity are refused
+    with ValueError, so nothing non-finite is echoed into a reply."""
+    def refuse(literal):
+        raise ValueError(f"{literal} is not a finite JSON number")
+
+    def finite(literal):
+        value = float(literal)
+        if not math.isfinite(value):
+            refuse(literal)
+        return value
+
+    return json.loads(text, parse_constant=refuse, parse_float=finite)
