@@ -22,11 +22,32 @@ def _kv_capacity(value: str | None):
     return tokens
 
 
+def _api_key(value: str | None, path: str | None) -> str | None:
+    if path is None:
+        return value or None
+    if value:
+        raise click.UsageError("give the API key once: --api-key (or NINFER_API_KEY) or "
+                               "--api-key-file, not both")
+    with open(path, encoding="utf-8") as handle:
+        key = handle.readline().strip()
+    if not key:
+        raise click.BadParameter(f"{path} holds no key on its first line",
+                                 param_hint="--api-key-file")
+    return key
+
+
 @click.command()
 @click.argument("artifact", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8080, show_default=True, type=int)
-@click.option("--api-key", default=None, help="Require this bearer token / x-api-key.")
+@click.option("--api-key", default=None, envvar="NINFER_API_KEY", show_envvar=True,
+              help="Require this bearer token / x-api-key. Prefer NINFER_API_KEY or "
+                   "--api-key-file: a command-line value is visible in `ps`.")
+@click.option("--api-key-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Read the API key from this file (its first line).")
+@click.option("--allowed-hosts", default="", show_default=False,
+              help="Comma-separated Host header names answered besides IP addresses, "
+                   "localhost, --host and this machine's names; '*' answers any host.")
 @click.option("--model-id", default=None, help="Public model alias (default: artifact name).")
 @click.option("--cors", is_flag=True, help="Permissive browser CORS headers.")
 @click.option("--max-context", default=8192, show_default=True, type=click.IntRange(min=16))
@@ -98,7 +119,8 @@ def _kv_capacity(value: str | None):
                    "Responses store off (--response-store-max-records 0) and no "
                    "--request-log-jsonl / --capture-requests: those are per worker.")
 def serve(artifact, kv_capacity, spec, draft_tokens, temperature, top_p, top_k, min_p,
-          presence_penalty, frequency_penalty, seed, greedy, **options):
+          presence_penalty, frequency_penalty, seed, greedy, api_key, api_key_file,
+          allowed_hosts, **options):
     """Serve ARTIFACT (default: the embedded SmolLM2-135M-Instruct) over HTTP."""
     from ninfer_jax.artifact.default_model import default_artifact_path
     from ninfer_jax.serve.launcher import run_server
@@ -110,6 +132,8 @@ def serve(artifact, kv_capacity, spec, draft_tokens, temperature, top_p, top_k, 
     config = ServeConfig(
         artifact=str(artifact or default_artifact_path()),
         kv_capacity=_kv_capacity(kv_capacity),
+        api_key=_api_key(api_key, api_key_file),
+        allowed_hosts=tuple(h.strip() for h in allowed_hosts.split(",") if h.strip()),
         spec=spec, draft_tokens=speculative.draft_tokens if speculative else None,
         sampling=SamplingOverrides(temperature, top_p, top_k, min_p, presence_penalty,
                                    frequency_penalty, seed, greedy),

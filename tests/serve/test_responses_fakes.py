@@ -49,7 +49,7 @@ class ChatMLRenderer:
         self.tokenizer = tok
         self.conversations = []
 
-    def render(self, conversation):
+    def render(self, conversation, *, max_tokens=None):
         self.conversations.append(conversation)
         options = conversation.options
         text = ""
