@@ -64,7 +64,8 @@ def _api_key(value: str | None, path: str | None) -> str | None:
               help="0: a step that prefills a prompt chunk carries no decode rows (prompts "
                    "first); above 0 running streams decode in every step, chunks included.")
 @click.option("--default-max-tokens", default=8192, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-request-mib", default=384, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-request-mib", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Largest request body, refused with 413 before it is parsed.")
 @click.option("--no-prefix-reuse", is_flag=True)
 @click.option("--device-state-slots", default=None, type=click.IntRange(min=0),
               help="Hybrid models: device state slots beyond one per lane (total capacity "
@@ -111,6 +112,20 @@ def _api_key(value: str | None, path: str | None) -> str | None:
 @click.option("--no-cuda-graph", is_flag=True,
               help="Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
                    "On CPU: accepted, no effect beyond the core's environment.")
+@click.option("--header-timeout", "header_timeout_s", default=10.0, show_default=True,
+              type=click.FloatRange(min=0.1),
+              help="Seconds a client has to send a request head (408 after).")
+@click.option("--read-timeout", "read_timeout_s", default=30.0, show_default=True,
+              type=click.FloatRange(min=0.1),
+              help="Seconds one read of a request body, or one write of a reply, may stall.")
+@click.option("--max-connections", default=1000, show_default=True,
+              type=click.IntRange(min=1),
+              help="Open connections per HTTP worker, idle ones included (independent of "
+                   "--http-threads); past it new clients wait in the listen backlog.")
+@click.option("--shutdown-timeout", "shutdown_timeout_s", default=30.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="On SIGTERM/SIGINT: seconds in-flight requests may take to finish before "
+                   "they are ended with an error.")
 @click.option("--http-threads", default=None, type=click.IntRange(min=2),
               help="HTTP threads per worker (one per open stream). Default: enough for every "
                    "lane and pending request, at least 32.")

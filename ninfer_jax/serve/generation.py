@@ -289,5 +289,6 @@ def submit(ctx: ServingContext, prepared: PreparedGeneration) -> RequestHandle:
     trace = prepared.trace or request_trace.NULL_TRACE
     with trace.rejecting("submit"):
         handle = ctx.engine.submit(prepared.request)
+    ctx.in_flight.add(handle)
     trace.started(handle)
     return handle

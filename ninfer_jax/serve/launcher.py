@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import math
 import os
 import shutil
 import socket
@@ -40,7 +41,7 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
           "warning": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL,
           "off": logging.CRITICAL + 10}
-GRACEFUL_TIMEOUT_S = 10
+SHUTDOWN_MARGIN_S = 10
 # A dead peer is noticed within about 20 s: TCP keepalive probes plus a user timeout.
 TCP_USER_TIMEOUT_MS = 15000
 
@@ -134,6 +135,26 @@ def check_http_workers(config: ServeConfig) -> None:
                              "one worker process; serve with --http-workers 1 to use it")
 
 
+def gunicorn_settings(config: ServeConfig) -> dict:
+    """gunicorn's settings for `config` (the process-model hooks are the caller's)."""
+    from ninfer_jax.serve.http_worker import ConnectionLimits, worker_class
+
+    limits = ConnectionLimits(config.header_timeout_s, config.read_timeout_s,
+                              config.max_connections, config.shutdown_timeout_s)
+    return {
+        "bind": [f"[{config.host}]:{config.port}" if ":" in config.host
+                 else f"{config.host}:{config.port}"],
+        "workers": config.http_workers, "worker_class": worker_class(limits),
+        "threads": http_threads_per_worker(config), "worker_connections": limits.max_connections,
+        # The master kills a worker this long after SIGTERM; the worker ends its requests
+        # after --shutdown-timeout and needs a moment more to close the engine and the logs.
+        "timeout": 0, "graceful_timeout": math.ceil(config.shutdown_timeout_s + SHUTDOWN_MARGIN_S),
+        "keepalive": 5,
+        "preload_app": False, "control_socket_disable": True, "accesslog": None,
+        "logconfig_dict": logging_config(config.log_level), "proc_name": "ninfer-serve",
+    }
+
+
 class NinferApplication(BaseApplication):
     def __init__(self, config: ServeConfig, core):
         self.config = config
@@ -142,18 +163,8 @@ class NinferApplication(BaseApplication):
         super().__init__()
 
     def load_config(self) -> None:
-        config = self.config
-        settings = {
-            "bind": [f"[{config.host}]:{config.port}" if ":" in config.host
-                     else f"{config.host}:{config.port}"],
-            "workers": config.http_workers, "worker_class": "gthread",
-            "threads": http_threads_per_worker(config),
-            "timeout": 0, "graceful_timeout": GRACEFUL_TIMEOUT_S, "keepalive": 5,
-            "preload_app": False, "control_socket_disable": True, "accesslog": None,
-            "logconfig_dict": logging_config(config.log_level),
-            "proc_name": "ninfer-serve", "post_fork": self._post_fork,
-            "worker_exit": self._worker_exit,
-        }
+        settings = gunicorn_settings(self.config)
+        settings.update(post_fork=self._post_fork, worker_exit=self._worker_exit)
         for key, value in settings.items():
             self.cfg.set(key, value)
 
@@ -171,8 +182,21 @@ class NinferApplication(BaseApplication):
         if self.ctx is not None:
             from ninfer_jax.serve.request_log import shutdown as close_logs
 
-            self.ctx.engine.shutdown(timeout=GRACEFUL_TIMEOUT_S)
+            self.ctx.engine.shutdown(timeout=SHUTDOWN_MARGIN_S / 2)
             close_logs(self.ctx)
+
+    def abort_in_flight(self) -> int:
+        # Called by the stopping worker (serve/http_worker.py) after --shutdown-timeout.
+        return self.ctx.in_flight.abort_all() if self.ctx is not None else 0
+
+    def run(self) -> None:
+        from ninfer_jax.serve.http_worker import GracefulArbiter
+
+        try:
+            GracefulArbiter(self).run()
+        except RuntimeError as exc:
+            log.error("cannot serve: %s", exc)
+            sys.exit(1)
 
 
 def run_server(config: ServeConfig) -> None:
