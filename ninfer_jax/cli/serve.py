@@ -39,7 +39,7 @@ def _api_key(value: str | None, path: str | None) -> str | None:
 @click.command()
 @click.argument("artifact", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--api-key", default=None, envvar="NINFER_API_KEY", show_envvar=True,
               help="Require this bearer token / x-api-key. Prefer NINFER_API_KEY or "
                    "--api-key-file: a command-line value is visible in `ps`.")
@@ -67,6 +67,9 @@ def _api_key(value: str | None, path: str | None) -> str | None:
 @click.option("--max-request-mib", default=32, show_default=True, type=click.IntRange(min=1),
               help="Largest request body, refused with 413 before it is parsed.")
 @click.option("--no-prefix-reuse", is_flag=True)
+@click.option("--no-verify-checksums", "verify_checksums", is_flag=True, flag_value=False,
+              default=True, help="Skip checking the artifact's file checksums at load (they "
+                                 "read every weight byte once: about 1 s per GB).")
 @click.option("--device-state-slots", default=None, type=click.IntRange(min=0),
               help="Hybrid models: device state slots beyond one per lane (total capacity "
                    "--max-concurrency + N; default N = --max-concurrency). Dense models have "
@@ -144,9 +147,15 @@ def serve(artifact, kv_capacity, spec, draft_tokens, temperature, top_p, top_k, 
         speculative = SpeculativeConfig.from_options(spec, draft_tokens)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    kv_tokens = _kv_capacity(kv_capacity)
+    if isinstance(kv_tokens, int) and kv_tokens < options["max_context"]:
+        raise click.BadParameter(
+            f"{kv_tokens} tokens is less than --max-context {options['max_context']}: one "
+            "request at the full context could never fit; raise it, use 'auto', or lower "
+            "--max-context", param_hint="--kv-capacity")
     config = ServeConfig(
         artifact=str(artifact or default_artifact_path()),
-        kv_capacity=_kv_capacity(kv_capacity),
+        kv_capacity=kv_tokens,
         api_key=_api_key(api_key, api_key_file),
         allowed_hosts=tuple(h.strip() for h in allowed_hosts.split(",") if h.strip()),
         spec=spec, draft_tokens=speculative.draft_tokens if speculative else None,

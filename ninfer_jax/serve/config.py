@@ -49,6 +49,7 @@ class ServeConfig:
     # lane and pending request holding one that admitted tens of GB (docs/operations.md).
     max_request_mib: int = 32
     no_prefix_reuse: bool = False
+    verify_checksums: bool = True  # artifact/checksums.py, when the core reads the weights
     kv_dtype: str = "auto"  # auto: f32 on CPU, bf16 on GPU
     # hybrid models: state slots beyond one per lane (accepted and unused on dense models);
     # None: as many as --max-concurrency, the spec's default (engine/state_slots.extra_slots)

@@ -20,6 +20,7 @@ Stderr records read `YYYY-MM-DD HH:MM:SS.mmm LEVEL message` (gunicorn's own incl
 """
 from __future__ import annotations
 
+import errno
 import logging
 import logging.config
 import math
@@ -42,6 +43,7 @@ LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
           "warning": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL,
           "off": logging.CRITICAL + 10}
 SHUTDOWN_MARGIN_S = 10
+WORKER_BOOT_ERROR = 3  # gunicorn's exit status for a worker that could not start
 # A dead peer is noticed within about 20 s: TCP keepalive probes plus a user timeout.
 TCP_USER_TIMEOUT_MS = 15000
 
@@ -170,9 +172,15 @@ class NinferApplication(BaseApplication):
 
     def load(self):
         # Runs in the worker process, after the fork.
+        from ninfer_jax.errors import EngineUnavailable
         from ninfer_jax.serve.app import create_app
 
-        self.ctx = build_worker_context(self.config, self.core.address, self.core.authkey)
+        try:
+            self.ctx = build_worker_context(self.config, self.core.address, self.core.authkey)
+        except EngineUnavailable:
+            # The core has logged why in one line; a worker traceback would bury it.
+            log.error("cannot serve: the engine core stopped during start-up")
+            sys.exit(WORKER_BOOT_ERROR)
         return _KeepAliveSockets(create_app(self.ctx))
 
     def _post_fork(self, server, worker) -> None:
@@ -197,6 +205,23 @@ class NinferApplication(BaseApplication):
         except RuntimeError as exc:
             log.error("cannot serve: %s", exc)
             sys.exit(1)
+
+
+def check_port(host: str, port: int) -> None:
+    """OSError with a plain message when (host, port) cannot be bound: in use, not allowed,
+    or not an address of this machine."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reasons = {errno.EADDRINUSE: "is already in use (another server is running "
+                                         "there; stop it or pick another --port)",
+                       errno.EACCES: "needs privileges to bind (pick a --port above 1023)",
+                       errno.EADDRNOTAVAIL: "is not an address of this machine (--host)"}
+            reason = reasons.get(exc.errno, f"cannot be bound ({exc.strerror})")
+            raise OSError(f"{host}:{port} {reason}") from None
 
 
 def run_server(config: ServeConfig) -> None:
@@ -226,6 +251,11 @@ def run_server(config: ServeConfig) -> None:
         engine_setup.check_speculation(config, artifact.config)
         core_env = engine_setup.core_environment(config, os.environ)
     except ValueError as exc:
+        log.error("cannot serve: %s", exc)
+        sys.exit(2)
+    try:
+        check_port(config.host, config.port)  # before the weights are read, not after
+    except OSError as exc:
         log.error("cannot serve: %s", exc)
         sys.exit(2)
     log.info("starting ninfer-jax on http://%s:%d (artifact %s)", config.host, config.port,
