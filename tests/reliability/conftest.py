@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 HERE = pathlib.Path(__file__).parent
+sys.path.insert(0, str(HERE.parent / "serve"))  # the fake-model harness (tests/serve/harness.py)
 
 
 def free_port() -> int:
