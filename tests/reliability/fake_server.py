@@ -7,6 +7,7 @@ stderr like the real launcher; the test talks to it over TCP.
 """
 from __future__ import annotations
 
+import collections
 import json
 import pathlib
 import sys
@@ -42,6 +43,10 @@ class FakeApplication(NinferApplication):
         h = build_harness(artifact, **self.harness_options, **self.options)
         for key, text in self.scripts.items():
             h.book.add(key, text, end=not key.startswith("ramble"))
+        # The fake runner records every step and plan for unit tests' assertions; a soak
+        # measures the worker's memory, so only the latest are kept here.
+        h.runner.steps = collections.deque(h.runner.steps, maxlen=100)
+        h.runner.plans = collections.deque(h.runner.plans, maxlen=100)
         self.ctx = h.ctx
         return h.app
 
