@@ -2,7 +2,7 @@
 body (valid ones with one field replaced by any JSON value, arbitrary JSON, arbitrary bytes),
 the server answers below 500 and no stream carries an internal error.
 
-The CI run is short (NINFER_FUZZ_EXAMPLES, default 80 per test, five tests); `make fuzz`
+The CI run is short (NINFER_FUZZ_EXAMPLES, default 50 per test, five tests); `make fuzz`
 runs 1,500 per test (7,500 requests)."""
 import json
 import os
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from harness import build_harness
 
 MODEL = "smollm2-135m-instruct"
-EXAMPLES = int(os.environ.get("NINFER_FUZZ_EXAMPLES", "80"))
+EXAMPLES = int(os.environ.get("NINFER_FUZZ_EXAMPLES", "50"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None,
                 derandomize=not os.environ.get("NINFER_FUZZ_RANDOM"),
                 suppress_health_check=[HealthCheck.too_slow,

@@ -11,7 +11,7 @@ from soak import (engine_gauges, is_idle, rss_bytes, run_soak, terminal_counts,
                   worker_pid)
 
 
-REQUESTS = int(os.environ.get("NINFER_SOAK_REQUESTS", "200"))
+REQUESTS = int(os.environ.get("NINFER_SOAK_REQUESTS", "150"))
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def wait_until(predicate, timeout=30.0) -> bool:
 
 
 def test_short_soak_is_clean(server):
-    run_soak(server.url, requests=100, seed=1)  # warm-up: caches, lazy imports, the fake's deques
+    run_soak(server.url, requests=80, seed=1)  # warm-up: caches, lazy imports, the fake's deques
     assert wait_until(lambda: is_idle(server.url))
     pid = worker_pid(server.process.pid)
     before = rss_bytes(pid)
