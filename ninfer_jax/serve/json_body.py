@@ -110,16 +110,20 @@ def read_json_body(req: falcon.Request, max_bytes: int) -> dict:
     return parse_json_object(read_body_bytes(req, max_bytes))
 
 
-def loads_strict(text: str):
-    """Model-written JSON (tool-call arguments): as json.loads, but NaN/Infinity are refused
-    with ValueError, so nothing non-finite is echoed into a reply."""
-    def refuse(literal):
-        raise ValueError(f"{literal} is not a finite JSON number")
+def loads_finite(text: str):
+    """Model-written JSON (tool-call arguments) as (value, changed): NaN, Infinity and numbers
+    that overflow become null (changed=True), since a reply must be valid JSON and JSON has
+    no such numbers."""
+    changed = False
+
+    def to_null(_literal):
+        nonlocal changed
+        changed = True
+        return None
 
     def finite(literal):
         value = float(literal)
-        if not math.isfinite(value):
-            refuse(literal)
-        return value
+        return value if math.isfinite(value) else to_null(literal)
 
-    return json.loads(text, parse_constant=refuse, parse_float=finite)
+    value = json.loads(text, parse_constant=to_null, parse_float=finite)
+    return value, changed
