@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import selectors
 import time
 from functools import partial
@@ -184,6 +185,18 @@ class GuardedThreadWorker(ThreadWorker):
                     break
                 continue
             self._close_heading(conn, refusal=408 if conn.head else None)
+
+    def finish_request(self, conn, fs) -> None:
+        # A client may pipeline its next request behind this one; gthread hands a read-ahead
+        # straight back to a thread, which would then block on a partial head.
+        if (isinstance(conn, _Conn) and self.alive and not fs.cancelled()
+                and fs.exception() is None and fs.result() is True):
+            buffered = conn.parser.unreader.buf.getvalue()
+            if buffered and _HEAD_END not in buffered:
+                conn.parser.unreader.buf = io.BytesIO()
+                conn.head = bytearray(buffered)
+                return self._await_head(conn)
+        super().finish_request(conn, fs)
 
     def handle_request(self, req, conn):
         try:

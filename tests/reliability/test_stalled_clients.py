@@ -18,6 +18,15 @@ def server(fake_server):
                        scripts={"ok": "fine"})
 
 
+def recv_until(sock, marker: bytes) -> bytes:
+    answer = b""
+    while marker not in answer:
+        piece = sock.recv(4096)
+        assert piece, answer
+        answer += piece
+    return answer
+
+
 def connect(server) -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), timeout=10)
 
@@ -75,6 +84,22 @@ def test_a_chunked_body_is_served(server):
                        headers={"Content-Type": "application/json"})
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["content"] == "fine"
+
+
+def test_a_pipelined_partial_head_holds_no_thread(server):
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    stalled = []
+    try:
+        for _ in range(6):  # more than the server's 4 threads
+            sock = connect(server)
+            sock.sendall(request + b"GET /health HTTP/1.1\r\nHo")
+            assert recv_until(sock, b'"status": "ok"').startswith(b"HTTP/1.1 200")
+            stalled.append(sock)
+        assert httpx.get(server.url + "/health", timeout=3).status_code == 200
+        assert stalled[0].recv(4096).startswith(b"HTTP/1.1 408")  # after --header-timeout
+    finally:
+        for sock in stalled:
+            sock.close()
 
 
 def test_a_huge_head_is_431(server):
