@@ -17,7 +17,7 @@ import logging
 import falcon
 
 from ninfer_jax.serve.http import MIB
-from ninfer_jax.serve.json_body import parse_json_object, read_body_bytes
+from ninfer_jax.serve.json_body import read_json_body
 from ninfer_jax.serve.request_log import JsonlWriter, server_instance_id
 
 log = logging.getLogger("ninfer_jax.serve.capture")
@@ -37,7 +37,7 @@ class CaptureMiddleware:
         if req.method != "POST" or req.path not in GENERATION_ROUTES:
             return
         # A body refused here (413, 408, 400) is refused the same way to the client.
-        body = parse_json_object(read_body_bytes(req, self.max_bytes))
+        body = read_json_body(req, self.max_bytes)
         req.context.json_body = body
         self.writer.emit("request_capture", {"request_id": req.context.request_id,
                                              "endpoint": req.path, "body": body})

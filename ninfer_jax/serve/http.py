@@ -31,6 +31,7 @@ import falcon
 from ninfer_jax.errors import (AuthenticationFailed, HostNotAllowed, RequestTooLarge,
                                UnsupportedMediaType)
 from ninfer_jax.serve.errors import is_anthropic_path
+from ninfer_jax.serve.json_body import BUDGET_BODIES, BodyBudget
 
 MIB = 1024 * 1024
 
@@ -56,8 +57,10 @@ class RequestIdMiddleware:
 class BodyLimitMiddleware:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
+        self.budget = BodyBudget(BUDGET_BODIES * max_bytes)
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
+        req.context.body_budget = self.budget
         length = req.content_length
         if length is not None and length > self.max_bytes:
             raise RequestTooLarge(f"The request body has {length} bytes; the limit is "

@@ -3,6 +3,10 @@
 Every POST route reads its body through `read_json_body`, so these rules hold everywhere:
 - the body is read in pieces and refused with 413 as soon as it passes the limit, so a large
   chunked body is never held whole; a body that stalls past the socket's read timeout is 408;
+- at most BUDGET_BODIES bodies of the largest size are read and parsed at once per worker
+  (`BodyBudget`, counted in bytes, so small bodies pass by): a parse costs several times the
+  body, and the thread count alone would allow tens of them; past it a body waits up to
+  BUDGET_WAIT_S, then the request is refused as overloaded (429, Anthropic 529);
 - JSON is strict: `NaN`, `Infinity` and numbers that overflow to infinity are refused (they
   would be echoed back as invalid JSON), as are lone UTF-16 surrogates (`"\\ud800"`, which no
   UTF-8 writer can encode) and nesting deeper than MAX_DEPTH (recursive code further on
@@ -10,15 +14,19 @@ Every POST route reads its body through `read_json_body`, so these rules hold ev
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
+import threading
 
 import falcon
 
-from ninfer_jax.errors import InvalidRequest, RequestTimeout, RequestTooLarge
+from ninfer_jax.errors import InvalidRequest, Overloaded, RequestTimeout, RequestTooLarge
 
 MAX_DEPTH = 64
+BUDGET_BODIES = 8
+BUDGET_WAIT_S = 10.0
 _READ_PIECE = 1024 * 1024
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -101,13 +109,48 @@ def check_strict(value, root: str = "") -> None:
                 stack.append((item[index], f"{path}[{index}]", depth + 1))
 
 
+class BodyBudget:
+    """Bytes of request bodies being read or parsed at once in this worker."""
+
+    def __init__(self, total_bytes: int, wait_s: float = BUDGET_WAIT_S):
+        self.total_bytes = total_bytes
+        self.wait_s = wait_s
+        self._free = total_bytes
+        self._changed = threading.Condition()
+
+    @property
+    def free_bytes(self) -> int:
+        return self._free
+
+    @contextlib.contextmanager
+    def hold(self, num_bytes: int):
+        num_bytes = min(num_bytes, self.total_bytes)
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._free >= num_bytes, self.wait_s):
+                raise Overloaded("Too many large request bodies are being read at once; "
+                                 "retry shortly.")
+            self._free -= num_bytes
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._free += num_bytes
+                self._changed.notify_all()
+
+
 def read_json_body(req: falcon.Request, max_bytes: int) -> dict:
     """The request's JSON object: 413 over the limit, 400 naming the field if malformed.
-    A middleware that already parsed the body (request capture) leaves it in the context."""
+    A middleware that already parsed the body (request capture) leaves it in the context;
+    http.BodyLimitMiddleware puts the worker's BodyBudget there."""
     parsed = getattr(req.context, "json_body", None)
     if parsed is not None:
         return parsed
-    return parse_json_object(read_body_bytes(req, max_bytes))
+    budget = getattr(req.context, "body_budget", None)
+    if budget is None:
+        return parse_json_object(read_body_bytes(req, max_bytes))
+    # A chunked body announces no size: it is charged as the largest.
+    with budget.hold(req.content_length if req.content_length is not None else max_bytes):
+        return parse_json_object(read_body_bytes(req, max_bytes))
 
 
 def loads_finite(text: str):

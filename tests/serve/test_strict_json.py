@@ -129,3 +129,45 @@ def test_chunked_body_over_the_limit_is_413(default_artifact, default_tokenizer)
         assert status[0].startswith("413"), result
     finally:
         h.close()
+
+
+def test_the_body_budget_holds_large_bodies_back_and_lets_small_ones_by():
+    import threading
+
+    from ninfer_jax.errors import Overloaded
+    from ninfer_jax.serve.json_body import BodyBudget
+
+    budget = BodyBudget(100, wait_s=0.2)
+    with budget.hold(60):
+        with budget.hold(40):  # fits beside it
+            assert budget.free_bytes == 0
+            with pytest.raises(Overloaded):
+                with budget.hold(10):
+                    pass
+        released = threading.Event()
+
+        def late():
+            with budget.hold(80):  # waits for the 60 to go
+                released.set()
+
+        waiter = threading.Thread(target=late)
+        budget.wait_s = 5
+        waiter.start()
+        assert not released.wait(0.1)
+    waiter.join(5)
+    assert released.is_set() and budget.free_bytes == 100
+    with budget.hold(10 ** 9):  # a body larger than the budget is charged the whole budget
+        assert budget.free_bytes == 0
+
+
+def test_every_request_reads_under_the_workers_budget(client):
+    from ninfer_jax.serve.http import BodyLimitMiddleware
+
+    (limit,) = [m for m in client.app._unprepared_middleware
+                if isinstance(m, BodyLimitMiddleware)]
+    body = json.dumps(bodies("smollm2-135m-instruct")["/v1/chat/completions"])
+    with limit.budget.hold(limit.budget.total_bytes):  # every byte taken: the request waits
+        limit.budget.wait_s = 0.2
+        reply = raw_post(client, "/v1/chat/completions", body)
+    assert reply.status_code == 429 and reply.json["error"]["code"] == "server_overloaded"
+    assert raw_post(client, "/v1/chat/completions", body).status_code == 200
