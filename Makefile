@@ -12,7 +12,7 @@ SERVE_ARGS ?=
 PYTEST_ARGS ?=
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 
-.PHONY: setup serve test clean-artifacts
+.PHONY: setup serve test fuzz soak clean-artifacts
 
 setup: $(VENV)/.installed $(ARTIFACT)/metadata.json
 
@@ -32,6 +32,14 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The long fuzz of every endpoint (tests/reliability/test_fuzz.py): 7,500 requests, fresh seeds.
+fuzz: setup
+	NINFER_FUZZ_EXAMPLES=1500 NINFER_FUZZ_RANDOM=1 $(PY) -m pytest tests/reliability/test_fuzz.py -q
+
+# The long soak (tests/reliability/test_soak.py): 2,000 mixed requests at concurrency 16.
+soak: setup
+	NINFER_SOAK_REQUESTS=2000 $(PY) -m pytest tests/reliability/test_soak.py -q -s
 
 clean-artifacts:
 	rm -rf artifacts

@@ -69,6 +69,15 @@ class AuthenticationFailed(NinferError):
     anthropic_type = "authentication_error"
 
 
+class HostNotAllowed(NinferError):
+    """A Host header the server does not answer to (DNS-rebinding guard, --allowed-hosts)."""
+
+    status = 403
+    code = "host_not_allowed"
+    openai_type = "invalid_request_error"
+    anthropic_type = "permission_error"
+
+
 class NotFound(NinferError):
     status = 404
     code = "not_found"
@@ -85,6 +94,24 @@ class RequestTooLarge(NinferError):
     code = "request_too_large"
     openai_type = "invalid_request_error"
     anthropic_type = "request_too_large"
+
+
+class RequestTimeout(NinferError):
+    """The request head or body did not arrive within the read timeout (HTTP 408)."""
+
+    status = 408
+    code = "request_timeout"
+    openai_type = "invalid_request_error"
+    anthropic_type = "timeout_error"
+
+
+class UnsupportedMediaType(NinferError):
+    """A POST body whose Content-Type is not JSON (HTTP 415)."""
+
+    status = 415
+    code = "unsupported_media_type"
+    openai_type = "invalid_request_error"
+    anthropic_type = "invalid_request_error"
 
 
 class Overloaded(NinferError):

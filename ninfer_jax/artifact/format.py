@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ninfer_jax.artifact import weights_io
+from ninfer_jax.artifact import checksums, weights_io
 from ninfer_jax.artifact.components import MTP_DIR, mtp_expected_shapes, split_mtp
 from ninfer_jax.artifact.tensor_groups import (FLOAT_FORMATS, expected_dtype,  # noqa: F401
                                                is_norm, tensor_group)
@@ -39,6 +39,7 @@ COMPONENTS = ("text", "mtp", "dflash", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4")
 TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml")
+CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
 
 
 @dataclasses.dataclass
@@ -151,24 +152,29 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
     weights_io.save_weights(directory / WEIGHTS_DIR, text)
     if mtp is not None:
         weights_io.save_weights(directory / MTP_DIR, mtp)
+    metadata = contents.metadata()
+    metadata["checksums"] = checksums.compute(directory, CHECKSUMMED)
     # metadata last: a directory with metadata.json is complete by construction.
     (directory / METADATA_FILE).write_text(
-        json.dumps(contents.metadata(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        json.dumps(metadata, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- load
 
 
 def load_artifact(path: str | os.PathLike, weights: bool = True, *,
-                  mtp: bool = False) -> Artifact:
+                  mtp: bool = False, verify: bool = True) -> Artifact:
     """Validate an artifact and return it; with weights=True the params are read (numpy),
-    and with mtp=True also the MTP head, as params["mtp"] (an error if there is none)."""
+    and with mtp=True also the MTP head, as params["mtp"] (an error if there is none).
+    Reading weights first checks the recorded file checksums, unless verify=False."""
     directory = pathlib.Path(path)
-    return _validate_directory(directory, weights=weights, display=directory, mtp=mtp)
+    return _validate_directory(directory, weights=weights, display=directory, mtp=mtp,
+                               verify=verify)
 
 
 def _validate_directory(directory: pathlib.Path, *, weights: bool,
-                        display: pathlib.Path, mtp: bool = False) -> Artifact:
+                        display: pathlib.Path, mtp: bool = False,
+                        verify: bool = True) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(display, "not an artifact directory (missing or not a directory)")
     metadata = read_metadata(directory / METADATA_FILE, display / METADATA_FILE)
@@ -182,6 +188,8 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
     template = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
     params = None
     if weights:
+        if verify:
+            checksums.verify(directory, metadata.get("checksums"), display)
         formats = metadata["weight_formats"]
         params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR,
                                config.expected_shapes(), formats)

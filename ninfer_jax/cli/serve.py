@@ -22,11 +22,32 @@ def _kv_capacity(value: str | None):
     return tokens
 
 
+def _api_key(value: str | None, path: str | None) -> str | None:
+    if path is None:
+        return value or None
+    if value:
+        raise click.UsageError("give the API key once: --api-key (or NINFER_API_KEY) or "
+                               "--api-key-file, not both")
+    with open(path, encoding="utf-8") as handle:
+        key = handle.readline().strip()
+    if not key:
+        raise click.BadParameter(f"{path} holds no key on its first line",
+                                 param_hint="--api-key-file")
+    return key
+
+
 @click.command()
 @click.argument("artifact", required=False)
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8080, show_default=True, type=int)
-@click.option("--api-key", default=None, help="Require this bearer token / x-api-key.")
+@click.option("--port", default=8080, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--api-key", default=None, envvar="NINFER_API_KEY", show_envvar=True,
+              help="Require this bearer token / x-api-key. Prefer NINFER_API_KEY or "
+                   "--api-key-file: a command-line value is visible in `ps`.")
+@click.option("--api-key-file", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Read the API key from this file (its first line).")
+@click.option("--allowed-hosts", default="", show_default=False,
+              help="Comma-separated Host header names answered besides IP addresses, "
+                   "localhost, --host and this machine's names; '*' answers any host.")
 @click.option("--model-id", default=None, help="Public model alias (default: artifact name).")
 @click.option("--cors", is_flag=True, help="Permissive browser CORS headers.")
 @click.option("--max-context", default=8192, show_default=True, type=click.IntRange(min=16))
@@ -43,8 +64,12 @@ def _kv_capacity(value: str | None):
               help="0: a step that prefills a prompt chunk carries no decode rows (prompts "
                    "first); above 0 running streams decode in every step, chunks included.")
 @click.option("--default-max-tokens", default=8192, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-request-mib", default=384, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-request-mib", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Largest request body, refused with 413 before it is parsed.")
 @click.option("--no-prefix-reuse", is_flag=True)
+@click.option("--no-verify-checksums", "verify_checksums", is_flag=True, flag_value=False,
+              default=True, help="Skip checking the artifact's file checksums at load (they "
+                                 "read every weight byte once: about 1 s per GB).")
 @click.option("--device-state-slots", default=None, type=click.IntRange(min=0),
               help="Hybrid models: device state slots beyond one per lane (total capacity "
                    "--max-concurrency + N; default N = --max-concurrency). Dense models have "
@@ -92,6 +117,20 @@ def _kv_capacity(value: str | None):
 @click.option("--no-cuda-graph", is_flag=True,
               help="Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
                    "On CPU: accepted, no effect beyond the core's environment.")
+@click.option("--header-timeout", "header_timeout_s", default=10.0, show_default=True,
+              type=click.FloatRange(min=0.1),
+              help="Seconds a client has to send a request head (408 after).")
+@click.option("--read-timeout", "read_timeout_s", default=30.0, show_default=True,
+              type=click.FloatRange(min=0.1),
+              help="Seconds one read of a request body, or one write of a reply, may stall.")
+@click.option("--max-connections", default=1000, show_default=True,
+              type=click.IntRange(min=1),
+              help="Open connections per HTTP worker, idle ones included (independent of "
+                   "--http-threads); past it new clients wait in the listen backlog.")
+@click.option("--shutdown-timeout", "shutdown_timeout_s", default=30.0, show_default=True,
+              type=click.FloatRange(min=0),
+              help="On SIGTERM/SIGINT: seconds in-flight requests may take to finish before "
+                   "they are ended with an error.")
 @click.option("--http-threads", default=None, type=click.IntRange(min=2),
               help="HTTP threads per worker (one per open stream). Default: enough for every "
                    "lane and pending request, at least 32.")
@@ -100,7 +139,8 @@ def _kv_capacity(value: str | None):
                    "Responses store off (--response-store-max-records 0) and no "
                    "--request-log-jsonl / --capture-requests: those are per worker.")
 def serve(artifact, kv_capacity, spec, draft_tokens, temperature, top_p, top_k, min_p,
-          presence_penalty, frequency_penalty, seed, greedy, **options):
+          presence_penalty, frequency_penalty, seed, greedy, api_key, api_key_file,
+          allowed_hosts, **options):
     """Serve ARTIFACT (default: the embedded SmolLM2-135M-Instruct) over HTTP."""
     from ninfer_jax.artifact.default_model import default_artifact_path
     from ninfer_jax.serve.launcher import run_server
@@ -109,9 +149,17 @@ def serve(artifact, kv_capacity, spec, draft_tokens, temperature, top_p, top_k, 
         speculative = SpeculativeConfig.from_options(spec, draft_tokens)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    kv_tokens = _kv_capacity(kv_capacity)
+    if isinstance(kv_tokens, int) and kv_tokens < options["max_context"]:
+        raise click.BadParameter(
+            f"{kv_tokens} tokens is less than --max-context {options['max_context']}: one "
+            "request at the full context could never fit; raise it, use 'auto', or lower "
+            "--max-context", param_hint="--kv-capacity")
     config = ServeConfig(
         artifact=str(artifact or default_artifact_path()),
-        kv_capacity=_kv_capacity(kv_capacity),
+        kv_capacity=kv_tokens,
+        api_key=_api_key(api_key, api_key_file),
+        allowed_hosts=tuple(h.strip() for h in allowed_hosts.split(",") if h.strip()),
         spec=spec, draft_tokens=speculative.draft_tokens if speculative else None,
         sampling=SamplingOverrides(temperature, top_p, top_k, min_p, presence_penalty,
                                    frequency_penalty, seed, greedy),

@@ -36,7 +36,7 @@ from ninfer_jax.engine.core_channel import (
     STATS_PUSH_S, Batch, Control, Hello, Relayed, Submit, SubmitReply, hang_up,
 )
 from ninfer_jax.engine.request import TERMINAL
-from ninfer_jax.errors import EngineUnavailable, InternalError, NinferError
+from ninfer_jax.errors import ArtifactError, EngineUnavailable, InternalError, NinferError
 
 CORE_SWITCH_INTERVAL_S = 0.0005
 
@@ -174,6 +174,12 @@ class CoreServer:
             engine.add_scheduling_listener(self._on_scheduling)
             engine.round_listeners.append(self._flush)
             engine.start()
+        except (ArtifactError, NinferError, ValueError) as exc:
+            # An expected start-up failure (a damaged artifact, an option the model refuses):
+            # one line says it; a traceback is for bugs.
+            log.error("cannot serve: the engine core could not build its engine: %s", exc)
+            stop.set()
+            return
         except BaseException:
             log.exception("the engine core could not build its engine")
             stop.set()

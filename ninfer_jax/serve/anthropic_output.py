@@ -13,6 +13,7 @@ import copy
 import hashlib
 import json
 
+from ninfer_jax.serve.json_body import loads_finite
 from ninfer_jax.serve.responses_fields import new_id
 
 SIGNATURE_PREFIX = "ninfer-thinking-"
@@ -96,7 +97,9 @@ class MessageBuilder:
 
     def tool_use(self, name: str, arguments: str) -> None:
         self._close_open()
-        tool_input = json.loads(arguments)
+        tool_input, changed = loads_finite(arguments)
+        if changed:  # the streamed partial_json must parse to the same input
+            arguments = json.dumps(tool_input, ensure_ascii=False)
         self._start_block({"type": "tool_use", "id": new_id("toolu"), "name": name, "input": {}})
         self._open["input"] = tool_input
         self._emit("content_block_delta", index=self._index,

@@ -27,6 +27,8 @@ from ninfer_jax.text.conversation import Conversation, PromptOptions, ToolSpec
 MAX_CACHE_BREAKPOINTS = 4
 MIN_THINKING_BUDGET = 1024
 TOP_K_MAX = 20
+# Each stop string is matched after every token; the same bound as Chat's `stop`.
+MAX_STOP_SEQUENCES = 4
 ANTHROPIC_EFFORTS = ("low", "medium", "high", "xhigh", "max")
 REJECTED_FIELDS = {
     "container": "Containers (code execution sandboxes) are not supported.",
@@ -181,6 +183,9 @@ def _sampling(body: dict, request: AnthropicRequest) -> None:
     request.top_k = fields.opt_int(body.get("top_k"), "top_k", 0, TOP_K_MAX)
     stops = body.get("stop_sequences")
     if stops is not None:
+        if len(fields.require_list(stops, "stop_sequences")) > MAX_STOP_SEQUENCES:
+            raise InvalidRequest(f"'stop_sequences' holds at most {MAX_STOP_SEQUENCES} strings.",
+                                 param="stop_sequences")
         request.stop_sequences = tuple(
             fields.require_string(s, f"stop_sequences[{n}]", non_empty=True)
             for n, s in enumerate(fields.require_list(stops, "stop_sequences")))

@@ -4,20 +4,20 @@ request id, so a run can be replayed later (`ninfer replay`).
 Off by default: bodies hold user data (prompts, tool arguments). Only the body is kept,
 never a header, so the API key is not captured. A Falcon middleware, added after the auth
 middleware (unauthenticated requests are not captured), reads the body of a POST to a
-generation route before its resource runs, records it, and hands the same bytes back to the
-resource. Lines carry the same `request_id` as the request log, so a capture joins its
+generation route before its resource runs (serve/json_body.py's strict rules: what it
+refuses is not captured, and the resource answers the 400), records it, and leaves the parsed
+body for the resource. Lines carry the same `request_id` as the request log, so a capture joins its
 request_done record (the client sees it in `x-request-id`, or as `req_<id>` in the Anthropic
 `request-id` header).
 """
 from __future__ import annotations
 
-import io
-import json
 import logging
 
 import falcon
 
 from ninfer_jax.serve.http import MIB
+from ninfer_jax.serve.json_body import read_json_body
 from ninfer_jax.serve.request_log import JsonlWriter, server_instance_id
 
 log = logging.getLogger("ninfer_jax.serve.capture")
@@ -36,20 +36,11 @@ class CaptureMiddleware:
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         if req.method != "POST" or req.path not in GENERATION_ROUTES:
             return
-        length = req.content_length
-        # Falcon reads exactly Content-Length bytes; without one the resource sees no body.
-        if not length or length > self.max_bytes:
-            return
-        data = req.stream.read(length)
-        # The resource reads the same bytes (bounded_stream wraps env["wsgi.input"]).
-        req.env["wsgi.input"] = req.stream = io.BytesIO(data)
-        try:
-            body = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            return  # the resource answers 400; there is nothing to replay
-        if isinstance(body, dict):
-            self.writer.emit("request_capture", {"request_id": req.context.request_id,
-                                                 "endpoint": req.path, "body": body})
+        # A body refused here (413, 408, 400) is refused the same way to the client.
+        body = read_json_body(req, self.max_bytes)
+        req.context.json_body = body
+        self.writer.emit("request_capture", {"request_id": req.context.request_id,
+                                             "endpoint": req.path, "body": body})
 
 
 def register(app: falcon.App, ctx) -> None:

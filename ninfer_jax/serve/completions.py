@@ -12,12 +12,12 @@ import time
 
 import falcon
 
-from ninfer_jax.errors import InvalidRequest
+from ninfer_jax.errors import ContextLengthExceeded, InvalidRequest
 from ninfer_jax.serve import chat_request as fields
 from ninfer_jax.serve.context import ServingContext
 from ninfer_jax.serve.disconnect import peer_of
 from ninfer_jax.serve.generation import prepare_raw, start
-from ninfer_jax.serve.http import read_json_body
+from ninfer_jax.serve.json_body import read_json_body
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.openai_chat import usage_body
 from ninfer_jax.serve.responses_fields import opt_bool, opt_int
@@ -37,6 +37,11 @@ def prompt_ids(value, ctx: ServingContext) -> tuple[list[int], str]:
     if isinstance(value, str):
         if not value:
             raise InvalidRequest("'prompt' must not be empty.", param="prompt")
+        if not ctx.tokenizer.may_fit(len(value), ctx.max_context):
+            at_least = len(value) // ctx.tokenizer.max_chars_per_token
+            raise ContextLengthExceeded(at_least, ctx.max_context, param="prompt", message=(
+                f"The prompt has {len(value)} characters, at least {at_least} tokens, more "
+                f"than the server's context ceiling of {ctx.max_context} tokens."))
         ids = ctx.tokenizer.encode(value, special=True)
         if getattr(ctx.tokenizer, "add_bos", False) and ctx.tokenizer.bos_id is not None:
             ids = [ctx.tokenizer.bos_id] + ids

@@ -30,7 +30,10 @@ class ServeConfig:
     artifact: str
     host: str = "127.0.0.1"
     port: int = 8080
-    api_key: str | None = None
+    api_key: str | None = None  # --api-key, NINFER_API_KEY or --api-key-file, resolved
+    # Host header names answered besides IP literals, localhost and this machine's names;
+    # "*" answers any (serve/http.py says why the check exists)
+    allowed_hosts: tuple[str, ...] = ()
     model_id: str | None = None  # None -> artifact metadata name
     cors: bool = False
     # context and scheduling
@@ -42,8 +45,11 @@ class ServeConfig:
     prefill_chunk: int = 1024
     decode_share: float = 0.25
     default_max_tokens: int = 8192
-    max_request_mib: int = 384
+    # The contract's table says 384; a parsed body costs several times its size, so with every
+    # lane and pending request holding one that admitted tens of GB (docs/operations.md).
+    max_request_mib: int = 32
     no_prefix_reuse: bool = False
+    verify_checksums: bool = True  # artifact/checksums.py, when the core reads the weights
     kv_dtype: str = "auto"  # auto: f32 on CPU, bf16 on GPU
     # hybrid models: state slots beyond one per lane (accepted and unused on dense models);
     # None: as many as --max-concurrency, the spec's default (engine/state_slots.extra_slots)
@@ -70,7 +76,11 @@ class ServeConfig:
     # device (applied to the engine-core process's environment only)
     device: int = 0  # CUDA device index among the visible ones
     no_cuda_graph: bool = False  # XLA command buffers (CUDA graphs) off
-    # gunicorn
+    # gunicorn (serve/http_worker.py: head and read timeouts, the connection cap)
+    header_timeout_s: float = 10.0  # a request head must arrive within this
+    read_timeout_s: float = 30.0  # longest wait on one socket read or write in a thread
+    max_connections: int = 1000  # open connections per HTTP worker, idle ones included
+    shutdown_timeout_s: float = 30.0  # SIGTERM/SIGINT: in-flight requests may finish this long
     http_threads: int | None = None  # per worker; None: see http_threads_per_worker
     http_workers: int = 1  # HTTP worker processes sharing the one engine core
     # argv as typed, kept for the request log's server_start record (redacted there)

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle
 from ninfer_jax.serve.config import ServeConfig
+from ninfer_jax.serve.shutdown import InFlight
 
 
 class EngineLike(Protocol):
@@ -40,6 +41,8 @@ class ServingContext:
     started_at: float = dataclasses.field(default_factory=time.time)
     # Services other helpers attach (request log, metrics); None when not configured.
     extras: dict = dataclasses.field(default_factory=dict)
+    # The requests a stopping worker ends after --shutdown-timeout (serve/shutdown.py).
+    in_flight: InFlight = dataclasses.field(default_factory=InFlight)
 
     @property
     def chat_format(self) -> dict:

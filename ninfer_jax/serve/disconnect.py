@@ -57,8 +57,11 @@ class PeerWatch:
         if self._closed or self._sock is None:
             return self._closed
         try:
-            readable, _, _ = select.select([self._sock], [], [], 0)
-            if readable:
+            # poll, not select: select() refuses descriptors from 1024 on (ValueError), which
+            # would read as a closed client on a busy server.
+            poller = select.poll()
+            poller.register(self._sock, select.POLLIN)
+            if poller.poll(0):
                 self._closed = self._sock.recv(1, _PEEK_FLAGS) == b""
         except (BlockingIOError, InterruptedError):
             pass  # readable a moment ago, nothing to read now: still connected

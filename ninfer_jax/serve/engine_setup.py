@@ -70,7 +70,7 @@ def build_engine(config: ServeConfig):
     # The device runtime starts (seconds on a GPU) while the weights are read.
     runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
     runtime.start()
-    artifact = load_artifact(config.artifact, weights=True)
+    artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums)
     runtime.join()
     read = time.perf_counter()
     max_context = effective_max_context(config, artifact)

@@ -86,16 +86,22 @@ def _handle_falcon(req, resp, error, params):
 def _handle_unexpected(req, resp, error, params):
     if isinstance(error, falcon.HTTPError):
         return _handle_falcon(req, resp, error, params)
-    log.exception("unexpected error on %s %s (request %s)", req.method, req.path,
+    log.exception("unexpected error on %s %s (request %s)", req.method, route_of(req),
                   getattr(req.context, "request_id", "-"))
     render_error(req, resp, errors.InternalError("The server hit an internal error."))
 
 
-CLIENT_CLOSED_REQUEST = 499
+# Falcon (and http.HTTPStatus) know no reason phrase for 499: it would read "499 Unknown".
+CLIENT_CLOSED_REQUEST = "499 Client Closed Request"
+
+
+def route_of(req: falcon.Request) -> str:
+    """The matched route template: operational logs never carry a client-written path."""
+    return req.uri_template or "(no route)"
 
 
 def _handle_client_gone(req, resp, error, params):
-    log.info("%s %s: %s", req.method, req.path, error)
+    log.info("%s %s: %s", req.method, route_of(req), error)
     resp.status = CLIENT_CLOSED_REQUEST
     resp.text = ""
 

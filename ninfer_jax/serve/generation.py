@@ -115,10 +115,11 @@ def _with_server_defaults(ctx: ServingContext, conversation: Conversation,
     return Conversation(conversation.messages, tools, options)
 
 
-def _resolve_max_tokens(ctx: ServingContext, num_prompt: int, options: GenerationOptions) -> int:
+def _resolve_max_tokens(ctx: ServingContext, num_prompt: int, options: GenerationOptions,
+                        prompt_param: str = "messages") -> int:
     limit = ctx.max_context
     if num_prompt > limit:
-        raise ContextLengthExceeded(num_prompt, limit, param="messages", message=(
+        raise ContextLengthExceeded(num_prompt, limit, param=prompt_param, message=(
             f"The prompt has {num_prompt} tokens, more than the server's context ceiling of "
             f"{limit} tokens. Shorten the conversation."))
     if options.max_tokens is not None:
@@ -131,7 +132,7 @@ def _resolve_max_tokens(ctx: ServingContext, num_prompt: int, options: Generatio
         return options.max_tokens
     remaining = limit - num_prompt
     if remaining <= 0:
-        raise ContextLengthExceeded(num_prompt + 1, limit, param="messages", message=(
+        raise ContextLengthExceeded(num_prompt + 1, limit, param=prompt_param, message=(
             f"The prompt fills the whole context ({num_prompt} of {limit} tokens); no room "
             "is left for a reply."))
     return min(ctx.config.default_max_tokens, remaining)
@@ -197,7 +198,7 @@ def _prepare_chat(ctx, conversation, options, request_id, arrival) -> PreparedGe
     arrival = time.monotonic() if arrival is None else arrival
     tools = _effective_tools(conversation.tools, options.tool_choice)
     conversation = _with_server_defaults(ctx, conversation, tools)
-    rendered = ctx.renderer.render(conversation)
+    rendered = ctx.renderer.render(conversation, max_tokens=ctx.max_context)
     markers = ctx.reasoning_markers
     enable = conversation.options.enable_thinking
     thinking = markers is not None and (
@@ -232,7 +233,7 @@ def _prepare_raw(ctx, prompt_ids, options, request_id, arrival) -> PreparedGener
     arrival = time.monotonic() if arrival is None else arrival
     if not prompt_ids:
         raise InvalidRequest("'prompt' must not be empty.", param="prompt")
-    max_tokens = _resolve_max_tokens(ctx, len(prompt_ids), options)
+    max_tokens = _resolve_max_tokens(ctx, len(prompt_ids), options, prompt_param="prompt")
     plan = OutputPlan(stop_strings=options.stop,
                       hidden_token_ids=frozenset() if options.ignore_eos else ctx.eos_ids)
     request = _request(ctx, request_id, list(prompt_ids), options, max_tokens, False, [],
@@ -288,5 +289,6 @@ def submit(ctx: ServingContext, prepared: PreparedGeneration) -> RequestHandle:
     trace = prepared.trace or request_trace.NULL_TRACE
     with trace.rejecting("submit"):
         handle = ctx.engine.submit(prepared.request)
+    ctx.in_flight.add(handle)
     trace.started(handle)
     return handle

@@ -20,8 +20,10 @@ Stderr records read `YYYY-MM-DD HH:MM:SS.mmm LEVEL message` (gunicorn's own incl
 """
 from __future__ import annotations
 
+import errno
 import logging
 import logging.config
+import math
 import os
 import shutil
 import socket
@@ -40,7 +42,8 @@ DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
 LEVELS = {"trace": logging.DEBUG, "debug": logging.DEBUG, "info": logging.INFO,
           "warning": logging.WARNING, "error": logging.ERROR, "critical": logging.CRITICAL,
           "off": logging.CRITICAL + 10}
-GRACEFUL_TIMEOUT_S = 10
+SHUTDOWN_MARGIN_S = 10
+WORKER_BOOT_ERROR = 3  # gunicorn's exit status for a worker that could not start
 # A dead peer is noticed within about 20 s: TCP keepalive probes plus a user timeout.
 TCP_USER_TIMEOUT_MS = 15000
 
@@ -134,6 +137,26 @@ def check_http_workers(config: ServeConfig) -> None:
                              "one worker process; serve with --http-workers 1 to use it")
 
 
+def gunicorn_settings(config: ServeConfig) -> dict:
+    """gunicorn's settings for `config` (the process-model hooks are the caller's)."""
+    from ninfer_jax.serve.http_worker import ConnectionLimits, worker_class
+
+    limits = ConnectionLimits(config.header_timeout_s, config.read_timeout_s,
+                              config.max_connections, config.shutdown_timeout_s)
+    return {
+        "bind": [f"[{config.host}]:{config.port}" if ":" in config.host
+                 else f"{config.host}:{config.port}"],
+        "workers": config.http_workers, "worker_class": worker_class(limits),
+        "threads": http_threads_per_worker(config), "worker_connections": limits.max_connections,
+        # The master kills a worker this long after SIGTERM; the worker ends its requests
+        # after --shutdown-timeout and needs a moment more to close the engine and the logs.
+        "timeout": 0, "graceful_timeout": math.ceil(config.shutdown_timeout_s + SHUTDOWN_MARGIN_S),
+        "keepalive": 5,
+        "preload_app": False, "control_socket_disable": True, "accesslog": None,
+        "logconfig_dict": logging_config(config.log_level), "proc_name": "ninfer-serve",
+    }
+
+
 class NinferApplication(BaseApplication):
     def __init__(self, config: ServeConfig, core):
         self.config = config
@@ -142,26 +165,22 @@ class NinferApplication(BaseApplication):
         super().__init__()
 
     def load_config(self) -> None:
-        config = self.config
-        settings = {
-            "bind": [f"[{config.host}]:{config.port}" if ":" in config.host
-                     else f"{config.host}:{config.port}"],
-            "workers": config.http_workers, "worker_class": "gthread",
-            "threads": http_threads_per_worker(config),
-            "timeout": 0, "graceful_timeout": GRACEFUL_TIMEOUT_S, "keepalive": 5,
-            "preload_app": False, "control_socket_disable": True, "accesslog": None,
-            "logconfig_dict": logging_config(config.log_level),
-            "proc_name": "ninfer-serve", "post_fork": self._post_fork,
-            "worker_exit": self._worker_exit,
-        }
+        settings = gunicorn_settings(self.config)
+        settings.update(post_fork=self._post_fork, worker_exit=self._worker_exit)
         for key, value in settings.items():
             self.cfg.set(key, value)
 
     def load(self):
         # Runs in the worker process, after the fork.
+        from ninfer_jax.errors import EngineUnavailable
         from ninfer_jax.serve.app import create_app
 
-        self.ctx = build_worker_context(self.config, self.core.address, self.core.authkey)
+        try:
+            self.ctx = build_worker_context(self.config, self.core.address, self.core.authkey)
+        except EngineUnavailable:
+            # The core has logged why in one line; a worker traceback would bury it.
+            log.error("cannot serve: the engine core stopped during start-up")
+            sys.exit(WORKER_BOOT_ERROR)
         return _KeepAliveSockets(create_app(self.ctx))
 
     def _post_fork(self, server, worker) -> None:
@@ -171,8 +190,38 @@ class NinferApplication(BaseApplication):
         if self.ctx is not None:
             from ninfer_jax.serve.request_log import shutdown as close_logs
 
-            self.ctx.engine.shutdown(timeout=GRACEFUL_TIMEOUT_S)
+            self.ctx.engine.shutdown(timeout=SHUTDOWN_MARGIN_S / 2)
             close_logs(self.ctx)
+
+    def abort_in_flight(self) -> int:
+        # Called by the stopping worker (serve/http_worker.py) after --shutdown-timeout.
+        return self.ctx.in_flight.abort_all() if self.ctx is not None else 0
+
+    def run(self) -> None:
+        from ninfer_jax.serve.http_worker import GracefulArbiter
+
+        try:
+            GracefulArbiter(self).run()
+        except RuntimeError as exc:
+            log.error("cannot serve: %s", exc)
+            sys.exit(1)
+
+
+def check_port(host: str, port: int) -> None:
+    """OSError with a plain message when (host, port) cannot be bound: in use, not allowed,
+    or not an address of this machine."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            reasons = {errno.EADDRINUSE: "is already in use (another server is running "
+                                         "there; stop it or pick another --port)",
+                       errno.EACCES: "needs privileges to bind (pick a --port above 1023)",
+                       errno.EADDRNOTAVAIL: "is not an address of this machine (--host)"}
+            reason = reasons.get(exc.errno, f"cannot be bound ({exc.strerror})")
+            raise OSError(f"{host}:{port} {reason}") from None
 
 
 def run_server(config: ServeConfig) -> None:
@@ -202,6 +251,11 @@ def run_server(config: ServeConfig) -> None:
         engine_setup.check_speculation(config, artifact.config)
         core_env = engine_setup.core_environment(config, os.environ)
     except ValueError as exc:
+        log.error("cannot serve: %s", exc)
+        sys.exit(2)
+    try:
+        check_port(config.host, config.port)  # before the weights are read, not after
+    except OSError as exc:
         log.error("cannot serve: %s", exc)
         sys.exit(2)
     log.info("starting ninfer-jax on http://%s:%d (artifact %s)", config.host, config.port,

@@ -1,4 +1,4 @@
-"""GET /health, GET /v1/models and GET /v1/models/{id}.
+"""GET (and HEAD) /health, GET /v1/models and GET /v1/models/{id}.
 
 /health is 200 {"status": "ok"} once the engine finished warming up and while it can accept
 work, 503 {"status": "loading"} before that, and 503 {"status": "unavailable"} after an
@@ -32,6 +32,9 @@ class HealthResource:
         # step, and the rest compile in the background.
         resp.media = {"status": status, "compiled_shapes": stats.compiled_shapes,
                       "total_shapes": stats.total_shapes}
+
+    # Load balancers and uptime probes ask with HEAD: the same status, no body.
+    on_head = on_get
 
 
 def model_card(ctx: ServingContext) -> dict:

@@ -21,7 +21,7 @@ from ninfer_jax.serve.chat_messages import parse_messages, parse_tools
 from ninfer_jax.serve.context import ServingContext
 from ninfer_jax.serve.disconnect import peer_of
 from ninfer_jax.serve.generation import GenerationOptions, prepare_chat, start
-from ninfer_jax.serve.http import read_json_body
+from ninfer_jax.serve.json_body import read_json_body
 from ninfer_jax.serve.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.responses_fields import (REASONING_EFFORTS, check_enum,
                                                merge_template_options, opt_bool, opt_int)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import re
 import threading
 import time
 
@@ -82,7 +83,7 @@ class RequestTrace:
         self.observer.emit("request_rejected", body)
         self.observer.count("rejected")
         log.info("request %s rejected: %s %s%s", self.request_id, body["error"]["status"],
-                 error.code, f" (param {error.param})" if error.param else "")
+                 error.code, f" (param {loggable_param(error.param)})" if error.param else "")
 
     def started(self, handle) -> None:
         self.handle = handle
@@ -159,6 +160,15 @@ class RequestTrace:
         self.observer.count("timeout" if error.code == "request_queue_timeout" else "failed")
         log.warning("request %s failed: %s %s", self.request_id, body["error"]["status"],
                     error.code)
+
+
+_PLAIN_PARAM = re.compile(r"[A-Za-z0-9_.\[\]]{1,80}")
+
+
+def loggable_param(param: str) -> str:
+    """A parameter path for stderr: member names come from the client (metadata keys, schema
+    properties), so a path that is not plain identifiers is not copied into the log."""
+    return param if _PLAIN_PARAM.fullmatch(param) else "(a client-named field)"
 
 
 class NullTrace:

@@ -59,7 +59,8 @@ def _normalize_item(item, param: str) -> dict:
     kind = item.get("type", "message" if "role" in item else None)
     normalizer = {"message": _normalize_message, "reasoning": _normalize_reasoning,
                   "function_call": _normalize_call,
-                  "function_call_output": _normalize_call_output}.get(kind)
+                  "function_call_output": _normalize_call_output}.get(
+                      kind if isinstance(kind, str) else None)
     if normalizer is None:
         raise Unsupported(f"Input item type {kind!r} is not supported; supported types are "
                           "message, reasoning, function_call and function_call_output.",

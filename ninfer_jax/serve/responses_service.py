@@ -43,7 +43,8 @@ def render_prompt(ctx, conversation: Conversation):
         options.enable_thinking = False
     if options.preserve_thinking is None and ctx.config.preserve_thinking:
         options.preserve_thinking = True
-    return ctx.renderer.render(Conversation(conversation.messages, conversation.tools, options))
+    return ctx.renderer.render(Conversation(conversation.messages, conversation.tools, options),
+                               max_tokens=ctx.max_context)
 
 
 def error_object(error: NinferError) -> dict:

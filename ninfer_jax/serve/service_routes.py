@@ -10,7 +10,8 @@ from __future__ import annotations
 import falcon
 
 from ninfer_jax.serve.disconnect import peer_of
-from ninfer_jax.serve.http import MIB, read_json_body
+from ninfer_jax.serve.http import MIB
+from ninfer_jax.serve.json_body import read_json_body
 from ninfer_jax.serve.sse import start_sse
 
 

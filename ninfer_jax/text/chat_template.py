@@ -24,7 +24,7 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from ninfer_jax.errors import InvalidRequest
+from ninfer_jax.errors import ContextLengthExceeded, InvalidRequest
 from ninfer_jax.text.conversation import Conversation, Message, ToolCall, ToolSpec
 from ninfer_jax.text.tokenizer import Segment, Tokenizer
 
@@ -159,7 +159,10 @@ class ChatRenderer:
                                tokenizer.token_to_id(reasoning.get("close", "")): False}
         self._reasoning_ids.pop(None, None)
 
-    def render(self, conversation: Conversation) -> RenderedPrompt:
+    def render(self, conversation: Conversation, *,
+               max_tokens: int | None = None) -> RenderedPrompt:
+        """The prompt's text and ids. With `max_tokens`, a rendered text too long to encode
+        to that many tokens is refused (ContextLengthExceeded) before it is tokenized."""
         masker = _Masker(self._controls, self.source)
         options = conversation.options
         messages = _template_messages(conversation.messages, masker)
@@ -175,6 +178,11 @@ class ChatRenderer:
                 raise InvalidRequest("the chat template does not render the final assistant "
                                      "message, so it cannot be continued", code="invalid_prompt")
             rendered = rendered[:rendered.index(cut_marker)]
+        if max_tokens is not None and not self.tokenizer.may_fit(len(rendered), max_tokens):
+            at_least = len(rendered) // self.tokenizer.max_chars_per_token
+            raise ContextLengthExceeded(at_least, max_tokens, param="messages", message=(
+                f"The prompt has {len(rendered)} characters, at least {at_least} tokens, more "
+                f"than the server's context ceiling of {max_tokens} tokens."))
         return self._tokenize(masker.segments(rendered), conversation.messages)
 
     # ------------------------------------------------------------------ pieces

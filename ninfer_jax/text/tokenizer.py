@@ -97,6 +97,18 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._full.token_to_id(token)
 
+    @functools.cached_property
+    def max_chars_per_token(self) -> int:
+        """An upper bound on the characters of text one token stands for: the longest vocabulary
+        spelling, doubled for normalizers that drop characters. A text longer than
+        N * this cannot encode to N tokens or fewer, which lets a prompt far past the context
+        be refused without tokenizing it."""
+        return 2 * max(len(token) for token in self._full.get_vocab(with_added_tokens=True))
+
+    def may_fit(self, num_chars: int, max_tokens: int) -> bool:
+        """False when `num_chars` of text surely encode to more than `max_tokens` tokens."""
+        return num_chars <= max_tokens * self.max_chars_per_token
+
     def id_to_token(self, token_id: int) -> str | None:
         return self._full.id_to_token(token_id)
 

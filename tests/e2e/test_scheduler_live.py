@@ -170,7 +170,7 @@ def send_and_keep_open(server, body: dict) -> socket.socket:
     """POST a chat request over a raw connection and leave it open without reading."""
     payload = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\n"
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                  % len(payload) + payload)
     return sock

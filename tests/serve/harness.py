@@ -14,6 +14,7 @@ import re
 import time
 
 import numpy as np
+from falcon.testing.helpers import DEFAULT_HOST
 
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.engine import Engine
@@ -23,6 +24,7 @@ from ninfer_jax.serve.config import ServeConfig
 from ninfer_jax.serve.context import ServingContext
 from ninfer_jax.text.chat_template import ChatRenderer
 
+TEST_HOSTS = (DEFAULT_HOST, "ninfer.test")
 _KEY = re.compile(r"SCRIPT:([\w-]+)")
 
 
@@ -90,6 +92,8 @@ def build_harness(artifact, tokenizer=None, *, chat_format=None, template=None, 
     metadata = dict(artifact.metadata)
     if chat_format is not None:
         metadata["chat_format"] = chat_format
+    # The hosts the tests' clients name (Falcon's test client, the SDKs' WSGI transports).
+    config.setdefault("allowed_hosts", TEST_HOSTS)
     serve_config = ServeConfig(artifact=str(artifact.path), max_context=max_context, **config)
     tokenizer = tokenizer or artifact.load_tokenizer()
     book = ScriptBook(tokenizer, tokenizer.eos_ids[0])

@@ -76,3 +76,19 @@ def test_error_event_and_frame():
     frame = sse_frame(event).decode()
     assert frame.startswith("event: error\ndata: ") and frame.endswith("\n\n")
     assert json.loads(frame.split("data: ", 1)[1])["error"]["type"] == "overloaded_error"
+
+
+def test_non_finite_tool_arguments_become_null_in_valid_json():
+    builder = MessageBuilder("label")
+    builder.start(prompt_tokens=3, cached_tokens=0)
+    builder.tool_use("f", '{"x": NaN, "y": [Infinity, 1e999, 2.5]}')
+    message = builder.finish("tool_use", usage_object(3, 0, 1))
+    events = builder.take_events()
+    block = message["content"][0]
+    assert block["input"] == {"x": None, "y": [None, None, 2.5]}
+    json.dumps(message, allow_nan=False)  # would raise on a NaN left behind
+    for event in events:
+        json.dumps(event, allow_nan=False)
+    deltas = [e["delta"]["partial_json"] for e in events
+              if e["type"] == "content_block_delta"]
+    assert json.loads("".join(deltas), parse_constant=lambda c: 1 / 0) == block["input"]

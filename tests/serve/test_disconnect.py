@@ -1,5 +1,8 @@
 """PeerWatch: a closed client connection is seen by peeking, never by consuming its bytes."""
+import os
 import socket
+
+import pytest
 
 from ninfer_jax.serve.disconnect import NO_PEER, POLL_S, PeerWatch
 
@@ -63,3 +66,25 @@ def test_due_rate_limits_the_checks():
         assert watch.due(100.0)
         assert not watch.due(100.0 + POLL_S / 2)
         assert watch.due(100.0 + POLL_S)
+
+
+def test_descriptors_past_1024_are_watched():
+    # select() cannot take descriptors from 1024 on; a busy server has them.
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 1600:
+        pytest.skip("the descriptor limit is below 1600")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1600), hard))
+    server, client = socket.socketpair()
+    os.dup2(server.fileno(), 1500)
+    high = socket.socket(fileno=1500)
+    try:
+        watch = PeerWatch(high)
+        assert not watch.is_closed()
+        client.close()
+        assert watch.is_closed()
+    finally:
+        high.close()
+        server.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -9,6 +9,7 @@ from harness import build_harness
 MODEL = "smollm2-135m-instruct"
 KEY = "local-secret"
 AUTH = {"Authorization": f"Bearer {KEY}"}
+JSON_AUTH = {**AUTH, "Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +54,14 @@ def test_auth_required_except_health(secured):
 
 def test_body_over_limit_is_413_before_parsing(secured):
     too_big = b"{" + b" " * (1024 * 1024 + 10) + b"}"
-    response = secured.simulate_post("/v1/chat/completions", body=too_big, headers=AUTH)
+    response = secured.simulate_post("/v1/chat/completions", body=too_big, headers=JSON_AUTH)
     assert_openai_error(response, 413, code="request_too_large")
 
 
 def test_malformed_json_and_non_object(secured):
-    response = secured.simulate_post("/v1/chat/completions", body=b"{not json", headers=AUTH)
+    response = secured.simulate_post("/v1/chat/completions", body=b"{not json", headers=JSON_AUTH)
     assert_openai_error(response, 400, code="invalid_json", type_="invalid_request_error")
-    response = secured.simulate_post("/v1/chat/completions", body=b"[1]", headers=AUTH)
+    response = secured.simulate_post("/v1/chat/completions", body=b"[1]", headers=JSON_AUTH)
     assert_openai_error(response, 400, code="invalid_json")
 
 

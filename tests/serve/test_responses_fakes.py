@@ -12,6 +12,8 @@ import json
 import pathlib
 import types
 
+from falcon.testing.helpers import DEFAULT_HOST
+
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.engine import Engine
 from ninfer_jax.engine.fake import FakeRunner, scripted
@@ -47,7 +49,7 @@ class ChatMLRenderer:
         self.tokenizer = tok
         self.conversations = []
 
-    def render(self, conversation):
+    def render(self, conversation, *, max_tokens=None):
         self.conversations.append(conversation)
         options = conversation.options
         text = ""
@@ -116,5 +118,5 @@ def make_context(reply: str, *, max_context: int = 2048, decode_sleep: float = 0
                 "special_tokens": {"eos_ids": [EOS]},
                 "chat_format": CHAT_FORMAT if chat_format is None else chat_format}
     return FakeContext(engine=engine, tokenizer=tok, renderer=ChatMLRenderer(tok),
-                       model_id=MODEL_ID, config=ServeConfig(artifact="fake", **config),
+                       model_id=MODEL_ID, config=ServeConfig(artifact="fake", allowed_hosts=(DEFAULT_HOST,), **config),
                        metadata=metadata, max_context=max_context)

@@ -166,3 +166,11 @@ def test_bad_breakpoint_mode_names_field():
         normalize_input([{"role": "user", "content": [
             {"type": "input_text", "text": "a", "prompt_cache_breakpoint": {"mode": "auto"}}]}])
     assert info.value.param == "input[0].content[0].prompt_cache_breakpoint.mode"
+
+
+@pytest.mark.parametrize("kind", [["message"], {"a": 1}, 3])
+def test_an_item_type_that_is_not_a_string_is_refused(kind):
+    # Found by tests/reliability/test_fuzz.py: a list `type` was a 500 (unhashable).
+    with pytest.raises(Unsupported) as info:
+        normalize_input([{"type": kind, "role": "user", "content": "hi"}])
+    assert info.value.param == "input[0].type"

@@ -18,7 +18,8 @@ from ninfer_jax.serve.app import create_app
 from ninfer_jax.serve.config import ServeConfig
 from ninfer_jax.serve.launcher import build_worker_context
 
-config = ServeConfig(artifact=sys.argv[1], log_stats_interval_ms=0)
+config = ServeConfig(artifact=sys.argv[1], log_stats_interval_ms=0,
+                     allowed_hosts=("falconframework.org",))
 ctx = build_worker_context(config, sys.argv[2], bytes.fromhex(sys.argv[3]))
 ctx.engine.wait_ready(30)
 client = testing.TestClient(create_app(ctx))
