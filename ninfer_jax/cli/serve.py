@@ -44,7 +44,11 @@ def _kv_capacity(value: str | None):
                    "first); above 0 running streams decode in every step, chunks included.")
 @click.option("--default-max-tokens", default=8192, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-request-mib", default=384, show_default=True, type=click.IntRange(min=1))
-@click.option("--no-prefix-reuse", is_flag=True)
+@click.option("--no-prefix-reuse", is_flag=True,
+              help="No cross-request prefix reuse (pause snapshots and replay still work).")
+@click.option("--host-context-mib", default=None, type=click.IntRange(min=0),
+              help="Host memory budget for KV spilled from the device pool and for pause "
+                   "snapshots [default: 8192]; 0 disables the host tier.")
 @click.option("--device-state-slots", default=None, type=click.IntRange(min=0),
               help="Hybrid models: device state slots beyond one per lane (total capacity "
                    "--max-concurrency + N; default N = --max-concurrency). Dense models have "
