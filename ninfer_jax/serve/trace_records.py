@@ -194,9 +194,10 @@ def _request_progress(counters: dict) -> dict:
 
 
 def scheduling(trace, event, stats) -> dict:
-    """A pause/restore/replay transition (engine kinds: paused, restored, replay_complete)."""
+    """A pause/restore/recovery transition (lifecycle.SchedulingEvent's kinds); route is
+    snapshot or replay, None at pause_started."""
     return {**_identity(trace), "kind": event.kind, "preemption_index": event.preemption_index,
-            "route": "replay", "num_tokens": event.num_tokens,
+            "route": event.route, "num_tokens": event.num_tokens,
             "steady_ns": int(event.time * 1e9),
             "elapsed_ns": int((event.time - (trace.submitted_at or trace.began_at)) * 1e9),
             "progress": {"global": _global_progress(stats),
