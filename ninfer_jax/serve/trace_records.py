@@ -145,7 +145,8 @@ def done(trace, finished, result) -> dict:
         },
         "generation": {"scheduling": {
             "preemptions": counters.get("preemptions", 0),
-            "snapshot_restores": 0, "replay_restores": counters.get("replay_restores", 0),
+            "snapshot_restores": counters.get("snapshot_restores", 0),
+            "replay_restores": counters.get("replay_restores", 0),
             "replayed_tokens": counters.get("replayed_tokens", 0),
             "restored_cached_tokens": counters.get("restored_cached_tokens", 0),
             "paused_seconds": counters.get("paused_seconds", 0.0), "transfer_bytes": 0}},
