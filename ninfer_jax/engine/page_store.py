@@ -62,6 +62,12 @@ class HostPageStore:
         self._scatter = jax.jit(scatter_pages, donate_argnames=("kv",))
         self._host, self._device = _memory_shardings()
 
+    def warm(self, kv):
+        """Compile the smallest save and load (a copy of DUMMY_PAGE onto itself), so the
+        first spill or restore does not wait for a compile."""
+        batch = self._gather(kv, _padded([DUMMY_PAGE], DUMMY_PAGE))
+        return self._scatter(kv, _padded([DUMMY_PAGE], DUMMY_PAGE), batch, _padded([0], 0))
+
     def apply(self, kv, copies):
         """`kv` after the plan's page copies, applied in order (runs of one kind at once)."""
         run: list = []

@@ -321,6 +321,7 @@ class JaxRunner:
         compiled = time.perf_counter()
         for shape in essential:
             self._run_padding(self._executables[shape], shape)
+        self.kv = self._page_store.warm(self.kv)  # the host tier's first copies
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
             self.kv = self._copy_slot(self.kv, dummy, dummy)

@@ -40,7 +40,10 @@ Policies (see also sequence.py for the prefill/decode rule):
   the prefix cache holds are reclaimed first, then the youngest resident (background ones
   first) is paused, so the oldest always progresses. A sequence in the step in flight is
   never paused: the plan asks the loop to collect first (NEEDS_SYNC). A request that alone
-  outgrows the whole pool finishes with "length".
+  outgrows the whole pool finishes with "length". A paused sequence's computed pages are
+  copied to the host tier when it has room (a snapshot: restored without recomputation,
+  behind what the prefix cache still holds), else it comes back by replay. Saves and loads
+  of the host tier ride in the next plan (`page_copies`, engine/host_pages.py).
 - Admission: the oldest paused sequence is restored first when its frontier plus one unit
   fits with a page of headroom per resident (so it is not paused again at once; one paused
   again before it ran anything waits until some request ends); otherwise fresh requests

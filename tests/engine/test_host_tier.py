@@ -148,3 +148,28 @@ def test_without_host_room_a_pause_replays():
     kinds = [e.kind for e in events]
     assert "replay_complete" in kinds and "recovery_complete" in kinds
     assert {e.route for e in events if e.kind == "paused"} == {"replay"}
+
+
+def test_a_snapshot_without_device_pages_to_return_to_is_revoked_for_replay():
+    driver = Driver(num_pages=12, page_size=4, max_concurrency=2, prefill_chunk=4,
+                    host_pages=64, prefix_reuse=False)  # no cache pages to reclaim
+    events = watch(driver)
+    prompts = [prompt_of(6, salt=i) for i in range(2)]
+    handles = [driver.submit(make_request(p, max_tokens=30)) for p in prompts]
+    while not driver.scheduler.paused:  # run until the younger request pauses by snapshot
+        driver.step()
+    scheduler = driver.scheduler
+    (seq,) = scheduler.paused
+    assert seq.snapshot is not None
+    squatter = driver.pool.alloc(driver.pool.num_free)  # nothing left to restore into
+    frontier, route = scheduler._load_snapshot(seq, 0)
+    assert (frontier, route) == (0, "replay") and seq.snapshot is None
+    assert events[-1].kind == "snapshot_revoked" and events[-1].route == "replay"
+    assert scheduler.counters.snapshot_revocations == 1
+    driver.pool.release(squatter)
+    scheduler.paused.remove(seq)
+    scheduler.life.restore(seq, 0, route)  # what _admit does next: a replay from position 0
+    scheduler.resident.append(seq)
+    driver.run()
+    for prompt, handle in zip(prompts, handles):
+        assert list(finished(handle).output_ids) == expected_output(prompt, 30)
