@@ -182,9 +182,6 @@ class PrefixCache:
                 return False
         return True
 
-    def num_host_evictable(self) -> int:
-        return self.num_host_pages
-
     def clear(self) -> None:
         """Drop every node, releasing the cache's references and host slots."""
         self.pool.release(self.pages())

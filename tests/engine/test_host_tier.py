@@ -8,7 +8,6 @@ import pytest
 from ninfer_jax.engine.host_pages import HostPagePool, LOAD, SAVE
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.prefix_cache import PrefixCache
-from ninfer_jax.engine.request import Admitted
 
 from engine_testkit import Driver, drain, expected_output, finished, make_request, prompt_of
 
