@@ -66,7 +66,11 @@ def _api_key(value: str | None, path: str | None) -> str | None:
 @click.option("--default-max-tokens", default=8192, show_default=True, type=click.IntRange(min=1))
 @click.option("--max-request-mib", default=32, show_default=True, type=click.IntRange(min=1),
               help="Largest request body, refused with 413 before it is parsed.")
-@click.option("--no-prefix-reuse", is_flag=True)
+@click.option("--no-prefix-reuse", is_flag=True,
+              help="No cross-request prefix reuse (pause snapshots and replay still work).")
+@click.option("--host-context-mib", default=None, type=click.IntRange(min=0),
+              help="Host memory budget for KV spilled from the device pool and for pause "
+                   "snapshots [default: 8192]; 0 disables the host tier.")
 @click.option("--no-verify-checksums", "verify_checksums", is_flag=True, flag_value=False,
               default=True, help="Skip checking the artifact's file checksums at load (they "
                                  "read every weight byte once: about 1 s per GB).")

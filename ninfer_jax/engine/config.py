@@ -22,6 +22,9 @@ CPU_AUTO_KV_TOKENS = 65536
 
 # --kv-capacity auto leaves this much device memory unclaimed (the serving contract's margin).
 AUTO_KV_HEADROOM_BYTES = 1 << 30
+# --host-context-mib's default: the contract's 8 GiB (its "+ 8 StateImages" apply to hybrid
+# state snapshots, which are not kept on the host here).
+DEFAULT_HOST_CONTEXT_MIB = 8192
 AUTO_POOL_GRANULE_PAGES = 512
 
 
@@ -55,6 +58,8 @@ class EngineConfig:
     max_context: int = 8192  # per-sequence ceiling: prompt + output
     kv_capacity: int | None = None  # pool size in tokens; None = max_context
     prefix_reuse: bool = True
+    # The host tier's budget (spilled prefix pages and pause snapshots); 0 disables it.
+    host_context_mib: int = DEFAULT_HOST_CONTEXT_MIB
     # How many later requests may overtake a waiting head that does not fit yet.
     max_bypass: int = 4
     # Hybrid models: device state slots beyond one per lane (--device-state-slots).
@@ -73,6 +78,8 @@ class EngineConfig:
             raise ValueError("decode_share must be >= 0")
         if self.kv_capacity is not None and self.kv_capacity < 1:
             raise ValueError("kv_capacity must be positive")
+        if self.host_context_mib < 0:
+            raise ValueError("host_context_mib must be >= 0")
         if self.device_state_slots < 0:
             raise ValueError("device_state_slots must be >= 0")
 
@@ -89,6 +96,10 @@ class EngineConfig:
         """Usable device state slots for a model with (hybrid) or without recurrent state."""
         return state_slot_capacity(has_state=has_state, max_concurrency=self.max_concurrency,
                                    extra_slots=self.device_state_slots)
+
+    def host_pages(self, page_bytes: int) -> int:
+        """Host tier slots for pages of `page_bytes` (0: no host tier)."""
+        return self.host_context_mib * (1 << 20) // page_bytes if page_bytes > 0 else 0
 
     def num_pages(self, page_size: int) -> int:
         """Pool size in pages for a runner with `page_size`, the dummy page included."""
@@ -114,6 +125,8 @@ class EngineConfig:
             max_context=serve.max_context,
             kv_capacity=kv,
             prefix_reuse=not serve.no_prefix_reuse,
+            host_context_mib=(DEFAULT_HOST_CONTEXT_MIB if serve.host_context_mib is None
+                              else serve.host_context_mib),
             device_state_slots=extra_slots(serve.device_state_slots, serve.max_concurrency),
             speculative=SpeculativeConfig.from_options(serve.spec, serve.draft_tokens),
         )

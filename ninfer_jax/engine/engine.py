@@ -18,6 +18,7 @@ import threading
 import time
 
 from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.host_pages import HostPagePool
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle
 from ninfer_jax.engine.runner_api import StepRunner
@@ -47,9 +48,11 @@ class Engine:
         self.pool = PagePool(runner.num_pages)
         # The runner sized the device state for its model (0 slots: dense, or no state).
         self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0))
+        page_bytes = getattr(runner, "page_bytes", 0)  # a runner without a host tier: 0
+        self.host = HostPagePool(config.host_pages(page_bytes), page_bytes)
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
-                                   slots=self.slots,
+                                   slots=self.slots, host=self.host,
                                    max_chunk_rows=getattr(runner, "max_chunk_rows", None))
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)

@@ -19,7 +19,8 @@ chunk or row feeds through a slot folds into it (`fold_state`), and the next tok
 slot's state to the formula above:
     hybrid:   next = (formula + state(t_0..t_p)) mod vocab_size
 where state(...) is `state_of(tokens)`. A plan's `state_copies` copy slot states, in order,
-before its step runs (state checkpoints). As on the real model the state is not a function of
+before its step runs (state checkpoints); its `page_copies` (host tier) save pages to and
+load them from `host_kv` before that. As on the real model the state is not a function of
 the KV pages, so a sequence that runs on a wrong or stale slot, shares one, or continues
 mid-prompt on a fresh slot (a replay that skips position 0) produces different tokens.
 
@@ -112,6 +113,10 @@ class FakeRunner:
         self.fail_at_step = fail_at_step  # raise once `steps` holds this many records
         self.async_dispatch = async_dispatch
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
+        # The host tier: slot -> a saved copy of one page; a load consumes it (the slot is
+        # free afterwards), so a stale or missing copy fails loudly.
+        self.host_kv: dict[int, np.ndarray] = {}
+        self.page_bytes = 8 * page_size  # one int64 token id per slot
         # Usable state slots (0: a dense model); `state[s]` is slot s's state on the device.
         self.state_slot_capacity = state_slot_capacity
         self.state = np.zeros(state_slot_capacity + 1 if state_slot_capacity else 0, np.int64)
@@ -181,6 +186,11 @@ class FakeRunner:
         sleep = self.prefill_sleep if plan.chunk is not None else self.decode_sleep
         if sleep:
             time.sleep(sleep)
+        for copy in plan.page_copies:
+            if copy.kind == "save":
+                self.host_kv[copy.host_slot] = self.kv[copy.device_page].copy()
+            else:
+                self.kv[copy.device_page] = self.host_kv.pop(copy.host_slot)
         for src, dst in plan.state_copies:
             self._check_slot(src)
             self._check_slot(dst)

@@ -29,8 +29,10 @@ class TokenPolicyError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class SchedulingEvent:
-    """A pressure transition of one request, for the request log ("paused", "restored",
-    "replay_complete"). Listeners run on the engine thread: they must only enqueue."""
+    """A pressure transition of one request, for the request log: pause_started, paused,
+    restore_started, restored, replay_complete, recovery_complete, snapshot_revoked.
+    `route` is "snapshot" or "replay" once the pause chose how the request comes back (None
+    at pause_started). Listeners run on the engine thread: they must only enqueue."""
 
     kind: str
     request_id: str
@@ -39,6 +41,7 @@ class SchedulingEvent:
     num_tokens: int  # prompt + committed output at the transition
     counters: dict  # the request's counters at the transition (a copy)
     time: float
+    route: str | None = None
 
 
 class Lifecycle:
@@ -66,8 +69,14 @@ class Lifecycle:
         self.counters.cached_tokens += cache_n
         seq.handle.publish(Admitted(cache_n=cache_n, time=now))
 
-    def pause(self, seq: Sequence) -> None:
-        """Free the pages, keep the tokens."""
+    def pause_started(self, seq: Sequence) -> None:
+        seq.counters["preemptions"] += 1
+        self.counters.preemptions += 1
+        self._emit("pause_started", seq, None)
+
+    def pause(self, seq: Sequence, route: str = "replay") -> None:
+        """Free the pages, keep the tokens (and, by route snapshot, a host copy of the KV:
+        the scheduler queued it)."""
         freed = len(seq.pages)
         self.pool.release(seq.pages)
         seq.pages = []
@@ -76,26 +85,39 @@ class Lifecycle:
         seq.num_computed = 0
         seq.status = Status.PAUSED
         seq.paused_at = self.clock()
-        seq.counters["preemptions"] += 1
-        self.counters.preemptions += 1
-        log.info("pause request_id=%s seq=%d output_tokens=%d pages_freed=%d preemption=%d",
-                 seq.request_id, seq.seq_id, seq.num_output, freed, seq.counters["preemptions"])
-        self._emit("paused", seq)
+        log.info("pause request_id=%s seq=%d output_tokens=%d pages_freed=%d preemption=%d "
+                 "route=%s", seq.request_id, seq.seq_id, seq.num_output, freed,
+                 seq.counters["preemptions"], route)
+        self._emit("paused", seq, route)
 
-    def restore(self, seq: Sequence, cached_tokens: int = 0) -> None:
-        """Back to resident; `cached_tokens` leading tokens came back from the prefix cache
-        (no replay needed for them)."""
+    def restore_started(self, seq: Sequence) -> None:
+        self._emit("restore_started", seq, "snapshot" if seq.snapshot is not None else "replay")
+
+    def snapshot_revoked(self, seq: Sequence) -> None:
+        """The snapshot could not come back (no device pages for it): replay instead."""
+        self.counters.snapshot_revocations += 1
+        self._emit("snapshot_revoked", seq, "replay")
+
+    def restore(self, seq: Sequence, cached_tokens: int = 0, route: str = "replay") -> None:
+        """Back to resident; `cached_tokens` leading tokens have KV again (from the prefix
+        cache, and by route snapshot from the host copy): no replay needed for them."""
         seq.status = Status.RESIDENT
         seq.num_computed = cached_tokens
         self._take_slot(seq)
-        seq.counters["restored_cached_tokens"] += cached_tokens
         seq.counters["paused_seconds"] += self.clock() - seq.paused_at
         seq.paused_at = None
-        seq.counters["replay_restores"] += 1
-        self.counters.replay_restores += 1
-        log.info("restore request_id=%s seq=%d cached_tokens=%d replay_tokens=%d",
-                 seq.request_id, seq.seq_id, cached_tokens, seq.prefill_target - cached_tokens)
-        self._emit("restored", seq)
+        if route == "snapshot":
+            seq.counters["snapshot_restores"] += 1
+            self.counters.snapshot_restores += 1
+        else:
+            seq.counters["restored_cached_tokens"] += cached_tokens
+            seq.counters["replay_restores"] += 1
+            self.counters.replay_restores += 1
+        seq.recovering = route
+        log.info("restore request_id=%s seq=%d route=%s kv_tokens=%d replay_tokens=%d",
+                 seq.request_id, seq.seq_id, route, cached_tokens,
+                 max(0, seq.high_water - cached_tokens))
+        self._emit("restored", seq, route)
 
     def _take_slot(self, seq: Sequence) -> None:
         """A hybrid sequence becoming resident takes a slot. Its state starts from zero at
@@ -131,7 +153,7 @@ class Lifecycle:
         if replayed and end >= seq.high_water:
             log.info("replay complete request_id=%s seq=%d replayed_tokens=%d",
                      seq.request_id, seq.seq_id, seq.counters["replayed_tokens"])
-            self._emit("replay_complete", seq)
+            self._emit("replay_complete", seq, "replay")
         seq.high_water = max(seq.high_water, end)
         processed = min(end, seq.num_prompt)
         if processed > seq.num_prompt_reported:
@@ -173,6 +195,9 @@ class Lifecycle:
         if seq.first_token_at is None:
             seq.first_token_at = now
         seq.last_token_at = now
+        if seq.recovering is not None:  # the first fresh commit since the restore
+            self._emit("recovery_complete", seq, seq.recovering)
+            seq.recovering = None
         self.counters.generation_tokens += len(new)
         if from_decode:
             self.counters.decode_tokens += len(new)
@@ -246,13 +271,13 @@ class Lifecycle:
         return {"queue": admitted - arrival, "prefill": first - admitted,
                 "decode": last - first, "total": now - arrival}
 
-    def _emit(self, kind: str, seq: Sequence) -> None:
+    def _emit(self, kind: str, seq: Sequence, route: str | None) -> None:
         if not self.listeners:
             return
         event = SchedulingEvent(kind=kind, request_id=seq.request_id, seq_id=seq.seq_id,
                                 preemption_index=seq.counters["preemptions"],
                                 num_tokens=len(seq.tokens), counters=_copy_counters(seq.counters),
-                                time=self.clock())
+                                time=self.clock(), route=route)
         for listener in self.listeners:
             listener(event)
 

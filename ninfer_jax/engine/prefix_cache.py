@@ -1,24 +1,29 @@
-"""PrefixCache: full KV pages kept and shared across requests with identical token prefixes.
+"""PrefixCache: full KV pages kept and shared across requests with identical token prefixes,
+on the device and, past the device pool, in the host tier.
 
 A node stands for one full page of KV: its key is (parent node id, the page's tokens), so a
 chain of nodes from the root spells a token prefix exactly (no hashing shortcuts, no false
-hits). The cache holds one pool reference per node's page; sequences that reuse a node take
-their own reference (PagePool.share), so a page is free only when neither needs it.
+hits). A node's KV lives in a device page (the cache holds one pool reference; sequences that
+reuse it take their own, PagePool.share) or, once spilled, in a host slot (host_pages.py).
+Device nodes are prefix-closed: a node on the device has its parent on the device, because
+spills take device leaves (no child on the device) and loads walk from the root.
 
 Reused pages are read-only by construction: a sequence reuses whole pages only and starts
 computing at the first position after them, so no copy-on-write is ever needed.
 
 When a sequence computes a page the cache already has (it ran alongside the first one, or
-the cached copy was dropped from its table by a pause), the cache keeps the sequence's page
-and frees its own copy if nobody else holds it, so duplicates do not linger.
+the cached copy was dropped from its table by a pause, or it is on the host only), the cache
+adopts the sequence's page and frees its own copy if nobody else holds it.
 
-Eviction works on leaves (nodes without cached children), least recently used first, so
-chains shrink from their tails and shared beginnings survive longest; a leaf some sequence
-still holds is skipped. Leaves sit in a heap by last use (stale entries are skipped when
-popped), so reclaiming costs O(log n) per page, not O(cache size): the cache may hold most
-of a large pool. `on_remove(node_id)` is told of every node that leaves (hybrid models drop
-the node's state checkpoint then, engine/state_checkpoints.py).
-Engine thread only.
+Eviction ranks by (keep, last use): pages inside a request's explicit cache breakpoint have
+keep 1 and go only after every keep-0 page, least recently used first within a rank. The
+device pool evicts leaves (so chains shrink from their tails and shared beginnings survive);
+with a host tier an evicted page is spilled (a queued save) instead of dropped, and the host
+tier in turn drops its own leaves, never one ranked above the page it makes room for. A hit
+on a spilled node loads it back into a fresh device page (a queued load). Leaves sit in heaps
+by rank (stale entries are skipped when popped), so reclaiming costs O(log n) per page.
+`on_remove(node_id)` is told of every node that leaves the tree (hybrid models drop the
+node's state checkpoint then, engine/state_checkpoints.py). Engine thread only.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import dataclasses
 import heapq
 import itertools
 
+from ninfer_jax.engine.host_pages import HostPagePool
 from ninfer_jax.engine.pages import PagePool
 
 ROOT = 0  # the parent id of a sequence's first page
@@ -35,65 +41,90 @@ ROOT = 0  # the parent id of a sequence's first page
 class _Node:
     node_id: int
     key: tuple  # (parent node id, tokens of the page)
-    page: int
+    page: int | None  # device page; None while the page lives in the host tier only
     last_used: int  # a tick of the cache's clock
-    num_children: int = 0
+    host_slot: int | None = None
+    keep: int = 0  # 1: within an explicit cache breakpoint, evicted after every 0
+    children: set = dataclasses.field(default_factory=set)  # node ids
+    num_device_children: int = 0
+
+    @property
+    def rank(self) -> tuple[int, int, int]:
+        return (self.keep, self.last_used, self.node_id)
 
 
 class PrefixCache:
-    def __init__(self, pool: PagePool, page_size: int):
+    def __init__(self, pool: PagePool, page_size: int, host: HostPagePool | None = None):
         self.pool = pool
         self.page_size = page_size
+        self.host = host if host is not None and host.is_enabled else None
         self._nodes: dict[tuple, _Node] = {}
         self._by_id: dict[int, _Node] = {}
-        # (last_used, node_id) of leaves; entries go stale when a node is used again, gains a
-        # child or leaves the cache, and are skipped then.
-        self._leaf_heap: list[tuple[int, int]] = []
+        # Ranks of device leaves and of host leaves; entries go stale when a node is used
+        # again, changes rank or tier, gains a child or leaves, and are skipped then.
+        self._device_heap: list[tuple[int, int, int]] = []
+        self._host_heap: list[tuple[int, int, int]] = []
         self._ids = itertools.count(ROOT + 1)
         self._ticks = itertools.count()
+        self._num_device = 0
         self.on_remove = None  # called with the id of every node that leaves the cache
+        self.spilled_pages = 0  # cumulative device -> host spills
+        self.loaded_pages = 0  # cumulative host -> device loads on hits
 
     @property
     def num_pages(self) -> int:
-        return len(self._nodes)
+        """Device pages the cache retains."""
+        return self._num_device
+
+    @property
+    def num_host_pages(self) -> int:
+        return len(self._nodes) - self._num_device
 
     def pages(self) -> list[int]:
-        return [node.page for node in self._nodes.values()]
+        return [node.page for node in self._nodes.values() if node.page is not None]
+
+    def host_slots(self) -> list[int]:
+        return [node.host_slot for node in self._nodes.values() if node.host_slot is not None]
 
     def _key(self, tokens, index: int, parent: int) -> tuple:
         return (parent, tuple(tokens[index * self.page_size:(index + 1) * self.page_size]))
 
     def count_cached(self, tokens, max_pages: int) -> tuple[int, int]:
-        """(leading pages of `tokens` cached, how many of those only the cache holds);
-        no reference taken, LRU order untouched."""
+        """(leading pages of `tokens` cached on the device, how many of those only the cache
+        holds); no reference taken, LRU order untouched. Host pages are not counted: each
+        needs a device page of its own to come back."""
         parent, cache_only = ROOT, 0
         for index in range(max_pages):
             node = self._nodes.get(self._key(tokens, index, parent))
-            if node is None:
+            if node is None or node.page is None:
                 return index, cache_only
             cache_only += self.pool.refcount(node.page) == 1
             parent = node.node_id
         return max_pages, cache_only
 
     def chain(self, tokens, max_pages: int) -> list[int]:
-        """Node ids of the longest cached prefix of `tokens` (at most `max_pages`); no
-        reference taken, LRU order untouched."""
+        """Node ids of the longest device-cached prefix of `tokens` (at most `max_pages`);
+        no reference taken, LRU order untouched."""
         ids, parent = [], ROOT
         for index in range(max_pages):
             node = self._nodes.get(self._key(tokens, index, parent))
-            if node is None:
+            if node is None or node.page is None:
                 break
             ids.append(node.node_id)
             parent = node.node_id
         return ids
 
-    def match(self, tokens, max_pages: int) -> tuple[list[int], int]:
+    def match(self, tokens, max_pages: int, *, load: bool = True) -> tuple[list[int], int]:
         """The pages holding the longest cached prefix of `tokens` (at most `max_pages`),
-        each with a new reference for the caller, and the id of the last matched node."""
+        each with a new reference for the caller, and the id of the last matched node.
+        With `load`, spilled pages come back into fresh device pages (queued loads) while
+        the device pool can give one."""
         pages, parent = [], ROOT
         for index in range(max_pages):
             node = self._nodes.get(self._key(tokens, index, parent))
             if node is None:
+                break
+            if node.page is None and not (load and self._load(node)):
                 break
             self._touch(node)
             self.pool.share(node.page)
@@ -102,9 +133,10 @@ class PrefixCache:
         return pages, parent
 
     def publish(self, tokens, pages: list[int], num_computed: int,
-                cursor: tuple[int, int]) -> tuple[int, int]:
-        """Record the full pages of a sequence whose KV is computed. `cursor` = (pages
-        already recorded, last node id) from the previous call; returns the new cursor."""
+                cursor: tuple[int, int], keep_pages: int = 0) -> tuple[int, int]:
+        """Record the full pages of a sequence whose KV is computed, the first `keep_pages`
+        of them ranked keep (an explicit breakpoint covers them). `cursor` = (pages already
+        recorded, last node id) from the previous call; returns the new cursor."""
         num_done, parent = cursor
         for index in range(num_done, num_computed // self.page_size):
             key = self._key(tokens, index, parent)
@@ -112,76 +144,193 @@ class PrefixCache:
             if node is None:
                 node = self._add(key, pages[index])
             else:
+                self._adopt(node, pages[index])
                 self._touch(node)
-                if node.page != pages[index] and self.pool.refcount(node.page) == 1:
-                    # An identical page nobody else holds: keep the live one, free the copy.
-                    self.pool.share(pages[index])
-                    self.pool.release([node.page])
-                    node.page = pages[index]
+            if index < keep_pages and not node.keep:
+                node.keep = 1
+                self._push_leaf(node)
             parent = node.node_id
             num_done = index + 1
         return num_done, parent
 
-    def reclaim(self, num_pages: int) -> int:
-        """Evict least recently used leaves only the cache holds until `num_pages` pages are
-        free (or none is left); returns how many pages became free."""
+    def reclaim(self, num_pages: int, protect: _Node | None = None) -> int:
+        """Evict (spill, with a host tier) lowest-ranked device leaves only the cache holds
+        until `num_pages` pages are free (or none is left); returns how many became free."""
         freed_before, held = self.pool.num_free, []
-        while self.pool.num_free < num_pages and self._leaf_heap:
-            entry = heapq.heappop(self._leaf_heap)
-            node = self._by_id.get(entry[1])
-            if node is None or node.num_children or node.last_used != entry[0]:
+        while self.pool.num_free < num_pages and self._device_heap:
+            entry = heapq.heappop(self._device_heap)
+            node = self._by_id.get(entry[2])
+            if (node is None or node.page is None or node.num_device_children
+                    or node.rank != entry):
                 continue  # stale
             if self.pool.refcount(node.page) > 1:
                 held.append(entry)  # a sequence still reads it: keep it for later
                 continue
-            self._remove(node)
+            if self.host is not None and self._host_room(node.keep, protect):
+                self._spill(node)
+            else:
+                self._remove_subtree(node)
         for entry in held:
-            heapq.heappush(self._leaf_heap, entry)
+            heapq.heappush(self._device_heap, entry)
         return self.pool.num_free - freed_before
 
+    def free_host(self, num_slots: int) -> bool:
+        """Drop host leaves, lowest rank first, until `num_slots` host slots are free (a
+        pause snapshot outranks retained history); False when that many cannot be freed."""
+        while self.host.num_free < num_slots:
+            if not self._drop_host_leaf(keep=1, protect=None):
+                return False
+        return True
+
     def clear(self) -> None:
-        """Drop every node, releasing the cache's references."""
-        self.pool.release([node.page for node in self._nodes.values()])
+        """Drop every node, releasing the cache's references and host slots."""
+        self.pool.release(self.pages())
+        for slot in self.host_slots():
+            self.host.release(slot)
         if self.on_remove is not None:
             for node_id in self._by_id:
                 self.on_remove(node_id)
         self._nodes.clear()
         self._by_id.clear()
-        self._leaf_heap.clear()
+        self._device_heap.clear()
+        self._host_heap.clear()
+        self._num_device = 0
+
+    # ------------------------------------------------------------------ tiers
+
+    def _load(self, node: _Node) -> bool:
+        """Bring a spilled node back into a fresh device page (its parent is on the device:
+        the match walked it). False when the device pool has no page to give."""
+        if self.pool.num_free == 0:
+            self.reclaim(1, protect=node)
+        if self.pool.num_free == 0 or node.node_id not in self._by_id:
+            return False
+        page = self.pool.alloc(1)[0]  # the cache's reference
+        self.host.load(node.host_slot, page)
+        node.host_slot = None
+        self._on_device(node, page)
+        self.loaded_pages += 1
+        return True
+
+    def _spill(self, node: _Node) -> None:
+        node.host_slot = self.host.save(node.page)
+        self.pool.release([node.page])
+        node.page = None
+        self._num_device -= 1
+        self.spilled_pages += 1
+        parent = self._by_id.get(node.key[0])
+        if parent is not None:
+            parent.num_device_children -= 1
+            self._push_leaf(parent)
+        self._push_leaf(node)
+
+    def _adopt(self, node: _Node, page: int) -> None:
+        """The sequence computed `node`'s page itself: keep its copy, not a duplicate."""
+        if node.page == page:
+            return
+        if node.page is None:
+            self.pool.share(page)
+            self.host.release(node.host_slot)
+            node.host_slot = None
+            self._on_device(node, page)
+        elif self.pool.refcount(node.page) == 1:  # an identical page nobody else holds
+            self.pool.share(page)
+            self.pool.release([node.page])
+            node.page = page
+
+    def _on_device(self, node: _Node, page: int) -> None:
+        node.page = page
+        self._num_device += 1
+        parent = self._by_id.get(node.key[0])
+        if parent is not None:
+            parent.num_device_children += 1  # its device-heap entries are stale now
+        self._push_leaf(node)
+
+    def _host_room(self, keep: int, protect: _Node | None) -> bool:
+        """A free host slot for a spilled page of rank `keep`, dropping host leaves ranked
+        no higher than it."""
+        while not self.host.num_free:
+            if not self._drop_host_leaf(keep, protect):
+                return False
+        return True
+
+    def _drop_host_leaf(self, keep: int, protect: _Node | None) -> bool:
+        skipped, dropped = [], False
+        while self._host_heap:
+            entry = heapq.heappop(self._host_heap)
+            node = self._by_id.get(entry[2])
+            if node is None or node.page is not None or node.children or node.rank != entry:
+                continue  # stale
+            if node is protect:
+                skipped.append(entry)
+                continue
+            if node.keep > keep:
+                skipped.append(entry)
+                break
+            self._remove(node)
+            dropped = True
+            break
+        for entry in skipped:
+            heapq.heappush(self._host_heap, entry)
+        return dropped
 
     # ------------------------------------------------------------------ tree upkeep
 
     def _add(self, key: tuple, page: int) -> _Node:
-        node = _Node(next(self._ids), key, page, next(self._ticks))
+        node = _Node(next(self._ids), key, None, next(self._ticks))
         self.pool.share(page)
         self._nodes[key] = node
         self._by_id[node.node_id] = node
-        self._push_leaf(node)
         parent = self._by_id.get(key[0])
         if parent is not None:
-            parent.num_children += 1  # its heap entries are stale from now on
+            parent.children.add(node.node_id)  # its host-heap entries are stale from now on
+        self._on_device(node, page)
         return node
 
     def _touch(self, node: _Node) -> None:
         node.last_used = next(self._ticks)
-        if not node.num_children:
-            self._push_leaf(node)
+        self._push_leaf(node)
 
     def _push_leaf(self, node: _Node) -> None:
-        heapq.heappush(self._leaf_heap, (node.last_used, node.node_id))
-        if len(self._leaf_heap) > 2 * len(self._nodes) + 64:  # drop the stale entries
-            self._leaf_heap = [(n.last_used, n.node_id) for n in self._nodes.values()
-                               if not n.num_children]
-            heapq.heapify(self._leaf_heap)
+        """Queue `node` in the heap of its tier when it is a leaf there."""
+        if node.page is not None and not node.num_device_children:
+            heap = self._device_heap
+        elif node.page is None and not node.children:
+            heap = self._host_heap
+        else:
+            return
+        heapq.heappush(heap, node.rank)
+        if len(heap) > 2 * len(self._nodes) + 64:
+            self._rebuild_heaps()
+
+    def _rebuild_heaps(self) -> None:
+        """Drop the stale entries."""
+        self._device_heap = [n.rank for n in self._nodes.values()
+                             if n.page is not None and not n.num_device_children]
+        self._host_heap = [n.rank for n in self._nodes.values()
+                           if n.page is None and not n.children]
+        heapq.heapify(self._device_heap)
+        heapq.heapify(self._host_heap)
+
+    def _remove_subtree(self, node: _Node) -> None:
+        """Drop `node` and what hangs below it (host-only descendants of a device leaf)."""
+        for child_id in list(node.children):
+            self._remove_subtree(self._by_id[child_id])
+        self._remove(node)
 
     def _remove(self, leaf: _Node) -> None:
         del self._nodes[leaf.key]
         del self._by_id[leaf.node_id]
-        self.pool.release([leaf.page])
+        if leaf.page is not None:
+            self.pool.release([leaf.page])
+            self._num_device -= 1
+        if leaf.host_slot is not None:
+            self.host.release(leaf.host_slot)
         if self.on_remove is not None:
             self.on_remove(leaf.node_id)
         parent = self._by_id.get(leaf.key[0])
         if parent is not None:
-            parent.num_children -= 1
-            if not parent.num_children:
-                self._push_leaf(parent)  # ranked by its own last use
+            parent.children.discard(leaf.node_id)
+            if leaf.page is not None:
+                parent.num_device_children -= 1
+            self._push_leaf(parent)  # ranked by its own last use

@@ -60,6 +60,9 @@ class GenerationRequest:
     # Prefix-reuse hints: token offsets worth publishing as shared prefixes, and an
     # optional session key (Responses chains). Neither changes output.
     cache_breakpoints: tuple[int, ...] = ()
+    # False (`prompt_cache_options.mode: explicit`): publish pages only up to the last
+    # breakpoint; True: every full page (the automatic write).
+    cache_implicit: bool = True
     session_key: str | None = None
     arrival_time: float = dataclasses.field(default_factory=time.monotonic)
     deadline: float | None = None  # monotonic time by which admission must happen

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.engine.executable_store import ExecutableStore
+from ninfer_jax.engine import page_store
 from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
@@ -175,6 +176,9 @@ class JaxRunner:
         self._kv = None
         self._init_state_slots(state_slot_capacity)
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
+        # The host tier's copies (engine/page_store.py); page_bytes sizes its budget.
+        self.page_bytes = page_store.page_bytes(self._kv_spec, num_pages)
+        self._page_store = page_store.HostPageStore()
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
@@ -323,6 +327,7 @@ class JaxRunner:
         compiled = time.perf_counter()
         for shape in essential:
             self._run_padding(self._executables[shape], shape)
+        self.kv = self._page_store.warm(self.kv)  # the host tier's first copies
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
             self.kv = self._copy_slot(self.kv, dummy, dummy)
@@ -516,6 +521,8 @@ class JaxRunner:
             if greedy is not None:
                 executable, draws = greedy, False
         self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
+        if plan.page_copies:  # host tier saves and loads, in order, before the step
+            self.kv = self._page_store.apply(self.kv, plan.page_copies)
         for src, dst in plan.state_copies:  # in order, before the step (state checkpoints)
             self.kv = self._copy_slot(self.kv, np.int32(src), np.int32(dst))
         if self.stable_buffers:

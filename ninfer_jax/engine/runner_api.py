@@ -86,6 +86,9 @@ class StepPlan:
     # Hybrid models: (src, dst) state slot copies applied in order before the step runs
     # (state checkpoints: engine/state_checkpoints.py).
     state_copies: tuple[tuple[int, int], ...] = ()
+    # The host tier: page saves and loads (host_pages.PageCopy) applied in order before
+    # the step (and before state_copies, which never touch pages).
+    page_copies: tuple = ()
     # Speculative rounds among the rows (the scheduler reads them back at collect).
     verify: tuple[VerifySpan, ...] = ()
 

@@ -40,7 +40,10 @@ Policies (see also sequence.py for the prefill/decode rule):
   the prefix cache holds are reclaimed first, then the youngest resident (background ones
   first) is paused, so the oldest always progresses. A sequence in the step in flight is
   never paused: the plan asks the loop to collect first (NEEDS_SYNC). A request that alone
-  outgrows the whole pool finishes with "length".
+  outgrows the whole pool finishes with "length". A paused sequence's computed pages are
+  copied to the host tier when it has room (a snapshot: restored without recomputation,
+  behind what the prefix cache still holds), else it comes back by replay. Saves and loads
+  of the host tier ride in the next plan (`page_copies`, engine/host_pages.py).
 - Admission: the oldest paused sequence is restored first when its frontier plus one unit
   fits with a page of headroom per resident (so it is not paused again at once; one paused
   again before it ran anything waits until some request ends); otherwise fresh requests
@@ -65,6 +68,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.host_pages import HostPagePool
 from ninfer_jax.engine.lifecycle import Lifecycle, TokenPolicyError
 from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
@@ -101,7 +105,8 @@ class Scheduler:
     def __init__(self, config: EngineConfig, pool: PagePool, *, page_size: int,
                  max_batch: int, eos_ids: Iterable[int] = (),
                  clock: Callable[[], float] = time.monotonic,
-                 slots: StateSlotPool | None = None, max_chunk_rows: int | None = None):
+                 slots: StateSlotPool | None = None, max_chunk_rows: int | None = None,
+                 host: HostPagePool | None = None):
         self.config = config
         self.pool = pool
         self.slots = slots if slots is not None else StateSlotPool(0)
@@ -115,7 +120,12 @@ class Scheduler:
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
         self.paused: list[Sequence] = []  # sorted by seq_id: restore order
-        self.cache = PrefixCache(pool, page_size) if config.prefix_reuse else None
+        # The host tier (--host-context-mib): spilled prefix pages and pause snapshots.
+        self.host = host if host is not None else HostPagePool(0)
+        # Hybrid models do not spill: a spilled page could not come back without a state
+        # checkpoint on the device, and their pauses replay.
+        self.cache = (PrefixCache(pool, page_size, None if self.slots.is_enabled else self.host)
+                      if config.prefix_reuse else None)
         self.checkpoints = None  # hybrid models with prefix reuse: their state checkpoints
         if self.cache is not None and self.slots.is_enabled:
             self.checkpoints = StateCheckpoints(self.slots)
@@ -134,6 +144,11 @@ class Scheduler:
         request = handle.request
         seq = Sequence(self._next_seq_id, handle, list(request.prompt_ids),
                        len(request.prompt_ids))
+        # Pages up to the last explicit breakpoint are kept longest; `mode: explicit`
+        # requests publish nothing past it (no automatic write).
+        seq.keep_pages = max(request.cache_breakpoints, default=0) // self.page_size
+        if not request.cache_implicit:
+            seq.publish_limit = seq.keep_pages * self.page_size
         self._next_seq_id += 1
         self.waiting.append(seq)
         return seq
@@ -239,7 +254,10 @@ class Scheduler:
         return marks(len(seq.tokens), seq.request.cache_breakpoints, self.page_size)
 
     def _with_copies(self, plan: StepPlan) -> StepPlan:
-        """The plan with the state copies queued since the last one (run before it)."""
+        """The plan with the state and page copies queued since the last one (run before
+        it, in order)."""
+        if self.host.copies:
+            plan = dataclasses.replace(plan, page_copies=self.host.pop_copies())
         if self.checkpoints is None or not self.checkpoints.copies:
             return plan
         return dataclasses.replace(plan, state_copies=self.checkpoints.pop_copies())
@@ -365,10 +383,53 @@ class Scheduler:
         self.resident.remove(seq)
         if seq.num_computed == seq.computed_at_restore:
             seq.restore_gate = self._num_ended() + 1  # wait until something ends
-        self.life.pause(seq)
+        self.life.pause_started(seq)
+        self.life.pause(seq, self._take_snapshot(seq))
         self._paused_now.add(seq.seq_id)
         seq.cache_cursor = (0, ROOT)
         bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
+
+    def _take_snapshot(self, seq: Sequence) -> str:
+        """Copy the pages of a sequence about to pause to the host tier when the budget
+        allows (retained history there gives way): its route back, snapshot or replay.
+        Hybrid models replay: their recurrent state is not snapshotted."""
+        num_pages = pages_for(seq.num_computed, self.page_size)
+        if not self.host.is_enabled or not num_pages or self.slots.is_enabled:
+            return "replay"
+        if self.host.num_free < num_pages and (
+                self.cache is None or not self.cache.free_host(num_pages)):
+            return "replay"
+        seq.snapshot = (seq.num_computed,
+                        [self.host.save(page) for page in seq.pages[:num_pages]])
+        return "snapshot"
+
+    def _load_snapshot(self, seq: Sequence, cached: int) -> tuple[int, str]:
+        """Bring a restoring sequence's snapshot back behind the `cached` tokens the prefix
+        cache gave it: (its KV frontier, route). Revoked (replay) when the device pool
+        cannot give the pages."""
+        frontier, slots = seq.snapshot
+        first = len(seq.pages)
+        missing = max(0, len(slots) - first)
+        if missing > self.pool.num_free and self.cache is not None:
+            self.cache.reclaim(missing)
+        if missing > self.pool.num_free:
+            self._drop_snapshot(seq)
+            self.life.snapshot_revoked(seq)
+            return cached, "replay"
+        pages = self.pool.alloc(missing)
+        for slot, page in zip(slots[first:], pages):
+            self.host.load(slot, page)
+        for slot in slots[:first]:
+            self.host.release(slot)  # the cache had those pages already
+        seq.pages = seq.pages + pages
+        seq.snapshot = None
+        return max(cached, frontier), "snapshot"
+
+    def _drop_snapshot(self, seq: Sequence) -> None:
+        if seq.snapshot is not None:
+            for slot in seq.snapshot[1]:
+                self.host.release(slot)
+            seq.snapshot = None
 
     def _yield_background(self) -> None:
         """The oldest waiting foreground request takes the lane or the pages it lacks from
@@ -398,9 +459,13 @@ class Scheduler:
                     and self._fits(oldest_paused, headroom=len(self.resident))):
                 self.paused.remove(oldest_paused)
                 seq = oldest_paused
+                self.life.restore_started(seq)
                 cached = self._reuse_cached(seq)
                 self._spare_slot()
-                self.life.restore(seq, cached)
+                route = "replay"
+                if seq.snapshot is not None:
+                    cached, route = self._load_snapshot(seq, cached)
+                self.life.restore(seq, cached, route)
                 seq.computed_at_restore = seq.num_computed
             else:
                 seq = self._pick_waiting()
@@ -460,7 +525,9 @@ class Scheduler:
         Hybrid models: only as far as the deepest checkpoint (`state_source`)."""
         if self.cache is None:
             return 0
-        pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq))
+        # Hybrid models reuse only as deep as a device checkpoint: no host loads there.
+        pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq),
+                                            load=self.checkpoints is None)
         if self.checkpoints is not None and pages:
             seq.state_source = self.checkpoints.slot_at(last_node)
         seq.pages = pages
@@ -580,9 +647,11 @@ class Scheduler:
         if self.cache is not None and seq.status is Status.RESIDENT:
             # Only committed tokens name a page's contents (a pending token's KV may exist).
             computed = min(seq.num_computed, len(seq.tokens))
+            if seq.publish_limit is not None:
+                computed = min(computed, seq.publish_limit)
             if computed // self.page_size > seq.cache_cursor[0]:  # a page filled up since
                 seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages, computed,
-                                                      seq.cache_cursor)
+                                                      seq.cache_cursor, seq.keep_pages)
 
     def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
         try:
@@ -599,6 +668,7 @@ class Scheduler:
     # ------------------------------------------------------------------ endings
 
     def _detach(self, seq: Sequence) -> None:
+        self._drop_snapshot(seq)
         for group in (self.resident, self.paused):
             if seq in group:
                 group.remove(seq)
@@ -631,6 +701,13 @@ class Scheduler:
             "max_concurrency": self.config.max_concurrency,
             "state_slots_used": self.slots.num_used,
             "state_slots_capacity": self.slots.capacity,
+            "host_pages_used": self.host.num_used,
+            "host_pages_capacity": self.host.capacity,
+            "host_pages_cached": self.cache.num_host_pages if self.cache is not None else 0,
+            "host_pages_peak": self.host.peak_used,
+            "host_page_bytes": self.host.page_bytes,
+            "kv_bytes_to_host": self.host.bytes_saved,
+            "kv_bytes_to_device": self.host.bytes_loaded,
         }
 
     def slot_holders(self) -> list[int]:
@@ -638,6 +715,13 @@ class Scheduler:
         holders = [s.state_slot for s in self.resident + self.paused + list(self.waiting)]
         if self.checkpoints is not None:
             holders += self.checkpoints.held_slots()
+        return holders
+
+    def host_holders(self) -> list[int]:
+        """Every held host slot (for HostPagePool.check)."""
+        holders = [slot for s in self.paused if s.snapshot is not None for slot in s.snapshot[1]]
+        if self.cache is not None:
+            holders += self.cache.host_slots()
         return holders
 
     def page_holders(self) -> list[list[int]]:

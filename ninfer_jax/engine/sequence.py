@@ -58,6 +58,14 @@ class Sequence:
     num_prompt_reported: int = 0  # last PromptProgress.processed published
     # (leading pages published to / matched in the prefix cache, id of the last such node)
     cache_cursor: tuple[int, int] = (0, 0)
+    # Cache hints: leading pages an explicit breakpoint covers (kept longest), and the most
+    # tokens the prefix cache may be written up to (None: every full page, `implicit` mode).
+    keep_pages: int = 0
+    publish_limit: int | None = None
+    # While paused by snapshot: (KV frontier at the pause, host slots of its pages in order).
+    snapshot: tuple[int, list[int]] | None = None
+    # Route of the restore whose recovery_complete (first fresh commit) is still due.
+    recovering: str | None = None
     # Anti-thrash: a request paused again before it ran anything since its restore waits for
     # `restore_gate` requests in total to have ended before it is restored once more.
     computed_at_restore: int = -1
@@ -68,7 +76,7 @@ class Sequence:
     last_token_at: float | None = None
     paused_at: float | None = None
     counters: dict = dataclasses.field(default_factory=lambda: {
-        "preemptions": 0, "replay_restores": 0, "replayed_tokens": 0,
+        "preemptions": 0, "replay_restores": 0, "snapshot_restores": 0, "replayed_tokens": 0,
         "restored_cached_tokens": 0,
         "prefill_tokens": 0, "prefill_units": 0, "decode_rounds": 0, "paused_seconds": 0.0,
         # speculative decoding (engine/stats.py's spec_* counters, for this request)

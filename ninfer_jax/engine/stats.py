@@ -29,6 +29,8 @@ class EngineCounters:
     decode_tokens: int = 0  # committed by decode rounds (the prefill-sampled first excluded)
     preemptions: int = 0
     replay_restores: int = 0
+    snapshot_restores: int = 0
+    snapshot_revocations: int = 0  # snapshots dropped for replay (no device pages back)
     prefill_units: int = 0
     decode_rounds: int = 0
     decode_rows: int = 0  # sum of decode batch sizes (average = rows / rounds)
@@ -70,6 +72,15 @@ class EngineStats:
     kv_pages_used: int
     kv_pages_capacity: int
     kv_pages_cached: int  # pages the prefix cache retains (also counted in kv_pages_used)
+    # host tier (--host-context-mib): slots of one device page each, cached ones (spilled
+    # prefix pages) and snapshot ones (paused requests) making up the used; cumulative bytes
+    host_pages_used: int
+    host_pages_capacity: int
+    host_pages_cached: int
+    host_pages_peak: int
+    host_page_bytes: int
+    kv_bytes_to_host: int
+    kv_bytes_to_device: int
     page_size: int
     max_concurrency: int
     # device state slots of hybrid models (0 and 0 for dense ones)
@@ -87,6 +98,8 @@ class EngineStats:
     decode_tokens: int
     preemptions: int
     replay_restores: int
+    snapshot_restores: int
+    snapshot_revocations: int
     prefill_units: int
     decode_rounds: int
     decode_rows: int
@@ -108,13 +121,16 @@ class EngineStats:
         return build_stats(EngineCounters(), gauges={
             "running": 0, "waiting": 0, "paused": 0, "prefilling": 0, "decode_ready": 0,
             "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": capacity,
-            "kv_pages_cached": 0,
+            "kv_pages_cached": 0, **HOST_GAUGES_ZERO,
             "page_size": page_size, "max_concurrency": max_concurrency,
             "state_slots_used": 0, "state_slots_capacity": state_slots_capacity,
             "compiled_shapes": 0, "total_shapes": 0,
         }, ready=ready, healthy=healthy)
 
 
+HOST_GAUGES_ZERO = dict.fromkeys((
+    "host_pages_used", "host_pages_capacity", "host_pages_cached", "host_pages_peak",
+    "host_page_bytes", "kv_bytes_to_host", "kv_bytes_to_device"), 0)
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 
 
@@ -128,5 +144,5 @@ def build_stats(counters: EngineCounters, *, gauges: dict, ready: bool,
     totals["host_work"] = dict(counters.host_work)
     # runners without compiles, schedulers of models without state slots
     gauges = {"compiled_shapes": 0, "total_shapes": 0, "state_slots_used": 0,
-              "state_slots_capacity": 0, **gauges}
+              "state_slots_capacity": 0, **HOST_GAUGES_ZERO, **gauges}
     return EngineStats(time=time.monotonic(), ready=ready, healthy=healthy, **gauges, **totals)

@@ -13,7 +13,8 @@ import dataclasses
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.generation import GenerationOptions, ToolChoice
 from ninfer_jax.serve.responses_fields import (allows_draft, check_enum, is_background,
-                                               opt_bool, opt_int, opt_number, require_list,
+                                               opt_bool, opt_int, opt_number, opt_string,
+                                               require_list,
                                                require_object, require_string)
 from ninfer_jax.serve.sampling import SAMPLING_FIELDS
 
@@ -90,7 +91,12 @@ def stream_options(body: dict) -> StreamOptions:
 
 
 def implicit_cache(body: dict) -> bool:
-    """prompt_cache_options.mode: implicit (default) or explicit (no automatic write)."""
+    """prompt_cache_options.mode: implicit (default) or explicit (no automatic write). The
+    other OpenAI cache hints are validated here and have no further effect: the key is no
+    prefix identity and retention follows the resource scheduler (the contract)."""
+    opt_string(body.get("prompt_cache_key"), "prompt_cache_key")
+    if body.get("prompt_cache_retention") is not None:
+        check_enum(body["prompt_cache_retention"], "prompt_cache_retention", ("in_memory", "24h"))
     options = body.get("prompt_cache_options")
     if options is None:
         return True
@@ -130,7 +136,7 @@ def base_options(body: dict, protocol: str) -> GenerationOptions:
         seed=seed, stop=stop_strings(body.get("stop")),
         ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol,
         background=is_background(body.get("priority")), draft=allows_draft(body.get("draft")),
-        stream=body.get("stream") is True)
+        stream=body.get("stream") is True, implicit_cache=implicit_cache(body))
 
 
 def check_chat_unsupported(body: dict) -> None:

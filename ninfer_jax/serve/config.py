@@ -50,6 +50,7 @@ class ServeConfig:
     max_request_mib: int = 32
     no_prefix_reuse: bool = False
     verify_checksums: bool = True  # artifact/checksums.py, when the core reads the weights
+    host_context_mib: int | None = None  # None: the contract's default (engine/config.py)
     kv_dtype: str = "auto"  # auto: f32 on CPU, bf16 on GPU
     # hybrid models: state slots beyond one per lane (accepted and unused on dense models);
     # None: as many as --max-concurrency, the spec's default (engine/state_slots.extra_slots)

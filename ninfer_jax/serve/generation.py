@@ -54,6 +54,9 @@ class GenerationOptions:
     thinking_budget_param: str = "thinking_budget"
     protocol: str = "chat"
     session_key: str | None = None
+    # prompt_cache_options.mode implicit (True): the engine writes every full page; explicit
+    # (False): only up to the request's cache breakpoints.
+    implicit_cache: bool = True
     background: bool = False  # the request's `priority` (responses_fields.is_background)
     draft: bool = True  # the request's `draft` (responses_fields.allows_draft)
     stream: bool = False  # recorded in the request log only
@@ -254,7 +257,8 @@ def _request(ctx, request_id, prompt_ids, options, max_tokens, thinking, policie
     return GenerationRequest(
         request_id=request_id, prompt_ids=prompt_ids, sampling=params, max_tokens=max_tokens,
         stop_token_ids=ctx.eos_ids, ignore_eos=options.ignore_eos, token_policy=token_policy,
-        cache_breakpoints=breakpoints, session_key=options.session_key, arrival_time=arrival,
+        cache_breakpoints=breakpoints, cache_implicit=options.implicit_cache,
+        session_key=options.session_key, arrival_time=arrival,
         deadline=arrival + ctx.config.pending_timeout_ms / 1000.0,
         background=options.background, speculative=options.draft,
         labels={"protocol": options.protocol})

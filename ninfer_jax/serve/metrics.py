@@ -53,10 +53,16 @@ ENGINE_GAUGES = (
      "checkpoints (hybrid models; 0 for dense ones).", "state_slots_used"),
     ("ninfer_device_state_capacity_slots", "Device state slots (hybrid models: "
      "--max-concurrency + --device-state-slots; 0 for dense ones).", "state_slots_capacity"),
-    ("ninfer_host_context_used_bytes", "Host context backing in use (not implemented).", None),
-    ("ninfer_host_context_reserved_bytes", "Host context reservations (not implemented).", None),
-    ("ninfer_host_context_capacity_bytes", "Host context budget (not implemented).", None),
-    ("ninfer_host_context_peak_bytes", "Host context peak use (not implemented).", None),
+    ("ninfer_host_context_used_bytes", "Host tier in use: spilled prefix pages and pause "
+     "snapshots (--host-context-mib).", ("host_pages_used", "host_page_bytes")),
+    ("ninfer_host_context_cached_bytes", "Host tier held by spilled prefix pages.",
+     ("host_pages_cached", "host_page_bytes")),
+    ("ninfer_host_context_reserved_bytes", "Host context reservations (copies are queued "
+     "with their slot held: counted as used).", None),
+    ("ninfer_host_context_capacity_bytes", "Host tier budget.",
+     ("host_pages_capacity", "host_page_bytes")),
+    ("ninfer_host_context_peak_bytes", "Host tier peak use.",
+     ("host_pages_peak", "host_page_bytes")),
 )
 ENGINE_COUNTERS = (
     ("ninfer_prompt_tokens_total", "Prompt tokens of admitted requests, counted once.",
@@ -72,7 +78,8 @@ ENGINE_COUNTERS = (
     ("ninfer_decode_tokens_total", "Output tokens committed by decode rounds.", "decode_tokens"),
     ("ninfer_preemptions_total", "Pauses under KV pressure.", "preemptions"),
     ("ninfer_replay_restores_total", "Paused requests restored by replay.", "replay_restores"),
-    ("ninfer_snapshot_restores_total", "Restores from host snapshots (not implemented).", None),
+    ("ninfer_snapshot_restores_total", "Paused requests restored from host snapshots.",
+     "snapshot_restores"),
     ("ninfer_spec_decode_rounds_total", "Speculative rounds: a request's verify rows with at "
      "least one draft in one step (--spec).", "spec_rounds"),
     ("ninfer_spec_decode_draft_tokens_total", "Draft tokens verified.", "spec_draft_tokens"),
@@ -94,10 +101,12 @@ HOST_WORK_PHASES = HOST_PHASES
 
 
 def _value(stats, field) -> float:
+    """A field's value; a (count, unit) pair is their product (pages times page bytes)."""
     if field is None:
         return 0.0
     if isinstance(field, tuple):
-        return float(sum(getattr(stats, f, 0) for f in field))
+        count, unit = field
+        return float(getattr(stats, count, 0) * getattr(stats, unit, 0))
     return float(getattr(stats, field, 0))
 
 
@@ -124,10 +133,17 @@ class EngineCollector:
             counter = CounterMetricFamily(name, doc)
             counter.add_metric([], _value(stats, field))
             yield counter
-        yield _zero_counter("ninfer_context_transfer_bytes_total",
-                            "Host/device context payload transfers (not implemented).",
-                            ["resource", "direction"],
-                            [[r, d] for r in TRANSFER_RESOURCES for d in TRANSFER_DIRECTIONS])
+        transfers = CounterMetricFamily("ninfer_context_transfer_bytes_total",
+                                        "Host/device context payload transfers (main_kv: the "
+                                        "host tier's page copies).", labels=["resource",
+                                                                             "direction"])
+        moved = {("main_kv", "device_to_host"): "kv_bytes_to_host",
+                 ("main_kv", "host_to_device"): "kv_bytes_to_device"}
+        for resource in TRANSFER_RESOURCES:
+            for direction in TRANSFER_DIRECTIONS:
+                transfers.add_metric([resource, direction],
+                                     _value(stats, moved.get((resource, direction))))
+        yield transfers
         host_work = CounterMetricFamily("ninfer_host_work_seconds_total",
                                         "Engine-thread host work by phase.", labels=["phase"])
         phases = getattr(stats, "host_work", None) or {}

@@ -94,7 +94,7 @@ class ResponsesService:
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
             background=request.background_priority, draft=request.draft,
-            stream=request.stream)
+            stream=request.stream, implicit_cache=request.implicit_cache)
         try:
             prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
         except ContextLengthExceeded as error:

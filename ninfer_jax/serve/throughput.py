@@ -18,11 +18,13 @@ log = logging.getLogger("ninfer_jax.serve.throughput")
 
 DELTA_FIELDS = ("prompt_tokens", "cached_tokens", "prefill_tokens", "replayed_tokens",
                 "generation_tokens", "decode_tokens", "preemptions", "replay_restores",
+                "snapshot_restores",
                 "prefill_units", "decode_rounds", "decode_rows", "prefill_seconds",
                 "decode_seconds", "spec_rounds", "spec_draft_tokens", "spec_accepted_tokens",
                 "spec_fallback_steps")
 GAUGE_FIELDS = ("running", "prefilling", "decode_ready", "waiting", "paused", "replaying",
-                "kv_pages_used", "kv_pages_capacity", "kv_pages_cached")
+                "kv_pages_used", "kv_pages_capacity", "kv_pages_cached", "host_pages_used",
+                "host_pages_capacity")
 
 
 def throughput_record(before, after, interval_s: float) -> dict | None:
@@ -43,7 +45,8 @@ def throughput_record(before, after, interval_s: float) -> dict | None:
                    "generation": delta["generation_tokens"],
                    "replayed": delta["replayed_tokens"]},
         "scheduling": {"preemptions": delta["preemptions"],
-                       "replay_restores": delta["replay_restores"], "snapshot_restores": 0,
+                       "replay_restores": delta["replay_restores"],
+                       "snapshot_restores": delta["snapshot_restores"],
                        "replayed_tokens": delta["replayed_tokens"]},
         "decode": {"rounds": rounds, "row_rounds": rows,
                    "average_size": rows / rounds if rounds else None},

@@ -145,7 +145,8 @@ def done(trace, finished, result) -> dict:
         },
         "generation": {"scheduling": {
             "preemptions": counters.get("preemptions", 0),
-            "snapshot_restores": 0, "replay_restores": counters.get("replay_restores", 0),
+            "snapshot_restores": counters.get("snapshot_restores", 0),
+            "replay_restores": counters.get("replay_restores", 0),
             "replayed_tokens": counters.get("replayed_tokens", 0),
             "restored_cached_tokens": counters.get("restored_cached_tokens", 0),
             "paused_seconds": counters.get("paused_seconds", 0.0), "transfer_bytes": 0}},
@@ -194,9 +195,10 @@ def _request_progress(counters: dict) -> dict:
 
 
 def scheduling(trace, event, stats) -> dict:
-    """A pause/restore/replay transition (engine kinds: paused, restored, replay_complete)."""
+    """A pause/restore/recovery transition (lifecycle.SchedulingEvent's kinds); route is
+    snapshot or replay, None at pause_started."""
     return {**_identity(trace), "kind": event.kind, "preemption_index": event.preemption_index,
-            "route": "replay", "num_tokens": event.num_tokens,
+            "route": event.route, "num_tokens": event.num_tokens,
             "steady_ns": int(event.time * 1e9),
             "elapsed_ns": int((event.time - (trace.submitted_at or trace.began_at)) * 1e9),
             "progress": {"global": _global_progress(stats),

@@ -8,6 +8,7 @@ import numpy as np
 
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.fake import FakeRunner, state_of
+from ninfer_jax.engine.host_pages import HostPagePool
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import (
     Finished, GenerationRequest, RequestHandle, SamplingParams, TERMINAL,
@@ -61,7 +62,7 @@ class Driver:
 
     def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), overlap=True,
                  async_dispatch=True, state_slots=0, max_batch=8, max_chunk_rows=None,
-                 next_token=None, **config):
+                 next_token=None, host_pages=0, **config):
         # state_slots: usable state slots of a hybrid-like fake model (0: dense)
         self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB,
                                  async_dispatch=async_dispatch, state_slot_capacity=state_slots,
@@ -70,9 +71,12 @@ class Driver:
         self.config = EngineConfig(**config)
         self.pool = PagePool(num_pages)
         self.slots = StateSlotPool(state_slots)
+        # host_pages: host tier slots (0: none), each one fake page
+        self.host = HostPagePool(host_pages, self.runner.page_bytes)
         self.scheduler = Scheduler(self.config, self.pool, page_size=page_size,
                                    max_batch=self.runner.max_batch, eos_ids=eos_ids,
-                                   slots=self.slots, max_chunk_rows=self.runner.max_chunk_rows)
+                                   slots=self.slots, max_chunk_rows=self.runner.max_chunk_rows,
+                                   host=self.host)
         self.loop = StepLoop(self.scheduler, self.runner, overlap=overlap)
         self.handles: list[RequestHandle] = []
         self.schedules: list[StepPlan] = []  # every launched plan, in order
@@ -111,6 +115,7 @@ class Driver:
     def check_pages(self) -> None:
         self.pool.check(self.scheduler.page_holders())
         self.slots.check(self.scheduler.slot_holders())
+        self.host.check(self.scheduler.host_holders())
 
 
 def drain(handle: RequestHandle) -> list:

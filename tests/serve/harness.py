@@ -100,10 +100,12 @@ def build_harness(artifact, tokenizer=None, *, chat_format=None, template=None, 
     runner = FakeRunner(num_pages=4 * max_context // 16 + 2, page_size=16, max_batch=8,
                         vocab_size=tokenizer.vocab_size, next_token=book,
                         decode_sleep=decode_sleep)
-    engine_config = EngineConfig(max_concurrency=(engine_options or {}).get("lanes", 4),
-                                 max_pending=(engine_options or {}).get("pending", 16),
+    options = engine_options or {}
+    engine_config = EngineConfig(max_concurrency=options.get("lanes", 4),
+                                 max_pending=options.get("pending", 16),
                                  max_context=max_context, kv_capacity=4 * max_context,
-                                 prefill_chunk=64)
+                                 prefill_chunk=64,
+                                 host_context_mib=options.get("host_mib", 8192))
     engine = Engine(runner, engine_config, eos_ids=tokenizer.eos_ids)
     engine.start()
     engine.wait_ready(10)

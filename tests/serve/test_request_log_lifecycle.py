@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 
+import pytest
 from falcon import testing
 
 from harness import build_harness, by_id, read_log, wait_for
@@ -34,12 +35,13 @@ def in_thread(fn):
     return thread
 
 
+@pytest.mark.parametrize("host_mib, route", [(0, "replay"), (8192, "snapshot")])
 def test_pauses_under_kv_pressure_write_scheduling_records(default_artifact, default_tokenizer,
-                                                           tmp_path):
+                                                           tmp_path, host_mib, route):
     # A per-step sleep keeps the eight requests resident together (an instant fake model
     # would let them finish one by one and never touch the pool's limit).
     h = make(default_artifact, default_tokenizer, tmp_path, "pressure", decode_sleep=0.002,
-             engine_options={"lanes": 8})
+             engine_options={"lanes": 8, "host_mib": host_mib})
     client = testing.TestClient(h.app)
     ids = []
 
@@ -58,9 +60,13 @@ def test_pauses_under_kv_pressure_write_scheduling_records(default_artifact, def
     assert_one_terminal_per_start(lines)
     scheduling = [r for r in lines if r["event"] == "request_scheduling"]
     kinds = {r["kind"] for r in scheduling}
-    assert {"paused", "restored", "replay_complete", "terminal"} <= kinds
+    assert {"pause_started", "paused", "restore_started", "restored", "recovery_complete",
+            "terminal"} <= kinds
+    assert ("replay_complete" in kinds) == (route == "replay")
     for record in scheduling:
         assert record["request_id"] in ids and record["preemption_index"] >= 1
+        assert record["route"] == (None if record["kind"] in ("pause_started", "terminal")
+                                   else route)
         assert set(record["progress"]) == {"global", "request"}
         assert record["elapsed_ns"] >= 0 and record["steady_ns"] > 0
     for request_id in ids:
@@ -70,7 +76,8 @@ def test_pauses_under_kv_pressure_write_scheduling_records(default_artifact, def
         counters = done["generation"]["scheduling"]
         assert counters["preemptions"] == len(pauses)
         if pauses:
-            assert counters["replayed_tokens"] > 0 and paused[-1]["kind"] == "terminal"
+            assert (counters["replayed_tokens"] > 0) == (route == "replay")
+            assert paused[-1]["kind"] == "terminal"
         assert done["tokens"]["completion"] == 400
 
 

@@ -1,0 +1,174 @@
+"""The context cache: cache hints, the host tier, pause by snapshot (engine, fake runner).
+
+The fake runner's KV holds token ids and a load consumes its host copy, so a page that comes
+back wrong, stale or twice changes the output or fails: every output here is checked
+against the fake model's formula computed without paging."""
+import pytest
+
+from ninfer_jax.engine.host_pages import HostPagePool, LOAD, SAVE
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.prefix_cache import PrefixCache
+
+from engine_testkit import Driver, drain, expected_output, finished, make_request, prompt_of
+
+
+def run_one(driver, prompt, max_tokens=3, **fields):
+    handle = driver.submit(make_request(prompt, max_tokens=max_tokens, **fields))
+    driver.run()
+    events = drain(handle)
+    end = next(e for e in events if hasattr(e, "usage"))
+    assert list(end.output_ids) == expected_output(prompt, max_tokens)
+    return end
+
+
+def watch(driver):
+    events = []
+    driver.scheduler.life.listeners.append(events.append)
+    return events
+
+
+def test_host_pool_hands_out_slots_lazily_and_checks_holders():
+    host = HostPagePool(1 << 30, page_bytes=64)  # a GiB-scale budget costs no list up front
+    first, second = host.save(5), host.save(6)
+    assert (first, second) == (0, 1) and host.num_used == 2
+    host.load(first, 9)
+    assert [c.kind for c in host.pop_copies()] == [SAVE, SAVE, LOAD]
+    assert host.save(7) == first  # a released slot is reused
+    host.check([first, second])
+    with pytest.raises(AssertionError):
+        host.check([second])
+    assert host.bytes_saved == 3 * 64 and host.bytes_loaded == 64
+
+
+def test_evicted_pages_spill_to_host_and_come_back_in_order():
+    pool, host = PagePool(4), HostPagePool(8)
+    cache = PrefixCache(pool, page_size=2, host=host)
+    tokens = [1, 2, 3, 4, 5, 6, 7]
+    pages = pool.alloc(3)
+    cache.publish(tokens, pages, 6, (0, 0))
+    pool.release(pages)
+    assert cache.reclaim(3) == 3  # every page spilled, none dropped
+    assert cache.num_pages == 0 and cache.num_host_pages == 3
+    saves = host.pop_copies()
+    assert [c.kind for c in saves] == [SAVE] * 3
+    assert [c.device_page for c in saves] == pages[::-1]  # tail first
+    matched, _ = cache.match(tokens, 3)
+    assert len(matched) == 3 and cache.num_host_pages == 0
+    loads = host.pop_copies()
+    slot_of = {c.device_page: c.host_slot for c in saves}
+    assert [c.kind for c in loads] == [LOAD] * 3
+    assert [c.host_slot for c in loads] == [slot_of[p] for p in pages]  # root first
+    pool.release(matched)
+    pool.check([cache.pages()])
+    host.check(cache.host_slots())
+
+
+def test_breakpoint_pages_are_kept_longest_in_both_tiers():
+    pool, host = PagePool(5), HostPagePool(1)
+    cache = PrefixCache(pool, page_size=1, host=host)
+    marked, plain = pool.alloc(2), pool.alloc(2)
+    cache.publish([1, 2], marked, 2, (0, 0), keep_pages=2)
+    cache.publish([3, 4], plain, 2, (0, 0))  # more recent, but not within a breakpoint
+    pool.release(marked + plain)
+    cache.reclaim(2)  # the plain chain goes first; the one host slot keeps its last spill
+    assert cache.count_cached([1, 2], 2) == (2, 2)
+    assert cache.count_cached([3, 4], 2) == (0, 0) and cache.num_host_pages == 1
+    cache.reclaim(3)  # the marked tail needs the host slot: the plain page there gives way
+    assert cache.count_cached([1, 2], 2) == (1, 1) and cache.num_host_pages == 1
+    assert cache.chain([3, 4], 2) == [] and cache.match([3, 4], 2)[0] == []
+    pool.check([cache.pages()])
+    host.check(cache.host_slots())
+
+
+def test_a_conversation_evicted_from_the_device_comes_back_from_host():
+    system = prompt_of(24, salt=9)
+
+    def conversation(host_pages):
+        driver = Driver(num_pages=12, page_size=4, host_pages=host_pages)
+        run_one(driver, system + [1, 2])
+        for salt in range(3):  # other traffic pushes the system prompt off the device
+            run_one(driver, prompt_of(30, salt=salt))
+        return driver, run_one(driver, system + [1, 2, 3, 4])
+
+    device_only, cold = conversation(0)
+    tiered, warm = conversation(64)
+    assert cold.usage.cached_tokens == 0
+    assert warm.usage.cached_tokens == 24  # every full page of the shared prompt, verified
+    assert tiered.scheduler.cache.loaded_pages == 6
+    assert tiered.scheduler.counters.prefill_tokens < device_only.scheduler.counters.prefill_tokens
+
+
+def test_explicit_mode_publishes_only_up_to_the_breakpoints():
+    driver = Driver(num_pages=32, page_size=4)
+    prompt = prompt_of(18)
+    run_one(driver, prompt, cache_breakpoints=(9,), cache_implicit=False)
+    assert driver.scheduler.cache.num_pages == 2  # 8 tokens: the whole pages before 9
+    run_one(driver, prompt_of(18, salt=1), cache_implicit=False)  # no breakpoint: no write
+    assert driver.scheduler.cache.num_pages == 2
+    run_one(driver, prompt_of(18, salt=2))  # implicit: every full page, output included
+    assert driver.scheduler.cache.num_pages == 2 + 5
+    reread = run_one(driver, prompt + [5])
+    assert reread.usage.cached_tokens == 8  # a read needs no marker
+
+
+def pressure_run(host_pages, prefix_reuse=True):
+    driver = Driver(num_pages=11, page_size=4, max_concurrency=4, prefill_chunk=4,
+                    host_pages=host_pages, prefix_reuse=prefix_reuse)
+    events = watch(driver)
+    prompts = [prompt_of(6, salt=i) for i in range(4)]
+    handles = [driver.submit(make_request(p, max_tokens=20)) for p in prompts]
+    driver.run()
+    for prompt, handle in zip(prompts, handles):
+        assert list(finished(handle).output_ids) == expected_output(prompt, 20)
+    assert driver.request_pages() == 0
+    return driver, events
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False])
+def test_pause_by_snapshot_restores_without_recomputation(prefix_reuse):
+    driver, events = pressure_run(host_pages=64, prefix_reuse=prefix_reuse)
+    counters = driver.scheduler.counters
+    assert counters.preemptions > 0
+    assert counters.snapshot_restores == counters.preemptions and counters.replay_restores == 0
+    assert counters.replayed_tokens == 0
+    cycle = [e.kind for e in events if e.seq_id == events[0].seq_id][:5]
+    assert cycle == ["pause_started", "paused", "restore_started", "restored",
+                     "recovery_complete"]
+    assert {e.route for e in events if e.kind != "pause_started"} == {"snapshot"}
+    assert {e.route for e in events if e.kind == "pause_started"} == {None}
+    assert driver.host.num_used == (driver.scheduler.cache.num_host_pages if prefix_reuse else 0)
+
+
+def test_without_host_room_a_pause_replays():
+    driver, events = pressure_run(host_pages=1)  # too small for any paused request's pages
+    counters = driver.scheduler.counters
+    assert counters.preemptions > 0 and counters.snapshot_restores == 0
+    assert counters.replay_restores == counters.preemptions and counters.replayed_tokens > 0
+    kinds = [e.kind for e in events]
+    assert "replay_complete" in kinds and "recovery_complete" in kinds
+    assert {e.route for e in events if e.kind == "paused"} == {"replay"}
+
+
+def test_a_snapshot_without_device_pages_to_return_to_is_revoked_for_replay():
+    driver = Driver(num_pages=12, page_size=4, max_concurrency=2, prefill_chunk=4,
+                    host_pages=64, prefix_reuse=False)  # no cache pages to reclaim
+    events = watch(driver)
+    prompts = [prompt_of(6, salt=i) for i in range(2)]
+    handles = [driver.submit(make_request(p, max_tokens=30)) for p in prompts]
+    while not driver.scheduler.paused:  # run until the younger request pauses by snapshot
+        driver.step()
+    scheduler = driver.scheduler
+    (seq,) = scheduler.paused
+    assert seq.snapshot is not None
+    squatter = driver.pool.alloc(driver.pool.num_free)  # nothing left to restore into
+    frontier, route = scheduler._load_snapshot(seq, 0)
+    assert (frontier, route) == (0, "replay") and seq.snapshot is None
+    assert events[-1].kind == "snapshot_revoked" and events[-1].route == "replay"
+    assert scheduler.counters.snapshot_revocations == 1
+    driver.pool.release(squatter)
+    scheduler.paused.remove(seq)
+    scheduler.life.restore(seq, 0, route)  # what _admit does next: a replay from position 0
+    scheduler.resident.append(seq)
+    driver.run()
+    for prompt, handle in zip(prompts, handles):
+        assert list(finished(handle).output_ids) == expected_output(prompt, 30)
