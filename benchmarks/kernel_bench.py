@@ -1,7 +1,7 @@
 """Kernel microbenchmarks on the GPU: paged decode/prefill attention and quantized matmuls,
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
-    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [prefill] [quant] [qsweep]
+    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [prefill] [quant] [qsweep]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -58,10 +58,22 @@ def paged_inputs(batch, context, heads=32, kv_heads=8, head_dim=128, page_size=1
     return q, k, v, jnp.asarray(table), lengths
 
 
+def scaled_pages(cache, kv_dtype):
+    """bf16 pages [P, K, S, D] rewritten as 8-bit ScaledPages by write_kv, token by token."""
+    P, K, S, D = cache.shape
+    empty = jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype),
+                         attn_reference.cache_spec(P, S, K, D, kv_dtype))
+    tokens = jnp.moveaxis(cache, 2, 1).reshape(P * S, K, D)
+    pages, _ = jax.jit(attn_reference.write_kv)(empty, empty, tokens, tokens, jnp.arange(P * S))
+    return pages
+
+
 def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, tag="",
-                 table_context=None):
+                 table_context=None, kv_dtype=None):
     q, k, v, table, lengths = paged_inputs(batch, context, page_size=page_size,
                                            table_context=table_context)
+    if kv_dtype is not None:
+        k, v = scaled_pages(k, kv_dtype), scaled_pages(v, kv_dtype)
     scale = 128 ** -0.5
     fn = functools.partial(attn_kernel.paged_decode_attention, scale=scale, tuning=tuning)
     ref_fn = jax.jit(functools.partial(attn_reference.paged_decode_attention, scale=scale))
@@ -69,8 +81,11 @@ def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, 
     err = rel_err(out, ref_fn(q, k, v, table, lengths))
     seconds = time_op(fn, q, k, v, table, lengths)
     moved = attn_kernel.decode_bytes([context] * batch, 8, 128, 2)
+    if kv_dtype is not None:  # 8-bit codes plus a 4-byte scale per token and head
+        moved = moved * (128 + 4) // (2 * 128)
     row = dict(op="decode_attention", batch=batch, context=context, page_size=page_size,
                table_context=table_context or context,
+               kv_dtype=jnp.dtype(kv_dtype).name if kv_dtype is not None else "bfloat16",
                tuning=str(tuning) if tuning else "default", us=seconds * 1e6,
                tbps=moved / seconds / 1e12, err=err, tag=tag)
     if reference:
@@ -93,6 +108,16 @@ def sweep_section():
     for block, min_split, target in itertools.product((16, 32, 64), (64, 256), (264, 1056)):
         _sweep_one(1, 1024, block_tokens=block, min_split_tokens=min_split,
                    target_programs=target)
+
+
+def kv8_section():
+    """The decode kernel over bf16, fp8 and int8 pages (issue 14: fp8 KV at 32k x 8 >= 1.7x
+    bf16's tok/s), and the short-row shapes of the 8B server."""
+    for batch, context, table_context in [(8, 32768, None), (256, 384, 1024), (64, 384, 1024),
+                                          (1, 4096, None)]:
+        for kv_dtype in (None, jnp.float8_e4m3fn, jnp.int8):
+            bench_decode(batch, context, table_context=table_context, kv_dtype=kv_dtype,
+                         tag="kv8")
 
 
 def rows_sweep_section():
@@ -218,7 +243,7 @@ def ceilings_section():
 
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
-            "rows": rows_sweep_section, "prefill": prefill_section, "quant": quant_section,
+            "rows": rows_sweep_section, "kv8": kv8_section, "prefill": prefill_section, "quant": quant_section,
             "qsweep": quant_sweep_section, "qquick": quant_quick_section}
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
         [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--stable-buffers]
         [--no-fuse] [--json] [--profile DIR] [--modes pipelined,sync]
-        [--decode-split-tokens N] [--merge-min-splits N]
+        [--kv-dtype auto|bf16|fp8|int8] [--decode-split-tokens N] [--merge-min-splits N]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
 (greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
@@ -29,7 +29,7 @@ import numpy as np
 from ninfer_jax.artifact import load_artifact
 from ninfer_jax.artifact.default_model import ensure_default_artifact
 from ninfer_jax.engine.request import SamplingParams
-from ninfer_jax.engine.runner import JaxRunner, fit_bucket
+from ninfer_jax.engine.runner import JaxRunner, fit_bucket, kv_dtype_for
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan
 from ninfer_jax.kernels.paged_attention import kernel as attention_kernel
 from ninfer_jax.kernels.paged_attention import tuning as attention_tuning
@@ -126,6 +126,9 @@ def main():
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--modes", default="pipelined,sync",
                         help="decode timing modes, comma separated (pipelined, sync)")
+    parser.add_argument("--kv-dtype", default="auto",
+                        help="KV page storage, as `ninfer serve --kv-dtype` (auto, bf16, fp8, "
+                             "int8, f32)")
     parser.add_argument("--decode-split-tokens", type=int, metavar="N",
                         help="A/B: the paged decode kernel's smallest context split "
                              "(kernels/paged_attention/tuning.py MIN_SPLIT_TOKENS)")
@@ -149,7 +152,8 @@ def main():
                        prefill_chunk=args.prefill_chunk,
                        expand_quantized=False if args.keep_quantized else None,
                        stable_buffers=args.stable_buffers,
-                       fuse_projections=False if args.no_fuse else None)
+                       fuse_projections=False if args.no_fuse else None,
+                       kv_dtype=kv_dtype_for(args.kv_dtype))
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.
     prefill_chunk = runner.chunk_buckets[-1]
@@ -178,6 +182,7 @@ def main():
               "max_context": max_context, "stable_buffers": runner.stable_buffers,
               "fused": "wqkv" in runner.params["layers"][0],
               "xla_flags": os.environ.get("XLA_FLAGS", ""),
+              "kv_dtype": runner.kv_dtype.name,
               "decode_split_tokens": attention_tuning.MIN_SPLIT_TOKENS,
               "merge_min_splits": attention_kernel.MERGE_KERNEL_MIN_SPLITS}
     if args.json:

@@ -28,23 +28,28 @@ MAX_RUN_PAGES = 256  # pages per gather or scatter call (bounds the compiled sha
 MIN_RUN_PAGES = 16
 
 
+# An attention layer's cache is a (k, v) tuple whose members are arrays or, for 8-bit pages,
+# paged_attention.ScaledPages (codes and scales, both paged on axis 0): the copies below map
+# over their leaves. State layers (hybrid models) are dicts and are not paged.
+
+
 def page_bytes(kv_spec, num_pages: int) -> int:
     """Bytes of one page across every attention layer's k and v (state layers excluded)."""
     total = sum(leaf.size * leaf.dtype.itemsize for layer in kv_spec
-                if isinstance(layer, tuple) for leaf in layer)
+                if isinstance(layer, tuple) for leaf in jax.tree.leaves(layer))
     return total // num_pages
 
 
 def gather_pages(kv, pages):
     """Per layer (k[pages], v[pages]), None for state layers."""
-    return [(layer[0][pages], layer[1][pages]) if isinstance(layer, tuple) else None
-            for layer in kv]
+    return [jax.tree.map(lambda cache: cache[pages], layer) if isinstance(layer, tuple)
+            else None for layer in kv]
 
 
 def scatter_pages(kv, pages, batch, index):
     """The caches with batch[index] written into `pages` of every attention layer."""
-    return [(layer[0].at[pages].set(saved[0][index]), layer[1].at[pages].set(saved[1][index]))
-            if isinstance(layer, tuple) else layer for layer, saved in zip(kv, batch)]
+    return [jax.tree.map(lambda cache, saved: cache.at[pages].set(saved[index]), layer, kept)
+            if isinstance(layer, tuple) else layer for layer, kept in zip(kv, batch)]
 
 
 def _padded(values, fill: int) -> np.ndarray:

@@ -33,11 +33,12 @@ def tiny_llama():
     return types.SimpleNamespace(config=config, params=params), config.vocab_size
 
 
-@pytest.fixture(scope="module", params=["tiny", "default"])
+@pytest.fixture(scope="module", params=["tiny", "tiny-int8-pages", "default"])
 def runner(request):
-    from ninfer_jax.engine.runner import JaxRunner
+    from ninfer_jax.engine.runner import JaxRunner, kv_dtype_for
 
-    if request.param == "tiny":
+    kv_dtype = kv_dtype_for("int8" if request.param == "tiny-int8-pages" else "auto")
+    if request.param.startswith("tiny"):  # int8 pages: codes and scales travel together
         artifact, vocab = tiny_llama()
     else:
         from ninfer_jax.artifact.format import load_artifact
@@ -45,7 +46,7 @@ def runner(request):
         artifact = load_artifact(request.getfixturevalue("default_artifact_path"), weights=True)
         vocab = artifact.config.vocab_size
     runner = JaxRunner(artifact, num_pages=32, page_size=PAGE, max_batch=LANES,
-                       max_context=CONTEXT, prefill_chunk=CHUNK)
+                       max_context=CONTEXT, prefill_chunk=CHUNK, kv_dtype=kv_dtype)
     # One shape serves every step (decode-only ones too, by padding): compiles dominate
     # this test's time.
     runner.compile_shapes([(CHUNK, LANES)])
