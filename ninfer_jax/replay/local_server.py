@@ -36,8 +36,11 @@ def serve_config(artifact: str, serve_args: list[str], request_log: str):
     sampling = SamplingOverrides(*(params.pop(name) for name in (
         "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
         "seed", "greedy")))
+    params.pop("api_key_file")  # the local server takes no key (api_key=None below)
+    hosts = params.pop("allowed_hosts")
     params.update(artifact=artifact, kv_capacity=_kv_capacity(params.pop("kv_capacity")),
-                  sampling=sampling)
+                  sampling=sampling,
+                  allowed_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()))
     config = ServeConfig(**params)
     return dataclasses.replace(config, request_log_jsonl=request_log, capture_requests=None,
                                api_key=None, log_stats_interval_ms=0)

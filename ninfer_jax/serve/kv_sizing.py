@@ -31,7 +31,6 @@ import numpy as np
 
 from ninfer_jax.engine.config import AUTO_KV_HEADROOM_BYTES, auto_kv_tokens
 from ninfer_jax.engine.state_slots import extra_slots, state_slot_capacity
-from ninfer_jax.kernels import paged_attention
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -77,6 +76,8 @@ def device_state_slots_of(config, model_config) -> int:
 
 def bytes_per_token_of(model_config, dtype) -> int:
     """Device bytes of one token's KV in every attention layer (fp8 pages' scales included)."""
+    from ninfer_jax.kernels import paged_attention  # JAX: the HTTP workers never import it
+
     return attention_layers(model_config) * paged_attention.cache_bytes_per_token(
         model_config.num_kv_heads, model_config.head_dim, dtype)
 

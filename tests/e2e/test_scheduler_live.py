@@ -93,8 +93,12 @@ def test_small_kv_pool_pauses_and_replays_without_changing_text(batched):
     assert together == unpressured
     log = batched.stderr_text()[len(log_before):]
     assert re.search(r"pause request_id=\S+ seq=\d+", log)
-    assert re.search(r"restore request_id=\S+ seq=\d+", log)
-    assert "replay complete request_id=" in log
+    # The host tier is on by default, so a pause comes back by snapshot when the budget holds
+    # its pages, else by replay (both routes against a cold run: test_context_cache_exact.py).
+    routes = set(re.findall(r"restore request_id=\S+ seq=\d+ route=(\w+)", log))
+    assert routes and routes <= {"snapshot", "replay"}
+    if "replay" in routes:
+        assert "replay complete request_id=" in log
 
 
 def test_stop_string_split_across_tokens(batched):
