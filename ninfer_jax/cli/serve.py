@@ -121,6 +121,12 @@ def _api_key(value: str | None, path: str | None) -> str | None:
 @click.option("--no-cuda-graph", is_flag=True,
               help="Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
                    "On CPU: accepted, no effect beyond the core's environment.")
+@click.option("--step-shapes", default="all", show_default=True,
+              type=click.Choice(["all", "essential"]),
+              help="Step shapes compiled before the server is ready. 'essential': only the "
+                   "few that can serve any step by padding (the smallest and largest decode "
+                   "steps, the largest chunk step): a start several times faster, each step "
+                   "padded to one of them.")
 @click.option("--header-timeout", "header_timeout_s", default=10.0, show_default=True,
               type=click.FloatRange(min=0.1),
               help="Seconds a client has to send a request head (408 after).")

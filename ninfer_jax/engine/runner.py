@@ -92,6 +92,12 @@ def has_quantized_projections(params) -> bool:
     return any(isinstance(leaf, dict) for layer in params["layers"] for leaf in layer.values())
 
 
+# "all": every bucket (each step runs at the shape nearest its size); "essential": only the
+# shapes that can serve any step by padding, for a fast start (tests, a quick try) at the cost
+# of padded steps.
+STEP_SHAPE_SETS = ("all", "essential")
+
+
 def row_buckets(max_rows: int, min_rows: int) -> tuple[int, ...]:
     """Row buckets min_rows, 2*min_rows, ... doubling up to max_rows (always included)."""
     return geometric_buckets(min(min_rows, max_rows), max_rows, 2)
@@ -150,9 +156,13 @@ class JaxRunner:
                  background_compile: bool | None = None, compile_threads: int | None = None,
                  greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
-                 fuse_projections: bool | None = None, max_chunk_rows: int | None = None):
+                 fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
+                 step_shapes: str = "all"):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
+        if step_shapes not in STEP_SHAPE_SETS:
+            raise ValueError(f"step_shapes must be one of {STEP_SHAPE_SETS}, not {step_shapes!r}")
+        self.step_shape_set = step_shapes
         enable_persistent_cache()
         self.config = artifact.config
         self.page_size, self.num_pages, self.max_batch = page_size, num_pages, max_batch
@@ -284,7 +294,10 @@ class JaxRunner:
 
     def step_shapes(self) -> list[tuple[int, int]]:
         """Every (chunk tokens, rows) shape the runner compiles: decode-only steps at every
-        row bucket, chunk steps at the sparser chunk row buckets."""
+        row bucket, chunk steps at the sparser chunk row buckets (only the essential ones
+        with step_shapes="essential")."""
+        if self.step_shape_set == "essential":
+            return self.essential_shapes()
         shapes = [(0, rows) for rows in self.row_buckets]
         shapes += [(chunk, rows) for chunk in self.chunk_buckets for rows in self.chunk_rows]
         return shapes
@@ -301,7 +314,8 @@ class JaxRunner:
 
     def greedy_shapes(self) -> list[tuple[int, int]]:
         """The shapes that also get a variant without the draws."""
-        return [(0, rows) for rows in self.row_buckets] if self.greedy_variants else []
+        return ([shape for shape in self.step_shapes() if shape[0] == 0]
+                if self.greedy_variants else [])
 
     def compile_progress(self) -> tuple[int, int]:
         """(executables ready, executables planned), for /health and the logs: every step

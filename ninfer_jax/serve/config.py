@@ -77,6 +77,7 @@ class ServeConfig:
     # device (applied to the engine-core process's environment only)
     device: int = 0  # CUDA device index among the visible ones
     no_cuda_graph: bool = False  # XLA command buffers (CUDA graphs) off
+    step_shapes: str = "all"  # or "essential" (engine/runner.py: STEP_SHAPE_SETS)
     # gunicorn (serve/http_worker.py: head and read timeouts, the connection cap)
     header_timeout_s: float = 10.0  # a request head must arrive within this
     read_timeout_s: float = 30.0  # longest wait on one socket read or write in a thread

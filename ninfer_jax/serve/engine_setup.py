@@ -84,6 +84,7 @@ def build_engine(config: ServeConfig):
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
                        page_size=PAGE_SIZE, max_context=max_context,
                        prefill_chunk=config.prefill_chunk, kv_dtype=kv_dtype,
+                       step_shapes=config.step_shapes,
                        state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.is_hybrid),
                        **runner_rows(config.max_concurrency, speculative))

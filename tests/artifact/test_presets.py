@@ -125,11 +125,12 @@ def _render(artifact, tokenizer, tools=()):
 @pytest.fixture(scope="module")
 def engine(tiny):
     _, artifact = tiny
-    if artifact.config.is_hybrid:
-        pytest.skip("hybrid presets are served by the hybrid runner (not in this branch)")
     config = EngineConfig(max_concurrency=1, max_context=MAX_CONTEXT, prefill_chunk=CHUNK)
     runner = JaxRunner(artifact, num_pages=config.num_pages(PAGE_SIZE), page_size=PAGE_SIZE,
-                       max_batch=1, max_context=MAX_CONTEXT, prefill_chunk=CHUNK)
+                       max_batch=1, max_context=MAX_CONTEXT, prefill_chunk=CHUNK,
+                       state_slot_capacity=config.state_slot_capacity(
+                           artifact.config.is_hybrid),
+                       step_shapes="essential")
     engine = Engine(runner, config, eos_ids=artifact.eos_ids)
     engine.start()
     assert engine.wait_ready(300)

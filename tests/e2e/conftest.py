@@ -28,6 +28,9 @@ API_KEY = "e2e-secret"
 SEED = 1234
 # Small buckets keep the warm-up short: 1024-token context, 64-token prefill chunks.
 BASE_FLAGS = ("--max-context", "1024", "--prefill-chunk", "64", "--max-concurrency", "4")
+# Servers other than `live_server` compile only the essential step shapes (every step pads to
+# one of them): a few shapes instead of 10-15, shared through the persistent cache.
+FEW_SHAPES = ("--step-shapes", "essential")
 STARTUP_TIMEOUT_S = float(os.environ.get("NINFER_E2E_STARTUP_TIMEOUT", "1200"))
 
 

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-SCHED_FLAGS = ("--max-context", "1024", "--prefill-chunk", "64", "--seed", "1234")
+SCHED_FLAGS = ("--max-context", "1024", "--prefill-chunk", "64", "--seed", "1234",
+               "--step-shapes", "essential")
 SYSTEM = ("You are the guide of a small museum of old maps. " * 12).strip()
 OTHERS = [f"Topic {n}: " + ("a long note about rivers, mountains and coastlines. " * 30)
           for n in range(3)]

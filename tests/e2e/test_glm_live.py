@@ -23,12 +23,12 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import start_server
+from conftest import FEW_SHAPES, start_server
 from ninfer_jax.artifact.format import save_artifact
 from ninfer_jax.artifact.random_init import init_random
 
 # Few compiled shapes (each costs warm-up time on CPU); two lanes for batched replies.
-FLAGS = ("--max-context", "256", "--prefill-chunk", "64", "--max-concurrency", "2")
+FLAGS = ("--max-context", "256", "--prefill-chunk", "64", "--max-concurrency", "2", *FEW_SHAPES)
 SCRIPT_EMBED, SCRIPT_HEAD = 100.0, 30.0  # the script's embedding and LM-head scales
 TIME_TOOL = {"type": "function", "function": {
     "name": "get_time", "description": "The current time",

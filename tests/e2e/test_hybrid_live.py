@@ -12,7 +12,7 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import NINFER, start_server
+from conftest import FEW_SHAPES, NINFER, start_server
 
 LANES = 4
 QUESTIONS = ["Name a colour.", "Count to three.", "Say hello in French.", "What is 2 + 2?",
@@ -24,7 +24,7 @@ def hybrid_server(tmp_path_factory):
     artifact = tmp_path_factory.mktemp("hybrid") / "qwen3.5-tiny.ninfer"
     subprocess.run([str(NINFER), "init-random", "--preset", "qwen3.5-tiny", str(artifact),
                     "--quiet"], check=True)
-    server = start_server(artifact, "--max-context", "512", "--prefill-chunk", "64",
+    server = start_server(artifact, "--max-context", "512", "--prefill-chunk", "64", *FEW_SHAPES,
                           "--max-concurrency", str(LANES))
     yield server
     server.stop()

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import API_KEY, BASE_FLAGS, NINFER, free_port
+from conftest import API_KEY, BASE_FLAGS, FEW_SHAPES, NINFER, free_port
 
 MODEL = "smollm2-135m-instruct"
 SECRET_PROMPT = "Describe the violet heron of Quillmere in two words."
@@ -29,7 +29,7 @@ STDERR_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} [A-Z]+ ")
 @pytest.fixture(scope="module")
 def obs(server_factory, tmp_path_factory):
     folder = tmp_path_factory.mktemp("observability")
-    server = server_factory(*BASE_FLAGS, "--request-log-jsonl", str(folder / "requests.jsonl"),
+    server = server_factory(*BASE_FLAGS, *FEW_SHAPES, "--request-log-jsonl", str(folder / "requests.jsonl"),
                             "--capture-requests", str(folder / "capture.jsonl"),
                             "--log-stats-interval-ms", "500", api_key=API_KEY)
     server.folder = folder

@@ -16,12 +16,12 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BASE_FLAGS, NINFER
+from conftest import BASE_FLAGS, FEW_SHAPES, NINFER
 
 pytestmark = pytest.mark.skipif(not pathlib.Path("/proc/self/maps").exists(),
                                 reason="reads /proc")
 MODEL = "smollm2-135m-instruct"
-TWO_WORKERS = (*BASE_FLAGS, "--http-workers", "2", "--response-store-max-records", "0")
+TWO_WORKERS = (*BASE_FLAGS, *FEW_SHAPES, "--http-workers", "2", "--response-store-max-records", "0")
 
 
 def children(pid: int) -> dict[int, str]:
@@ -113,7 +113,7 @@ def test_two_http_workers_share_one_core_until_it_dies(server_factory):
 
 
 def test_sigterm_stops_workers_and_core(server_factory):
-    server = server_factory(*BASE_FLAGS, "--max-pending-requests", "3")
+    server = server_factory(*BASE_FLAGS, *FEW_SHAPES, "--max-pending-requests", "3")
     core, workers = roles(server)
     assert chat(server, "Hi").status_code == 200
     server.stop()

@@ -16,7 +16,8 @@ import time
 import httpx
 import pytest
 
-SCHED_FLAGS = ("--max-context", "1024", "--prefill-chunk", "64", "--seed", "1234")
+SCHED_FLAGS = ("--max-context", "1024", "--prefill-chunk", "64", "--seed", "1234",
+               "--step-shapes", "essential")
 PROMPTS = [
     "What is the capital of France? Answer in one sentence.",
     "Write a haiku about autumn leaves.",

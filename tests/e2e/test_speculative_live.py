@@ -18,7 +18,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import NINFER, free_port, start_server
+from conftest import FEW_SHAPES, NINFER, free_port, start_server
 
 MODEL = "smollm2-135m-instruct"
 LANES = 8
@@ -33,7 +33,7 @@ def spec_server(default_artifact_path, tmp_path_factory):
     folder = tmp_path_factory.mktemp("speculative")
     server = start_server(default_artifact_path, "--max-context", "1024", "--prefill-chunk",
                           "64", "--max-concurrency", str(LANES), "--spec", "ngram",
-                          "--draft-tokens", "3", "--seed", "7", "--request-log-jsonl",
+                          "--draft-tokens", "3", "--seed", "7", *FEW_SHAPES, "--request-log-jsonl",
                           str(folder / "requests.jsonl"), "--log-stats-interval-ms", "500")
     server.folder = folder
     yield server

@@ -40,7 +40,8 @@ def runner():
             layer["out"] = layer["out"] * STATE_GAIN
     artifact = types.SimpleNamespace(config=config, params=params)
     runner = JaxRunner(artifact, num_pages=64, page_size=PAGE, max_batch=LANES,
-                       max_context=CONTEXT, prefill_chunk=16, state_slot_capacity=SLOTS)
+                       max_context=CONTEXT, prefill_chunk=16, state_slot_capacity=SLOTS,
+                       step_shapes="essential")
     runner.warmup()
     return runner
 

@@ -128,6 +128,23 @@ def test_a_lone_row_padded_to_two_decodes_the_same_tokens(tiny, runner):
     assert generate(two_row, [prompt], NUM_NEW) == generate(runner, [prompt], NUM_NEW)
 
 
+def test_essential_step_shapes_pad_every_step_to_few_shapes_and_keep_the_tokens(tiny, runner):
+    """step_shapes="essential" (--step-shapes essential): warm-up compiles only the smallest and
+    largest decode steps and the largest chunk step; every step pads to one of them and the
+    tokens are those of the runner with every shape."""
+    few = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
+                    prefill_chunk=32, step_shapes="essential")
+    few.warmup()
+    assert few.compiled_shapes == set(few.essential_shapes()) == {(0, 1), (0, 8), (32, 8)}
+    assert few.compile_progress() == (3, 3)
+    batch = prompts(3, seed=13)
+    assert generate(few, batch, NUM_NEW) == generate(runner, batch, NUM_NEW)
+    assert few.compiled_shapes == set(few.essential_shapes()), "a step compiled after warm-up"
+    with pytest.raises(ValueError, match="step_shapes"):
+        JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
+                  prefill_chunk=32, step_shapes="some")
+
+
 def test_bf16_kv_pages_on_cpu_keep_the_greedy_tokens(tiny, runner):
     """--kv-dtype bf16: the pool stores bf16 pages (half the bytes), compute stays f32."""
     import jax.numpy as jnp
@@ -381,7 +398,7 @@ def test_stable_buffers_keep_addresses_and_tokens(tiny, runner, params):
     launch, and the step's inputs and prev_out keep their device addresses across launches
     (what keeps XLA from updating its CUDA graph at every launch)."""
     stable = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
-                       prefill_chunk=32, stable_buffers=True)
+                       prefill_chunk=32, stable_buffers=True, step_shapes="essential")
     stable.warmup()
     prompt = prompts(1, seed=21)[0]
     assert _pipelined(stable, prompt, NUM_NEW, params) == \

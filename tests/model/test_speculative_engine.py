@@ -36,7 +36,7 @@ def model(default_artifact_path):
     artifact = load_artifact(default_artifact_path, weights=True)
     runner = JaxRunner(artifact, num_pages=NUM_PAGES, page_size=PAGE,
                        max_batch=SPEC.row_capacity(LANES), max_chunk_rows=LANES,
-                       max_context=CONTEXT, prefill_chunk=CHUNK)
+                       max_context=CONTEXT, prefill_chunk=CHUNK, step_shapes="essential")
     runner.warmup()
     yield runner, artifact.load_tokenizer(), artifact.eos_ids
     assert runner.compiled_shapes == set(runner.step_shapes()), "a step compiled after warm-up"
