@@ -70,7 +70,7 @@ class LocalServer:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def stop(self) -> None:
-        from ninfer_jax.serve.request_log import shutdown
+        from ninfer_jax.serve.observability.request_log import shutdown
 
         if self._server is not None:
             self._server.shutdown()

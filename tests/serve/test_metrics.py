@@ -8,7 +8,7 @@ from falcon import testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import build_harness, wait_for
-from ninfer_jax.serve.metrics import ENGINE_COUNTERS, ENGINE_GAUGES
+from ninfer_jax.serve.observability.metrics import ENGINE_COUNTERS, ENGINE_GAUGES
 
 API_KEY = "metrics-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
