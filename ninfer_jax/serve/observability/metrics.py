@@ -35,7 +35,8 @@ OUTCOMES = ("rejected", "stop", "length", "cancelled", "timeout", "failed")
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                    120.0, 300.0, 600.0)
 
-# (metric name, help, EngineStats field); a field of None is not measured yet: always 0.
+# (metric name, help, EngineStats field); a field of None belongs to a feature not built yet:
+# always 0, and its help text says so.
 ENGINE_GAUGES = (
     ("ninfer_requests_running", "Resident requests (holding an execution lane).", "running"),
     ("ninfer_requests_waiting", "Requests waiting for admission.", "waiting"),
@@ -44,7 +45,7 @@ ENGINE_GAUGES = (
      "prefilling"),
     ("ninfer_requests_decode_ready", "Resident requests ready for a decode row.", "decode_ready"),
     ("ninfer_requests_replaying", "Resident requests rebuilding KV after a pause.", "replaying"),
-    ("ninfer_requests_materializing", "Requests materializing host context (none here).", None),
+    ("ninfer_requests_materializing", "Requests materializing host context (not built yet: always 0).", None),
     ("ninfer_device_kv_used_pages", "KV pages in use, retained prefixes included.",
      "kv_pages_used"),
     ("ninfer_device_kv_capacity_pages", "KV pages in the pool.", "kv_pages_capacity"),
@@ -57,8 +58,8 @@ ENGINE_GAUGES = (
      "snapshots (--host-context-mib).", ("host_pages_used", "host_page_bytes")),
     ("ninfer_host_context_cached_bytes", "Host tier held by spilled prefix pages.",
      ("host_pages_cached", "host_page_bytes")),
-    ("ninfer_host_context_reserved_bytes", "Host context reservations (copies are queued "
-     "with their slot held: counted as used).", None),
+    ("ninfer_host_context_reserved_bytes", "Host context reservations (not built yet: "
+     "always 0; copies are queued with their slot held and counted as used).", None),
     ("ninfer_host_context_capacity_bytes", "Host tier budget.",
      ("host_pages_capacity", "host_page_bytes")),
     ("ninfer_host_context_peak_bytes", "Host tier peak use.",
@@ -101,13 +102,14 @@ HOST_WORK_PHASES = HOST_PHASES
 
 
 def _value(stats, field) -> float:
-    """A field's value; a (count, unit) pair is their product (pages times page bytes)."""
+    """A field's value; a (count, unit) pair is their product (pages times page bytes).
+    A field the snapshot lacks raises: a renamed EngineStats field must not read as 0."""
     if field is None:
         return 0.0
     if isinstance(field, tuple):
         count, unit = field
-        return float(getattr(stats, count, 0) * getattr(stats, unit, 0))
-    return float(getattr(stats, field, 0))
+        return float(getattr(stats, count) * getattr(stats, unit))
+    return float(getattr(stats, field))
 
 
 class EngineCollector:
@@ -120,11 +122,10 @@ class EngineCollector:
         ctx = self.ctx
         stats = ctx.engine.stats()
         yield self._info()
-        ready = bool(getattr(stats, "ready", False) and getattr(stats, "healthy", True)
-                     and ctx.engine.healthy)
+        ready = bool(stats.ready and stats.healthy and ctx.engine.healthy)
         yield _gauge("ninfer_engine_ready", "1 when the engine serves requests.", float(ready))
         yield _gauge("ninfer_max_concurrency", "Resident execution lanes.",
-                     float(getattr(stats, "max_concurrency", ctx.config.max_concurrency)))
+                     float(stats.max_concurrency))
         yield _gauge("ninfer_max_context_tokens", "Per-sequence context ceiling.",
                      float(ctx.max_context))
         for name, doc, field in ENGINE_GAUGES:
@@ -135,7 +136,8 @@ class EngineCollector:
             yield counter
         transfers = CounterMetricFamily("ninfer_context_transfer_bytes_total",
                                         "Host/device context payload transfers (main_kv: the "
-                                        "host tier's page copies).", labels=["resource",
+                                        "host tier's page copies; state and backend_kv: not "
+                                        "built yet, always 0).", labels=["resource",
                                                                              "direction"])
         moved = {("main_kv", "device_to_host"): "kv_bytes_to_host",
                  ("main_kv", "host_to_device"): "kv_bytes_to_device"}
@@ -146,7 +148,7 @@ class EngineCollector:
         yield transfers
         host_work = CounterMetricFamily("ninfer_host_work_seconds_total",
                                         "Engine-thread host work by phase.", labels=["phase"])
-        phases = getattr(stats, "host_work", None) or {}
+        phases = stats.host_work
         for phase in HOST_WORK_PHASES:
             host_work.add_metric([phase], float(phases.get(phase, 0.0)))
         yield host_work
@@ -174,13 +176,6 @@ def _backend(engine) -> str:
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
-
-
-def _zero_counter(name, doc, labels, label_values) -> CounterMetricFamily:
-    counter = CounterMetricFamily(name, doc, labels=labels)
-    for values in label_values:
-        counter.add_metric(values, 0.0)
-    return counter
 
 
 class ServeMetrics:
