@@ -44,6 +44,7 @@ class GenerationOptions:
 
     max_tokens: int | None = None
     max_tokens_param: str = "max_tokens"
+    prompt_param: str = "messages"  # the field a too-long prompt error names
     sampling: dict = dataclasses.field(default_factory=dict)  # SAMPLING_FIELDS -> value|None
     seed: int | None = None
     stop: tuple[str, ...] = ()
@@ -216,7 +217,8 @@ def _prepare_chat(ctx, conversation, options, request_id, arrival) -> PreparedGe
     enable = conversation.options.enable_thinking
     thinking = markers is not None and (
         rendered.starts_in_reasoning or (ctx.thinking_default if enable is None else enable))
-    max_tokens = _resolve_max_tokens(ctx, len(rendered.ids), options)
+    max_tokens = _resolve_max_tokens(ctx, len(rendered.ids), options,
+                                    prompt_param=options.prompt_param)
     fmt_name = ctx.tool_call_format
     fmt = tool_format(fmt_name, tools) if (tools and fmt_name) else None
     policies = [p for p in (

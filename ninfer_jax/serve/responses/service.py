@@ -16,7 +16,7 @@ from typing import Iterator
 
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.errors import (
-    ContextLengthExceeded, InternalError, InvalidRequest, NinferError, Unsupported)
+    InternalError, InvalidRequest, NinferError, Unsupported)
 from ninfer_jax.serve.core import generation
 from ninfer_jax.serve.wire.disconnect import NO_PEER, PeerWatch
 from ninfer_jax.serve.core.output import HEARTBEAT, GenerationResult, OutputAssembler
@@ -77,17 +77,13 @@ class ResponsesService:
             session_key = response_id if request.store else None
         options = generation.GenerationOptions(
             max_tokens=request.max_output_tokens, max_tokens_param="max_output_tokens",
+            prompt_param="input",
             sampling={"temperature": request.temperature, "top_p": request.top_p},
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
             background=request.background_priority, draft=request.draft,
             stream=request.stream, implicit_cache=request.implicit_cache)
-        try:
-            prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
-        except ContextLengthExceeded as error:
-            if error.param == "messages":  # the shared path's name for the prompt
-                error.param = "input"
-            raise
+        prepared = generation.prepare_chat(self.ctx, conversation, options, request_id)
         builder = ResponseBuilder(self._envelope(response_id, request, prepared))
         started = generation.start(self.ctx, prepared, peer)
         return ResponsesRun(request, parent, preserve, builder, started.handle,
