@@ -12,7 +12,7 @@ SERVE_ARGS ?=
 PYTEST_ARGS ?=
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 
-.PHONY: setup serve test fuzz soak clean-artifacts
+.PHONY: setup serve test test-fast fuzz soak clean-artifacts
 
 setup: $(VENV)/.installed $(ARTIFACT)/metadata.json
 
@@ -32,6 +32,12 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit layers only: no live servers (tests/e2e, marked slow), no reliability runs, no
+# benchmarks, nothing that needs a GPU.
+test-fast: setup
+	$(PY) -m pytest -m "not slow and not gpu" --ignore=tests/e2e --ignore=tests/reliability \
+		--ignore=tests/benchmarks $(PYTEST_ARGS)
 
 # The long fuzz of every endpoint (tests/reliability/test_fuzz.py): 7,500 requests, fresh seeds.
 fuzz: setup

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
 import pathlib
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+from ninfer_jax.text.byte_level import byte_to_unicode  # noqa: F401 - tests build vocabularies with it
 
 # Pre-tokenizer regexes by family (what llama.cpp calls the "pre" type of a BPE vocabulary).
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
@@ -36,20 +37,6 @@ class AddedSpec:
     content: str
     id: int
     special: bool = True
-
-
-@functools.lru_cache(maxsize=1)
-def byte_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from bytes to printable characters used by byte-level BPE vocabularies."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-                 *range(ord("®"), ord("ÿ") + 1)]
-    mapping = {b: chr(b) for b in printable}
-    extra = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + extra)
-            extra += 1
-    return mapping
 
 
 def bytes_to_token(raw: bytes) -> str:

@@ -136,7 +136,7 @@ def count_tokens(artifact, text, messages_file, no_template, as_json):
 def _render_ids(artifact, tokenizer, text, messages_file) -> list[int]:
     import json
 
-    from ninfer_jax.serve.chat_messages import parse_messages, parse_tools
+    from ninfer_jax.serve.openai.chat_messages import parse_messages, parse_tools
     from ninfer_jax.text.chat_template import ChatRenderer
     from ninfer_jax.text.conversation import Conversation
 

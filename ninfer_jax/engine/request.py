@@ -14,9 +14,7 @@ import time
 from typing import NamedTuple, Protocol, Sequence, Union
 
 from ninfer_jax.errors import NinferError
-
-# Sampling over the 20 most likely tokens at most; top_k=0 means "the cap" (the spec's rule).
-TOP_K_CAP = 20
+from ninfer_jax.model.limits import TOP_K_CAP  # noqa: F401 - the engine's public name too
 
 
 @dataclasses.dataclass(frozen=True)

@@ -156,9 +156,6 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.resident or self.paused)
 
-    def next_deadline(self) -> float | None:
-        return min((self._deadline(s) for s in self.waiting), default=None)
-
     def apply_controls(self) -> None:
         """Cancellations and stop_at from HTTP threads, and expired admission deadlines."""
         now = self.clock()

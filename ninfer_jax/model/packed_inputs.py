@@ -130,7 +130,7 @@ class HostPacker:
     def _values(self, params) -> tuple:
         cached = self._params.get(params)
         if cached is None:
-            from ninfer_jax.engine.request import TOP_K_CAP
+            from ninfer_jax.model.limits import TOP_K_CAP
             from ninfer_jax.model.sampling import seed_words
 
             high, low = seed_words(params.seed)

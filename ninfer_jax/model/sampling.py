@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.engine.request import TOP_K_CAP
+from ninfer_jax.model.limits import TOP_K_CAP
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,9 @@
 """An in-process server for `ninfer replay --artifact`: the real app and engine on a loopback
 port, writing its own request log, for as long as the replay runs.
 
-`serve_args` are `ninfer serve` options (parsed by that command, so every option and default
-is the same); pass the flags of the run you compare with, because chunk sizes, concurrency and
-sampling overrides change numerics or seeds. The HTTP server is the standard library's
+`serve_args` are `ninfer serve` options (parsed through the same declarations, so every
+option and default is the same); pass the flags of the run you compare with, because chunk
+sizes, concurrency and sampling overrides change numerics or seeds. The HTTP server is the standard library's
 threaded WSGI server: one thread per connection, streaming bodies written as produced.
 """
 from __future__ import annotations
@@ -29,19 +29,10 @@ def serve_config(artifact: str, serve_args: list[str], request_log: str):
     """The ServeConfig `ninfer serve ARTIFACT ARGS...` would build, plus our request log."""
     import dataclasses
 
-    from ninfer_jax.cli.serve import _kv_capacity, serve
-    from ninfer_jax.serve.config import SamplingOverrides, ServeConfig
+    from ninfer_jax.serve.options import parse_serve_args
 
-    params = serve.make_context("serve", [artifact, *serve_args]).params
-    sampling = SamplingOverrides(*(params.pop(name) for name in (
-        "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
-        "seed", "greedy")))
-    params.pop("api_key_file")  # the local server takes no key (api_key=None below)
-    hosts = params.pop("allowed_hosts")
-    params.update(artifact=artifact, kv_capacity=_kv_capacity(params.pop("kv_capacity")),
-                  sampling=sampling,
-                  allowed_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()))
-    config = ServeConfig(**params)
+    config = parse_serve_args(artifact, serve_args)
+    # the local server takes no key and writes the replay's own log
     return dataclasses.replace(config, request_log_jsonl=request_log, capture_requests=None,
                                api_key=None, log_stats_interval_ms=0)
 
@@ -70,7 +61,7 @@ class LocalServer:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     def stop(self) -> None:
-        from ninfer_jax.serve.request_log import shutdown
+        from ninfer_jax.serve.observability.request_log import shutdown
 
         if self._server is not None:
             self._server.shutdown()

@@ -1,9 +1,8 @@
 """The Falcon WSGI application: `create_app(ctx)`.
 
 Each wire adapter is a module with `register(app, ctx)` that adds its routes; the list below
-is the only place that knows them. Optional adapters (written separately) are imported only
-if their module exists, so the app works while they are being built. Errors from every route
-go through serve/errors.py; request ids, body limits, auth and CORS through serve/http.py.
+(ROUTE_MODULES) is the only place that knows them. Errors from every route go through
+serve/core/errors.py; request ids, body limits, auth and CORS through serve/wire/http.py.
 """
 from __future__ import annotations
 
@@ -13,29 +12,28 @@ import logging
 
 import falcon
 
-from ninfer_jax.serve.context import ServingContext
-from ninfer_jax.serve.errors import install_error_handlers
-from ninfer_jax.serve.http import build_middleware
+from ninfer_jax.serve.core.context import ServingContext
+from ninfer_jax.serve.core.errors import install_error_handlers
+from ninfer_jax.serve.wire.http import build_middleware
 
 log = logging.getLogger("ninfer_jax.serve")
 
-ADAPTERS = ("models", "openai_chat", "completions")
-OPTIONAL_ADAPTERS = ("openai_responses", "anthropic", "metrics", "request_log", "capture")
+# Every module that adds routes, in registration order. Each is imported unconditionally: an
+# adapter that fails to import is a broken server, not a missing feature.
+ROUTE_MODULES = (
+    "ninfer_jax.serve.openai.models",
+    "ninfer_jax.serve.openai.chat",
+    "ninfer_jax.serve.openai.completions",
+    "ninfer_jax.serve.responses.routes",
+    "ninfer_jax.serve.anthropic.routes",
+    "ninfer_jax.serve.observability.metrics",
+    "ninfer_jax.serve.observability.request_log",
+    "ninfer_jax.serve.observability.capture",
+)
 
 
-def _adapter_modules():
-    for name in ADAPTERS:
-        yield importlib.import_module(f"ninfer_jax.serve.{name}")
-    for name in OPTIONAL_ADAPTERS:
-        qualified = f"ninfer_jax.serve.{name}"
-        try:
-            module = importlib.import_module(qualified)
-        except ModuleNotFoundError as exc:
-            if exc.name != qualified:
-                raise
-            continue
-        if hasattr(module, "register"):
-            yield module
+def _route_modules():
+    return [importlib.import_module(name) for name in ROUTE_MODULES]
 
 
 def create_app(ctx: ServingContext) -> falcon.App:
@@ -45,7 +43,7 @@ def create_app(ctx: ServingContext) -> falcon.App:
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = falcon.media.JSONHandler(
         dumps=_dumps)
     install_error_handlers(app)
-    for module in _adapter_modules():
+    for module in _route_modules():
         module.register(app, ctx)
     return app
 

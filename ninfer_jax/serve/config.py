@@ -1,11 +1,44 @@
-"""Every `ninfer serve` option, resolved once at start-up into one frozen value.
+"""Every `ninfer serve` option, declared once: default, help text and bounds.
 
-The Click command (cli/serve.py) builds a ServeConfig; the launcher, engine, app and adapters
-read it. Defaults follow the serving contract's option table.
+Each ServeConfig (and SamplingOverrides) field carries its option's declaration in its
+metadata (`option(...)`); serve/options.py builds the Click options of `ninfer serve` from it
+and parses `ninfer replay`'s serve-args the same way, and engine/config.py builds the
+EngineConfig from the resulting value. Defaults of what the engine enforces are the
+EngineConfig's own (one place: engine/config.py).
 """
 from __future__ import annotations
 
 import dataclasses
+
+from ninfer_jax.engine.config import (DEFAULT_HOST_CONTEXT_MIB, MAX_LANES, MIN_LANES,
+                                      EngineConfig)
+from ninfer_jax.engine.speculation import BACKENDS, DRAFT_RANGES
+
+_ENGINE = EngineConfig()
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """How a field is spelled and checked on the command line (None: not a CLI option)."""
+
+    help: str | None = None
+    flag: str | None = None  # default: --field-name
+    type: type | None = None  # int, float or str; default: the default's type
+    min: float | None = None
+    max: float | None = None
+    choices: tuple[str, ...] | None = None
+    is_flag: bool = False
+    flag_value: object = True  # what the flag sets (False for a --no-... of a True field)
+    envvar: str | None = None
+    path: str | None = None  # a file path: "existing" (must exist) or "new"
+
+
+def option(default, help: str | None = None, **spec):  # noqa: A002 - Click's own word
+    return dataclasses.field(default=default, metadata={"option": Option(help=help, **spec)})
+
+
+def option_of(field: dataclasses.Field) -> Option | None:
+    return field.metadata.get("option")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -15,76 +48,141 @@ class SamplingOverrides:
     Precedence: architecture/thinking-mode defaults < these flags < request fields, and
     --greedy finally forces temperature 0."""
 
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    seed: int | None = None
-    greedy: bool = False
+    temperature: float | None = option(None, type=float, min=0, max=2)
+    top_p: float | None = option(None, type=float, min=0, max=1)
+    top_k: int | None = option(None, type=int, min=0, max=20)
+    min_p: float | None = option(None, type=float, min=0, max=1)
+    presence_penalty: float | None = option(None, type=float, min=-2, max=2)
+    frequency_penalty: float | None = option(None, type=float, min=-2, max=2)
+    seed: int | None = option(None, type=int)
+    greedy: bool = option(False, is_flag=True)
+
+
+_DRAFT_HELP = "; ".join(f"{b} {lo}..{hi} (default {d})" for b, (lo, hi, d) in DRAFT_RANGES.items())
 
 
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
-    artifact: str
-    host: str = "127.0.0.1"
-    port: int = 8080
-    api_key: str | None = None  # --api-key, NINFER_API_KEY or --api-key-file, resolved
+    artifact: str  # the command's argument (default: the embedded SmolLM2 artifact)
+    host: str = option("127.0.0.1")
+    port: int = option(8080, min=1, max=65535)
+    # --api-key, NINFER_API_KEY or --api-key-file (serve/options.py), resolved
+    api_key: str | None = option(
+        None, "Require this bearer token / x-api-key. Prefer NINFER_API_KEY or "
+        "--api-key-file: a command-line value is visible in `ps`.", type=str,
+        envvar="NINFER_API_KEY")
     # Host header names answered besides IP literals, localhost and this machine's names;
-    # "*" answers any (serve/http.py says why the check exists)
-    allowed_hosts: tuple[str, ...] = ()
-    model_id: str | None = None  # None -> artifact metadata name
-    cors: bool = False
+    # "*" answers any (serve/wire/http.py says why the check exists). The CLI value is one
+    # comma-separated string.
+    allowed_hosts: tuple[str, ...] = option(
+        (), "Comma-separated Host header names answered besides IP addresses, localhost, "
+        "--host and this machine's names; '*' answers any host.", type=str)
+    model_id: str | None = option(None, "Public model alias (default: artifact name).", type=str)
+    cors: bool = option(False, "Permissive browser CORS headers.", is_flag=True)
     # context and scheduling
-    max_context: int = 8192
-    kv_capacity: int | str | None = None  # tokens, "auto", or None (= max_context)
-    max_concurrency: int = 1
-    max_pending_requests: int = 16
-    pending_timeout_ms: int = 30000
-    prefill_chunk: int = 1024
-    decode_share: float = 0.25
-    default_max_tokens: int = 8192
+    max_context: int = option(_ENGINE.max_context, min=16)
+    # tokens, "auto", or None (= max_context)
+    kv_capacity: int | str | None = option(
+        None, "Shared KV pool in tokens, or 'auto' (free device memory). Default: one "
+        "--max-context per lane, within the auto bound.", type=str)
+    max_concurrency: int = option(_ENGINE.max_concurrency,
+                                  "Resident execution lanes (also the largest decode batch).",
+                                  min=MIN_LANES, max=MAX_LANES)
+    max_pending_requests: int = option(_ENGINE.max_pending, min=0)
+    pending_timeout_ms: int = option(round(_ENGINE.pending_timeout * 1000), min=1)
+    prefill_chunk: int = option(_ENGINE.prefill_chunk, min=16)
+    decode_share: float = option(
+        _ENGINE.decode_share, "0: a step that prefills a prompt chunk carries no decode rows "
+        "(prompts first); above 0 running streams decode in every step, chunks included.",
+        min=0, max=16)
+    default_max_tokens: int = option(8192, min=1)
     # The contract's table says 384; a parsed body costs several times its size, so with every
     # lane and pending request holding one that admitted tens of GB (docs/operations.md).
-    max_request_mib: int = 32
-    no_prefix_reuse: bool = False
-    verify_checksums: bool = True  # artifact/checksums.py, when the core reads the weights
-    host_context_mib: int | None = None  # None: the contract's default (engine/config.py)
-    kv_dtype: str = "auto"  # auto: f32 on CPU, bf16 on GPU
+    max_request_mib: int = option(32, "Largest request body, refused with 413 before it is "
+                                  "parsed.", min=1)
+    no_prefix_reuse: bool = option(
+        not _ENGINE.prefix_reuse, "No cross-request prefix reuse (pause snapshots and replay "
+        "still work).", is_flag=True)
+    # None: the contract's default (engine/config.py)
+    host_context_mib: int | None = option(
+        None, "Host memory budget for KV spilled from the device pool and for pause "
+        f"snapshots [default: {DEFAULT_HOST_CONTEXT_MIB}]; 0 disables the host tier.",
+        type=int, min=0)
+    # artifact/checksums.py, when the core reads the weights
+    verify_checksums: bool = option(
+        True, "Skip checking the artifact's file checksums at load (they read every weight "
+        "byte once: about 1 s per GB).", flag="--no-verify-checksums", is_flag=True,
+        flag_value=False)
     # hybrid models: state slots beyond one per lane (accepted and unused on dense models);
     # None: as many as --max-concurrency, the spec's default (engine/state_slots.extra_slots)
-    device_state_slots: int | None = None
+    device_state_slots: int | None = option(
+        None, "Hybrid models: device state slots beyond one per lane (total capacity "
+        "--max-concurrency + N; default N = --max-concurrency). Dense models have no state "
+        "slots: accepted, no effect.", type=int, min=0)
     # speculative decoding (engine/speculation.py): backend, draft tokens per round
-    spec: str | None = None
-    draft_tokens: int | None = None  # None: the backend's default
+    spec: str | None = option(
+        None, "Speculative decoding backend (off by default). ngram: prompt lookup, no "
+        "weights; mtp, dflash, dflash2: not implemented yet. Refused for hybrid models.",
+        type=str, choices=tuple(BACKENDS))
+    draft_tokens: int | None = option(  # None: the backend's default
+        None, f"Draft tokens per speculative round: {_DRAFT_HELP}.", type=int, min=1)
+    kv_dtype: str = option(
+        "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU; fp8 "
+        "(e4m3) and int8: 8-bit codes with a scale per token and KV head, about half of "
+        "bf16's bytes).", choices=("auto", "f32", "bf16", "fp8", "int8"))
     # templates and reasoning
-    chat_template: str | None = None  # path of a Jinja file overriding the artifact's
-    default_thinking_budget: int | None = None
-    no_thinking: bool = False
-    preserve_thinking: bool = False
-    vision: bool = False
+    # path of a Jinja file overriding the artifact's
+    chat_template: str | None = option(None, type=str, path="existing")
+    default_thinking_budget: int | None = option(None, type=int, min=1)
+    no_thinking: bool = option(False, is_flag=True)
+    preserve_thinking: bool = option(False, is_flag=True)
+    vision: bool = option(False, "Accept media input (needs an artifact with a vision "
+                          "component).", is_flag=True)
     # Responses store
-    response_store_max_records: int = 1024
-    response_store_max_mib: int = 256
+    response_store_max_records: int = option(1024, min=0)
+    response_store_max_mib: int = option(256, min=0)
     # observability
-    request_log_jsonl: str | None = None
-    capture_requests: str | None = None
-    log_stats_interval_ms: int = 5000
-    log_level: str = "info"
-    # sampling
+    request_log_jsonl: str | None = option(None, type=str, path="new")
+    capture_requests: str | None = option(None, type=str, path="new")
+    log_stats_interval_ms: int = option(5000, min=0)
+    log_level: str = option("info", choices=("trace", "debug", "info", "warning", "error",
+                                             "critical", "off"))
+    # sampling (its own fields are the options)
     sampling: SamplingOverrides = SamplingOverrides()
     # device (applied to the engine-core process's environment only)
-    device: int = 0  # CUDA device index among the visible ones
-    no_cuda_graph: bool = False  # XLA command buffers (CUDA graphs) off
-    step_shapes: str = "all"  # or "essential" (engine/runner.py: STEP_SHAPE_SETS)
-    # gunicorn (serve/http_worker.py: head and read timeouts, the connection cap)
-    header_timeout_s: float = 10.0  # a request head must arrive within this
-    read_timeout_s: float = 30.0  # longest wait on one socket read or write in a thread
-    max_connections: int = 1000  # open connections per HTTP worker, idle ones included
-    shutdown_timeout_s: float = 30.0  # SIGTERM/SIGINT: in-flight requests may finish this long
-    http_threads: int | None = None  # per worker; None: see http_threads_per_worker
-    http_workers: int = 1  # HTTP worker processes sharing the one engine core
+    device: int = option(  # CUDA device index among the visible ones
+        0, "CUDA device index (among CUDA_VISIBLE_DEVICES when set) the engine core uses. "
+        "On CPU: accepted, no effect beyond the core's environment.", min=0)
+    no_cuda_graph: bool = option(  # XLA command buffers (CUDA graphs) off
+        False, "Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
+        "On CPU: accepted, no effect beyond the core's environment.", is_flag=True)
+    # engine/runner.py: STEP_SHAPE_SETS
+    step_shapes: str = option(
+        "all", "Step shapes compiled before the server is ready. 'essential': only the few "
+        "that can serve any step by padding (the smallest and largest decode steps, the "
+        "largest chunk step): a start several times faster, each step padded to one of "
+        "them.", choices=("all", "essential"))
+    # gunicorn (serve/wire/http_worker.py: head and read timeouts, the connection cap)
+    header_timeout_s: float = option(
+        10.0, "Seconds a client has to send a request head (408 after).",
+        flag="--header-timeout", min=0.1)
+    read_timeout_s: float = option(
+        30.0, "Seconds one read of a request body, or one write of a reply, may stall.",
+        flag="--read-timeout", min=0.1)
+    max_connections: int = option(
+        1000, "Open connections per HTTP worker, idle ones included (independent of "
+        "--http-threads); past it new clients wait in the listen backlog.", min=1)
+    shutdown_timeout_s: float = option(
+        30.0, "On SIGTERM/SIGINT: seconds in-flight requests may take to finish before they "
+        "are ended with an error.", flag="--shutdown-timeout", min=0)
+    # per worker; None: see http_threads_per_worker
+    http_threads: int | None = option(
+        None, "HTTP threads per worker (one per open stream). Default: enough for every lane "
+        "and pending request, at least 32.", type=int, min=2)
+    http_workers: int = option(
+        1, "HTTP worker processes sharing the one engine core. Above 1 it needs the Responses "
+        "store off (--response-store-max-records 0) and no --request-log-jsonl / "
+        "--capture-requests: those are per worker.", min=1, max=64)
     # argv as typed, kept for the request log's server_start record (redacted there)
     argv: tuple[str, ...] = ()
 

@@ -98,7 +98,7 @@ def build_engine(config: ServeConfig):
              engine.slots.capacity)
     if config.http_workers > 1 and config.log_stats_interval_ms > 0:
         # One throughput report for the server, not one per HTTP worker (request_log.py).
-        from ninfer_jax.serve.throughput import ThroughputReporter
+        from ninfer_jax.serve.observability.throughput import ThroughputReporter
 
         ThroughputReporter(engine, config.log_stats_interval_ms / 1000.0).start()
     return engine

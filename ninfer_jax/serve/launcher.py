@@ -95,7 +95,7 @@ def _tune_socket(sock) -> None:
 def serving_context(config: ServeConfig, artifact, engine):
     """The worker's ServingContext: the artifact's text side around `engine` (an
     EngineClient, or an in-process Engine for replay), whose config gives the context."""
-    from ninfer_jax.serve.context import ServingContext
+    from ninfer_jax.serve.core.context import ServingContext
     from ninfer_jax.text.chat_template import ChatRenderer
 
     tokenizer = artifact.load_tokenizer()
@@ -139,7 +139,7 @@ def check_http_workers(config: ServeConfig) -> None:
 
 def gunicorn_settings(config: ServeConfig) -> dict:
     """gunicorn's settings for `config` (the process-model hooks are the caller's)."""
-    from ninfer_jax.serve.http_worker import ConnectionLimits, worker_class
+    from ninfer_jax.serve.wire.http_worker import ConnectionLimits, worker_class
 
     limits = ConnectionLimits(config.header_timeout_s, config.read_timeout_s,
                               config.max_connections, config.shutdown_timeout_s)
@@ -188,7 +188,7 @@ class NinferApplication(BaseApplication):
 
     def _worker_exit(self, server, worker) -> None:
         if self.ctx is not None:
-            from ninfer_jax.serve.request_log import shutdown as close_logs
+            from ninfer_jax.serve.observability.request_log import shutdown as close_logs
 
             self.ctx.engine.shutdown(timeout=SHUTDOWN_MARGIN_S / 2)
             close_logs(self.ctx)
@@ -198,7 +198,7 @@ class NinferApplication(BaseApplication):
         return self.ctx.in_flight.abort_all() if self.ctx is not None else 0
 
     def run(self) -> None:
-        from ninfer_jax.serve.http_worker import GracefulArbiter
+        from ninfer_jax.serve.wire.http_worker import GracefulArbiter
 
         try:
             GracefulArbiter(self).run()
@@ -239,7 +239,7 @@ def run_server(config: ServeConfig) -> None:
                   "none (serve it without --vision: media input is then refused with "
                   "vision_disabled)", config.artifact)
         sys.exit(2)
-    from ninfer_jax.serve.request_log import check_paths
+    from ninfer_jax.serve.observability.request_log import check_paths
 
     try:
         check_paths(config)  # an unusable log or capture file stops start-up here

@@ -25,7 +25,7 @@ from typing import Iterable, Sequence
 
 import tokenizers
 
-from ninfer_jax.artifact.tokenizer_build import byte_to_unicode
+from ninfer_jax.text.byte_level import byte_to_unicode
 from ninfer_jax.errors import ArtifactError
 
 # Non-special added tokens that look like markup are treated as control tokens as well

@@ -135,3 +135,11 @@ def server_factory(default_artifact_path):
 def live_server(server_factory) -> LiveServer:
     return server_factory(*BASE_FLAGS, "--seed", str(SEED), "--max-request-mib", "1",
                           api_key=API_KEY)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every live-server test is `slow` (`make test-fast` deselects them)."""
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in pathlib.Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.slow)

@@ -140,7 +140,11 @@ def test_full_capacity_gives_429_and_queue_timeout_503(one_lane):
                 # A stream that times out in the queue is a 503 before the stream opens.
                 waiting = pool.submit(client.post, "/v1/chat/completions",
                                       json={**body, "max_tokens": 4})
-                time.sleep(0.5)  # let it take the pending slot
+                # the overloading request follows once the engine holds that one waiting
+                deadline = time.monotonic() + 10
+                while engine_gauges(client)["ninfer_requests_waiting"] < 1:
+                    assert time.monotonic() < deadline, "the second request never waited"
+                    time.sleep(0.02)
                 overloaded = client.post("/v1/chat/completions",
                                          json={**body, "stream": False, "max_tokens": 4})
                 assert overloaded.status_code == 429

@@ -18,7 +18,7 @@ from ninfer_jax.engine.request import Admitted, Failed, Finished, SamplingParams
 from ninfer_jax.errors import (
     ContextLengthExceeded, EngineUnavailable, InvalidRequest, Overloaded,
 )
-from ninfer_jax.serve.policies import BlankToken, PolicyChain, ThinkingBudget
+from ninfer_jax.engine.policies import BlankToken, PolicyChain, ThinkingBudget
 
 from core_testkit import env_probe, start_fake_core
 from engine_testkit import expected_output, make_request, prompt_of

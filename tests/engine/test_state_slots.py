@@ -202,7 +202,7 @@ def test_dense_plans_name_the_dummy_slot_and_gauges_stay_zero():
 
 def test_engine_stats_and_metrics_report_slots():
     from ninfer_jax.engine.engine import Engine
-    from ninfer_jax.serve.metrics import ENGINE_GAUGES, _value
+    from ninfer_jax.serve.observability.metrics import ENGINE_GAUGES, _value
 
     config = EngineConfig(max_concurrency=2, device_state_slots=1, prefill_chunk=4)
     runner = FakeRunner(num_pages=64, page_size=4, vocab_size=VOCAB, decode_sleep=0.002,

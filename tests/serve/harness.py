@@ -21,7 +21,7 @@ from ninfer_jax.engine.engine import Engine
 from ninfer_jax.engine.fake import FakeRunner, weighted_sum_next_token
 from ninfer_jax.serve.app import create_app
 from ninfer_jax.serve.config import ServeConfig
-from ninfer_jax.serve.context import ServingContext
+from ninfer_jax.serve.core.context import ServingContext
 from ninfer_jax.text.chat_template import ChatRenderer
 
 TEST_HOSTS = (DEFAULT_HOST, "ninfer.test")

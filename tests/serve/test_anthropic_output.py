@@ -5,8 +5,9 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import RawMessageStreamEvent
 from anthropic._models import construct_type
 
-from ninfer_jax.serve.anthropic_output import (
-    MessageBuilder, sse_frame, thinking_signature, usage_object)
+from ninfer_jax.serve.anthropic.output import (
+    MessageBuilder, thinking_signature, usage_object)
+from ninfer_jax.serve.wire.sse import sse_frame
 
 
 def _sdk_snapshot(events):

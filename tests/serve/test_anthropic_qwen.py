@@ -5,7 +5,7 @@ import httpx2
 import pytest
 
 from harness import build_harness
-from ninfer_jax.serve.policies import EARLY_CLOSE_GUIDANCE
+from ninfer_jax.engine.policies import EARLY_CLOSE_GUIDANCE
 
 TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {
     "city": {"type": "string"}, "days": {"type": "integer"}}}}

@@ -2,7 +2,7 @@
 import pytest
 
 from ninfer_jax.errors import InvalidRequest
-from ninfer_jax.serve.anthropic_request import parse_request
+from ninfer_jax.serve.anthropic.request import parse_request
 
 DEFAULT_MAX = 8192
 TOOL = {"name": "get_weather", "description": "Weather",

@@ -7,8 +7,8 @@ from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import RawMessageStreamEvent
 
 from ninfer_jax.errors import InvalidRequest, QueueTimeout
-from ninfer_jax.serve.anthropic_output import thinking_signature
-from ninfer_jax.serve.anthropic_service import MessagesService
+from ninfer_jax.serve.anthropic.output import thinking_signature
+from ninfer_jax.serve.anthropic.service import MessagesService
 
 from test_responses_fakes import make_context
 

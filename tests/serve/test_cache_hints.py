@@ -8,8 +8,8 @@ import openai
 import pytest
 
 from harness import build_harness
-from ninfer_jax.serve.anthropic_request import parse_request
-from ninfer_jax.serve.openai_chat import parse_chat
+from ninfer_jax.serve.anthropic.request import parse_request
+from ninfer_jax.serve.openai.chat import parse_chat
 
 PAGE = 16  # the harness runner's page size
 SYSTEM = ("You are a careful assistant for a museum of maps. Answer in one sentence, cite the "

@@ -2,7 +2,7 @@
 replies, stop strings, limits, usage, timings and progress observations."""
 import pytest
 
-from ninfer_jax.serve.openai_chat import parse_chat
+from ninfer_jax.serve.openai.chat import parse_chat
 from sse_util import sse_chunks, streamed_text
 
 MODEL = "smollm2-135m-instruct"

@@ -6,7 +6,7 @@ import pytest
 from falcon import testing
 
 from harness import build_harness
-from ninfer_jax.serve.policies import EARLY_CLOSE_GUIDANCE
+from ninfer_jax.engine.policies import EARLY_CLOSE_GUIDANCE
 from sse_util import sse_chunks, streamed_text
 
 TOOLS = [{"type": "function", "function": {
@@ -124,8 +124,8 @@ def test_required_call_is_forced_after_the_think_block(h35):
 
 
 def test_sampling_defaults_follow_the_thinking_mode(h3):
-    from ninfer_jax.serve.generation import GenerationOptions, prepare_chat
-    from ninfer_jax.serve.openai_chat import parse_chat
+    from ninfer_jax.serve.core.generation import GenerationOptions, prepare_chat
+    from ninfer_jax.serve.openai.chat import parse_chat
 
     def sampling(**fields):
         body = {"model": h3.ctx.model_id, "messages": [{"role": "user", "content": "x"}],

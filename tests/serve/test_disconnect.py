@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from ninfer_jax.serve.disconnect import NO_PEER, POLL_S, PeerWatch
+from ninfer_jax.serve.wire.disconnect import NO_PEER, POLL_S, PeerWatch
 
 
 def test_open_connection_is_not_closed():

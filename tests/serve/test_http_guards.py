@@ -8,8 +8,8 @@ from click.testing import CliRunner
 from falcon import testing
 
 from harness import build_harness
-from ninfer_jax.serve.errors import CLIENT_CLOSED_REQUEST
-from ninfer_jax.serve.request_trace import loggable_param
+from ninfer_jax.serve.core.errors import CLIENT_CLOSED_REQUEST
+from ninfer_jax.serve.observability.request_trace import loggable_param
 
 MODEL = "smollm2-135m-instruct"
 KEY = "guard-secret"

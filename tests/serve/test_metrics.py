@@ -8,7 +8,7 @@ from falcon import testing
 from prometheus_client.parser import text_string_to_metric_families
 
 from harness import build_harness, wait_for
-from ninfer_jax.serve.metrics import ENGINE_COUNTERS, ENGINE_GAUGES
+from ninfer_jax.serve.observability.metrics import ENGINE_COUNTERS, ENGINE_GAUGES
 
 API_KEY = "metrics-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -160,3 +160,41 @@ def test_readable_after_engine_failure(default_artifact, default_tokenizer):
     assert value(samples, "ninfer_engine_ready") == 0.0
     assert value(samples, "ninfer_requests_total", outcome="failed") == 1
     broken.close()
+
+
+def test_every_metric_field_is_an_engine_stats_field():
+    import dataclasses
+
+    from ninfer_jax.engine.stats import EngineStats
+
+    names = {f.name for f in dataclasses.fields(EngineStats)}
+    for metric, doc, field in ENGINE_GAUGES + ENGINE_COUNTERS:
+        if field is None:
+            assert "not built yet" in doc, metric  # always 0, and says so
+            continue
+        for name in field if isinstance(field, tuple) else (field,):
+            assert name in names, (metric, name)
+
+
+def test_a_missing_stats_field_is_an_error_not_zero(h):
+    import dataclasses
+
+    from ninfer_jax.serve.observability.metrics import EngineCollector
+
+    class Renamed:
+        """A snapshot whose `running` field was renamed."""
+
+        def __init__(self, stats):
+            fields = dataclasses.asdict(stats)
+            fields["running_requests"] = fields.pop("running")
+            self.__dict__.update(fields)
+
+    class Engine:
+        healthy = True
+
+        def stats(self):
+            return Renamed(h.engine.stats())
+
+    collector = EngineCollector(dataclasses.replace(h.ctx, engine=Engine()))
+    with pytest.raises(AttributeError, match="running"):
+        list(collector.collect())

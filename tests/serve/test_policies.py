@@ -1,5 +1,5 @@
 """Token policies on a toy vocabulary: thinking budget and forced tool calls."""
-from ninfer_jax.serve.policies import ForcedToolCall, PolicyChain, ThinkingBudget
+from ninfer_jax.engine.policies import ForcedToolCall, PolicyChain, ThinkingBudget
 
 OPEN, CLOSE, EOS = 100, 101, 2
 SUFFIX = [7, 8, CLOSE, 9]
@@ -112,7 +112,7 @@ def test_policies_built_like_generation_does_pickle_small_and_behave_the_same(
     # What generation.py builds crosses to the engine-core process with every request.
     import pickle
 
-    from ninfer_jax.serve.policies import BlankToken, PlainEncode
+    from ninfer_jax.engine.policies import BlankToken, PlainEncode
 
     tokenizer = default_tokenizer
     call = ForcedToolCall(decode=tokenizer.decode, encode=PlainEncode(tokenizer),

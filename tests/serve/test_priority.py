@@ -137,7 +137,7 @@ def test_anthropic_sdk_extra_body_priority(logged):
 
 
 def test_prepared_requests_carry_the_flag(logged):
-    from ninfer_jax.serve.generation import GenerationOptions, prepare_chat, prepare_raw
+    from ninfer_jax.serve.core.generation import GenerationOptions, prepare_chat, prepare_raw
     from ninfer_jax.text.conversation import Conversation, Message
 
     conversation = Conversation([Message("user", "Hi")], [])

@@ -9,7 +9,7 @@ import pytest
 from falcon import testing
 
 from harness import build_harness, by_id, read_log, wait_for
-from ninfer_jax.serve.request_log import SCHEMA, check_output_path, redact_argv
+from ninfer_jax.serve.observability.request_log import SCHEMA, check_output_path, redact_argv
 
 API_KEY = "sk-test-very-secret"
 SECRET_PROMPT = "zebra quartz lantern"  # must never reach the log
@@ -196,7 +196,7 @@ def test_output_path_checks(tmp_path, default_artifact):
 
 def test_throughput_record_skips_idle_intervals_and_reads_plainly():
     from ninfer_jax.engine.stats import EngineCounters, build_stats
-    from ninfer_jax.serve.throughput import pretty, throughput_record
+    from ninfer_jax.serve.observability.throughput import pretty, throughput_record
 
     gauges = {"running": 0, "waiting": 0, "paused": 0, "prefilling": 0, "decode_ready": 0,
               "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": 10, "kv_pages_cached": 0,
@@ -222,7 +222,7 @@ def test_throughput_record_skips_idle_intervals_and_reads_plainly():
 
 def test_throughput_record_reports_speculative_acceptance():
     from ninfer_jax.engine.stats import EngineCounters, build_stats
-    from ninfer_jax.serve.throughput import pretty, throughput_record
+    from ninfer_jax.serve.observability.throughput import pretty, throughput_record
 
     gauges = {"running": 1, "waiting": 0, "paused": 0, "prefilling": 0, "decode_ready": 1,
               "replaying": 0, "kv_pages_used": 0, "kv_pages_capacity": 10, "kv_pages_cached": 0,

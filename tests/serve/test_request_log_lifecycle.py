@@ -177,7 +177,7 @@ def test_stderr_lifecycle_lines_carry_no_text(default_artifact, default_tokenize
 
 def test_null_trace_when_no_observer(default_artifact, default_tokenizer):
     """Apps built without the observability services still generate."""
-    from ninfer_jax.serve.generation import GenerationOptions, prepare_raw, submit
+    from ninfer_jax.serve.core.generation import GenerationOptions, prepare_raw, submit
 
     h = build_harness(default_artifact, default_tokenizer, log_stats_interval_ms=0)
     h.ctx.extras.pop("observer")

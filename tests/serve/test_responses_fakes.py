@@ -18,7 +18,7 @@ from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.engine import Engine
 from ninfer_jax.engine.fake import FakeRunner, scripted
 from ninfer_jax.serve.config import ServeConfig
-from ninfer_jax.serve.context import ServingContext
+from ninfer_jax.serve.core.context import ServingContext
 from ninfer_jax.text.tokenizer import Tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@
 import pytest
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
-from ninfer_jax.serve.responses_history import lower_items
-from ninfer_jax.serve.responses_input import normalize_input
+from ninfer_jax.serve.responses.history import lower_items
+from ninfer_jax.serve.responses.input import normalize_input
 
 
 def _lower(raw):

@@ -1,7 +1,8 @@
 """Response Items, usage and the SSE event lifecycle built from neutral output pieces."""
 import json
 
-from ninfer_jax.serve.responses_output import ResponseBuilder, sse_frame, usage_object
+from ninfer_jax.serve.responses.output import ResponseBuilder, usage_object
+from ninfer_jax.serve.wire.sse import sse_frame
 
 
 def _builder():

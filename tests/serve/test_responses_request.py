@@ -2,8 +2,8 @@
 import pytest
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound
-from ninfer_jax.serve.response_store import build_record
-from ninfer_jax.serve.responses_request import (
+from ninfer_jax.serve.responses.store import build_record
+from ninfer_jax.serve.responses.request import (
     build_conversation, parse_request, resolve_preserve_thinking)
 
 MODEL = "tiny-model"

@@ -4,8 +4,8 @@ import json
 import pytest
 
 from ninfer_jax.errors import InvalidRequest, NotFound, QueueTimeout
-from ninfer_jax.serve.response_store import ResponseStore
-from ninfer_jax.serve.responses_service import ResponsesService
+from ninfer_jax.serve.responses.store import ResponseStore
+from ninfer_jax.serve.responses.service import ResponsesService
 
 from test_responses_fakes import MODEL_ID, make_context
 

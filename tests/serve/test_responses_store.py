@@ -2,7 +2,7 @@
 import pytest
 
 from ninfer_jax.errors import InvalidRequest, NotFound
-from ninfer_jax.serve.response_store import (
+from ninfer_jax.serve.responses.store import (
     MIB, ResponseStore, build_record, json_size, page_items)
 
 

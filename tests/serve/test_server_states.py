@@ -2,12 +2,11 @@
 engine_unavailable), loading, and CORS."""
 import json
 import threading
-import time
 
 import pytest
 from falcon import testing
 
-from harness import build_harness
+from harness import build_harness, wait_for
 
 MODEL = "smollm2-135m-instruct"
 
@@ -18,9 +17,10 @@ def body(content="SCRIPT:ramble", **fields):
 
 @pytest.fixture
 def busy(default_artifact, default_tokenizer):
-    """One lane, no waiting room, slow decoding, short admission deadline."""
+    """One lane, one waiting place, slow decoding, short admission deadline (long enough
+    that the waiting request is still there when the overloading one arrives)."""
     h = build_harness(default_artifact, default_tokenizer, decode_sleep=0.01,
-                      pending_timeout_ms=200, engine_options={"lanes": 1, "pending": 1})
+                      pending_timeout_ms=1000, engine_options={"lanes": 1, "pending": 1})
     h.book.add("ramble", "la", end=False)
     yield h
     h.close()
@@ -37,11 +37,10 @@ def start_in_background(client, payload):
 def test_overload_is_429_and_queue_timeout_503(busy):
     client = testing.TestClient(busy.app)
     first, first_done = start_in_background(client, body(max_tokens=150))
-    deadline = time.monotonic() + 5
-    while busy.engine.stats().running == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    assert wait_for(lambda: busy.engine.stats().running == 1)
     second, second_done = start_in_background(client, body(max_tokens=5))
-    time.sleep(0.05)
+    # the waiting room is full once the engine holds the second request
+    assert wait_for(lambda: busy.engine.stats().waiting == 1)
     third = client.simulate_post("/v1/chat/completions", json=body(max_tokens=5))
     assert third.status_code == 429
     assert third.json["error"]["code"] == "server_overloaded"

@@ -10,8 +10,8 @@ from falcon import testing
 from harness import build_harness, wait_for
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from ninfer_jax.errors import QueueTimeout
-from ninfer_jax.serve.output import HEARTBEAT
-from ninfer_jax.serve.sse import openai_event_stream
+from ninfer_jax.serve.core.output import HEARTBEAT
+from ninfer_jax.serve.wire.sse import openai_event_stream
 
 
 def test_framing_heartbeat_and_done():
@@ -43,8 +43,8 @@ def test_closing_the_stream_early_runs_on_close():
 
 
 def test_assembler_yields_heartbeats_while_waiting(harness):
-    from ninfer_jax.serve.generation import OutputPlan, PreparedGeneration
-    from ninfer_jax.serve.output import OutputAssembler
+    from ninfer_jax.serve.core.generation import OutputPlan, PreparedGeneration
+    from ninfer_jax.serve.core.output import OutputAssembler
 
     request = GenerationRequest("r", [1, 2], SamplingParams(), 4)
     prepared = PreparedGeneration(request, OutputPlan(), None, False, None)
@@ -80,8 +80,8 @@ def test_client_disconnect_cancels_the_request(slow):
 
 def test_heartbeat_while_tokens_arrive_but_stay_held(harness):
     from ninfer_jax.engine.request import Finished, Tokens, Usage
-    from ninfer_jax.serve.generation import OutputPlan, PreparedGeneration
-    from ninfer_jax.serve.output import OutputAssembler
+    from ninfer_jax.serve.core.generation import OutputPlan, PreparedGeneration
+    from ninfer_jax.serve.core.output import OutputAssembler
     from ninfer_jax.text.conversation import ToolSpec
     from ninfer_jax.text.tool_parsers import tool_format
 

@@ -135,7 +135,7 @@ def test_the_body_budget_holds_large_bodies_back_and_lets_small_ones_by():
     import threading
 
     from ninfer_jax.errors import Overloaded
-    from ninfer_jax.serve.json_body import BodyBudget
+    from ninfer_jax.serve.wire.json_body import BodyBudget
 
     budget = BodyBudget(100, wait_s=0.2)
     with budget.hold(60):
@@ -161,7 +161,7 @@ def test_the_body_budget_holds_large_bodies_back_and_lets_small_ones_by():
 
 
 def test_every_request_reads_under_the_workers_budget(client):
-    from ninfer_jax.serve.http import BodyLimitMiddleware
+    from ninfer_jax.serve.wire.http import BodyLimitMiddleware
 
     (limit,) = [m for m in client.app._unprepared_middleware
                 if isinstance(m, BodyLimitMiddleware)]

@@ -1,0 +1,196 @@
+"""Typed field readers shared by the wire adapters (Chat and Completions, Responses, Anthropic).
+
+Every reader takes the raw JSON value and its dotted parameter path, and raises
+`InvalidRequest(param=path)` for a malformed value, so each 400 names the exact field.
+JSON booleans are never accepted as numbers. Also owns the merge of chat_template_kwargs
+with the typed thinking options, which Responses and Anthropic share.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+import secrets
+from typing import Any
+
+from ninfer_jax.errors import InvalidRequest
+
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+PRIORITY_CLASSES = ("foreground", "background")
+# Template options with a typed request field; a kwargs value must agree with it.
+STANDARD_TEMPLATE_OPTIONS = ("enable_thinking", "preserve_thinking", "reasoning_effort")
+# Prompt structure the request fields own; kwargs may not override it.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+    "bos_token", "eos_token", "pad_token", "unk_token",
+})
+
+
+# A function tool's name, in every dialect.
+TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+def vision_disabled(param: str) -> InvalidRequest:
+    return InvalidRequest("Image and video input need a server started with --vision; this "
+                          "server has no vision component loaded.", param=param,
+                          code="vision_disabled")
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_hex(12)}"
+
+
+def type_name(value) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def invalid(param: str, expected: str, value) -> InvalidRequest:
+    return InvalidRequest(f"'{param}' must be {expected}, got {type_name(value)}.", param=param)
+
+
+def require_object(value, param: str) -> dict:
+    if not isinstance(value, dict):
+        raise invalid(param, "an object", value)
+    return value
+
+
+def require_list(value, param: str, *, non_empty: bool = False) -> list:
+    if not isinstance(value, list):
+        raise invalid(param, "an array", value)
+    if non_empty and not value:
+        raise InvalidRequest(f"'{param}' must not be empty.", param=param)
+    return value
+
+
+def require_string(value, param: str, *, non_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise invalid(param, "a string", value)
+    if non_empty and not value:
+        raise InvalidRequest(f"'{param}' must be a non-empty string.", param=param)
+    return value
+
+
+def opt_string(value, param: str) -> str | None:
+    return None if value is None else require_string(value, param)
+
+
+def opt_bool(value, param: str) -> bool | None:
+    if value is None or isinstance(value, bool):
+        return value
+    raise invalid(param, "a boolean", value)
+
+
+def opt_number(value, param: str, low: float, high: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise invalid(param, "a finite number", value)
+    if not low <= value <= high:
+        raise InvalidRequest(f"'{param}' must be in [{low}, {high}], got {value}.", param=param)
+    return float(value)
+
+
+def opt_int(value, param: str, low: int | None = None, high: int | None = None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise invalid(param, "an integer", value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InvalidRequest(f"'{param}' must be {bounds}, got {value}.", param=param)
+    return value
+
+
+def check_enum(value, param: str, allowed) -> Any:
+    if value not in allowed:
+        raise InvalidRequest(
+            f"'{param}' must be one of {', '.join(map(str, allowed))}; got {value!r}.",
+            param=param)
+    return value
+
+
+def is_background(value, param: str = "priority") -> bool:
+    """The request `priority` of every dialect: TensorFold's "background" | "foreground", or
+    vLLM's integer where lower runs earlier and 0 is the default, so > 0 is background and
+    <= 0 foreground. Absent (or null) is foreground."""
+    if value is None:
+        return False
+    if value in PRIORITY_CLASSES:
+        return value == "background"
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        shown = repr(value) if isinstance(value, (str, float)) else type_name(value)
+        raise InvalidRequest(f"'{param}' must be 'background', 'foreground' or an integer "
+                             f"(> 0: background); got {shown}.", param=param)
+    return value > 0
+
+
+def allows_draft(value, param: str = "draft") -> bool:
+    """TensorFold's per-request `draft` of every dialect: false decodes this request without
+    speculation (the serial reference); true or absent lets the server's --spec work."""
+    return opt_bool(value, param) is not False
+
+
+@dataclasses.dataclass(frozen=True)
+class TemplateOptions:
+    """Thinking options after merging typed fields with chat_template_kwargs."""
+
+    enable_thinking: bool | None
+    preserve_thinking: bool | None
+    reasoning_effort: str | None  # as requested ("none" included)
+    extra_kwargs: dict
+
+    @property
+    def template_effort(self) -> str | None:
+        """What the template sees: 'none' is expressed as enable_thinking=False instead."""
+        return None if self.reasoning_effort == "none" else self.reasoning_effort
+
+
+def conflicting(param: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, param=param, code="conflicting_template_option")
+
+
+def merge_template_options(kwargs, typed: dict, *, param: str = "chat_template_kwargs",
+                           typed_params: dict | None = None) -> TemplateOptions:
+    """Merge `kwargs` (the client's chat_template_kwargs) with typed option values.
+
+    `typed` maps standard option names to the typed fields' values (None = unspecified);
+    `typed_params` names those fields for error messages. A null standard kwarg means
+    unspecified; other null kwargs stay null for the template."""
+    kwargs = {} if kwargs is None else require_object(kwargs, param)
+    typed_params = typed_params or {}
+    for key in kwargs:
+        if key in RESERVED_TEMPLATE_KWARGS:
+            raise InvalidRequest(f"'{param}.{key}' cannot be set through template kwargs; "
+                                 "the request's own fields control it.", param=f"{param}.{key}")
+    resolved = {}
+    for name in STANDARD_TEMPLATE_OPTIONS:
+        from_kwargs, from_field = kwargs.get(name), typed.get(name)
+        if from_kwargs is not None and from_field is not None and from_kwargs != from_field:
+            field = typed_params.get(name, name)
+            raise conflicting(f"{param}.{name}", f"'{param}.{name}' ({from_kwargs!r}) "
+                              f"disagrees with '{field}' ({from_field!r}).")
+        resolved[name] = from_field if from_field is not None else from_kwargs
+    opt_bool(resolved["enable_thinking"], f"{param}.enable_thinking")
+    opt_bool(resolved["preserve_thinking"], f"{param}.preserve_thinking")
+    effort = resolved["reasoning_effort"]
+    if effort is not None:
+        check_enum(effort, typed_params.get("reasoning_effort", f"{param}.reasoning_effort"),
+                   REASONING_EFFORTS)
+    enable = resolved["enable_thinking"]
+    if effort is not None and enable is not None and (effort == "none") == enable:
+        raise conflicting(f"{param}.enable_thinking",
+                          f"enable_thinking={enable} contradicts reasoning effort '{effort}'.")
+    if effort == "none":
+        enable = False
+    extra = {k: v for k, v in kwargs.items() if k not in STANDARD_TEMPLATE_OPTIONS}
+    return TemplateOptions(enable, resolved["preserve_thinking"], effort, extra)

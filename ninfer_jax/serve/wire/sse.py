@@ -1,0 +1,60 @@
+"""Server-sent events framing: the Chat/Completions streams and the named frames.
+
+`openai_event_stream(chunks, on_close)` turns an iterator of JSON-ready dicts (and HEARTBEAT
+markers) into SSE bytes: `data: {...}` per chunk, `: keep-alive` for a heartbeat, and
+`data: [DONE]` at the end. A failure after the stream has opened cannot change the HTTP status
+any more, so it becomes one error event (the dialect's error body) followed by [DONE].
+`on_close` always runs, also when the client disconnects (the WSGI server closes the
+generator), which is where the request is cancelled.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Callable, Iterable, Iterator
+
+import falcon
+
+from ninfer_jax.errors import InternalError, NinferError
+from ninfer_jax.serve.core.errors import openai_error_body
+from ninfer_jax.serve.core.output import HEARTBEAT
+
+log = logging.getLogger("ninfer_jax.serve")
+
+KEEPALIVE_SECONDS = 5.0
+KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+
+
+def sse_data(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload, ensure_ascii=False).encode("utf-8") + b"\n\n"
+
+
+def sse_frame(event: dict) -> bytes:
+    """One named SSE frame whose event name is the JSON's type (the Responses and Anthropic
+    streams)."""
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()
+
+
+def openai_event_stream(chunks: Iterable, on_close: Callable[[], None],
+                        request_id: str | None = None) -> Iterator[bytes]:
+    try:
+        try:
+            for chunk in chunks:
+                yield KEEPALIVE if chunk is HEARTBEAT else sse_data(chunk)
+        except NinferError as error:
+            yield sse_data(openai_error_body(error))
+        except Exception:
+            log.exception("stream failed after it opened (request %s)", request_id or "-")
+            yield sse_data(openai_error_body(InternalError("The server hit an internal error.")))
+        yield DONE
+    finally:
+        on_close()
+
+
+def start_sse(resp: falcon.Response, body: Iterator[bytes]) -> None:
+    resp.content_type = "text/event-stream; charset=utf-8"
+    resp.set_header("Cache-Control", "no-cache")
+    resp.set_header("X-Accel-Buffering", "no")
+    resp.stream = body
