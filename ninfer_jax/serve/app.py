@@ -20,7 +20,8 @@ from ninfer_jax.serve.http import build_middleware
 log = logging.getLogger("ninfer_jax.serve")
 
 ADAPTERS = ("models", "openai_chat", "completions")
-OPTIONAL_ADAPTERS = ("openai_responses", "anthropic", "metrics", "request_log", "capture")
+OPTIONAL_ADAPTERS = ("openai_responses", "anthropic", "metrics", "request_log", "capture",
+                     "openapi")
 
 
 def _adapter_modules():
