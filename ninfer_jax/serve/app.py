@@ -29,6 +29,7 @@ ROUTE_MODULES = (
     "ninfer_jax.serve.observability.metrics",
     "ninfer_jax.serve.observability.request_log",
     "ninfer_jax.serve.observability.capture",
+    "ninfer_jax.serve.wire.openapi",
 )
 
 

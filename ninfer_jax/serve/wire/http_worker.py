@@ -88,6 +88,9 @@ class GuardedThreadWorker(ThreadWorker):
         # gunicorn quits at once on SIGINT; a Ctrl-C (sent to the whole process group) must
         # drain like SIGTERM.
         signal.signal(signal.SIGINT, self.handle_exit)
+        # gunicorn leaves SIGHUP at its default in workers, which kills them mid-stream when a
+        # terminal hangs up on the process group; the master decides what SIGHUP means.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
     def set_accept_enabled(self, enabled: bool) -> None:
         super().set_accept_enabled(enabled)
@@ -211,10 +214,15 @@ class GuardedThreadWorker(ThreadWorker):
 
 
 class GracefulArbiter(Arbiter):
-    """gunicorn's master, with SIGINT stopping as gracefully as SIGTERM."""
+    """gunicorn's master, with SIGINT stopping as gracefully as SIGTERM and SIGHUP ignored."""
 
     def handle_int(self):
         raise StopIteration
+
+    def handle_hup(self):
+        # gunicorn's reload would replace the workers, cutting their streams, and there is no
+        # configuration to re-read: the options are fixed at start.
+        self.log.info("SIGHUP ignored: restart the server to change its options")
 
 
 def worker_class(limits: ConnectionLimits) -> type:
