@@ -16,7 +16,8 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 
 setup: $(VENV)/.installed $(ARTIFACT)/metadata.json
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
+	@command -v $${CXX:-c++} >/dev/null || { echo "make setup: no C++ compiler ($${CXX:-c++}); install g++ or clang++ (the install builds the CPU kernel)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -e '.[cpu,test]'

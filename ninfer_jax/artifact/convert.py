@@ -14,6 +14,15 @@ def read_source(src: str | os.PathLike, *, name: str | None = None, dtype: str |
                 weights: str | None = None,
                 progress: common.ProgressFn | None = None) -> ArtifactContents:
     """Contents of SRC: floats stored as `dtype`, projections quantized to `weights` if given."""
+    if weights == common.GGUF_STORED:
+        src = pathlib.Path(src)
+        if not src.is_file():
+            raise ArtifactError(src, "--weights gguf keeps a GGUF file's block formats; "
+                                     "this is not a .gguf file")
+        from ninfer_jax.artifact.gguf_convert import convert_gguf
+
+        return convert_gguf(src, name=name, dtype=dtype or "f32", progress=progress,
+                            keep_blocks=True)
     dtype, quantized = common.resolve_formats(dtype, weights)
     contents = _read_float_source(pathlib.Path(src), name, dtype, progress)
     return common.apply_quantization(contents, quantized, progress)

@@ -16,7 +16,8 @@ from ninfer_jax.model.config import ModelConfig
 DTYPES = ("f32", "bf16")
 # Weight-only quantized formats of projection matrices (layout: kernels/quant_matmul/formats.py).
 QUANTIZED = ("int8", "fp8", "int4", "nvfp4")
-WEIGHT_CHOICES = DTYPES + QUANTIZED
+GGUF_STORED = "gguf"  # keep a GGUF's block formats as stored (gguf_convert.keep_blocks)
+WEIGHT_CHOICES = DTYPES + QUANTIZED + (GGUF_STORED,)
 # The 2-D [in, out] layer matrices a quantized format applies to (and lm_head, mtp.fc). The
 # rest stays in the float dtype: routers and gates (tiny, decide routing), the conv taps, the
 # per-head in_b / in_a, and the stacked experts (kernels/quant_matmul has no [E, in, out] layout).

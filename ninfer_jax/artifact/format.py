@@ -37,7 +37,7 @@ TEMPLATE_FILE = "chat_template.jinja"
 WEIGHTS_DIR = "weights"
 COMPONENTS = ("text", "mtp", "dflash", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
-QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4")
+QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4", "q8_0", "q4_0", "q4_1")  # q*: GGUF blocks
 TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml")
 CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
 
@@ -321,6 +321,8 @@ def _check_quantized(name: str, leaf: dict, shape: tuple[int, ...],
     if stored != declared:
         raise ArtifactError(display, f"tensor {name} is stored as {stored}, weight_formats "
                                      f"says {declared}")
+    if name == "embed":  # a block table's rows are the table's rows (formats.py)
+        rows, cols = cols, rows
     if len(shape) != 2 or cols != shape[1] or rows < shape[0]:
         raise ArtifactError(display, f"tensor {name} ({stored}) covers [{rows}, {cols}], "
                                      f"the config needs {tuple(shape)}")

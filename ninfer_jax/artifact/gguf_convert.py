@@ -13,9 +13,11 @@ import numpy as np
 
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.artifact.format import ArtifactContents
+from ninfer_jax.artifact.tensor_groups import tensor_group
 from ninfer_jax.artifact.templates import builtin_template
 from ninfer_jax.artifact.tokenizer_build import AddedSpec, build_bpe_tokenizer
 from ninfer_jax.errors import ArtifactError
+from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, block_leaf
 from ninfer_jax.model.config import ModelConfig
 
 # GGUF token types (llama.cpp's llama_token_type): 3 control, 4 user-defined.
@@ -52,12 +54,18 @@ class GGUFFile:
 
 
 def convert_gguf(path: pathlib.Path, *, name: str | None, dtype: str,
-                 progress: common.ProgressFn | None = None) -> ArtifactContents:
+                 progress: common.ProgressFn | None = None,
+                 keep_blocks: bool = False) -> ArtifactContents:
+    """`keep_blocks`: tensors in a GGUF block format the CPU kernel reads (q8_0, q4_0, q4_1)
+    stay as stored, per weight_formats group (embed, layers, lm_head) when the whole group
+    shares one such format; everything else is dequantized to `dtype`."""
     gguf_file = GGUFFile(path)
     config = _config(gguf_file)
     tokenizer = _tokenizer(gguf_file)
     template = gguf_file.get("tokenizer.chat_template") or builtin_template("chatml")
-    params = _params(gguf_file, config, dtype, progress)
+    params, kept = _params(gguf_file, config, dtype, progress, keep_blocks)
+    weight_formats = common.float_weight_formats(config, dtype)
+    weight_formats.update(kept)
     return ArtifactContents(
         name=name or path.stem.lower(),
         config=config, params=params, tokenizer_json=tokenizer.to_str(),
@@ -68,7 +76,7 @@ def convert_gguf(path: pathlib.Path, *, name: str | None, dtype: str,
                 "general.name": gguf_file.get("general.name"),
                 "chat_template": "gguf" if gguf_file.get("tokenizer.chat_template") else
                 "built-in chatml (the GGUF had none)"},
-        weight_formats=common.float_weight_formats(config, dtype),
+        weight_formats=weight_formats,
     )
 
 
@@ -132,15 +140,21 @@ def _special_tokens(gguf_file: GGUFFile, tokenizer) -> dict:
 
 
 def _params(gguf_file: GGUFFile, config: ModelConfig, dtype: str,
-            progress: common.ProgressFn | None) -> dict:
+            progress: common.ProgressFn | None, keep_blocks: bool) -> tuple[dict, dict]:
+    """(params, {group: block format} for the groups kept as stored)."""
     from gguf.quants import dequantize
 
     tensors = gguf_file.reader.tensors
+    kept = _kept_groups(gguf_file, tensors) if keep_blocks else {}
     params: dict = {}
     for index, tensor in enumerate(tensors, start=1):
         name = _params_name(gguf_file.path, tensor.name)
         if progress:
             progress(index, len(tensors), tensor.name)
+        if len(tensor.shape) == 2 and tensor_group(name) in kept:
+            common.add_to_params(params, name, _block_leaf(tensor, name, config),
+                                 config.num_layers)
+            continue
         # dequantize returns [rows, cols] = [out, in] in numpy order; ours is [in, out].
         array = np.asarray(dequantize(tensor.data, tensor.tensor_type), dtype=np.float32)
         array = array.reshape([int(d) for d in reversed(tensor.shape)])
@@ -154,7 +168,29 @@ def _params(gguf_file: GGUFFile, config: ModelConfig, dtype: str,
         common.check_complete(params, config, str(gguf_file.path))
     except ValueError as exc:
         raise ArtifactError(gguf_file.path, str(exc)) from None
-    return params
+    return params, kept
+
+
+def _kept_groups(gguf_file: GGUFFile, tensors) -> dict[str, str]:
+    """The groups whose 2-D tensors all share one block format that the CPU kernel reads."""
+    seen: dict[str, set] = {}
+    for tensor in tensors:
+        if len(tensor.shape) == 2:
+            group = tensor_group(_params_name(gguf_file.path, tensor.name))
+            seen.setdefault(group, set()).add(tensor.tensor_type.name.lower())
+    return {group: types.pop() for group, types in seen.items()
+            if len(types) == 1 and next(iter(types)) in BLOCK_FORMATS}
+
+
+def _block_leaf(tensor, name: str, config: ModelConfig) -> dict:
+    """The tensor's raw block bytes [out, blocks] as a block leaf; llama.cpp's Q/K row order
+    is undone on whole rows (each row is one output's blocks), as for float weights."""
+    fmt = tensor.tensor_type.name.lower()
+    blocks = np.asarray(tensor.data, np.uint8).reshape(int(tensor.shape[1]), -1)
+    if config.architecture == "llama" and name.rsplit(".", 1)[-1] in ("wq", "wk"):
+        heads = config.num_heads if name.endswith("wq") else config.num_kv_heads
+        blocks = unpermute_rope_rows(blocks, heads)
+    return block_leaf(fmt, blocks)
 
 
 def _params_name(path: pathlib.Path, tensor_name: str) -> str:

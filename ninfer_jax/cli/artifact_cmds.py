@@ -16,6 +16,7 @@ def _fail(exc: Exception) -> click.ClickException:
 
 
 WEIGHT_CHOICES = ["f32", "bf16", "int8", "fp8", "int4", "nvfp4"]
+CONVERT_WEIGHT_CHOICES = WEIGHT_CHOICES + ["gguf"]
 
 
 @click.command()
@@ -24,8 +25,9 @@ WEIGHT_CHOICES = ["f32", "bf16", "int8", "fp8", "int4", "nvfp4"]
 @click.option("--name", default=None, help="Public model name stored in metadata.json.")
 @click.option("--dtype", default=None, type=click.Choice(["f32", "bf16"]),
               help="Storage dtype of float weights (default f32; norms always stay f32).")
-@click.option("--weights", default=None, type=click.Choice(WEIGHT_CHOICES),
-              help="Format of the projection matrices (default: --dtype).")
+@click.option("--weights", default=None, type=click.Choice(CONVERT_WEIGHT_CHOICES),
+              help="Format of the projection matrices (default: --dtype); gguf keeps a GGUF's "
+                   "q8_0/q4_0/q4_1 blocks as stored, for the CPU block kernel.")
 @click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
 def convert(src, out, name, dtype, weights, force, quiet):

@@ -13,7 +13,8 @@ fuse. Quantized leaves (kernels/quant_matmul/formats.py) fuse when all parts sha
 whose every array runs along the output axis last: int8 and fp8 (codes [K, N], per-channel
 scales [N]) and int4 (codes pack column pairs within one leaf, so [Kp, N/2] joins cleanly;
 group scales [Kp/128, N]). nvfp4 leaves carry one global scale each and stay separate, as do
-parts of mixed formats or row counts. Already fused layers and hybrid families are returned
+parts of mixed formats or row counts. GGUF block leaves (q8_0, q4_0, q4_1) hold one row of
+blocks per output column, so theirs join along the first axis. Already fused layers and hybrid families are returned
 unchanged.
 Memory: host (numpy) leaves are joined on the host, before steps.cast_params places the tree
 on the device, so the device never holds both layouts; device leaves are joined on their
@@ -25,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.kernels.quant_matmul.formats import format_of, logical_shape
+from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, format_of, logical_shape
 from ninfer_jax.model.config import ModelConfig
 
 DENSE_ARCHITECTURES = ("llama", "qwen3")
@@ -66,14 +67,16 @@ def join_columns(leaves: list):
     fmt = formats.pop()
     if fmt == "bf16":  # any plain float array
         return _concatenate(leaves)
+    if fmt in BLOCK_FORMATS:
+        return {fmt: _concatenate([leaf[fmt] for leaf in leaves], axis=0)}
     if fmt not in JOINABLE_FORMATS:
         return None
     return {key: _concatenate([leaf[key] for leaf in leaves]) for key in leaves[0]}
 
 
-def _concatenate(arrays: list):
-    """Join along the last axis: on the host for numpy arrays, on the device for jax ones."""
+def _concatenate(arrays: list, axis: int = -1):
+    """Join along `axis`: on the host for numpy arrays, on the device for jax ones."""
     if any(isinstance(array, jax.Array) for array in arrays):
-        return jnp.concatenate(arrays, axis=-1)
+        return jnp.concatenate(arrays, axis=axis)
     dtype = np.result_type(*arrays)
-    return np.concatenate([np.asarray(array, dtype) for array in arrays], axis=-1)
+    return np.concatenate([np.asarray(array, dtype) for array in arrays], axis=axis)

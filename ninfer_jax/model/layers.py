@@ -23,8 +23,19 @@ def linear(x, w, *, out_dtype=None):
 
 
 def embed(table, tokens):
-    """Rows of the embedding table [V, H] for token ids [...] -> [..., H]."""
+    """Rows of the embedding table [V, H] for token ids [...] -> [..., H]. A GGUF block table
+    (kernels/quant_matmul/formats.py) is gathered as bytes and only those rows dequantized."""
+    if isinstance(table, dict):
+        from ninfer_jax.kernels.quant_matmul import reference
+        fmt = quant_matmul.format_of(table)
+        return reference.dequantize_blocks(jnp.take(table[fmt], tokens, axis=0), fmt)
     return jnp.take(table, tokens, axis=0)
+
+
+def tied_head(table):
+    """The output projection [H, V] of a tied embedding table: a block table is already that
+    leaf (its rows are the output columns), a plain one is transposed."""
+    return table if isinstance(table, dict) else table.T
 
 
 def rms_norm(x, weight, eps: float):

@@ -32,7 +32,7 @@ from ninfer_jax.kernels import paged_attention, ragged_attention
 from ninfer_jax.model import ragged_batch
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import (apply_rope, embed, linear, rms_norm, rope_inverse_frequencies,
-                                     rope_tables, swiglu_mlp)
+                                     rope_tables, swiglu_mlp, tied_head)
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
@@ -123,7 +123,7 @@ def _project_qkv(h, layer, config: ModelConfig):
 def _logits(params, x, config: ModelConfig):
     """Final norm and the (tied or untied) output projection, in f32."""
     h = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    head = tied_head(params["embed"]) if config.tie_word_embeddings else params["lm_head"]
     return linear(h, head, out_dtype=jnp.float32).astype(jnp.float32)
 
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.kernels.quant_matmul.formats import QUANTIZED_FORMATS
+from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
 from ninfer_jax.model import glm, hybrid, llama, sampling
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
@@ -93,15 +93,32 @@ def expand_quantized(params, dtype):
     own dequantization, so every product is unchanged). For backends without the quantized
     kernels: XLA CPU dequantizing inside each step costs ~10x an f32 product
     (benchmarks/cpu_matmul_bench.py), so the weights are expanded once at load instead."""
+    from ninfer_jax.kernels import quant_matmul
     from ninfer_jax.kernels.quant_matmul import reference
 
     if isinstance(params, dict):
+        if _is_quantized(params) and quant_matmul.format_of(params) in BLOCK_FORMATS and \
+                quant_matmul.cpu_kernel_available():
+            return dict(params)  # GGUF blocks: the CPU block kernel reads them as stored
         if _is_quantized(params):
             return reference.dequantize({k: jnp.asarray(v) for k, v in params.items()}, dtype)
-        return {k: expand_quantized(v, dtype) for k, v in params.items()}
+        return {k: _expand_table(v, dtype) if k == "embed" else expand_quantized(v, dtype)
+                for k, v in params.items()}
     if isinstance(params, (list, tuple)):
         return type(params)(expand_quantized(v, dtype) for v in params)
     return params
+
+
+def _expand_table(table, dtype):
+    """An embedding table in a GGUF block format -> dense [V, H] (its rows are the blocks' rows,
+    not a [K, N] projection's columns); tables kept for the CPU kernel and plain ones as given."""
+    from ninfer_jax.kernels import quant_matmul
+    from ninfer_jax.kernels.quant_matmul import reference
+
+    if not isinstance(table, dict) or quant_matmul.cpu_kernel_available():
+        return table
+    fmt = quant_matmul.format_of(table)
+    return reference.dequantize_blocks(jnp.asarray(table[fmt]), fmt, dtype)
 
 
 def _map_plain_weights(fn, tree):

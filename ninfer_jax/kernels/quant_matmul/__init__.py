@@ -3,16 +3,23 @@
 Dispatch, decided while tracing: a plain (bf16/f32) weight is one XLA matmul everywhere. A
 quantized weight goes to the Pallas decode kernel (kernel.py) on a GPU when x has at most
 DECODE_MAX_ROWS rows and the shape tiles; otherwise (prefill shapes, CPU, NINFER_FORCE_REFERENCE)
-to the reference, which dequantizes in XLA and multiplies (reference.py).
+to the reference, which dequantizes in XLA and multiplies (reference.py). A GGUF block leaf
+(q8_0, q4_0, q4_1) on the CPU goes to the C++ block kernel (cpu/) when it is built and x has
+at most CPU_KERNEL_MAX_ROWS rows; larger chunks (prefill) dequantize and run XLA's f32 matmul,
+which is faster there (docs/benchmarks.md). The GPU never calls the CPU kernel.
 The model calls this from model/layers.py::linear; quantize() is for converters (host, numpy).
 """
 from __future__ import annotations
 
+import os
+
+import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels.dispatch import use_kernels
+from ninfer_jax.kernels.dispatch import FORCE_REFERENCE_ENV, use_kernels
 from ninfer_jax.kernels.quant_matmul import reference
 from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
+    BLOCK_FORMATS,
     FORMATS,
     QUANTIZED_FORMATS,
     describe,
@@ -22,6 +29,7 @@ from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
 )
 
 DECODE_MAX_ROWS = 64
+CPU_KERNEL_MAX_ROWS = 32  # above it dequantize + XLA matmul wins (docs/benchmarks.md)
 
 
 def matmul(x, w, *, out_dtype=None):
@@ -31,9 +39,29 @@ def matmul(x, w, *, out_dtype=None):
             w = w[:x.shape[-1]]  # an expanded quantized leaf keeps its zero group-padding rows
         return jnp.matmul(x, w, preferred_element_type=out_dtype)
     rows = x.size // x.shape[-1]
+    if format_of(w) in BLOCK_FORMATS:
+        if not use_kernels() and rows <= CPU_KERNEL_MAX_ROWS and _cpu_kernel_ready(x, w):
+            from ninfer_jax.kernels.quant_matmul import cpu
+            return cpu.matmul(x, w, out_dtype=out_dtype)
+        return reference.matmul(x, w, out_dtype=out_dtype)
     if use_kernels() and rows <= DECODE_MAX_ROWS:
         from ninfer_jax.kernels.quant_matmul import kernel
         out = kernel.matmul(x, w, out_dtype=out_dtype)
         if out is not None:
             return out
     return reference.matmul(x, w, out_dtype=out_dtype)
+
+
+def _cpu_kernel_ready(x, w) -> bool:
+    if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+        return False
+    from ninfer_jax.kernels.quant_matmul import cpu
+    return cpu.supports(x, w)
+
+
+def cpu_kernel_available() -> bool:
+    """Whether block leaves run the CPU kernel here (so they should not be expanded at load)."""
+    if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+        return False
+    from ninfer_jax.kernels.quant_matmul import cpu
+    return cpu.available()

@@ -15,14 +15,28 @@ high nibble column 2j+1 (the order XLA uses for int4 arrays). int4 codes are off
 (u in 0..15 means q = u - 8); nvfp4 codes are e2m1 (bit 3 sign, bits 0-2 magnitude code, values
 0, 0.5, 1, 1.5, 2, 3, 4, 6). Group-scaled formats pad K with zero rows to a multiple of their
 group (Kp >= K); the matmul reads only the first K rows' worth of x.
+
+GGUF block formats are kept exactly as llama.cpp stores them (no f32 expansion): one row of
+K/32 blocks per OUTPUT column, as raw bytes (ggml's [N, K] tensor layout, transposed from ours):
+
+    q8_0   {"q8_0": uint8 [N, K/32 * 34]}   block: f16 d, int8 q[32]            w = d * q
+    q4_0   {"q4_0": uint8 [N, K/32 * 18]}   block: f16 d, u8 qs[16]             w = d * (u - 8)
+    q4_1   {"q4_1": uint8 [N, K/32 * 20]}   block: f16 d, f16 m, u8 qs[16]      w = d * u + m
+
+where the block's element j < 16 is the low nibble of qs[j] and element j + 16 its high nibble.
+The leaf still stands for a [K, N] weight; a tied embedding table [V, H] in a block format is
+the same leaf as its [H, V] output projection (rows of blocks are the table's rows).
 """
 from __future__ import annotations
 
 import ml_dtypes
 import numpy as np
 
-FORMATS = ("bf16", "int8", "fp8", "int4", "nvfp4")
+BLOCK_FORMATS = ("q8_0", "q4_0", "q4_1")
+FORMATS = ("bf16", "int8", "fp8", "int4", "nvfp4") + BLOCK_FORMATS
 QUANTIZED_FORMATS = FORMATS[1:]
+BLOCK_SIZE = 32  # weights per GGUF block
+BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
 INT4_GROUP = 128
 NVFP4_GROUP = 16
 INT4_OFFSET = 8
@@ -48,6 +62,8 @@ def logical_shape(leaf) -> tuple[int, int]:
     if fmt == "bf16":
         return tuple(leaf.shape)
     codes = leaf[fmt]
+    if fmt in BLOCK_FORMATS:
+        return codes.shape[1] // BLOCK_BYTES[fmt] * BLOCK_SIZE, codes.shape[0]
     cols = codes.shape[1] * (2 if fmt in ("int4", "nvfp4") else 1)
     return codes.shape[0], cols
 
@@ -72,6 +88,8 @@ def quantize(w, fmt: str):
         raise ValueError(f"weights must be 2-D [in, out], got shape {w.shape}")
     if fmt == "bf16":
         return w.astype(ml_dtypes.bfloat16)
+    if fmt in BLOCK_FORMATS:
+        return _gguf_blocks(w, fmt)
     if fmt in ("int4", "nvfp4") and w.shape[1] % 2:
         raise ValueError(f"{fmt} packs column pairs: N must be even, got {w.shape[1]}")
     try:
@@ -134,6 +152,22 @@ def _nvfp4(w):
             "global_scale": np.asarray(global_scale, np.float32)}
 
 
+def _gguf_blocks(w, fmt):
+    """[K, N] floats -> the GGUF block leaf (gguf's own quantizer, as llama.cpp's converters)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import quantize as gguf_quantize
+
+    if w.shape[0] % BLOCK_SIZE:
+        raise ValueError(f"{fmt} needs K a multiple of {BLOCK_SIZE}, got {w.shape[0]}")
+    kind = GGMLQuantizationType[fmt.upper()]
+    return {fmt: np.ascontiguousarray(gguf_quantize(np.ascontiguousarray(w.T), kind))}
+
+
+def block_leaf(fmt: str, blocks) -> dict:
+    """A leaf of GGUF block bytes [N, K/32 * block bytes] as read from a GGUF file."""
+    return {fmt: np.ascontiguousarray(np.asarray(blocks, np.uint8))}
+
+
 _QUANTIZERS = {"int8": _per_channel_int8, "fp8": _per_channel_fp8, "int4": _grouped_int4,
                "nvfp4": _nvfp4}
 
@@ -145,6 +179,11 @@ def dequantize_numpy(leaf) -> np.ndarray:
         return np.asarray(leaf, np.float32)
     if fmt in ("int8", "fp8"):
         return leaf[fmt].astype(np.float32) * leaf["scale"].astype(np.float32)[None, :]
+    if fmt in BLOCK_FORMATS:
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize as gguf_dequantize
+        return np.asarray(gguf_dequantize(np.asarray(leaf[fmt]),
+                                          GGMLQuantizationType[fmt.upper()]), np.float32).T
     codes = unpack_nibbles(np.asarray(leaf[fmt]))
     if fmt == "int4":
         values, group = codes.astype(np.float32) - INT4_OFFSET, INT4_GROUP

@@ -11,7 +11,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels.quant_matmul.formats import (INT4_GROUP, INT4_OFFSET, NVFP4_GROUP,
+from ninfer_jax.kernels.quant_matmul.formats import (BLOCK_BYTES, BLOCK_FORMATS, BLOCK_SIZE,
+                                                      INT4_GROUP, INT4_OFFSET, NVFP4_GROUP,
                                                       format_of)
 
 
@@ -37,6 +38,8 @@ def dequantize(leaf, dtype=jnp.float32):
         return leaf.astype(dtype)
     if fmt in ("int8", "fp8"):
         return (leaf[fmt].astype(jnp.float32) * leaf["scale"][None, :]).astype(dtype)
+    if fmt in BLOCK_FORMATS:
+        return dequantize_blocks(leaf[fmt], fmt, dtype).T
     codes = unpack_nibbles(leaf[fmt])
     if fmt == "int4":
         values = codes.astype(jnp.float32) - INT4_OFFSET
@@ -55,3 +58,33 @@ def matmul(x, w, *, out_dtype=None):
     if weights.shape[0] != K:
         weights = weights[:K]  # group padding rows are zeros
     return jnp.matmul(x, weights, preferred_element_type=out_dtype)
+
+
+def _f16_at(blocks, start):
+    """The float16 stored little-endian at byte `start` of each block -> f32 [..., nb]."""
+    lo = blocks[..., start].astype(jnp.uint16)
+    hi = blocks[..., start + 1].astype(jnp.uint16)
+    return jax.lax.bitcast_convert_type(lo | (hi << 8), jnp.float16).astype(jnp.float32)
+
+
+def dequantize_blocks(raw, fmt, dtype=jnp.float32):
+    """GGUF block bytes [R, nb * block bytes] -> the [R, nb * 32] values they stand for (the
+    rows of ggml's [N, K] layout: output columns of a projection, or embedding table rows)."""
+    blocks = raw.reshape(*raw.shape[:-1], -1, BLOCK_BYTES[fmt])
+    d = _f16_at(blocks, 0)[..., None]
+    if fmt == "q8_0":
+        values = jax.lax.bitcast_convert_type(blocks[..., 2:], jnp.int8).astype(jnp.float32) * d
+    else:
+        qs = blocks[..., 4:] if fmt == "q4_1" else blocks[..., 2:]
+        codes = jnp.concatenate([qs & 0xF, qs >> 4], axis=-1).astype(jnp.float32)
+        values = (codes - 8.0) * d if fmt == "q4_0" else codes * d + _f16_at(blocks, 2)[..., None]
+    return values.reshape(*raw.shape[:-1], -1).astype(dtype)
+
+
+def quantize_activations(x):
+    """x [..., K] rounded as the CPU block kernel rounds it before its integer dots: per block
+    of 32, scale = max|x| / 127 and codes round(x / scale) (llama.cpp's q8 activations)."""
+    blocks = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, BLOCK_SIZE)
+    scale = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / 127.0
+    inverse = jnp.where(scale > 0, 1.0 / jnp.where(scale > 0, scale, 1.0), 0.0)
+    return (jnp.round(blocks * inverse) * scale).reshape(x.shape)

@@ -1,0 +1,78 @@
+"""The CPU block kernel (ggml_matmul.cc) reached from jitted code through jax.ffi.
+
+`matmul(x, leaf)` multiplies by a GGUF block-format leaf (formats.py: q8_0, q4_0, q4_1) without
+expanding it: the C++ handler quantizes x per 32-block to int8 and runs integer SIMD dots
+(AVX-512 VNNI, AVX2, NEON or scalar, picked at run time). The shared library is built by the
+package's install (setup.py); when it is missing, `available()` is False and callers use the
+jnp reference (reference.py), which stays the oracle.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, format_of
+
+TARGET = "ninfer_ggml_matmul"
+LIBRARY_STEM = "_ggml_matmul"
+FORMAT_CODES = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
+# path attribute of the handler: 0 the best this CPU has; the others force one (tests)
+PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 4}
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    here = pathlib.Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"{LIBRARY_STEM}{suffix}"
+        if path.exists():
+            library = ctypes.CDLL(str(path))
+            library.ninfer_ggml_path_name.restype = ctypes.c_char_p
+            library.ninfer_ggml_path_name.argtypes = [ctypes.c_int32]
+            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.ninfer_ggml_matmul),
+                                        platform="cpu")
+            return library
+    return None
+
+
+def available() -> bool:
+    """Whether the extension is built (it is registered with XLA on first call)."""
+    return _library() is not None
+
+
+def path_name(path: str = "auto") -> str:
+    """The SIMD path `path` resolves to on this CPU ("unavailable" when it has not got it)."""
+    library = _library()
+    if library is None:
+        return "unavailable"
+    return library.ninfer_ggml_path_name(PATHS[path]).decode()
+
+
+def available_paths() -> list[str]:
+    return [name for name in PATHS if name != "auto" and path_name(name) != "unavailable"]
+
+
+def supports(x, w) -> bool:
+    """Whether the kernel takes this product: a block leaf, K whole blocks, the extension."""
+    return (isinstance(w, dict) and format_of(w) in BLOCK_FORMATS and available()
+            and x.shape[-1] % 32 == 0)
+
+
+def matmul(x, w, *, out_dtype=None, path: str = "auto"):
+    """x [..., K] @ block leaf w -> [..., N] (f32 inside, then out_dtype or x's dtype)."""
+    if _library() is None:  # registers the handler with XLA on first use
+        raise RuntimeError("the CPU block kernel is not built (pip install -e . builds it)")
+    fmt = format_of(w)
+    blocks = w[fmt]
+    lead, K = x.shape[:-1], x.shape[-1]
+    rows = int(np.prod(lead)) if lead else 1
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((rows, blocks.shape[0]), jnp.float32))
+    y = call(x.reshape(rows, K).astype(jnp.float32), blocks,
+             fmt=np.int32(FORMAT_CODES[fmt]), path=np.int32(PATHS[path]))
+    return y.reshape(*lead, blocks.shape[0]).astype(out_dtype or x.dtype)

@@ -1,0 +1,368 @@
+// y[M, N] = x[M, K] @ W for W kept in a GGUF block format (Q8_0, Q4_0, Q4_1): the raw block
+// bytes as stored, one row of K/32 blocks per output column n (ggml's layout).
+// x is quantized per 32-block to int8 (scale d = max|x|/127, plus the block's integer sum for
+// the formats with an offset), then every block product is an integer dot of 32 int8 x
+// against 32 weight codes, scaled in f32. Paths: AVX-512 VNNI, AVX2, NEON, scalar, each compiled
+// for its own target and picked once at run time from the CPU's features. Output columns are
+// split with XLA's intra-op thread pool when the weight is large enough to pay for the hand-off.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define NINFER_X86 1
+#endif
+#if defined(__aarch64__)
+#include <arm_neon.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int kBlock = 32;
+enum Format : int32_t { kQ8_0 = 0, kQ4_0 = 1, kQ4_1 = 2 };
+
+int block_bytes(int32_t fmt) { return fmt == kQ8_0 ? 34 : fmt == kQ4_0 ? 18 : 20; }
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ffu, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalize
+      int e = -1;
+      do { ++e; mant <<= 1; } while (!(mant & 0x400u));
+      bits = sign | ((uint32_t)(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
+
+// One activation row quantized: codes [K], per block scale d and d * sum(codes).
+struct QRow {
+  const int8_t* q;
+  const float* d;
+  const float* ds;
+};
+
+void quantize_row(const float* x, int64_t K, int8_t* q, float* d, float* ds) {
+  for (int64_t b = 0; b < K / kBlock; ++b) {
+    const float* xb = x + b * kBlock;
+    float amax = 0.f;
+    for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    int sum = 0;
+    for (int i = 0; i < kBlock; ++i) {
+      int v = (int)std::nearbyint(xb[i] * inv);
+      q[b * kBlock + i] = (int8_t)v;
+      sum += v;
+    }
+    d[b] = scale;
+    ds[b] = scale * (float)sum;
+  }
+}
+
+// Weight block -> its scale, offset (Q4_1's m, else 0), codes pointer; shared by all paths.
+struct BlockView {
+  float d, m;
+  const uint8_t* qs;
+};
+
+inline BlockView view(const uint8_t* blk, int32_t fmt) {
+  BlockView v;
+  v.d = half_to_float(load_u16(blk));
+  v.m = fmt == kQ4_1 ? half_to_float(load_u16(blk + 2)) : 0.f;
+  v.qs = blk + (fmt == kQ4_1 ? 4 : 2);
+  return v;
+}
+
+// ------------------------------------------------------------------------------- scalar
+void rows_scalar(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                 int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t m = 0; m < M; ++m) {
+      float acc = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        BlockView v = view(row + b * block_bytes(fmt), fmt);
+        const int8_t* qx = xs[m].q + b * kBlock;
+        int dot = 0;
+        if (fmt == kQ8_0) {
+          for (int i = 0; i < kBlock; ++i) dot += (int)(int8_t)v.qs[i] * qx[i];
+        } else {
+          int off = fmt == kQ4_0 ? 8 : 0;
+          for (int i = 0; i < 16; ++i) {
+            dot += ((v.qs[i] & 0xf) - off) * qx[i] + ((v.qs[i] >> 4) - off) * qx[i + 16];
+          }
+        }
+        acc += v.d * xs[m].d[b] * (float)dot + v.m * xs[m].ds[b];
+      }
+      y[m * N + n] = acc;
+    }
+  }
+}
+
+#ifdef NINFER_X86
+// ------------------------------------------------------------------------------- AVX2
+// 32 weight codes of a block as bytes (Q8_0 signed, Q4 nibbles 0..15 unsigned).
+__attribute__((target("avx2,fma"))) inline __m256i codes_avx2(const uint8_t* qs, int32_t fmt) {
+  if (fmt == kQ8_0) return _mm256_loadu_si256((const __m256i*)qs);
+  __m128i packed = _mm_loadu_si128((const __m128i*)qs);
+  __m128i lo = _mm_and_si128(packed, _mm_set1_epi8(0x0f));
+  __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f));
+  return _mm256_set_m128i(hi, lo);
+}
+
+// sum over 32 lanes of w*x as 8 int32 lanes (w unsigned 0..15, or signed for Q8_0)
+__attribute__((target("avx2,fma"))) inline __m256i dot_avx2(__m256i w, __m256i x, bool signed_w) {
+  __m256i prod;
+  if (signed_w) {
+    __m256i aw = _mm256_sign_epi8(w, w);
+    __m256i sx = _mm256_sign_epi8(x, w);
+    prod = _mm256_maddubs_epi16(aw, sx);
+  } else {
+    prod = _mm256_maddubs_epi16(w, x);
+  }
+  return _mm256_madd_epi16(prod, _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+constexpr int kTile = 4;  // activation rows sharing one unpacked weight block
+
+__attribute__((target("avx2,fma")))
+void rows_avx2(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+               int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+  const int bb = block_bytes(fmt);
+  const bool signed_w = fmt == kQ8_0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+      const int tile = (int)std::min<int64_t>(kTile, M - m0);
+      __m256 acc[kTile];
+      float offset[kTile] = {0.f, 0.f, 0.f, 0.f};
+      for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        BlockView v = view(row + b * bb, fmt);
+        __m256i codes = codes_avx2(v.qs, fmt);
+        for (int t = 0; t < tile; ++t) {
+          const QRow& x = xs[m0 + t];
+          __m256i qx = _mm256_loadu_si256((const __m256i*)(x.q + b * kBlock));
+          __m256 sums = _mm256_cvtepi32_ps(dot_avx2(codes, qx, signed_w));
+          acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(v.d * x.d[b]), sums, acc[t]);
+          // Q4_0's codes are nibble - 8: 8 * d_w * (d_x * sum x) comes off; Q4_1 adds m.
+          offset[t] += (fmt == kQ4_0 ? -8.f * v.d : v.m) * x.ds[b];
+        }
+      }
+      for (int t = 0; t < tile; ++t) y[(m0 + t) * N + n] = hsum_avx2(acc[t]) + offset[t];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------- AVX-512 VNNI
+// Two blocks per 512-bit register; vpdpbusd takes unsigned x signed bytes, so Q8_0's signed
+// codes go through the same sign trick as AVX2.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+void rows_avx512(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+                 int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+  const int bb = block_bytes(fmt);
+  const bool signed_w = fmt == kQ8_0;
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t m0 = 0; m0 < M; m0 += kTile) {
+      const int tile = (int)std::min<int64_t>(kTile, M - m0);
+      __m256 acc[kTile];
+      float offset[kTile] = {0.f, 0.f, 0.f, 0.f};
+      for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nb; ++b) {
+        BlockView v = view(row + b * bb, fmt);
+        __m256i codes = codes_avx2(v.qs, fmt);
+        __m256i wu = signed_w ? _mm256_sign_epi8(codes, codes) : codes;
+        for (int t = 0; t < tile; ++t) {
+          const QRow& x = xs[m0 + t];
+          __m256i qx = _mm256_loadu_si256((const __m256i*)(x.q + b * kBlock));
+          if (signed_w) qx = _mm256_sign_epi8(qx, codes);
+          __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, qx);
+          acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(v.d * x.d[b]), _mm256_cvtepi32_ps(dot),
+                                   acc[t]);
+          offset[t] += (fmt == kQ4_0 ? -8.f * v.d : v.m) * x.ds[b];
+        }
+      }
+      for (int t = 0; t < tile; ++t) y[(m0 + t) * N + n] = hsum_avx2(acc[t]) + offset[t];
+    }
+  }
+}
+#endif  // NINFER_X86
+
+#if defined(__aarch64__)
+// ------------------------------------------------------------------------------- NEON
+void rows_neon(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+               int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+  const int bb = block_bytes(fmt);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = w + n * row_bytes;
+    for (int64_t m = 0; m < M; ++m) {
+      const QRow& x = xs[m];
+      float32x4_t acc = vdupq_n_f32(0.f);
+      float offset = 0.f;
+      for (int64_t b = 0; b < nb; ++b) {
+        BlockView v = view(row + b * bb, fmt);
+        int8x16_t w0, w1;
+        if (fmt == kQ8_0) {
+          w0 = vld1q_s8((const int8_t*)v.qs);
+          w1 = vld1q_s8((const int8_t*)v.qs + 16);
+        } else {
+          uint8x16_t packed = vld1q_u8(v.qs);
+          w0 = vreinterpretq_s8_u8(vandq_u8(packed, vdupq_n_u8(0x0f)));
+          w1 = vreinterpretq_s8_u8(vshrq_n_u8(packed, 4));
+        }
+        int8x16_t x0 = vld1q_s8(x.q + b * kBlock), x1 = vld1q_s8(x.q + b * kBlock + 16);
+        int16x8_t p = vmull_s8(vget_low_s8(w0), vget_low_s8(x0));
+        p = vmlal_s8(p, vget_high_s8(w0), vget_high_s8(x0));
+        int16x8_t r = vmull_s8(vget_low_s8(w1), vget_low_s8(x1));
+        r = vmlal_s8(r, vget_high_s8(w1), vget_high_s8(x1));
+        int32x4_t s = vaddq_s32(vpaddlq_s16(p), vpaddlq_s16(r));
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(s), v.d * x.d[b]);
+        offset += (fmt == kQ4_0 ? -8.f * v.d : v.m) * x.ds[b];
+      }
+      y[m * N + n] = vaddvq_f32(acc) + offset;
+    }
+  }
+}
+#endif
+
+using RowsFn = void (*)(int32_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t,
+                        const QRow*, int64_t, float*, int64_t);
+
+struct Path {
+  RowsFn fn;
+  const char* name;
+};
+
+Path pick_path() {
+#ifdef NINFER_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return {rows_avx512, "avx512vnni"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {rows_avx2, "avx2"};
+#endif
+#if defined(__aarch64__)
+  return {rows_neon, "neon"};
+#endif
+  return {rows_scalar, "scalar"};
+}
+
+// A path forced by name (tests run every path this CPU has against the reference).
+Path path_named(int32_t which) {
+  Path best = pick_path();
+  if (which == 0) return best;
+  if (which == 1) return {rows_scalar, "scalar"};
+#ifdef NINFER_X86
+  if (which == 2 && __builtin_cpu_supports("avx2")) return {rows_avx2, "avx2"};
+  if (which == 3 && std::strcmp(best.name, "avx512vnni") == 0) return best;
+#endif
+#if defined(__aarch64__)
+  if (which == 4) return best;
+#endif
+  return {nullptr, "unavailable"};
+}
+
+// Below this many weight bytes one thread does it all: handing half to a pool thread costs
+// more than the half takes (the 576x576 Q4_1 projections are ~200 KB).
+constexpr int64_t kSplitBytes = 1 << 19;
+
+ffi::Error GgmlMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                      ffi::ResultBuffer<ffi::F32> y, int32_t fmt, int32_t path) {
+  if (fmt < kQ8_0 || fmt > kQ4_1) return ffi::Error::InvalidArgument("unknown block format");
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2) return ffi::Error::InvalidArgument("x, w must be 2-D");
+  const int64_t M = xd[0], K = xd[1], N = wd[0], row_bytes = wd[1];
+  const int64_t nb = K / kBlock;
+  if (K % kBlock || nb * block_bytes(fmt) != row_bytes)
+    return ffi::Error::InvalidArgument("K does not match the weight's blocks");
+  Path p = path_named(path);
+  if (!p.fn) return ffi::Error::InvalidArgument("that SIMD path is not available on this CPU");
+
+  std::vector<int8_t> q(M * K);
+  std::vector<float> d(M * nb), ds(M * nb);
+  std::vector<QRow> rows(M);
+  const float* xp = x.typed_data();
+  for (int64_t m = 0; m < M; ++m) {
+    quantize_row(xp + m * K, K, q.data() + m * K, d.data() + m * nb, ds.data() + m * nb);
+    rows[m] = {q.data() + m * K, d.data() + m * nb, ds.data() + m * nb};
+  }
+  const uint8_t* wp = w.typed_data();
+  float* yp = y->typed_data();
+  const int64_t workers = std::min<int64_t>(pool.num_threads(), 8);
+  const int64_t parts = N * row_bytes >= kSplitBytes && workers > 1 ? workers : 1;
+  if (parts == 1) {
+    p.fn(fmt, wp, row_bytes, 0, N, nb, rows.data(), M, yp, N);
+    return ffi::Error::Success();
+  }
+  // Chunks of columns are claimed from a shared counter by this thread and by the pool tasks,
+  // so the caller never waits on a task that has not started (a busy or one-thread pool just
+  // leaves it all to the caller); the state is shared because a late task may outlive the call.
+  struct Shared {
+    std::atomic<int64_t> next{0}, done{0};
+    std::vector<int8_t> q;
+    std::vector<float> d, ds;
+    std::vector<QRow> rows;
+  };
+  auto shared = std::make_shared<Shared>();
+  shared->q = std::move(q);
+  shared->d = std::move(d);
+  shared->ds = std::move(ds);
+  shared->rows = std::move(rows);
+  const int64_t chunks = parts * 4, step = (N + chunks - 1) / chunks;
+  auto work = [=] {
+    for (int64_t i; (i = shared->next.fetch_add(1)) < chunks;) {
+      const int64_t n0 = std::min(N, i * step), n1 = std::min(N, n0 + step);
+      p.fn(fmt, wp, row_bytes, n0, n1, nb, shared->rows.data(), M, yp, N);
+      shared->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  for (int64_t i = 1; i < parts; ++i) pool.Schedule(decltype(work)(work));
+  work();
+  while (shared->done.load(std::memory_order_acquire) < chunks) {
+#ifdef NINFER_X86
+    _mm_pause();
+#endif
+  }
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(ninfer_ggml_matmul, GgmlMatmul,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int32_t>("fmt")
+                                  .Attr<int32_t>("path"));
+
+// The path picked on this CPU, for logs and tests (ctypes).
+extern "C" const char* ninfer_ggml_path_name(int32_t which) { return path_named(which).name; }

@@ -1,0 +1,32 @@
+"""The package's one compiled part: the CPU block-format matmul (kernels/quant_matmul/cpu).
+
+Everything else is in pyproject.toml. The extension is a plain shared library loaded through
+ctypes and registered with XLA by jax.ffi, so it needs only XLA's FFI headers (shipped in
+jaxlib, hence jaxlib in the build requirements) and a C++17 compiler. Each SIMD path carries
+its own target attributes, so the file is compiled for the baseline ISA and picks a path at
+run time.
+"""
+import sys
+
+from setuptools import Extension, setup
+
+
+def _ffi_include_dir() -> str:
+    import jax.ffi  # jaxlib's headers; jax itself is installed alongside by the build requires
+
+    return jax.ffi.include_dir()
+
+
+def _extensions():
+    if sys.platform == "win32":  # no MSVC flags below; the jnp reference serves there
+        return []
+    return [Extension(
+        "ninfer_jax.kernels.quant_matmul.cpu._ggml_matmul",
+        sources=["ninfer_jax/kernels/quant_matmul/cpu/ggml_matmul.cc"],
+        include_dirs=[_ffi_include_dir()],
+        language="c++",
+        extra_compile_args=["-std=c++17", "-O3", "-w"],
+    )]
+
+
+setup(ext_modules=_extensions())

@@ -1,0 +1,80 @@
+"""The CPU block kernel (kernels/quant_matmul/cpu) against the jnp reference, over GGUF block
+formats, shapes (one row to past the tile, K from one block up, N odd and large) and every SIMD
+path this CPU has. The reference gets x rounded as the kernel rounds it (per-32 int8), so the
+two differ only in summation order; a wrong nibble order, scale or offset is off by far more.
+Without the built extension these tests skip, or fail when CI is set (CI must build it)."""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ninfer_jax.kernels import quant_matmul
+from ninfer_jax.kernels.quant_matmul import cpu, formats, reference
+
+pytestmark = pytest.mark.skipif(
+    not cpu.available() and not os.environ.get("CI"),
+    reason="CPU block kernel not built (pip install -e . builds it)")
+
+SHAPES = [(1, 32, 1), (1, 576, 1536), (3, 64, 7), (5, 1536, 576), (8, 96, 33), (17, 160, 65)]
+
+
+def test_the_extension_is_built():
+    assert cpu.available(), "the CPU block kernel must be built (setup.py) where CI is set"
+    assert cpu.path_name() in cpu.available_paths()
+
+
+def _case(fmt, K, N, seed):
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((K, N)).astype(np.float32)
+    w[:, :1] *= 40.0  # one loud column: scales differ a lot between blocks
+    return formats.quantize(w, fmt)
+
+
+@pytest.mark.parametrize("fmt", formats.BLOCK_FORMATS)
+def test_kernel_matches_the_reference_on_every_path(fmt):
+    paths = cpu.available_paths()
+    for index, (M, K, N) in enumerate(SHAPES):
+        leaf = _case(fmt, K, N, index)
+        x = np.random.default_rng(100 + index).standard_normal((M, K)).astype(np.float32)
+        x[0, :32] = 0.0  # an all-zero activation block (scale 0)
+        want = np.asarray(reference.matmul(reference.quantize_activations(jnp.asarray(x)),
+                                           {fmt: jnp.asarray(leaf[fmt])}))
+        for path in paths:
+            got = np.asarray(jax.jit(lambda x, b, p=path: cpu.matmul(x, {fmt: b}, path=p))(
+                x, leaf[fmt]))
+            scale = np.abs(want).max() + 1e-6
+            assert np.abs(got - want).max() / scale < 2e-5, (fmt, M, K, N, path)
+
+
+@pytest.mark.parametrize("fmt", formats.BLOCK_FORMATS)
+def test_reference_dequantizes_as_gguf_does(fmt):
+    leaf = _case(fmt, 96, 10, 7)
+    got = np.asarray(reference.dequantize({fmt: jnp.asarray(leaf[fmt])}))
+    np.testing.assert_array_equal(got, formats.dequantize_numpy(leaf))
+    assert formats.logical_shape(leaf) == (96, 10)
+
+
+def test_matmul_dispatch_uses_the_kernel_for_decode_rows_and_xla_for_chunks(monkeypatch):
+    leaf = {"q4_1": jnp.asarray(_case("q4_1", 64, 16, 3)["q4_1"])}
+    small = jnp.asarray(np.random.default_rng(4).standard_normal((2, 64)), jnp.float32)
+    large = jnp.ones((quant_matmul.CPU_KERNEL_MAX_ROWS + 1, 64), jnp.float32)
+    small_text = jax.jit(quant_matmul.matmul).lower(small, leaf).as_text()
+    assert cpu.TARGET in small_text
+    assert cpu.TARGET not in jax.jit(quant_matmul.matmul).lower(large, leaf).as_text()
+    # both routes compute the same product up to the activations' rounding
+    exact = np.asarray(reference.matmul(small, leaf))
+    np.testing.assert_allclose(np.asarray(quant_matmul.matmul(small, leaf)), exact,
+                               rtol=0.02, atol=0.02 * np.abs(exact).max())
+    monkeypatch.setenv("NINFER_FORCE_REFERENCE", "1")
+    forced = jax.jit(lambda x, w: quant_matmul.matmul(x, w))  # a fresh trace reads the env
+    assert cpu.TARGET not in forced.lower(small, leaf).as_text()
+
+
+def test_kernel_refuses_a_k_that_does_not_match_the_blocks():
+    leaf = _case("q8_0", 64, 4, 1)
+    with pytest.raises(Exception, match="blocks"):
+        jax.block_until_ready(cpu.matmul(jnp.ones((1, 96), jnp.float32), {"q8_0": leaf["q8_0"]}))
