@@ -94,14 +94,6 @@ def quantize(array: np.ndarray, fmt: str):
     return quantize_leaf(array, fmt)
 
 
-def is_projection(name: str) -> bool:
-    """Whether a quantized format applies to the params name (`layers.3.wq`, `mtp.fc`)."""
-    if name in ("lm_head", "mtp.fc"):
-        return True
-    parts = name.split(".")
-    return len(parts) >= 3 and parts[-3] == "layers" and parts[-1] in QUANTIZED_LAYER_LEAVES
-
-
 def quantize_projections(params: dict, fmt: str, progress: ProgressFn | None = None) -> dict:
     """Replace every projection matrix (QUANTIZED_LAYER_LEAVES of the text and MTP layers,
     untied lm_head, mtp.fc) by its `fmt` leaf."""
