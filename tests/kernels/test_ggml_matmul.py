@@ -1,7 +1,8 @@
 """The CPU block kernel (kernels/quant_matmul/cpu) against the jnp reference, over GGUF block
 formats, shapes (one row to past the tile, K from one block up, N odd and large) and every SIMD
-path this CPU has. The reference gets x rounded as the kernel rounds it (per-32 int8), so the
-two differ only in summation order; a wrong nibble order, scale or offset is off by far more.
+path this CPU has. The oracle (reference.block_matmul) does the kernel's arithmetic in jnp
+(llama.cpp's q8 activation blocks with f16 scales), so the two differ only in summation order;
+a wrong nibble order, scale, rounding or offset is off by far more.
 Without the built extension these tests skip, or fail when CI is set (CI must build it)."""
 from __future__ import annotations
 
@@ -41,8 +42,7 @@ def test_kernel_matches_the_reference_on_every_path(fmt):
         leaf = _case(fmt, K, N, index)
         x = np.random.default_rng(100 + index).standard_normal((M, K)).astype(np.float32)
         x[0, :32] = 0.0  # an all-zero activation block (scale 0)
-        want = np.asarray(reference.matmul(reference.quantize_activations(jnp.asarray(x)),
-                                           {fmt: jnp.asarray(leaf[fmt])}))
+        want = np.asarray(reference.block_matmul(jnp.asarray(x), jnp.asarray(leaf[fmt]), fmt))
         for path in paths:
             got = np.asarray(jax.jit(lambda x, b, p=path: cpu.matmul(x, {fmt: b}, path=p))(
                 x, leaf[fmt]))
@@ -78,3 +78,21 @@ def test_kernel_refuses_a_k_that_does_not_match_the_blocks():
     leaf = _case("q8_0", 64, 4, 1)
     with pytest.raises(Exception, match="blocks"):
         jax.block_until_ready(cpu.matmul(jnp.ones((1, 96), jnp.float32), {"q8_0": leaf["q8_0"]}))
+
+
+@pytest.mark.parametrize("fmt", formats.BLOCK_FORMATS)
+def test_activation_rounding_is_llamacpps(fmt):
+    # Exact halves (max|x| = 127, so x * 127 / max|x| = x) round to even, and tiny blocks get a
+    # subnormal f16 scale: both must match the oracle's llama.cpp rounding, not just be close.
+    leaf = _case(fmt, 96, 9, 11)
+    x = np.zeros((2, 96), np.float32)
+    x[0, :32] = np.arange(32) - 15.5
+    x[0, 31] = 127.0
+    x[0, 32:64] = np.random.default_rng(12).standard_normal(32) * 1e-4  # d below f16's normals
+    x[1] = np.random.default_rng(13).standard_normal(96) * 3.0
+    want = np.asarray(reference.block_matmul(jnp.asarray(x), jnp.asarray(leaf[fmt]), fmt))
+    for path in cpu.available_paths():
+        got = np.asarray(cpu.matmul(jnp.asarray(x), {fmt: jnp.asarray(leaf[fmt])}, path=path))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    codes, d, _ = reference.quantize_activations(jnp.asarray(x[:1, :32]))
+    assert np.asarray(codes)[0, 0, :4].tolist() == [-16.0, -14.0, -14.0, -12.0]

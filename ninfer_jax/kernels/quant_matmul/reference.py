@@ -82,9 +82,36 @@ def dequantize_blocks(raw, fmt, dtype=jnp.float32):
 
 
 def quantize_activations(x):
-    """x [..., K] rounded as the CPU block kernel rounds it before its integer dots: per block
-    of 32, scale = max|x| / 127 and codes round(x / scale) (llama.cpp's q8 activations)."""
+    """x [..., K] as the CPU block kernel quantizes it before its integer dots (llama.cpp's q8_0 /
+    q8_1 activation blocks): per block of 32, codes round-half-even(x * 127 / max|x|), the
+    scale d = max|x| / 127 rounded to f16 and s = d * sum(codes) rounded to f16 (q8_1's, for
+    q4_1's offset). Returns (codes f32 [..., nb, 32], d [..., nb], s [..., nb])."""
     blocks = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, BLOCK_SIZE)
-    scale = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / 127.0
-    inverse = jnp.where(scale > 0, 1.0 / jnp.where(scale > 0, scale, 1.0), 0.0)
-    return (jnp.round(blocks * inverse) * scale).reshape(x.shape)
+    amax = jnp.max(jnp.abs(blocks), axis=-1)
+    inverse = jnp.where(amax > 0, 127.0 / jnp.where(amax > 0, amax, 1.0), 0.0)
+    codes = jnp.round(blocks * inverse[..., None])
+    scale = amax / 127.0
+    half = lambda v: v.astype(jnp.float16).astype(jnp.float32)
+    return codes, half(scale), half(scale * codes.sum(axis=-1))
+
+
+def block_matmul(x, raw, fmt):
+    """x [M, K] @ the GGUF block leaf's bytes raw [N, K/32 * block bytes] -> [M, N], computed
+    as the CPU kernel computes it (the oracle of its tests): per block, the integer dot of the
+    activation codes with the weight codes times d_w * d_x, plus q4_1's m * s (q4_0's codes
+    are offset by -8 before the dot), all in f32; only the summation order differs."""
+    codes, d, s = quantize_activations(x)
+    blocks = raw.reshape(raw.shape[0], -1, BLOCK_BYTES[fmt])
+    dw = _f16_at(blocks, 0)
+    if fmt == "q8_0":
+        w = jax.lax.bitcast_convert_type(blocks[..., 2:], jnp.int8).astype(jnp.float32)
+    else:
+        qs = blocks[..., 4:] if fmt == "q4_1" else blocks[..., 2:]
+        w = jnp.concatenate([qs & 0xF, qs >> 4], axis=-1).astype(jnp.float32)
+        w = w - 8.0 if fmt == "q4_0" else w
+    dots = jnp.einsum("mbk,nbk->mnb", codes, w, precision=jax.lax.Precision.HIGHEST)
+    y = jnp.sum(dots * d[:, None, :] * dw[None], axis=-1)
+    if fmt == "q4_1":
+        y = y + jnp.einsum("mb,nb->mn", s, _f16_at(blocks, 2),
+                           precision=jax.lax.Precision.HIGHEST)
+    return y

@@ -54,27 +54,51 @@ float half_to_float(uint16_t h) {
 
 uint16_t load_u16(const uint8_t* p) { uint16_t v; std::memcpy(&v, p, 2); return v; }
 
-// One activation row quantized: codes [K], per block scale d and d * sum(codes).
+// One activation row quantized: codes [K], per block the scale d and the factor of the weight
+// block's offset: q4_1's s (f16, as llama.cpp's q8_1 stores it), q4_0's exact d * sum(codes).
 struct QRow {
   const int8_t* q;
   const float* d;
   const float* ds;
 };
 
-void quantize_row(const float* x, int64_t K, int8_t* q, float* d, float* ds) {
+// f32 -> f16 bits, round to nearest even (as F16C's vcvtps2ph with imm 0); overflow -> inf.
+uint16_t float_to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) return sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0u);
+  if (absx >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504
+  if (absx < 0x38800000u) {  // f16 subnormal or zero: scale into the 10-bit mantissa
+    float a;
+    std::memcpy(&a, &absx, 4);
+    return sign | (uint16_t)std::nearbyint(a * 16777216.f);  // a / 2^-24
+  }
+  uint32_t mant = absx & 0x7fffffu, exp = (absx >> 23) - 112;
+  uint32_t h = (exp << 10) | (mant >> 13), rest = mant & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;  // carries into the exponent
+  return sign | h;
+}
+
+float round_to_half(float f) { return half_to_float(float_to_half(f)); }
+
+// llama.cpp's q8_0 / q8_1 activation blocks: d = max|x| / 127 stored as f16, codes
+// round-half-even(x * 127 / max|x|), and (q8_1) s = d * sum(codes) stored as f16. The dots use
+// the f16-rounded d and s, so a product here is the one llama.cpp's vec_dot computes.
+void quantize_row(int32_t fmt, const float* x, int64_t K, int8_t* q, float* d, float* ds) {
   for (int64_t b = 0; b < K / kBlock; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.f;
     for (int i = 0; i < kBlock; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    float scale = amax / 127.f, inv = scale > 0.f ? 1.f / scale : 0.f;
+    const float scale = amax / 127.f, inv = amax != 0.f ? 127.f / amax : 0.f;
     int sum = 0;
     for (int i = 0; i < kBlock; ++i) {
       int v = (int)std::nearbyint(xb[i] * inv);
       q[b * kBlock + i] = (int8_t)v;
       sum += v;
     }
-    d[b] = scale;
-    ds[b] = scale * (float)sum;
+    d[b] = round_to_half(scale);
+    ds[b] = fmt == kQ4_1 ? round_to_half(scale * (float)sum) : d[b] * (float)sum;
   }
 }
 
@@ -310,7 +334,7 @@ ffi::Error GgmlMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
   std::vector<QRow> rows(M);
   const float* xp = x.typed_data();
   for (int64_t m = 0; m < M; ++m) {
-    quantize_row(xp + m * K, K, q.data() + m * K, d.data() + m * nb, ds.data() + m * nb);
+    quantize_row(fmt, xp + m * K, K, q.data() + m * K, d.data() + m * nb, ds.data() + m * nb);
     rows[m] = {q.data() + m * K, d.data() + m * nb, ds.data() + m * nb};
   }
   const uint8_t* wp = w.typed_data();
