@@ -50,6 +50,8 @@ class Engine:
         self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0))
         page_bytes = getattr(runner, "page_bytes", 0)  # a runner without a host tier: 0
         self.host = HostPagePool(config.host_pages(page_bytes), page_bytes)
+        if page_bytes:
+            runner.clear_host_pages()  # a runner that served an earlier engine
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, host=self.host,

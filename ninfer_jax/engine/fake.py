@@ -142,6 +142,9 @@ class FakeRunner:
 
     # ------------------------------------------------------------------ launch / collect
 
+    def clear_host_pages(self) -> None:
+        self.host_kv.clear()
+
     def launch(self, plan: StepPlan) -> _Launched:
         if len(plan.rows) > self.max_batch:
             raise ValueError(f"step of {len(plan.rows)} rows (max {self.max_batch})")
@@ -186,11 +189,15 @@ class FakeRunner:
         sleep = self.prefill_sleep if plan.chunk is not None else self.decode_sleep
         if sleep:
             time.sleep(sleep)
-        for copy in plan.page_copies:
+        for copy in plan.page_copies:  # as HostPageStore: a slot holds one page or nothing
             if copy.kind == "save":
+                if copy.host_slot in self.host_kv:
+                    raise AssertionError(f"host slot {copy.host_slot} saved while held")
                 self.host_kv[copy.host_slot] = self.kv[copy.device_page].copy()
-            else:
+            elif copy.kind == "load":
                 self.kv[copy.device_page] = self.host_kv.pop(copy.host_slot)
+            else:
+                del self.host_kv[copy.host_slot]
         for src, dst in plan.state_copies:
             self._check_slot(src)
             self._check_slot(dst)

@@ -9,18 +9,20 @@ the CPU) and this pool only which slot is free.
 Copies are device work, so they ride in the next StepPlan (`page_copies`) as an ordered list
 of `PageCopy`: the runner applies them in order before the step. Order is the whole
 correctness argument: a save reads a device page before any later step (or load) can
-overwrite it, and a host slot freed after a queued load may be saved into again only by a
-copy queued after that load. Engine thread only.
+overwrite it, and a host slot freed after a queued load (or drop) may be saved into again
+only by a copy queued after it. Engine thread only.
 """
 from __future__ import annotations
 
 from typing import NamedTuple
 
-SAVE, LOAD = "save", "load"
+SAVE, LOAD, DROP = "save", "load", "drop"
 
 
 class PageCopy(NamedTuple):
-    kind: str  # SAVE: device page -> host slot; LOAD: host slot -> device page
+    # SAVE: device page -> host slot; LOAD: host slot -> device page, then the slot is free;
+    # DROP: the slot is free without a load (device_page unused): the runner forgets its bytes.
+    kind: str
     device_page: int
     host_slot: int
 
@@ -70,9 +72,14 @@ class HostPagePool:
         docstring: a later save into it is queued after this load)."""
         self.copies.append(PageCopy(LOAD, device_page, slot))
         self.bytes_loaded += self.page_bytes
-        self.release(slot)
+        self._free(slot)
 
     def release(self, slot: int) -> None:
+        """Free `slot` without loading it; the runner drops its bytes in order."""
+        self._free(slot)
+        self.copies.append(PageCopy(DROP, -1, slot))
+
+    def _free(self, slot: int) -> None:
         if not 0 <= slot < self._fresh:
             raise ValueError(f"release of host slot {slot}, which is not held")
         self._released.append(slot)

@@ -1,15 +1,20 @@
 """HostPageStore: the bytes of the host tier for the JaxRunner (engine/host_pages.py keeps
 the bookkeeping; this module only copies).
 
-A save gathers a run of device pages from every attention layer's (k, v) cache into one
-batch ([N, ...] per layer, N padded to 16 or a power of two with DUMMY_PAGE) and keeps, per host
-slot, (batch, index). On a GPU the batch is then put in `pinned_host` memory (a JAX memory
-kind), so the copy is asynchronous DMA that overlaps the steps after it; on the CPU the
-device memory already is RAM and the gathered batch stays where it is. A load puts a batch
-back on the device (a no-op on the CPU) and scatters the wanted indices into fresh pages
-(padding rows write to DUMMY_PAGE, which absorbs writes). A batch lives while any of its
-slots does, so host use can exceed the slot count by part of a batch. Hybrid state layers are
-not paged: they pass through untouched. Engine thread only.
+Each host slot holds exactly one page: the page's bytes from every attention layer's (k, v)
+cache packed into one uint8 row (`page_bytes` long). A save gathers a run of device pages
+and packs them in one compiled call whose outputs are one row per page; on a GPU the rows
+are then put in `pinned_host` memory (a JAX memory kind), an asynchronous DMA that overlaps
+the steps after it; on the CPU the device memory already is RAM and the rows stay where they
+are. A load puts the wanted rows back on the device (a no-op on the CPU) and one compiled
+call unpacks them into fresh pages. A drop (a slot freed without a load) forgets its row.
+
+One row per slot is what keeps the host tier's real memory equal to its accounting:
+slots * page_bytes, never more. (Keeping a gathered batch alive while any of its slots was
+held let pinned use grow far past --host-context-mib: run 24 ran out of host memory.)
+Run lengths are padded with DUMMY_PAGE to MIN_RUN_PAGES or a power of two so few shapes
+compile; padding rows exist on the device only for the call. Hybrid state layers are not
+paged: they pass through untouched. Engine thread only.
 """
 from __future__ import annotations
 
@@ -17,9 +22,10 @@ import functools
 import logging
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.engine.host_pages import SAVE
+from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE
 from ninfer_jax.engine.pages import DUMMY_PAGE
 
 log = logging.getLogger("ninfer_jax.engine.page_store")
@@ -33,23 +39,56 @@ MIN_RUN_PAGES = 16
 # over their leaves. State layers (hybrid models) are dicts and are not paged.
 
 
+def _paged_leaves(kv) -> list:
+    return [leaf for layer in kv if isinstance(layer, tuple) for leaf in jax.tree.leaves(layer)]
+
+
+def _leaf_page_bytes(leaf) -> int:
+    return int(np.prod(leaf.shape[1:])) * leaf.dtype.itemsize
+
+
 def page_bytes(kv_spec, num_pages: int) -> int:
     """Bytes of one page across every attention layer's k and v (state layers excluded)."""
-    total = sum(leaf.size * leaf.dtype.itemsize for layer in kv_spec
-                if isinstance(layer, tuple) for leaf in jax.tree.leaves(layer))
+    total = sum(leaf.size * leaf.dtype.itemsize for leaf in _paged_leaves(kv_spec))
     return total // num_pages
 
 
-def gather_pages(kv, pages):
-    """Per layer (k[pages], v[pages]), None for state layers."""
-    return [jax.tree.map(lambda cache: cache[pages], layer) if isinstance(layer, tuple)
-            else None for layer in kv]
+def _as_bytes(values):
+    """[n, ...] of any dtype -> [n, bytes] uint8 (a bitcast: no rounding)."""
+    n = values.shape[0]
+    if values.dtype.itemsize == 1:
+        return jax.lax.bitcast_convert_type(values, jnp.uint8).reshape(n, -1)
+    return jax.lax.bitcast_convert_type(values.reshape(n, -1), jnp.uint8).reshape(n, -1)
 
 
-def scatter_pages(kv, pages, batch, index):
-    """The caches with batch[index] written into `pages` of every attention layer."""
-    return [jax.tree.map(lambda cache, saved: cache.at[pages].set(saved[index]), layer, kept)
-            if isinstance(layer, tuple) else layer for layer, kept in zip(kv, batch)]
+def _from_bytes(raw, like):
+    """[n, bytes] uint8 -> [n, *like.shape[1:]] of like.dtype (the inverse of _as_bytes)."""
+    n, shape, size = raw.shape[0], like.shape[1:], like.dtype.itemsize
+    if size == 1:
+        return jax.lax.bitcast_convert_type(raw, like.dtype).reshape(n, *shape)
+    return jax.lax.bitcast_convert_type(raw.reshape(n, -1, size), like.dtype).reshape(n, *shape)
+
+
+def pack_pages(kv, pages):
+    """One uint8 row per entry of `pages`: that page's bytes in every attention layer."""
+    packed = jnp.concatenate([_as_bytes(leaf[pages]) for leaf in _paged_leaves(kv)], axis=1)
+    return tuple(packed[i] for i in range(pages.shape[0]))
+
+
+def unpack_pages(kv, pages, rows):
+    """The caches with each row of `rows` unpacked into the matching entry of `pages`."""
+    packed = jnp.stack(rows)
+    offset = 0
+
+    def put(cache):
+        nonlocal offset
+        width = _leaf_page_bytes(cache)
+        values = _from_bytes(packed[:, offset:offset + width], cache)
+        offset += width
+        return cache.at[pages].set(values)
+
+    # The same leaf order as pack_pages: layers in order, tree leaves within a layer.
+    return [jax.tree.map(put, layer) if isinstance(layer, tuple) else layer for layer in kv]
 
 
 def _padded(values, fill: int) -> np.ndarray:
@@ -62,16 +101,24 @@ def _padded(values, fill: int) -> np.ndarray:
 
 class HostPageStore:
     def __init__(self):
-        self._slots: dict[int, tuple[object, int]] = {}  # host slot -> (batch, index)
-        self._gather = jax.jit(gather_pages)
-        self._scatter = jax.jit(scatter_pages, donate_argnames=("kv",))
+        self._rows: dict[int, object] = {}  # host slot -> its packed page
+        self._pack = jax.jit(pack_pages)
+        self._unpack = jax.jit(unpack_pages, donate_argnames=("kv",))
         self._host, self._device = _memory_shardings()
+
+    @property
+    def num_rows(self) -> int:
+        """Host slots holding bytes here (equals the pool's used slots once copies apply)."""
+        return len(self._rows)
+
+    def clear(self) -> None:
+        self._rows.clear()
 
     def warm(self, kv):
         """Compile the smallest save and load (a copy of DUMMY_PAGE onto itself), so the
         first spill or restore does not wait for a compile."""
-        batch = self._gather(kv, _padded([DUMMY_PAGE], DUMMY_PAGE))
-        return self._scatter(kv, _padded([DUMMY_PAGE], DUMMY_PAGE), batch, _padded([0], 0))
+        pages = _padded([DUMMY_PAGE], DUMMY_PAGE)
+        return self._unpack(kv, pages, self._pack(kv, pages))
 
     def apply(self, kv, copies):
         """`kv` after the plan's page copies, applied in order (runs of one kind at once)."""
@@ -84,24 +131,28 @@ class HostPageStore:
         return self._apply_run(kv, run) if run else kv
 
     def _apply_run(self, kv, run):
-        if run[0].kind == SAVE:
-            batch = self._gather(kv, _padded([c.device_page for c in run], DUMMY_PAGE))
-            if self._host is not None:
-                batch = jax.device_put(batch, self._host)  # asynchronous device -> host
-            for index, copy in enumerate(run):
-                self._slots[copy.host_slot] = (batch, index)
+        kind = run[0].kind
+        if kind == DROP:
+            for copy in run:
+                del self._rows[copy.host_slot]
             return kv
-        by_batch: dict[int, tuple[object, list, list]] = {}
-        for copy in run:
-            batch, index = self._slots.pop(copy.host_slot)
-            entry = by_batch.setdefault(id(batch), (batch, [], []))
-            entry[1].append(copy.device_page)
-            entry[2].append(index)
-        for batch, pages, indices in by_batch.values():
-            if self._device is not None:
-                batch = jax.device_put(batch, self._device)
-            kv = self._scatter(kv, _padded(pages, DUMMY_PAGE), batch, _padded(indices, 0))
-        return kv
+        if kind == SAVE:
+            rows = self._pack(kv, _padded([c.device_page for c in run], DUMMY_PAGE))
+            rows = rows[:len(run)]
+            if self._host is not None:
+                rows = jax.device_put(rows, self._host)  # asynchronous device -> host
+            for copy, row in zip(run, rows):
+                if copy.host_slot in self._rows:
+                    raise AssertionError(f"host slot {copy.host_slot} saved while held")
+                self._rows[copy.host_slot] = row
+            return kv
+        assert kind == LOAD, kind
+        rows = [self._rows.pop(copy.host_slot) for copy in run]
+        if self._device is not None:
+            rows = jax.device_put(rows, self._device)
+        pages = _padded([c.device_page for c in run], DUMMY_PAGE)
+        rows = tuple(rows) + (rows[0],) * (len(pages) - len(rows))  # padding -> DUMMY_PAGE
+        return self._unpack(kv, pages, rows)
 
 
 @functools.cache

@@ -520,6 +520,9 @@ class JaxRunner:
 
     # ------------------------------------------------------------------ steps
 
+    def clear_host_pages(self) -> None:
+        self._page_store.clear()
+
     def launch(self, plan: StepPlan) -> _Launched:
         rows = plan.rows
         if len(rows) > self.max_batch:

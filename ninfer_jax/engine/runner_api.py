@@ -112,6 +112,10 @@ class StepRunner(Protocol):
     def warmup(self) -> None:
         """Compile the step shapes needed to serve before the server reports healthy."""
 
+    def clear_host_pages(self) -> None:
+        """Forget every host-tier page (a new HostPagePool starts over at slot 0). Optional:
+        a runner with page_bytes 0 has no host tier."""
+
     def compile_progress(self) -> tuple[int, int]:
         """(step shapes compiled, step shapes planned)."""
 

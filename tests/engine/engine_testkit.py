@@ -102,6 +102,7 @@ class Driver:
             if not self.step():
                 self.loop.drain()
                 if not self.scheduler.has_work():
+                    self.check_host_rows()
                     return
         raise AssertionError("the scheduler did not finish")
 
@@ -111,6 +112,17 @@ class Driver:
         cached = set(cache.pages()) if cache is not None else set()
         return sum(self.pool.refcount(page) > (page in cached)
                    for page in range(1, self.pool.num_pages))
+
+    def check_host_rows(self) -> None:
+        """The runner's host bytes are exactly the held slots once the queued copies apply:
+        no slot the scheduler freed keeps a page alive on the host (run 24's leak)."""
+        rows = set(self.runner.host_kv)
+        for copy in self.host.copies:
+            if copy.kind == "save":
+                rows.add(copy.host_slot)
+            else:
+                rows.discard(copy.host_slot)
+        assert rows == set(self.scheduler.host_holders())
 
     def check_pages(self) -> None:
         self.pool.check(self.scheduler.page_holders())

@@ -61,6 +61,7 @@ def generate(runner, prompts, *, num_pages, host_pages, concurrent, max_tokens,
                           kv_capacity=(num_pages - 1) * PAGE, prefix_reuse=prefix_reuse)
     scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE, max_batch=LANES,
                           host=HostPagePool(host_pages, runner.page_bytes))
+    runner.clear_host_pages()  # the runner outlives this test's pools
     loop = StepLoop(scheduler, runner)
     handles = []
     for index, prompt in enumerate(prompts):

@@ -1,0 +1,86 @@
+"""HostPageStore (the JaxRunner's host-tier bytes) on the CPU: copies are bit-exact for every
+page dtype, and the store holds exactly one packed page per held host slot."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ninfer_jax.engine.host_pages import SAVE, HostPagePool, PageCopy
+from ninfer_jax.engine.page_store import MAX_RUN_PAGES, HostPageStore, page_bytes
+from ninfer_jax.kernels.paged_attention.reference import ScaledPages
+
+NUM_PAGES = 40
+
+
+def random_kv(seed=0):
+    """Two attention layers (bf16 pages; 8-bit codes with f32 scales) around a state layer."""
+    rng = np.random.default_rng(seed)
+    shape = (NUM_PAGES, 2, 4, 8)  # pages, kv heads, page size, head dim
+
+    def bf16():
+        return jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+
+    def scaled():
+        codes = jnp.asarray(rng.integers(-127, 128, shape), jnp.int8)
+        return ScaledPages(codes, jnp.asarray(rng.random(shape[:3]), jnp.float32))
+
+    state = {"conv": jnp.asarray(rng.standard_normal((3, 5)), jnp.float32)}
+    return [(bf16(), bf16()), state, (scaled(), scaled())]
+
+
+def page_of(kv, page):
+    return [np.asarray(leaf[page]) for layer in kv if isinstance(layer, tuple)
+            for leaf in (layer[0], layer[1]) for leaf in
+            (leaf if isinstance(leaf, ScaledPages) else (leaf,))]
+
+
+def same(a, b):
+    return all(np.array_equal(x.view(np.uint8), y.view(np.uint8)) for x, y in zip(a, b))
+
+
+def test_pages_come_back_bit_exact_into_other_pages():
+    kv, store, host = random_kv(), HostPageStore(), HostPagePool(64)
+    saved = {page: page_of(kv, page) for page in range(1, 21)}
+    slots = {page: host.save(page) for page in saved}
+    kv = store.apply(kv, host.pop_copies())
+    # the device pages are overwritten meanwhile
+    kv = [layer if isinstance(layer, dict) else jax.tree.map(jnp.zeros_like, layer)
+          for layer in kv]
+    targets = {page: 39 - i for i, page in enumerate(saved)}
+    for page, slot in slots.items():
+        host.load(slot, targets[page])
+    kv = store.apply(kv, host.pop_copies())
+    for page, target in targets.items():
+        assert same(page_of(kv, target), saved[page])
+    assert store.num_rows == 0 and host.num_used == 0
+    assert float(kv[1]["conv"][0, 0]) != 0.0  # state layers pass through untouched
+
+
+def test_the_store_holds_one_page_per_held_slot_and_drops_freed_ones():
+    kv, store, host = random_kv(1), HostPageStore(), HostPagePool(MAX_RUN_PAGES + 8)
+    slots = [host.save(1 + i % (NUM_PAGES - 1)) for i in range(MAX_RUN_PAGES + 3)]
+    kv = store.apply(kv, host.pop_copies())
+    assert store.num_rows == len(slots)  # rows, not padded batches: no hidden host bytes
+    for slot in slots[::3]:
+        host.release(slot)
+    host.load(slots[1], 5)
+    kv = store.apply(kv, host.pop_copies())
+    held = [s for i, s in enumerate(slots) if i % 3 and i != 1]
+    assert store.num_rows == len(held) == host.num_used
+    reused = host.save(7)  # a freed slot is saved into again, after its drop
+    assert reused in slots
+    kv = store.apply(kv, host.pop_copies())
+    assert store.num_rows == host.num_used
+
+
+def test_page_bytes_counts_every_paged_leaf():
+    kv = random_kv()
+    per_page = 2 * (2 * 4 * 8 * 2) + 2 * (2 * 4 * 8 + 2 * 4 * 4)  # bf16 k, v; int8 + f32 scales
+    assert page_bytes(kv, NUM_PAGES) == per_page
+
+
+def test_saving_into_a_held_slot_is_an_error():
+    kv, store = random_kv(), HostPageStore()
+    kv = store.apply(kv, (PageCopy(SAVE, 3, 0),))
+    with pytest.raises(AssertionError):
+        store.apply(kv, (PageCopy(SAVE, 4, 0),))
