@@ -9,7 +9,15 @@ import pytest
 from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE
 
 ON_GPU = jax.default_backend() == "gpu"
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU (run on the device machine)")
+
+
+def needs_gpu(test):
+    """Marked `gpu` (`-m gpu` selects the native runs on the device machine) and skipped
+    without one."""
+    skip = pytest.mark.skipif(not ON_GPU, reason="needs a GPU (run on the device machine)")
+    return pytest.mark.gpu(skip(test))
+
+
 cpu_only = pytest.mark.skipif(ON_GPU, reason="interpret-mode check; the GPU runs natively")
 
 
