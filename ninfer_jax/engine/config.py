@@ -22,9 +22,10 @@ CPU_AUTO_KV_TOKENS = 65536
 
 # --kv-capacity auto leaves this much device memory unclaimed (the serving contract's margin).
 AUTO_KV_HEADROOM_BYTES = 1 << 30
-# --host-context-mib's default: the contract's 8 GiB (its "+ 8 StateImages" apply to hybrid
-# state snapshots, which are not kept on the host here).
+# --host-context-mib's default: the contract's 8 GiB plus room for this many state snapshots
+# of a hybrid model (one state slot's bytes each; nothing for dense models).
 DEFAULT_HOST_CONTEXT_MIB = 8192
+DEFAULT_HOST_STATE_IMAGES = 8
 AUTO_POOL_GRANULE_PAGES = 512
 
 
@@ -59,7 +60,8 @@ class EngineConfig:
     kv_capacity: int | None = None  # pool size in tokens; None = max_context
     prefix_reuse: bool = True
     # The host tier's budget (spilled prefix pages and pause snapshots); 0 disables it.
-    host_context_mib: int = DEFAULT_HOST_CONTEXT_MIB
+    # None: the default, DEFAULT_HOST_CONTEXT_MIB plus DEFAULT_HOST_STATE_IMAGES states.
+    host_context_mib: int | None = None
     # How many later requests may overtake a waiting head that does not fit yet.
     max_bypass: int = 4
     # Hybrid models: device state slots beyond one per lane (--device-state-slots).
@@ -78,7 +80,7 @@ class EngineConfig:
             raise ValueError("decode_share must be >= 0")
         if self.kv_capacity is not None and self.kv_capacity < 1:
             raise ValueError("kv_capacity must be positive")
-        if self.host_context_mib < 0:
+        if self.host_context_mib is not None and self.host_context_mib < 0:
             raise ValueError("host_context_mib must be >= 0")
         if self.device_state_slots < 0:
             raise ValueError("device_state_slots must be >= 0")
@@ -97,9 +99,15 @@ class EngineConfig:
         return state_slot_capacity(has_state=has_state, max_concurrency=self.max_concurrency,
                                    extra_slots=self.device_state_slots)
 
-    def host_pages(self, page_bytes: int) -> int:
-        """Host tier slots for pages of `page_bytes` (0: no host tier)."""
-        return self.host_context_mib * (1 << 20) // page_bytes if page_bytes > 0 else 0
+    def host_pages(self, page_bytes: int, state_bytes: int = 0) -> int:
+        """Host tier slots for pages of `page_bytes` (0: no host tier); a state snapshot of
+        `state_bytes` takes whole slots of the same budget."""
+        if page_bytes <= 0:
+            return 0
+        if self.host_context_mib is not None:
+            return self.host_context_mib * (1 << 20) // page_bytes
+        budget = DEFAULT_HOST_CONTEXT_MIB * (1 << 20) // page_bytes
+        return budget + DEFAULT_HOST_STATE_IMAGES * -(-state_bytes // page_bytes)
 
     def num_pages(self, page_size: int) -> int:
         """Pool size in pages for a runner with `page_size`, the dummy page included."""
@@ -125,8 +133,7 @@ class EngineConfig:
             max_context=serve.max_context,
             kv_capacity=kv,
             prefix_reuse=not serve.no_prefix_reuse,
-            host_context_mib=(DEFAULT_HOST_CONTEXT_MIB if serve.host_context_mib is None
-                              else serve.host_context_mib),
+            host_context_mib=serve.host_context_mib,
             device_state_slots=extra_slots(serve.device_state_slots, serve.max_concurrency),
             speculative=SpeculativeConfig.from_options(serve.spec, serve.draft_tokens),
         )

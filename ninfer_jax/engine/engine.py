@@ -49,7 +49,9 @@ class Engine:
         # The runner sized the device state for its model (0 slots: dense, or no state).
         self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0))
         page_bytes = getattr(runner, "page_bytes", 0)  # a runner without a host tier: 0
-        self.host = HostPagePool(config.host_pages(page_bytes), page_bytes)
+        state_bytes = getattr(runner, "state_bytes", 0)
+        self.host = HostPagePool(config.host_pages(page_bytes, state_bytes), page_bytes,
+                                 state_bytes)
         if page_bytes:
             runner.clear_host_pages()  # a runner that served an earlier engine
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,

@@ -19,8 +19,9 @@ chunk or row feeds through a slot folds into it (`fold_state`), and the next tok
 slot's state to the formula above:
     hybrid:   next = (formula + state(t_0..t_p)) mod vocab_size
 where state(...) is `state_of(tokens)`. A plan's `state_copies` copy slot states, in order,
-before its step runs (state checkpoints); its `page_copies` (host tier) save pages to and
-load them from `host_kv` before that. As on the real model the state is not a function of
+before its step runs (state checkpoints; among them a StateCopy saves a slot's state to
+`host_state` or loads it back: pause by snapshot); its `page_copies` (host tier) save pages
+to and load them from `host_kv` before that. As on the real model the state is not a function of
 the KV pages, so a sequence that runs on a wrong or stale slot, shares one, or continues
 mid-prompt on a fresh slot (a replay that skips position 0) produces different tokens.
 
@@ -40,6 +41,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ninfer_jax.engine.host_pages import StateCopy
 from ninfer_jax.engine.pages import DUMMY_PAGE
 from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
@@ -120,6 +122,10 @@ class FakeRunner:
         # Usable state slots (0: a dense model); `state[s]` is slot s's state on the device.
         self.state_slot_capacity = state_slot_capacity
         self.state = np.zeros(state_slot_capacity + 1 if state_slot_capacity else 0, np.int64)
+        # State snapshots in the host tier: ticket -> a slot's state. A fake state is "worth"
+        # two pages of the host budget, so the budget's reservation path is exercised.
+        self.host_state: dict[int, int] = {}
+        self.state_bytes = 2 * self.page_bytes if state_slot_capacity else 0
         # One record per executed unit: ("prefill", seq_id, start, T) / ("decode", seq ids)
         self.steps: list[tuple] = []
         self.plans: list[StepPlan] = []  # every launched plan, in order
@@ -144,6 +150,19 @@ class FakeRunner:
 
     def clear_host_pages(self) -> None:
         self.host_kv.clear()
+        self.host_state.clear()
+
+    def _host_state(self, copy: StateCopy) -> None:
+        if copy.kind == "save":
+            self._check_slot(copy.state_slot)
+            if copy.ticket in self.host_state:
+                raise AssertionError(f"state ticket {copy.ticket} saved while held")
+            self.host_state[copy.ticket] = int(self.state[copy.state_slot])
+        elif copy.kind == "load":
+            self._check_slot(copy.state_slot)
+            self.state[copy.state_slot] = self.host_state.pop(copy.ticket)
+        else:
+            del self.host_state[copy.ticket]
 
     def launch(self, plan: StepPlan) -> _Launched:
         if len(plan.rows) > self.max_batch:
@@ -198,7 +217,11 @@ class FakeRunner:
                 self.kv[copy.device_page] = self.host_kv.pop(copy.host_slot)
             else:
                 del self.host_kv[copy.host_slot]
-        for src, dst in plan.state_copies:
+        for copy in plan.state_copies:
+            if isinstance(copy, StateCopy):
+                self._host_state(copy)
+                continue
+            src, dst = copy
             self._check_slot(src)
             self._check_slot(dst)
             self.state[dst] = self.state[src]

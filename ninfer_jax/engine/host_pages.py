@@ -27,12 +27,24 @@ class PageCopy(NamedTuple):
     host_slot: int
 
 
+class StateCopy(NamedTuple):
+    """A hybrid sequence's recurrent state to or from the host tier (pause by snapshot). It
+    rides in StepPlan.state_copies, in order with the state-slot copies there, because both
+    read and write state slots. The bytes are one row the runner keeps under `ticket`, apart
+    from page rows; the budget for it is `state_units` slots held by `reserve`."""
+    kind: str  # SAVE: state slot -> row; LOAD: row -> state slot, then forgotten; DROP
+    state_slot: int  # unused by DROP
+    ticket: int
+
+
 class HostPagePool:
-    def __init__(self, capacity: int, page_bytes: int = 0):
+    def __init__(self, capacity: int, page_bytes: int = 0, state_bytes: int = 0):
         if capacity < 0:
             raise ValueError("a host pool cannot have a negative capacity")
         self.capacity = capacity
         self.page_bytes = page_bytes  # for the byte gauges only
+        # Slots one state snapshot takes from the budget (0: no state, or no host tier).
+        self.state_units = -(-state_bytes // page_bytes) if state_bytes and page_bytes else 0
         # Slots below `_fresh` have been handed out at least once; `_released` holds those
         # free again (a budget of GiBs is millions of slots: no list of them up front).
         self._fresh = 0
@@ -56,6 +68,20 @@ class HostPagePool:
 
     def save(self, device_page: int) -> int:
         """Queue a copy of `device_page` into a fresh slot; the caller checked num_free."""
+        slot = self._take()
+        self.copies.append(PageCopy(SAVE, device_page, slot))
+        self.bytes_saved += self.page_bytes
+        return slot
+
+    def reserve(self, count: int) -> list[int]:
+        """`count` slots held with no page copy: a state snapshot's room in the budget."""
+        return [self._take() for _ in range(count)]
+
+    def unreserve(self, slots) -> None:
+        for slot in slots:
+            self._free(slot)
+
+    def _take(self) -> int:
         if self._released:
             slot = self._released.pop()
         elif self._fresh < self.capacity:
@@ -63,8 +89,6 @@ class HostPagePool:
         else:
             raise ValueError("the host tier is full (the caller checks num_free)")
         self.peak_used = max(self.peak_used, self.num_used)
-        self.copies.append(PageCopy(SAVE, device_page, slot))
-        self.bytes_saved += self.page_bytes
         return slot
 
     def load(self, slot: int, device_page: int) -> None:

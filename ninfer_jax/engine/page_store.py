@@ -14,7 +14,8 @@ slots * page_bytes, never more. (Keeping a gathered batch alive while any of its
 held let pinned use grow far past --host-context-mib: run 24 ran out of host memory.)
 Run lengths are padded with DUMMY_PAGE to MIN_RUN_PAGES or a power of two so few shapes
 compile; padding rows exist on the device only for the call. Hybrid state layers are not
-paged: they pass through untouched. Engine thread only.
+paged: page copies pass them through untouched; a hybrid pause snapshot's state slot is one
+row of its own (`apply_state`, kept by ticket apart from page rows). Engine thread only.
 """
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ def page_bytes(kv_spec, num_pages: int) -> int:
     """Bytes of one page across every attention layer's k and v (state layers excluded)."""
     total = sum(leaf.size * leaf.dtype.itemsize for leaf in _paged_leaves(kv_spec))
     return total // num_pages
+
+
+def _state_leaves(kv) -> list:
+    return [leaf for layer in kv if isinstance(layer, dict) for leaf in jax.tree.leaves(layer)]
+
+
+def state_bytes(kv_spec) -> int:
+    """Bytes of one state slot across every state layer (0 for dense models)."""
+    return sum(_leaf_page_bytes(leaf) for leaf in _state_leaves(kv_spec))
 
 
 def _as_bytes(values):
@@ -91,6 +101,26 @@ def unpack_pages(kv, pages, rows):
     return [jax.tree.map(put, layer) if isinstance(layer, tuple) else layer for layer in kv]
 
 
+def pack_state(kv, slot):
+    """State slot `slot` of every state layer as one uint8 row (state layers are slot-major)."""
+    return jnp.concatenate([_as_bytes(leaf[slot][None]) for leaf in _state_leaves(kv)],
+                           axis=1)[0]
+
+
+def unpack_state(kv, slot, row):
+    """The caches with `row` (a pack_state row) unpacked into state slot `slot`."""
+    offset = 0
+
+    def put(state):
+        nonlocal offset
+        width = _leaf_page_bytes(state)
+        values = _from_bytes(row[None, offset:offset + width], state)[0]
+        offset += width
+        return state.at[slot].set(values)
+
+    return [jax.tree.map(put, layer) if isinstance(layer, dict) else layer for layer in kv]
+
+
 def _padded(values, fill: int) -> np.ndarray:
     """`values` padded to MIN_RUN_PAGES or the next power of two: few compiled shapes."""
     size = max(MIN_RUN_PAGES, 1 << max(0, len(values) - 1).bit_length())
@@ -102,8 +132,11 @@ def _padded(values, fill: int) -> np.ndarray:
 class HostPageStore:
     def __init__(self):
         self._rows: dict[int, object] = {}  # host slot -> its packed page
+        self._states: dict[int, object] = {}  # ticket -> a state slot's packed row
         self._pack = jax.jit(pack_pages)
         self._unpack = jax.jit(unpack_pages, donate_argnames=("kv",))
+        self._pack_state = jax.jit(pack_state)
+        self._unpack_state = jax.jit(unpack_state, donate_argnames=("kv",))
         self._host, self._device = _memory_shardings()
 
     @property
@@ -113,10 +146,32 @@ class HostPageStore:
 
     def clear(self) -> None:
         self._rows.clear()
+        self._states.clear()
+
+    def apply_state(self, kv, copy):
+        """`kv` after one StateCopy (a hybrid pause snapshot's state, saved or loaded)."""
+        if copy.kind == DROP:
+            del self._states[copy.ticket]
+            return kv
+        slot = np.int32(copy.state_slot)
+        if copy.kind == SAVE:
+            if copy.ticket in self._states:
+                raise AssertionError(f"state ticket {copy.ticket} saved while held")
+            row = self._pack_state(kv, slot)
+            self._states[copy.ticket] = (row if self._host is None
+                                         else jax.device_put(row, self._host))
+            return kv
+        assert copy.kind == LOAD, copy.kind
+        row = self._states.pop(copy.ticket)
+        if self._device is not None:
+            row = jax.device_put(row, self._device)
+        return self._unpack_state(kv, slot, row)
 
     def warm(self, kv):
         """Compile the smallest save and load (a copy of DUMMY_PAGE onto itself), so the
         first spill or restore does not wait for a compile."""
+        if not _paged_leaves(kv):  # no attention layer: no pages to copy
+            return kv
         pages = _padded([DUMMY_PAGE], DUMMY_PAGE)
         return self._unpack(kv, pages, self._pack(kv, pages))
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine import page_store
+from ninfer_jax.engine.host_pages import StateCopy
 from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
@@ -188,6 +189,7 @@ class JaxRunner:
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
         # The host tier's copies (engine/page_store.py); page_bytes sizes its budget.
         self.page_bytes = page_store.page_bytes(self._kv_spec, num_pages)
+        self.state_bytes = page_store.state_bytes(self._kv_spec)  # one slot's (0: dense)
         self._page_store = page_store.HostPageStore()
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
@@ -540,8 +542,11 @@ class JaxRunner:
         self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
         if plan.page_copies:  # host tier saves and loads, in order, before the step
             self.kv = self._page_store.apply(self.kv, plan.page_copies)
-        for src, dst in plan.state_copies:  # in order, before the step (state checkpoints)
-            self.kv = self._copy_slot(self.kv, np.int32(src), np.int32(dst))
+        for copy in plan.state_copies:  # in order, before the step (checkpoints, snapshots)
+            if isinstance(copy, StateCopy):
+                self.kv = self._page_store.apply_state(self.kv, copy)
+            else:
+                self.kv = self._copy_slot(self.kv, np.int32(copy[0]), np.int32(copy[1]))
         if self.stable_buffers:
             ints, floats = self._staged(shape, ints, floats)
         out, self.kv = executable(

@@ -68,7 +68,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ninfer_jax.engine.config import EngineConfig
-from ninfer_jax.engine.host_pages import HostPagePool
+from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE, HostPagePool, StateCopy
 from ninfer_jax.engine.lifecycle import Lifecycle, TokenPolicyError
 from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
@@ -80,7 +80,7 @@ from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import num_accepted
 from ninfer_jax.engine.speculative_rounds import SpeculativeRounds, drafted_rows, uses_output
 from ninfer_jax.engine.state_checkpoints import StateCheckpoints, marks
-from ninfer_jax.engine.state_slots import StateSlotPool
+from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT, StateSlotPool
 from ninfer_jax.errors import InternalError
 
 log = logging.getLogger("ninfer_jax.engine.scheduler")
@@ -127,6 +127,7 @@ class Scheduler:
         self.cache = (PrefixCache(pool, page_size, None if self.slots.is_enabled else self.host)
                       if config.prefix_reuse else None)
         self.checkpoints = None  # hybrid models with prefix reuse: their state checkpoints
+        self._state_copies: list[StateCopy] = []  # state snapshot copies, without checkpoints
         if self.cache is not None and self.slots.is_enabled:
             self.checkpoints = StateCheckpoints(self.slots)
             self.cache.on_remove = self.checkpoints.forget
@@ -255,9 +256,17 @@ class Scheduler:
         it, in order)."""
         if self.host.copies:
             plan = dataclasses.replace(plan, page_copies=self.host.pop_copies())
-        if self.checkpoints is None or not self.checkpoints.copies:
-            return plan
-        return dataclasses.replace(plan, state_copies=self.checkpoints.pop_copies())
+        if self.checkpoints is not None and self.checkpoints.copies:
+            return dataclasses.replace(plan, state_copies=self.checkpoints.pop_copies())
+        if self._state_copies:
+            plan = dataclasses.replace(plan, state_copies=tuple(self._state_copies))
+            self._state_copies = []
+        return plan
+
+    def _queue_state_copy(self, copy: StateCopy) -> None:
+        """State snapshots travel in order with the checkpoint copies (both touch slots)."""
+        queue = self.checkpoints.copies if self.checkpoints is not None else self._state_copies
+        queue.append(copy)
 
     def _can_decode(self, seq: Sequence) -> bool:
         """Whether `seq` may take a row in the next step."""
@@ -389,22 +398,35 @@ class Scheduler:
     def _take_snapshot(self, seq: Sequence) -> str:
         """Copy the pages of a sequence about to pause to the host tier when the budget
         allows (retained history there gives way): its route back, snapshot or replay.
-        Hybrid models replay: their recurrent state is not snapshotted."""
+        A hybrid sequence's recurrent state goes too (a StateCopy, `state_units` slots of
+        the budget): its slot holds the state after exactly num_computed tokens, because no
+        step of it is in flight and queued slot copies run before this one."""
         num_pages = pages_for(seq.num_computed, self.page_size)
-        if not self.host.is_enabled or not num_pages or self.slots.is_enabled:
+        units = self.host.state_units if self.slots.is_enabled else 0
+        if not self.host.is_enabled or not num_pages or (self.slots.is_enabled and not units):
             return "replay"
-        if self.host.num_free < num_pages and (
-                self.cache is None or not self.cache.free_host(num_pages)):
+        need = num_pages + units
+        if self.host.num_free < need and (
+                self.cache is None or self.cache.host is None
+                or not self.cache.free_host(need)):
             return "replay"
-        seq.snapshot = (seq.num_computed,
-                        [self.host.save(page) for page in seq.pages[:num_pages]])
+        slots = [self.host.save(page) for page in seq.pages[:num_pages]]
+        state = None
+        if units:
+            state = self.host.reserve(units)
+            self._queue_state_copy(StateCopy(SAVE, seq.state_slot, state[0]))
+        seq.snapshot = (seq.num_computed, slots, state)
         return "snapshot"
 
     def _load_snapshot(self, seq: Sequence, cached: int) -> tuple[int, str]:
         """Bring a restoring sequence's snapshot back behind the `cached` tokens the prefix
         cache gave it: (its KV frontier, route). Revoked (replay) when the device pool
         cannot give the pages."""
-        frontier, slots = seq.snapshot
+        frontier, slots, state = seq.snapshot
+        if state is not None and cached > frontier:
+            # A deeper checkpoint than the pause point: it is the state to start from.
+            self._drop_snapshot(seq)
+            return cached, "replay"
         first = len(seq.pages)
         missing = max(0, len(slots) - first)
         if missing > self.pool.num_free and self.cache is not None:
@@ -420,12 +442,18 @@ class Scheduler:
             self.host.release(slot)  # the cache had those pages already
         seq.pages = seq.pages + pages
         seq.snapshot = None
+        if state is not None:  # the state at `frontier` comes back from host, not a checkpoint
+            seq.state_source, seq.host_state = None, state
         return max(cached, frontier), "snapshot"
 
     def _drop_snapshot(self, seq: Sequence) -> None:
         if seq.snapshot is not None:
-            for slot in seq.snapshot[1]:
+            _, slots, state = seq.snapshot
+            for slot in slots:
                 self.host.release(slot)
+            if state is not None:
+                self._queue_state_copy(StateCopy(DROP, DUMMY_STATE_SLOT, state[0]))
+                self.host.unreserve(state)
             seq.snapshot = None
 
     def _yield_background(self) -> None:
@@ -512,7 +540,11 @@ class Scheduler:
             self.checkpoints.evict_one()
 
     def _start_state(self, seq: Sequence) -> None:
-        if seq.state_source is not None:
+        if seq.host_state is not None:  # a snapshot restore: the state row into its slot
+            self._queue_state_copy(StateCopy(LOAD, seq.state_slot, seq.host_state[0]))
+            self.host.unreserve(seq.host_state)
+            seq.host_state = None
+        elif seq.state_source is not None:
             self.checkpoints.restore(seq.state_source, seq.state_slot)
             seq.state_source = None
 
@@ -716,7 +748,8 @@ class Scheduler:
 
     def host_holders(self) -> list[int]:
         """Every held host slot (for HostPagePool.check)."""
-        holders = [slot for s in self.paused if s.snapshot is not None for slot in s.snapshot[1]]
+        holders = [slot for s in self.paused if s.snapshot is not None
+                   for slot in s.snapshot[1] + (s.snapshot[2] or [])]
         if self.cache is not None:
             holders += self.cache.host_slots()
         return holders

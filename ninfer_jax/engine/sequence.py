@@ -52,6 +52,9 @@ class Sequence:
     # A checkpoint slot to start the state from, set when a prefix hit is planned and
     # cleared once its copy is queued (engine/state_checkpoints.py).
     state_source: int | None = None
+    # A snapshot restore's state row in the host tier (its reserved slots; [0] the ticket),
+    # set when the restore is planned and cleared once its StateCopy is queued.
+    host_state: list[int] | None = None
     cache_n: int = 0  # prompt tokens taken from the prefix cache at admission
     # Most positions that ever had KV: recomputation below it is replay, above it prefill.
     high_water: int = 0
@@ -62,8 +65,9 @@ class Sequence:
     # tokens the prefix cache may be written up to (None: every full page, `implicit` mode).
     keep_pages: int = 0
     publish_limit: int | None = None
-    # While paused by snapshot: (KV frontier at the pause, host slots of its pages in order).
-    snapshot: tuple[int, list[int]] | None = None
+    # While paused by snapshot: (KV frontier at the pause, host slots of its pages in order,
+    # and for hybrid models the slots reserved for its state row ([0] the ticket), else None).
+    snapshot: tuple[int, list[int], list[int] | None] | None = None
     # Route of the restore whose recovery_complete (first fresh commit) is still due.
     recovering: str | None = None
     # Anti-thrash: a request paused again before it ran anything since its restore waits for

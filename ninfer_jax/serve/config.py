@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ninfer_jax.engine.config import (DEFAULT_HOST_CONTEXT_MIB, MAX_LANES, MIN_LANES,
-                                      EngineConfig)
+from ninfer_jax.engine.config import (DEFAULT_HOST_CONTEXT_MIB, DEFAULT_HOST_STATE_IMAGES,
+                                      MAX_LANES, MIN_LANES, EngineConfig)
 from ninfer_jax.engine.speculation import BACKENDS, DRAFT_RANGES
 
 _ENGINE = EngineConfig()
@@ -106,7 +106,8 @@ class ServeConfig:
     # None: the contract's default (engine/config.py)
     host_context_mib: int | None = option(
         None, "Host memory budget for KV spilled from the device pool and for pause "
-        f"snapshots [default: {DEFAULT_HOST_CONTEXT_MIB}]; 0 disables the host tier.",
+        f"snapshots [default: {DEFAULT_HOST_CONTEXT_MIB}, plus {DEFAULT_HOST_STATE_IMAGES} "
+        "recurrent states for hybrid models]; 0 disables the host tier.",
         type=int, min=0)
     # artifact/checksums.py, when the core reads the weights
     verify_checksums: bool = option(

@@ -8,7 +8,7 @@ import numpy as np
 
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.fake import FakeRunner, state_of
-from ninfer_jax.engine.host_pages import HostPagePool
+from ninfer_jax.engine.host_pages import HostPagePool, StateCopy
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import (
     Finished, GenerationRequest, RequestHandle, SamplingParams, TERMINAL,
@@ -72,7 +72,7 @@ class Driver:
         self.pool = PagePool(num_pages)
         self.slots = StateSlotPool(state_slots)
         # host_pages: host tier slots (0: none), each one fake page
-        self.host = HostPagePool(host_pages, self.runner.page_bytes)
+        self.host = HostPagePool(host_pages, self.runner.page_bytes, self.runner.state_bytes)
         self.scheduler = Scheduler(self.config, self.pool, page_size=page_size,
                                    max_batch=self.runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, max_chunk_rows=self.runner.max_chunk_rows,
@@ -122,7 +122,17 @@ class Driver:
                 rows.add(copy.host_slot)
             else:
                 rows.discard(copy.host_slot)
-        assert rows == set(self.scheduler.host_holders())
+        states = set(self.runner.host_state)  # state snapshots (hybrid), by ticket
+        queued = self.scheduler._state_copies + (
+            self.scheduler.checkpoints.copies if self.scheduler.checkpoints else [])
+        for copy in queued:
+            if isinstance(copy, StateCopy):
+                (states.add if copy.kind == "save" else states.discard)(copy.ticket)
+        reserved = [s.snapshot[2] for s in self.scheduler.paused
+                    if s.snapshot is not None and s.snapshot[2]]
+        assert states == {slots[0] for slots in reserved}
+        assert rows == set(self.scheduler.host_holders()) - {
+            slot for slots in reserved for slot in slots}
 
     def check_pages(self) -> None:
         self.pool.check(self.scheduler.page_holders())

@@ -54,3 +54,13 @@ def test_large_auto_pools_are_rounded_so_restarts_keep_their_shapes():
     assert a == b == 100 * AUTO_POOL_GRANULE_PAGES * 16
     small = auto_kv_tokens(37 * per_page, 1024, page_size=16, headroom_bytes=0)
     assert small == 37 * 16  # small pools keep every page
+
+
+def test_the_default_host_budget_adds_eight_states_an_explicit_one_does_not():
+    default = EngineConfig.from_serve_config(ServeConfig(artifact="x"))
+    page, state = 1 << 16, 5 * (1 << 16) + 1  # a state takes 6 page slots
+    assert default.host_pages(page) == 8192 * 16
+    assert default.host_pages(page, state) == 8192 * 16 + 8 * 6
+    explicit = EngineConfig.from_serve_config(ServeConfig(artifact="x", host_context_mib=64))
+    assert explicit.host_pages(page, state) == 64 * 16
+    assert EngineConfig(host_context_mib=0).host_pages(page, state) == 0

@@ -5,7 +5,7 @@ back wrong, stale or twice changes the output or fails: every output here is che
 against the fake model's formula computed without paging."""
 import pytest
 
-from ninfer_jax.engine.host_pages import HostPagePool, LOAD, SAVE
+from ninfer_jax.engine.host_pages import HostPagePool, LOAD, SAVE, StateCopy
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.prefix_cache import PrefixCache
 
@@ -111,15 +111,16 @@ def test_explicit_mode_publishes_only_up_to_the_breakpoints():
     assert reread.usage.cached_tokens == 8  # a read needs no marker
 
 
-def pressure_run(host_pages, prefix_reuse=True):
+def pressure_run(host_pages, prefix_reuse=True, state_slots=0):
     driver = Driver(num_pages=11, page_size=4, max_concurrency=4, prefill_chunk=4,
-                    host_pages=host_pages, prefix_reuse=prefix_reuse)
+                    host_pages=host_pages, prefix_reuse=prefix_reuse, state_slots=state_slots)
     events = watch(driver)
     prompts = [prompt_of(6, salt=i) for i in range(4)]
     handles = [driver.submit(make_request(p, max_tokens=20)) for p in prompts]
     driver.run()
     for prompt, handle in zip(prompts, handles):
-        assert list(finished(handle).output_ids) == expected_output(prompt, 20)
+        assert list(finished(handle).output_ids) == expected_output(
+            prompt, 20, hybrid=bool(state_slots))
     assert driver.request_pages() == 0
     return driver, events
 
@@ -137,6 +138,33 @@ def test_pause_by_snapshot_restores_without_recomputation(prefix_reuse):
     assert {e.route for e in events if e.kind != "pause_started"} == {"snapshot"}
     assert {e.route for e in events if e.kind == "pause_started"} == {None}
     assert driver.host.num_used == (driver.scheduler.cache.num_host_pages if prefix_reuse else 0)
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False])
+def test_a_hybrid_pause_takes_its_recurrent_state_to_host_and_back(prefix_reuse):
+    """The fake state is a hash of every token fed: a slot that came back stale, from
+    another sequence or from zero changes the output (fake.py)."""
+    driver, events = pressure_run(host_pages=64, prefix_reuse=prefix_reuse, state_slots=6)
+    counters = driver.scheduler.counters
+    assert counters.preemptions > 0
+    assert counters.snapshot_restores == counters.preemptions and counters.replay_restores == 0
+    assert counters.replayed_tokens == 0
+    assert {e.route for e in events if e.kind == "paused"} == {"snapshot"}
+    loads = [c for plan in driver.schedules for c in plan.state_copies
+             if isinstance(c, StateCopy) and c.kind == LOAD]
+    assert len(loads) == counters.snapshot_restores
+    assert driver.host.num_used == 0 and not driver.runner.host_state
+
+
+def test_a_hybrid_state_takes_its_share_of_the_host_budget():
+    # Three slots hold a paused request's pages (a dense model snapshots) but not its pages
+    # and its state (two slots of the fake's budget) as well: the hybrid one replays.
+    dense, _ = pressure_run(host_pages=3)
+    hybrid, events = pressure_run(host_pages=3, state_slots=6)
+    assert dense.scheduler.counters.snapshot_restores > 0
+    counters = hybrid.scheduler.counters
+    assert counters.preemptions > 0 and counters.snapshot_restores == 0
+    assert {e.route for e in events if e.kind == "paused"} == {"replay"}
 
 
 def test_without_host_room_a_pause_replays():

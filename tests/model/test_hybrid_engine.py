@@ -18,6 +18,7 @@ import pytest
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.host_pages import HostPagePool
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from ninfer_jax.engine.runner import JaxRunner
@@ -52,13 +53,15 @@ def prompt(length: int, salt: int) -> list[int]:
 
 
 def generate(runner, prompts, *, lanes=LANES, num_pages=64, slots=SLOTS, reuse=True,
-             max_tokens=8, together=True):
+             max_tokens=8, together=True, host_pages=0):
     """Run `prompts` (all submitted at once, or one after another) through a fresh
     scheduler on `runner`; returns (per request (cache_n, output ids), scheduler)."""
     config = EngineConfig(max_concurrency=lanes, prefill_chunk=16, max_context=CONTEXT,
                           prefix_reuse=reuse)
+    host = HostPagePool(host_pages, runner.page_bytes, runner.state_bytes)
+    runner.clear_host_pages()
     scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE,
-                          max_batch=runner.max_batch, slots=StateSlotPool(slots))
+                          max_batch=runner.max_batch, slots=StateSlotPool(slots), host=host)
     loop = StepLoop(scheduler, runner)
     handles = []
     for index, ids in enumerate(prompts):
@@ -119,3 +122,17 @@ def test_pauses_restore_from_zero_or_from_a_checkpoint_without_changing_text(run
         assert outputs(results) == reference
         restored = sum(counters["restored_cached_tokens"] for _, _, counters in results)
         assert (restored > 0) == reuse
+
+
+def test_pauses_by_snapshot_bring_their_recurrent_state_back_from_host(runner):
+    prompts = [prompt(9, salt=20 + i) for i in range(LANES)]
+    reference = outputs(generate(runner, prompts, reuse=False, max_tokens=20)[0])
+    units = -(-runner.state_bytes // runner.page_bytes)
+    for reuse in (False, True):
+        results, scheduler = generate(runner, prompts, num_pages=12, reuse=reuse,
+                                      max_tokens=20, host_pages=LANES * (units + 8))
+        counters = scheduler.counters
+        assert counters.preemptions > 0 and counters.snapshot_restores > 0
+        assert counters.replayed_tokens == 0
+        assert outputs(results) == reference
+        assert scheduler.host.num_used == 0
