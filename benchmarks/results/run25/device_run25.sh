@@ -15,5 +15,5 @@ timeout 470 python3 benchmarks/host_restore_bench.py --preset qwen3-8b --out "$O
 stamp "bench rc=$?"
 stamp pytest
 timeout $(( 585 - ($(date +%s) - t0) )) python3 -m pytest -rA -p no:cacheprovider \
-  tests/engine/test_page_store.py tests/engine/test_context_cache_exact.py -k "not default" > "$OUT/pytest-gpu.log" 2>&1
+  tests/engine/test_page_store.py tests/engine/test_context_cache_exact.py tests/model/test_hybrid_engine.py -k "not default and (snapshot or exact or page or store or held or bytes)" > "$OUT/pytest-gpu.log" 2>&1
 stamp "pytest rc=$? $(tail -1 "$OUT/pytest-gpu.log")"
