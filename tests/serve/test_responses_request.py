@@ -32,7 +32,7 @@ def test_defaults():
     request = _parse()
     assert request.store is True and request.stream is False
     assert request.max_output_tokens is None and request.temperature is None
-    assert request.tools.choice_mode == "auto" and request.tools.parallel_tool_calls
+    assert request.tools.choice.mode == "auto" and request.tools.parallel_tool_calls
     assert request.echo["text"] == {"format": {"type": "text"}}
     assert request.implicit_cache
 
@@ -139,17 +139,14 @@ def test_tools_direct_and_namespaced_keep_identity():
     ({"tools": [{"type": "function", "name": "a.b"}]}, ("tools[0].name", "invalid_request")),
     ({"tools": [{**NAMESPACE, "tools": [{"type": "web_search"}]}]},
      ("tools[0].tools[0].type", "unsupported_parameter")),
-    ({"tools": [FUNCTION], "tool_choice": "required"}, ("tool_choice", "unsupported_parameter")),
-    ({"tools": [FUNCTION], "tool_choice": {"type": "function", "name": "get_weather"}},
-     ("tool_choice", "unsupported_parameter")),
-    ({"tools": [FUNCTION], "tool_choice": {"type": "allowed_tools", "mode": "required",
-                                           "tools": []}},
-     ("tool_choice.mode", "unsupported_parameter")),
+    ({"tools": [FUNCTION], "tool_choice": {"type": "function", "name": "nope"}},
+     ("tool_choice.name", "invalid_request")),
+    ({"tool_choice": "required"}, ("tool_choice", "invalid_request")),
     ({"tools": [FUNCTION], "tool_choice": {"type": "allowed_tools", "mode": "auto",
                                            "tools": [{"type": "function", "name": "x"}]}},
      ("tool_choice.tools[0]", "invalid_request")),
-    ({"tools": [FUNCTION], "parallel_tool_calls": False},
-     ("parallel_tool_calls", "unsupported_parameter")),
+    ({"tools": [FUNCTION], "parallel_tool_calls": "no"},
+     ("parallel_tool_calls", "invalid_request")),
 ])
 def test_tool_error_contracts(body, expected):
     assert _error(**body) == expected

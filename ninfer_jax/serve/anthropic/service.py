@@ -57,6 +57,7 @@ class MessagesService:
             sampling={"temperature": request.temperature, "top_p": request.top_p,
                       "top_k": request.top_k},
             stop=request.stop_sequences, tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
             thinking_budget=request.thinking_budget,
             thinking_budget_param="thinking.budget_tokens", protocol="anthropic",
             background=request.background, draft=request.draft, stream=request.stream)

@@ -79,6 +79,7 @@ class ResponsesService:
             max_tokens=request.max_output_tokens, max_tokens_param="max_output_tokens",
             prompt_param="input",
             sampling={"temperature": request.temperature, "top_p": request.top_p},
+            tool_choice=request.tools.choice,
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
             background=request.background_priority, draft=request.draft,
