@@ -60,6 +60,7 @@ def check_tool_format(tool_call_format: str | None, tools: list[ToolSpec],
                       param: str = "tools") -> None:
     """Tools offered to a model that cannot write a parseable call are refused (400)."""
     if tools and not tool_call_format:
-        raise Unsupported("This model's artifact declares no tool-call format, so its "
-                          "replies cannot carry tool calls; send the request without tools "
-                          "(or with tool_choice none).", param=param)
+        raise Unsupported(f"'{param}' cannot be honoured: this model's artifact declares no "
+                          "tool-call format, so its replies cannot carry tool calls; send "
+                          "the request without tools (or with tool_choice none).",
+                          param=param)
