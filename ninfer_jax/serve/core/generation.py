@@ -159,9 +159,7 @@ def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):
     choice = options.tool_choice
     if choice.mode != "required":
         return None
-    if fmt is None:
-        raise Unsupported("This model has no tool-call format, so a tool call cannot be "
-                          "required.", param=choice.param)
+    # effective_tools left at least one tool and check_tool_format a format: fmt is set.
     markers = ctx.reasoning_markers or (None, None)
     tokenizer = ctx.tokenizer
     return ForcedToolCall(
