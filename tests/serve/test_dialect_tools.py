@@ -13,6 +13,7 @@ import pytest
 from falcon import testing
 
 from harness import build_harness
+from sse_util import sse_chunks
 from ninfer_jax.serve.config import SamplingOverrides
 from ninfer_jax.serve.core.sampling import resolve_sampling
 from ninfer_jax.serve.openai.chat_request import sampling_fields
@@ -62,8 +63,7 @@ def _chat(client, text, *, choice=None, parallel=True, **extra):
         body["tool_choice"] = {"type": "function", "function": {"name": choice}}
     if not parallel:
         body["parallel_tool_calls"] = False
-    result = client.simulate_post("/v1/chat/completions", json=body)
-    return result.status_code, result.json
+    return _reply(client.simulate_post("/v1/chat/completions", json=body), body)
 
 
 def _responses(client, text, *, choice=None, parallel=True, **extra):
@@ -76,8 +76,7 @@ def _responses(client, text, *, choice=None, parallel=True, **extra):
         body["tool_choice"] = {"type": "function", "name": choice}
     if not parallel:
         body["parallel_tool_calls"] = False
-    result = client.simulate_post("/v1/responses", json=body)
-    return result.status_code, result.json
+    return _reply(client.simulate_post("/v1/responses", json=body), body)
 
 
 def _anthropic(client, text, *, choice=None, parallel=True, **extra):
@@ -92,8 +91,26 @@ def _anthropic(client, text, *, choice=None, parallel=True, **extra):
         tool_choice = {**(tool_choice or {"type": "auto"}), "disable_parallel_tool_use": True}
     if tool_choice is not None:
         body["tool_choice"] = tool_choice
-    result = client.simulate_post("/v1/messages", json=body)
-    return result.status_code, result.json
+    return _reply(client.simulate_post("/v1/messages", json=body), body)
+
+
+def _reply(result, body):
+    """(status, the JSON body; for a stream, its JSON payloads in order)."""
+    if not body.get("stream"):
+        return result.status_code, result.json
+    return result.status_code, sse_chunks(result.text)[0]
+
+
+def streamed_calls(dialect, chunks) -> list[str]:
+    """The names of the structured calls a stream announced."""
+    if dialect == "chat":
+        return [call["function"]["name"] for c in chunks if c.get("choices")
+                for call in c["choices"][0]["delta"].get("tool_calls") or []]
+    if dialect == "responses":
+        return [c["item"]["name"] for c in chunks if c["type"] == "response.output_item.done"
+                and c["item"]["type"] == "function_call"]
+    return [c["content_block"]["name"] for c in chunks if c["type"] == "content_block_start"
+            and c["content_block"]["type"] == "tool_use"]
 
 
 DIALECTS = {"chat": _chat, "responses": _responses, "anthropic": _anthropic}
@@ -213,6 +230,15 @@ def test_parallel_off_returns_at_most_one_call(tools_client, dialect):
     assert status == 200, one
     names, text = calls_and_text(dialect, one)
     assert names == ["get_weather"] and "search" not in text
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_parallel_off_streams_at_most_one_call(tools_client, dialect):
+    status, both = DIALECTS[dialect](tools_client, "SCRIPT:two-calls", stream=True)
+    assert status == 200 and streamed_calls(dialect, both) == ["get_weather", "search"]
+    status, one = DIALECTS[dialect](tools_client, "SCRIPT:two-calls", parallel=False,
+                                    stream=True)
+    assert status == 200 and streamed_calls(dialect, one) == ["get_weather"]
 
 
 def test_responses_echoes_parallel_tool_calls(tools_client):
