@@ -213,3 +213,17 @@ def test_preserve_thinking_inheritance():
     assert resolve_preserve_thinking(_parse(preserve_thinking=False), parent, False) is False
     assert resolve_preserve_thinking(_parse(), None, True) is True
     assert resolve_preserve_thinking(_parse(), None, False) is None
+
+
+def test_forced_choices_become_the_shared_tool_choice():
+    request = _parse(tools=[FUNCTION, NAMESPACE], tool_choice="required")
+    assert request.tools.choice.mode == "required" and len(request.tools.effective) == 3
+    request = _parse(tools=[FUNCTION, NAMESPACE], tool_choice={
+        "type": "function", "name": "get_weather", "namespace": "mcp__weather"})
+    assert request.tools.choice.name == "mcp__weather.get_weather"
+    assert [t.qualified_name for t in request.tools.effective] == ["mcp__weather.get_weather"]
+    request = _parse(tools=[FUNCTION, NAMESPACE], tool_choice={
+        "type": "allowed_tools", "mode": "required",
+        "tools": [{"type": "function", "name": "get_weather"}]})
+    assert request.tools.choice.mode == "required"
+    assert [t.qualified_name for t in request.tools.effective] == ["get_weather"]
