@@ -117,8 +117,8 @@ def test_stop_sequence(client):
     ({"thinking": {"type": "enabled", "budget_tokens": 100}}, 400, "invalid_request_error"),
     ({"tool_choice": {"type": "tool", "name": "missing"}, "tools": [TOOL]}, 400,
      "invalid_request_error"),
-    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": True}, "tools": [TOOL]}, 400,
-     "invalid_request_error"),
+    ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}, "tools": [TOOL]},
+     400, "invalid_request_error"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {
         "type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]}, 400,
      "invalid_request_error"),

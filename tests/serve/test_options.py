@@ -66,3 +66,13 @@ def test_bounds_and_choices_come_from_the_declarations():
                  ["--kv-capacity", "10", "--max-context", "64"]):
         result = runner.invoke(serve, ["a.ninfer", *args])
         assert result.exit_code == 2, (args, result.output)
+
+
+def test_top_k_flag_takes_minus_one_as_disabled_and_refuses_below():
+    from ninfer_jax.cli.serve import serve
+
+    # -1 reaches the engine as is: SamplingParams reads any top_k <= 0 as no top-k filter.
+    assert parse_serve_args("a.ninfer", ["--top-k", "-1"]).sampling.top_k == -1
+    result = CliRunner().invoke(serve, ["a.ninfer", "--top-k", "-2"],
+                                env={"NINFER_API_KEY": ""})
+    assert result.exit_code != 0 and "--top-k" in result.output

@@ -32,7 +32,7 @@ def test_defaults():
     request = _parse()
     assert request.store is True and request.stream is False
     assert request.max_output_tokens is None and request.temperature is None
-    assert request.tools.choice_mode == "auto" and request.tools.parallel_tool_calls
+    assert request.tools.choice.mode == "auto" and request.tools.parallel_tool_calls
     assert request.echo["text"] == {"format": {"type": "text"}}
     assert request.implicit_cache
 
@@ -139,17 +139,14 @@ def test_tools_direct_and_namespaced_keep_identity():
     ({"tools": [{"type": "function", "name": "a.b"}]}, ("tools[0].name", "invalid_request")),
     ({"tools": [{**NAMESPACE, "tools": [{"type": "web_search"}]}]},
      ("tools[0].tools[0].type", "unsupported_parameter")),
-    ({"tools": [FUNCTION], "tool_choice": "required"}, ("tool_choice", "unsupported_parameter")),
-    ({"tools": [FUNCTION], "tool_choice": {"type": "function", "name": "get_weather"}},
-     ("tool_choice", "unsupported_parameter")),
-    ({"tools": [FUNCTION], "tool_choice": {"type": "allowed_tools", "mode": "required",
-                                           "tools": []}},
-     ("tool_choice.mode", "unsupported_parameter")),
+    ({"tools": [FUNCTION], "tool_choice": {"type": "function", "name": "nope"}},
+     ("tool_choice.name", "invalid_request")),
+    ({"tool_choice": "required"}, ("tool_choice", "invalid_request")),
     ({"tools": [FUNCTION], "tool_choice": {"type": "allowed_tools", "mode": "auto",
                                            "tools": [{"type": "function", "name": "x"}]}},
      ("tool_choice.tools[0]", "invalid_request")),
-    ({"tools": [FUNCTION], "parallel_tool_calls": False},
-     ("parallel_tool_calls", "unsupported_parameter")),
+    ({"tools": [FUNCTION], "parallel_tool_calls": "no"},
+     ("parallel_tool_calls", "invalid_request")),
 ])
 def test_tool_error_contracts(body, expected):
     assert _error(**body) == expected
@@ -216,3 +213,17 @@ def test_preserve_thinking_inheritance():
     assert resolve_preserve_thinking(_parse(preserve_thinking=False), parent, False) is False
     assert resolve_preserve_thinking(_parse(), None, True) is True
     assert resolve_preserve_thinking(_parse(), None, False) is None
+
+
+def test_forced_choices_become_the_shared_tool_choice():
+    request = _parse(tools=[FUNCTION, NAMESPACE], tool_choice="required")
+    assert request.tools.choice.mode == "required" and len(request.tools.effective) == 3
+    request = _parse(tools=[FUNCTION, NAMESPACE], tool_choice={
+        "type": "function", "name": "get_weather", "namespace": "mcp__weather"})
+    assert request.tools.choice.name == "mcp__weather.get_weather"
+    assert [t.qualified_name for t in request.tools.effective] == ["mcp__weather.get_weather"]
+    request = _parse(tools=[FUNCTION, NAMESPACE], tool_choice={
+        "type": "allowed_tools", "mode": "required",
+        "tools": [{"type": "function", "name": "get_weather"}]})
+    assert request.tools.choice.mode == "required"
+    assert [t.qualified_name for t in request.tools.effective] == ["get_weather"]

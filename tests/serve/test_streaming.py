@@ -11,7 +11,8 @@ from harness import build_harness, wait_for
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from ninfer_jax.errors import QueueTimeout
 from ninfer_jax.serve.core.output import HEARTBEAT
-from ninfer_jax.serve.wire.sse import openai_event_stream
+from ninfer_jax.serve.wire.sse import (KEEPALIVE, KEEPALIVE_SECONDS, builder_frames,
+                                       openai_event_stream)
 
 
 def test_framing_heartbeat_and_done():
@@ -106,3 +107,27 @@ def test_heartbeat_while_tokens_arrive_but_stay_held(harness):
     producer.join()
     assert any(item is HEARTBEAT for item in items)
     assert all(item is HEARTBEAT for item in items[:-1])  # nothing visible until the end
+
+
+def test_builder_frames_feed_deltas_frame_new_events_and_keep_alive():
+    class QuietAssembler:
+        def stream(self, heartbeat_s=None):
+            assert heartbeat_s == KEEPALIVE_SECONDS
+            yield from ("a", HEARTBEAT, "b")
+
+    fed, pending = [], []
+
+    def feed(delta):
+        fed.append(delta)
+        if delta == "b":  # "a" makes no event: nothing is written for it
+            pending.append({"type": "text_delta", "text": delta})
+
+    def take_events():
+        events = list(pending)
+        pending.clear()
+        return events
+
+    frames = list(builder_frames(QuietAssembler(), feed, take_events))
+    assert fed == ["a", "b"]
+    assert frames == [KEEPALIVE,
+                      b'event: text_delta\ndata: {"type":"text_delta","text":"b"}\n\n']

@@ -20,7 +20,7 @@ from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core import fields
 from ninfer_jax.serve.anthropic.history import (
     LoweredMessages, cache_control_ttl, cache_ttl, lower_messages)
-from ninfer_jax.serve.core.generation import ToolChoice
+from ninfer_jax.serve.core.tools import ToolChoice, effective_tools
 from ninfer_jax.text.conversation import Conversation, PromptOptions, ToolSpec
 
 MAX_CACHE_BREAKPOINTS = 4
@@ -41,6 +41,7 @@ class AnthropicRequest:
     conversation: Conversation
     tools: list[ToolSpec]  # effective tools the model may call
     tool_choice: ToolChoice
+    parallel_tool_calls: bool  # False: tool_choice.disable_parallel_tool_use
     max_tokens: int | None  # None -> server default
     stream: bool = False
     temperature: float | None = None
@@ -102,34 +103,29 @@ def _parse_tools(value) -> tuple[list[ToolSpec], list[tuple[str, str]]]:
     return specs, marks
 
 
-def _tool_choice(value, tools: list[ToolSpec]) -> tuple[ToolChoice, list[ToolSpec]]:
-    """The generation ToolChoice and the tools the template offers.
+def _tool_choice(value, tools: list[ToolSpec]) -> tuple[ToolChoice, list[ToolSpec], bool]:
+    """The generation ToolChoice, the tools the template offers and whether several calls
+    may be returned (not disable_parallel_tool_use).
 
-    any / tool become forced calls (the chat path's ForcedToolCall policy: the answer opens
-    a call and the name is held to the offered tools); a named tool is the only one offered."""
+    any / tool become forced calls (the shared ForcedToolCall policy: the answer opens a
+    call and the name is held to the offered tools); a named tool is the only one offered.
+    Resolution and its errors are the shared core's (serve.core.tools)."""
     if value is None:
-        return ToolChoice("auto"), tools
+        return ToolChoice("auto"), tools, True
     value = fields.require_object(value, "tool_choice")
     kind = fields.check_enum(value.get("type"), "tool_choice.type", ("auto", "none", "any", "tool"))
+    parallel = not fields.opt_bool(value.get("disable_parallel_tool_use"),
+                                   "tool_choice.disable_parallel_tool_use")
     if kind == "none":
-        return ToolChoice("none"), []
-    if fields.opt_bool(value.get("disable_parallel_tool_use"),
-                       "tool_choice.disable_parallel_tool_use") and tools:
-        raise Unsupported("Single-call enforcement is not supported.",
-                          param="tool_choice.disable_parallel_tool_use")
-    if kind == "auto":
-        return ToolChoice("auto"), tools
-    if not tools:
-        raise InvalidRequest(f"tool_choice '{kind}' needs at least one tool.",
-                             param="tool_choice")
-    if kind == "any":
-        return ToolChoice("required", param="tool_choice"), tools
-    name = fields.require_string(value.get("name"), "tool_choice.name", non_empty=True)
-    named = [tool for tool in tools if tool.name == name]
-    if not named:
-        raise InvalidRequest(f"tool_choice names '{name}', which is not among the tools.",
-                             param="tool_choice.name")
-    return ToolChoice("required", name=name, param="tool_choice.name"), named
+        choice = ToolChoice("none")
+    elif kind == "auto":
+        choice = ToolChoice("auto")
+    elif kind == "any":
+        choice = ToolChoice("required")
+    else:
+        name = fields.require_string(value.get("name"), "tool_choice.name", non_empty=True)
+        choice = ToolChoice("required", name=name, name_param="tool_choice.name")
+    return choice, effective_tools(tools, choice), parallel
 
 
 def _thinking(value, max_tokens: int | None, default_max_tokens: int):
@@ -179,7 +175,7 @@ def _apply_cache_marks(lowered: LoweredMessages, tool_marks, request_level) -> N
 def _sampling(body: dict, request: AnthropicRequest) -> None:
     request.temperature = fields.opt_number(body.get("temperature"), "temperature", 0, 1)
     request.top_p = fields.opt_number(body.get("top_p"), "top_p", 0, 1)
-    request.top_k = fields.opt_int(body.get("top_k"), "top_k", 0, TOP_K_MAX)
+    request.top_k = fields.opt_top_k(body.get("top_k"), "top_k", TOP_K_MAX)
     stops = body.get("stop_sequences")
     if stops is not None:
         if len(fields.require_list(stops, "stop_sequences")) > MAX_STOP_SEQUENCES:
@@ -222,7 +218,7 @@ def parse_request(body, *, default_max_tokens: int, count_only: bool = False) ->
         typed_params={"enable_thinking": "thinking.type", "reasoning_effort": "output_config.effort",
                       "preserve_thinking": "preserve_thinking"})
     declared, tool_marks = _parse_tools(body.get("tools"))
-    tool_choice, tools = _tool_choice(body.get("tool_choice"), declared)
+    tool_choice, tools, parallel = _tool_choice(body.get("tool_choice"), declared)
     lowered = lower_messages(body.get("system"), body.get("messages"))
     if lowered.is_prefill and template.enable_thinking:
         raise InvalidRequest("An assistant prefill cannot start with thinking enabled.",
@@ -235,6 +231,7 @@ def parse_request(body, *, default_max_tokens: int, count_only: bool = False) ->
         enable_thinking=template.enable_thinking, preserve_thinking=template.preserve_thinking,
         reasoning_effort=template.template_effort, template_kwargs=dict(template.extra_kwargs))
     request = AnthropicRequest(model=model, tools=tools, tool_choice=tool_choice,
+                               parallel_tool_calls=parallel,
                                max_tokens=max_tokens,
                                conversation=Conversation(lowered.messages, list(tools), options),
                                thinking_budget=budget, thinking_mode=mode)

@@ -22,7 +22,7 @@ from ninfer_jax.serve.wire.disconnect import NO_PEER, PeerWatch
 from ninfer_jax.serve.core.errors import anthropic_error_body
 from ninfer_jax.serve.core.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.core.generation import render_chat
-from ninfer_jax.serve.wire.sse import KEEPALIVE, KEEPALIVE_SECONDS, sse_frame
+from ninfer_jax.serve.wire.sse import builder_frames, sse_frames
 
 log = logging.getLogger("ninfer_jax.serve.anthropic")
 
@@ -57,6 +57,7 @@ class MessagesService:
             sampling={"temperature": request.temperature, "top_p": request.top_p,
                       "top_k": request.top_k},
             stop=request.stop_sequences, tool_choice=request.tool_choice,
+            parallel_tool_calls=request.parallel_tool_calls,
             thinking_budget=request.thinking_budget,
             thinking_budget_param="thinking.budget_tokens", protocol="anthropic",
             background=request.background, draft=request.draft, stream=request.stream)
@@ -104,16 +105,10 @@ class MessagesService:
         builder, assembler = run.builder, run.assembler
         builder.start(run.prompt_tokens, run.cached_tokens)
         try:
-            yield b"".join(sse_frame(e) for e in builder.take_events())
+            yield sse_frames(builder.take_events())
             try:
-                for item in assembler.stream(heartbeat_s=KEEPALIVE_SECONDS):
-                    if item is HEARTBEAT:
-                        yield KEEPALIVE
-                        continue
-                    self._feed(run, item)
-                    events = builder.take_events()
-                    if events:
-                        yield b"".join(sse_frame(e) for e in events)
+                yield from builder_frames(assembler, lambda delta: self._feed(run, delta),
+                                          builder.take_events)
                 if assembler.error is not None:
                     builder.fail(self._error_body(run, assembler.error))
                 else:
@@ -122,7 +117,7 @@ class MessagesService:
                 log.exception("messages stream failed (request %s)", run.request_id)
                 builder.fail(self._error_body(run, InternalError(
                     "The server hit an internal error.")))
-            yield b"".join(sse_frame(e) for e in builder.take_events())
+            yield sse_frames(builder.take_events())
         finally:
             if not assembler.done:
                 run.handle.cancel()

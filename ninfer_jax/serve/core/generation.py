@@ -27,15 +27,8 @@ from ninfer_jax.serve.core.output import OutputAssembler
 from ninfer_jax.engine.policies import (EARLY_CLOSE_GUIDANCE, BlankToken, ForcedToolCall,
                                        PlainEncode, PolicyChain, ThinkingBudget)
 from ninfer_jax.text.conversation import Conversation, ToolSpec
+from ninfer_jax.serve.core.tools import ToolChoice, check_tool_format, effective_tools
 from ninfer_jax.text.tool_parsers import tool_format
-
-
-@dataclasses.dataclass(frozen=True)
-class ToolChoice:
-    mode: str = "auto"  # auto | none | required
-    name: str | None = None  # a named function: required, and the only tool offered
-    allowed: tuple[str, ...] | None = None  # allowed_tools filter (qualified names)
-    param: str = "tool_choice"
 
 
 @dataclasses.dataclass
@@ -87,31 +80,10 @@ class PreparedGeneration:
     trace: object | None = None  # serve.request_trace.RequestTrace (the request log's view)
 
 
-def _effective_tools(tools: list[ToolSpec], choice: ToolChoice) -> list[ToolSpec]:
-    if choice.mode == "none":
-        return []
-    if choice.allowed is not None:
-        declared = {t.qualified_name for t in tools}
-        for index, name in enumerate(choice.allowed):
-            if name not in declared:
-                raise InvalidRequest(f"allowed_tools names '{name}', which is not among the "
-                                     "request's tools.",
-                                     param=f"{choice.param}.allowed_tools.tools[{index}]")
-        tools = [t for t in tools if t.qualified_name in choice.allowed]
-    if choice.name is not None:
-        tools = [t for t in tools if t.qualified_name == choice.name]
-        if not tools:
-            raise InvalidRequest(f"tool_choice names '{choice.name}', which is not among "
-                                 "the request's tools.", param=choice.param)
-    if choice.mode == "required" and not tools:
-        raise InvalidRequest("tool_choice requires a tool call but no tool is offered.",
-                             param=choice.param)
-    return tools
-
-
 def render_chat(ctx: ServingContext, conversation: Conversation):
     """The prompt exactly as generation renders it; token counting calls this, so a count
     never drifts from what a generation submits."""
+    check_tool_format(ctx.tool_call_format, conversation.tools)
     return _render(ctx, _with_server_defaults(ctx, conversation, conversation.tools))
 
 
@@ -187,9 +159,7 @@ def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):
     choice = options.tool_choice
     if choice.mode != "required":
         return None
-    if fmt is None:
-        raise Unsupported("This model has no tool-call format, so a tool call cannot be "
-                          "required.", param=choice.param)
+    # effective_tools left at least one tool and check_tool_format a format: fmt is set.
     markers = ctx.reasoning_markers or (None, None)
     tokenizer = ctx.tokenizer
     return ForcedToolCall(
@@ -210,7 +180,8 @@ def prepare_chat(ctx: ServingContext, conversation: Conversation, options: Gener
 
 def _prepare_chat(ctx, conversation, options, request_id, arrival) -> PreparedGeneration:
     arrival = time.monotonic() if arrival is None else arrival
-    tools = _effective_tools(conversation.tools, options.tool_choice)
+    tools = effective_tools(conversation.tools, options.tool_choice)
+    check_tool_format(ctx.tool_call_format, tools)
     conversation = _with_server_defaults(ctx, conversation, tools)
     rendered = _render(ctx, conversation)
     markers = ctx.reasoning_markers

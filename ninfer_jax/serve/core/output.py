@@ -92,6 +92,7 @@ class OutputAssembler:
         self._stop_tokens: int | None = None  # tokens through a matched stop string
         self._content: list[str] = []
         self._reasoning: list[str] = []
+        self._warned_fallback = False
         self.finished: Finished | None = None
         self.error: NinferError | None = None
         # The request log follows every event this assembler consumes (request_trace.py).
@@ -263,9 +264,11 @@ class OutputAssembler:
         finished = self.finished
         calls = self.tool_calls()
         report = self._parser.report
-        if report.fallback_reason != "none":
-            # Only the classification: never the generated markup.
-            log.warning("request %s: tool-call markup returned as text (%s)",
+        if report.fallback_reason != "none" and not self._warned_fallback:
+            # Once per request (result() is read by the dialect and by the request trace);
+            # only the classification, never the generated markup (the spec's log rule).
+            self._warned_fallback = True
+            log.warning("request %s: a tool call was returned as text (%s)",
                         self.handle.request.request_id, report.fallback_reason)
         if self._stop_tokens is not None:
             reason = "stop"

@@ -149,10 +149,7 @@ class RequestTrace:
                  tokens["cached"], body["prefix_reuse_path"], tokens["completion"],
                  "-" if timings["ttft"] is None else f"{timings['ttft']:.3f}s",
                  timings["total"])
-        parse = body["result"]["tool_call_parse"]
-        if parse and parse["marker_seen"] and parse["fallback_reason"] != "none":
-            log.warning("request %s: a tool call was returned as text (%s)", self.request_id,
-                        parse["fallback_reason"])
+        # A tool call returned as text is warned about once, by the OutputAssembler.
 
     def _error(self, error: NinferError, when: float) -> None:
         body = records.errored(self, error, when)

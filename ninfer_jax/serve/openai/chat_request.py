@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
-from ninfer_jax.serve.core.generation import GenerationOptions, ToolChoice
+from ninfer_jax.serve.core.generation import GenerationOptions
+from ninfer_jax.serve.core.tools import ToolChoice
 from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_background,
-                                               opt_bool, opt_int, opt_number, opt_string,
+                                               opt_bool, opt_int, opt_number, opt_string, opt_top_k,
                                                require_list,
                                                require_object, require_string)
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
@@ -59,7 +60,7 @@ def max_tokens(body: dict) -> tuple[int | None, str]:
 def sampling_fields(body: dict) -> dict:
     values = {name: opt_number(body.get(name), name, *bounds)
               for name, bounds in _SAMPLING_RANGES.items()}
-    values["top_k"] = opt_int(body.get("top_k"), "top_k", 0, 20)
+    values["top_k"] = opt_top_k(body.get("top_k"), "top_k", 20)
     return {name: values[name] for name in SAMPLING_FIELDS}
 
 

@@ -24,7 +24,7 @@ from ninfer_jax.serve.responses.store import (
     ResponseStore, StoredResponse, build_record, page_items)
 from ninfer_jax.serve.core.fields import check_enum, new_id
 from ninfer_jax.serve.responses.output import ResponseBuilder, usage_object
-from ninfer_jax.serve.wire.sse import KEEPALIVE, KEEPALIVE_SECONDS, sse_frame
+from ninfer_jax.serve.wire.sse import builder_frames, sse_frames
 from ninfer_jax.serve.responses.request import (
     ResponsesRequest, build_conversation, parse_request, resolve_preserve_thinking)
 
@@ -79,6 +79,7 @@ class ResponsesService:
             max_tokens=request.max_output_tokens, max_tokens_param="max_output_tokens",
             prompt_param="input",
             sampling={"temperature": request.temperature, "top_p": request.top_p},
+            tool_choice=request.tools.choice,
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
             background=request.background_priority, draft=request.draft,
@@ -152,16 +153,10 @@ class ResponsesService:
         builder, assembler = run.builder, run.assembler
         builder.start()
         try:
-            yield b"".join(sse_frame(e) for e in builder.take_events())
+            yield sse_frames(builder.take_events())
             try:
-                for item in assembler.stream(heartbeat_s=KEEPALIVE_SECONDS):
-                    if item is HEARTBEAT:
-                        yield KEEPALIVE
-                        continue
-                    self._feed(run, [item])
-                    frames = builder.take_events()
-                    if frames:
-                        yield b"".join(sse_frame(e) for e in frames)
+                yield from builder_frames(assembler, lambda delta: self._feed(run, [delta]),
+                                          builder.take_events)
                 if assembler.error is not None:
                     builder.fail(error_object(assembler.error))
                 else:
@@ -169,7 +164,7 @@ class ResponsesService:
             except Exception:
                 log.exception("responses stream failed (response %s)", builder.response["id"])
                 builder.fail(error_object(InternalError("The server hit an internal error.")))
-            yield b"".join(sse_frame(e) for e in builder.take_events())
+            yield sse_frames(builder.take_events())
         finally:
             if not assembler.done:
                 self._cancel_and_record(run)

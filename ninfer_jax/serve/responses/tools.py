@@ -3,9 +3,11 @@
 A namespace member keeps its own `ToolSpec.namespace`; the model sees and writes the
 qualified name "namespace.name" (function names cannot contain '.', so the join is
 unambiguous) and `ToolSet.lookup` restores the separate fields for output Items.
-Everything whose semantics the engine cannot honour (strict schemas, forced or named
-choice, hosted/MCP/custom tools, deferred loading, output schemas, callers excluding
-direct calls) is rejected with the offending field.
+tool_choice required, a named function and allowed_tools in required mode force a call
+through the shared core (serve.core.tools, the engine's ForcedToolCall policy), as in the
+other dialects; parallel_tool_calls:false returns at most one call. Everything whose
+semantics the engine cannot honour (strict schemas, hosted/MCP/custom tools, deferred
+loading, output schemas, callers excluding direct calls) is rejected with the offending field.
 """
 from __future__ import annotations
 
@@ -14,15 +16,15 @@ import dataclasses
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core.fields import (
     TOOL_NAME, check_enum, opt_bool, opt_string, require_list, require_object, require_string)
+from ninfer_jax.serve.core.tools import ToolChoice, effective_tools
 from ninfer_jax.text.conversation import ToolSpec
-
 
 
 @dataclasses.dataclass
 class ToolSet:
     declared: list[ToolSpec]  # every declared function, declaration order
     effective: list[ToolSpec]  # what the model is offered after tool_choice
-    choice_mode: str  # "auto" | "none"
+    choice: ToolChoice  # the generation's tool choice (forced calls included)
     parallel_tool_calls: bool
 
     def lookup(self, qualified_name: str) -> ToolSpec | None:
@@ -103,48 +105,46 @@ def parse_tools(value, param: str = "tools") -> list[ToolSpec]:
     return specs
 
 
-def _allowed_tools(choice: dict, declared: list[ToolSpec], param: str) -> list[ToolSpec]:
+def _function_ref(ref, param: str) -> str:
+    """The qualified name of a {"type": "function", "name", "namespace"?} reference."""
+    ref = require_object(ref, param)
+    if ref.get("type") != "function":
+        raise Unsupported("Only function tools can be chosen.", param=f"{param}.type")
+    name = require_string(ref.get("name"), f"{param}.name", non_empty=True)
+    namespace = opt_string(ref.get("namespace"), f"{param}.namespace")
+    return f"{namespace}.{name}" if namespace else name
+
+
+def _allowed_tools(choice: dict, param: str) -> ToolChoice:
     mode = check_enum(choice.get("mode"), f"{param}.mode", ("auto", "required"))
-    if mode == "required":
-        raise Unsupported("allowed_tools with mode 'required' forces a call, which needs "
-                          "constrained decoding.", param=f"{param}.mode")
-    wanted = set()
-    for n, ref in enumerate(require_list(choice.get("tools"), f"{param}.tools")):
-        ref_param = f"{param}.tools[{n}]"
-        ref = require_object(ref, ref_param)
-        if ref.get("type") != "function":
-            raise Unsupported("allowed_tools may only name function tools.",
-                              param=f"{ref_param}.type")
-        name = require_string(ref.get("name"), f"{ref_param}.name", non_empty=True)
-        namespace = opt_string(ref.get("namespace"), f"{ref_param}.namespace")
-        qualified = f"{namespace}.{name}" if namespace else name
-        if not any(spec.qualified_name == qualified for spec in declared):
-            raise InvalidRequest(f"allowed_tools names undeclared tool '{qualified}'.",
-                                 param=ref_param)
-        wanted.add(qualified)
-    return [spec for spec in declared if spec.qualified_name in wanted]
+    refs = require_list(choice.get("tools"), f"{param}.tools")
+    names = tuple(_function_ref(ref, f"{param}.tools[{n}]") for n, ref in enumerate(refs))
+    return ToolChoice(mode, allowed=names, param=param,
+                      allowed_params=tuple(f"{param}.tools[{n}]" for n in range(len(refs))))
+
+
+def _choice(value, param: str) -> ToolChoice:
+    if value is None or value == "auto":
+        return ToolChoice("auto", param=param)
+    if value in ("none", "required"):
+        return ToolChoice(value, param=param)
+    if isinstance(value, dict) and value.get("type") == "allowed_tools":
+        return _allowed_tools(value, param)
+    if isinstance(value, dict) and value.get("type") == "function":
+        return ToolChoice("required", name=_function_ref(value, param), param=param,
+                          name_param=f"{param}.name")
+    if isinstance(value, dict):
+        raise Unsupported(f"tool_choice of type {value.get('type')!r} is not supported; use "
+                          "auto, none, required, a function or allowed_tools.", param=param)
+    raise InvalidRequest("'tool_choice' must be 'auto', 'none', 'required' or an object.",
+                         param=param)
 
 
 def parse_tool_choice(value, declared: list[ToolSpec], parallel,
                       param: str = "tool_choice") -> ToolSet:
-    """Resolve tool_choice and parallel_tool_calls against the declared tools."""
-    if value is None or value == "auto":
-        mode, effective = "auto", list(declared)
-    elif value == "none":
-        mode, effective = "none", []
-    elif value == "required":
-        raise Unsupported("tool_choice 'required' forces a call, which needs constrained "
-                          "decoding.", param=param)
-    elif isinstance(value, dict) and value.get("type") == "allowed_tools":
-        mode, effective = "auto", _allowed_tools(value, declared, param)
-    elif isinstance(value, dict):
-        raise Unsupported(f"tool_choice of type {value.get('type')!r} is not supported; use "
-                          "auto, none, or allowed_tools in auto mode.", param=param)
-    else:
-        raise InvalidRequest("'tool_choice' must be 'auto', 'none' or an object.", param=param)
+    """Resolve tool_choice and parallel_tool_calls against the declared tools (the shared
+    core's resolution: serve.core.tools)."""
+    choice = _choice(value, param)
+    effective = effective_tools(declared, choice)
     parallel = opt_bool(parallel, "parallel_tool_calls")
-    if parallel is False and effective:
-        raise Unsupported("parallel_tool_calls:false would need single-call enforcement; it "
-                          "is accepted only when no tool is callable.",
-                          param="parallel_tool_calls")
-    return ToolSet(list(declared), effective, mode, parallel is not False)
+    return ToolSet(list(declared), effective, choice, parallel is not False)

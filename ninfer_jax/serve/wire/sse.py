@@ -6,6 +6,10 @@ markers) into SSE bytes: `data: {...}` per chunk, `: keep-alive` for a heartbeat
 any more, so it becomes one error event (the dialect's error body) followed by [DONE].
 `on_close` always runs, also when the client disconnects (the WSGI server closes the
 generator), which is where the request is cancelled.
+
+`builder_frames(assembler, feed, take_events)` is the generation loop of the named-frame
+dialects (Responses, Anthropic): deltas go to the dialect's event builder, its new events
+leave at once, and a quiet interval becomes the same keep-alive comment.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import falcon
 
 from ninfer_jax.errors import InternalError, NinferError
 from ninfer_jax.serve.core.errors import openai_error_body
-from ninfer_jax.serve.core.output import HEARTBEAT
+from ninfer_jax.serve.core.output import HEARTBEAT, OutputAssembler
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -35,6 +39,25 @@ def sse_frame(event: dict) -> bytes:
     streams)."""
     data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
     return f"event: {event['type']}\ndata: {data}\n\n".encode()
+
+
+def sse_frames(events: Iterable[dict]) -> bytes:
+    return b"".join(sse_frame(event) for event in events)
+
+
+def builder_frames(assembler: OutputAssembler, feed: Callable[[object], None],
+                   take_events: Callable[[], list[dict]]) -> Iterator[bytes]:
+    """SSE bytes while the request generates: `feed(delta)` per delta, then the builder's
+    new events (`take_events()`) as named frames; KEEPALIVE after KEEPALIVE_SECONDS of
+    nothing visible. Ends at the terminal event (the caller renders the finish)."""
+    for item in assembler.stream(heartbeat_s=KEEPALIVE_SECONDS):
+        if item is HEARTBEAT:
+            yield KEEPALIVE
+            continue
+        feed(item)
+        events = take_events()
+        if events:
+            yield sse_frames(events)
 
 
 def openai_event_stream(chunks: Iterable, on_close: Callable[[], None],
