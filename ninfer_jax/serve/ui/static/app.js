@@ -4,6 +4,7 @@
 
 const $ = (id) => document.getElementById(id);
 const HISTORY = 120;   // samples kept per plot (two minutes at one poll a second)
+const MIN_SPAN = 30;   // the plots' x axis is at least this many samples wide
 const POLL_MS = 1000;
 const KEY_STORE = "ninfer-api-key";
 
@@ -215,14 +216,15 @@ class Plot {
       g.beginPath(); g.moveTo(left, y); g.lineTo(right, y); g.stroke();
       g.fillText(formatNumber(top_value * f), 2, y + 3);
     }
-    const dx = (right - left) / (HISTORY - 1);
+    // Fills from the left for the first MIN_SPAN samples, then scrolls up to HISTORY.
+    const span = Math.max(MIN_SPAN, ...this.data.map((points) => points.length));
+    const dx = (right - left) / (span - 1);
     this.data.forEach((points, i) => {
       if (!points.length) return;
       g.strokeStyle = this.series[i].color; g.lineWidth = 1.6; g.beginPath();
-      const x0 = right - (points.length - 1) * dx;
       points.forEach((v, j) => {
         const y = bottom - Math.min(1, v / top_value) * (bottom - top);
-        if (j) g.lineTo(x0 + j * dx, y); else g.moveTo(x0, y);
+        if (j) g.lineTo(left + j * dx, y); else g.moveTo(left, y);
       });
       g.stroke();
     });
