@@ -46,6 +46,11 @@ def test_page_and_assets_are_served_without_the_key(keyed):
     assert keyed.simulate_get("/v1/models").status_code == 401
 
 
+def test_the_host_check_covers_the_page(keyed):
+    reply = keyed.simulate_get("/", headers={"Host": "rebound.example"})
+    assert reply.status_code >= 400 and "<html" not in reply.text
+
+
 def test_only_the_packaged_files_are_served(keyed):
     for path in ("/ui/nothing.js", "/ui/..%2Froutes.py", "/ui/__init__.py", "/ui/"):
         assert keyed.simulate_get(path).status_code in (401, 404), path
