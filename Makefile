@@ -12,7 +12,7 @@ SERVE_ARGS ?=
 PYTEST_ARGS ?=
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 
-.PHONY: setup serve test test-fast fuzz soak clean-artifacts
+.PHONY: setup serve test test-fast fuzz soak ui-screenshot clean-artifacts
 
 setup: $(VENV)/.installed $(ARTIFACT)/metadata.json
 
@@ -47,6 +47,10 @@ fuzz: setup
 # The long soak (tests/reliability/test_soak.py): 2,000 mixed requests at concurrency 16.
 soak: setup
 	NINFER_SOAK_REQUESTS=2000 $(PY) -m pytest tests/reliability/test_soak.py -q -s
+
+# The browser test of the web page (tests/ui, headless /usr/bin/chromium), saving its picture.
+ui-screenshot: setup
+	NINFER_UI_SCREENSHOT=docs/images/web-ui.png $(PY) -m pytest tests/ui/test_web_page.py -q
 
 clean-artifacts:
 	rm -rf artifacts

@@ -30,6 +30,7 @@ ROUTE_MODULES = (
     "ninfer_jax.serve.observability.request_log",
     "ninfer_jax.serve.observability.capture",
     "ninfer_jax.serve.wire.openapi",
+    "ninfer_jax.serve.ui.routes",
 )
 
 

@@ -146,6 +146,9 @@ class ServeConfig:
     request_log_jsonl: str | None = option(None, type=str, path="new")
     capture_requests: str | None = option(None, type=str, path="new")
     log_stats_interval_ms: int = option(5000, min=0)
+    # serve/ui/routes.py: the chat and metrics page at / and its files under /ui/
+    no_ui: bool = option(False, "Do not serve the built-in web page (/ and /ui/...).",
+                         is_flag=True)
     log_level: str = option("info", choices=("trace", "debug", "info", "warning", "error",
                                              "critical", "off"))
     # sampling (its own fields are the options)

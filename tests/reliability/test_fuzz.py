@@ -110,7 +110,8 @@ def test_any_bytes(client, path, data):
 @given(method=st.sampled_from(["GET", "HEAD", "DELETE", "OPTIONS", "PUT", "PATCH"]),
        path=st.sampled_from(["/health", "/v1/models", "/v1/models/x", "/metrics",
                              "/v1/responses/resp_x", "/v1/responses/resp_x/input_items",
-                             "/v1/chat/completions", "/nope", "/v1/messages"]),
+                             "/v1/chat/completions", "/nope", "/v1/messages", "/",
+                             "/ui/app.js", "/ui/"]),
        suffix=st.text(st.characters(codec="ascii", categories=["L", "N"]), max_size=8))
 def test_other_methods_and_paths(client, method, path, suffix):
     reply = client.simulate_request(method, path + suffix, headers={"Host": "127.0.0.1"})

@@ -10,8 +10,9 @@ content type (415 for a POST body that is not JSON).
 - OpenAI routes answer with `x-request-id`; Anthropic routes (/v1/messages*) with `request-id`
   (their own contract). The id is also in `req.context.request_id` for logs and bodies.
 - `--api-key` (or NINFER_API_KEY, or --api-key-file): `Authorization: Bearer KEY` or
-  `x-api-key: KEY`, compared in constant time; GET/HEAD /health and CORS preflight (OPTIONS)
-  stay open.
+  `x-api-key: KEY`, compared in constant time; GET/HEAD /health, CORS preflight (OPTIONS)
+  and, unless --no-ui, the web page's GET/HEAD / and /ui/... stay open (the page holds no
+  secret: it asks its user for the key and sends it with every API call).
 - Host: a browser page on another site can reach a local server through DNS rebinding (its
   own name resolving to 127.0.0.1); such requests carry that name in Host. Allowed are IP
   literals (they cannot be rebound), localhost names, the bound host, this machine's names
@@ -134,14 +135,22 @@ def has_body(req: falcon.Request) -> bool:
 
 
 class AuthMiddleware:
-    def __init__(self, api_key: str | None):
+    def __init__(self, api_key: str | None, *, open_page: bool = False):
         self._key = api_key.encode("utf-8") if api_key else None
+        self._open_page = open_page
 
     def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
         if self._key is None or req.method == "OPTIONS" or req.path == "/health":
             return
+        if self._open_page and req.method in ("GET", "HEAD") and is_page_path(req.path):
+            return
         if not any(hmac.compare_digest(candidate, self._key) for candidate in _credentials(req)):
             raise AuthenticationFailed("Missing or invalid API key.")
+
+
+def is_page_path(path: str) -> bool:
+    """The web page's own paths (serve/ui/routes.py): its HTML and its static files."""
+    return path == "/" or path.startswith("/ui/")
 
 
 def _credentials(req: falcon.Request) -> list[bytes]:
@@ -159,7 +168,7 @@ def _credentials(req: falcon.Request) -> list[bytes]:
 def build_middleware(config) -> list:
     middleware = [RequestIdMiddleware(),
                   HostCheckMiddleware(config.host, config.allowed_hosts),
-                  AuthMiddleware(config.api_key),
+                  AuthMiddleware(config.api_key, open_page=not config.no_ui),
                   BodyLimitMiddleware(config.max_request_mib * MIB), ContentTypeMiddleware()]
     if config.cors:
         middleware.insert(0, falcon.CORSMiddleware(
