@@ -14,6 +14,7 @@ only by a copy queued after it. Engine thread only.
 """
 from __future__ import annotations
 
+import collections
 from typing import NamedTuple
 
 SAVE, LOAD, DROP = "save", "load", "drop"
@@ -48,7 +49,7 @@ class HostPagePool:
         # Slots below `_fresh` have been handed out at least once; `_released` holds those
         # free again (a budget of GiBs is millions of slots: no list of them up front).
         self._fresh = 0
-        self._released: list[int] = []
+        self._released: collections.deque[int] = collections.deque()
         self.peak_used = 0
         self.copies: list[PageCopy] = []  # queued since the last plan, in order
         self.bytes_saved = 0  # cumulative device -> host
@@ -83,7 +84,9 @@ class HostPagePool:
 
     def _take(self) -> int:
         if self._released:
-            slot = self._released.pop()
+            # The slot freed longest ago: one a load just freed is reused last, so a save
+            # rarely waits on that load (page_store.waves batches independent copies).
+            slot = self._released.popleft()
         elif self._fresh < self.capacity:
             slot, self._fresh = self._fresh, self._fresh + 1
         else:

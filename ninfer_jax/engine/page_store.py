@@ -121,6 +121,29 @@ def unpack_state(kv, slot, row):
     return [jax.tree.map(put, layer) if isinstance(layer, dict) else layer for layer in kv]
 
 
+def waves(copies) -> list[list]:
+    """`copies` grouped into waves that may run one after another, each wave's copies in any
+    order: a copy goes one wave after the last earlier copy touching its device page or its
+    host slot. A restore that reclaims as it loads queues save, load, save, load, ... (each
+    load fills the page the save before it freed); in order that is thousands of one-page
+    calls, in waves it is one wave of saves and one of loads."""
+    out: list[list] = []
+    page_wave: dict[int, int] = {}
+    slot_wave: dict[int, int] = {}
+    for copy in copies:
+        wave = slot_wave.get(copy.host_slot, -1)
+        if copy.kind != DROP:
+            wave = max(wave, page_wave.get(copy.device_page, -1))
+        wave += 1
+        if wave == len(out):
+            out.append([])
+        out[wave].append(copy)
+        slot_wave[copy.host_slot] = wave
+        if copy.kind != DROP:
+            page_wave[copy.device_page] = wave
+    return out
+
+
 def _padded(values, fill: int) -> np.ndarray:
     """`values` padded to MIN_RUN_PAGES or the next power of two: few compiled shapes."""
     size = max(MIN_RUN_PAGES, 1 << max(0, len(values) - 1).bit_length())
@@ -176,14 +199,14 @@ class HostPageStore:
         return self._unpack(kv, pages, self._pack(kv, pages))
 
     def apply(self, kv, copies):
-        """`kv` after the plan's page copies, applied in order (runs of one kind at once)."""
-        run: list = []
-        for copy in copies:
-            if run and (copy.kind != run[0].kind or len(run) == MAX_RUN_PAGES):
-                kv = self._apply_run(kv, run)
-                run = []
-            run.append(copy)
-        return self._apply_run(kv, run) if run else kv
+        """`kv` after the plan's page copies: the same result as applying them in order,
+        in few large calls (`waves`)."""
+        for wave in waves(copies):
+            for kind in (DROP, SAVE, LOAD):
+                run = [copy for copy in wave if copy.kind == kind]
+                for start in range(0, len(run), MAX_RUN_PAGES):
+                    kv = self._apply_run(kv, run[start:start + MAX_RUN_PAGES])
+        return kv
 
     def _apply_run(self, kv, run):
         kind = run[0].kind

@@ -119,6 +119,8 @@ class PrefixCache:
         each with a new reference for the caller, and the id of the last matched node.
         With `load`, spilled pages come back into fresh device pages (queued loads) while
         the device pool can give one."""
+        if load and self.host is not None:
+            self._room_for_loads(tokens, max_pages)
         pages, parent = [], ROOT
         for index in range(max_pages):
             node = self._nodes.get(self._key(tokens, index, parent))
@@ -153,9 +155,10 @@ class PrefixCache:
             num_done = index + 1
         return num_done, parent
 
-    def reclaim(self, num_pages: int, protect: _Node | None = None) -> int:
+    def reclaim(self, num_pages: int, protect: frozenset = frozenset()) -> int:
         """Evict (spill, with a host tier) lowest-ranked device leaves only the cache holds
-        until `num_pages` pages are free (or none is left); returns how many became free."""
+        until `num_pages` pages are free (or none is left); returns how many became free.
+        Nodes whose id is in `protect` (a match about to load them) stay in both tiers."""
         freed_before, held = self.pool.num_free, []
         while self.pool.num_free < num_pages and self._device_heap:
             entry = heapq.heappop(self._device_heap)
@@ -163,7 +166,7 @@ class PrefixCache:
             if (node is None or node.page is None or node.num_device_children
                     or node.rank != entry):
                 continue  # stale
-            if self.pool.refcount(node.page) > 1:
+            if self.pool.refcount(node.page) > 1 or node.node_id in protect:
                 held.append(entry)  # a sequence still reads it: keep it for later
                 continue
             if self.host is not None and self._host_room(node.keep, protect):
@@ -178,7 +181,7 @@ class PrefixCache:
         """Drop host leaves, lowest rank first, until `num_slots` host slots are free (a
         pause snapshot outranks retained history); False when that many cannot be freed."""
         while self.host.num_free < num_slots:
-            if not self._drop_host_leaf(keep=1, protect=None):
+            if not self._drop_host_leaf(keep=1, protect=frozenset()):
                 return False
         return True
 
@@ -198,11 +201,27 @@ class PrefixCache:
 
     # ------------------------------------------------------------------ tiers
 
+    def _room_for_loads(self, tokens, max_pages: int) -> None:
+        """Free the device pages a match will load its spilled nodes into, in one reclaim
+        before any load: the spills' saves then all precede the loads in the copy queue and
+        the runner moves them in two large waves (page_store.waves), where reclaiming one
+        page per load queued save, load, save, load, ... one page each."""
+        chain, parent = [], ROOT
+        for index in range(max_pages):
+            node = self._nodes.get(self._key(tokens, index, parent))
+            if node is None:
+                break
+            chain.append(node)
+            parent = node.node_id
+        short = sum(node.page is None for node in chain) - self.pool.num_free
+        if short > 0:
+            self.reclaim(short, protect=frozenset(node.node_id for node in chain))
+
     def _load(self, node: _Node) -> bool:
         """Bring a spilled node back into a fresh device page (its parent is on the device:
         the match walked it). False when the device pool has no page to give."""
         if self.pool.num_free == 0:
-            self.reclaim(1, protect=node)
+            self.reclaim(1, protect=frozenset((node.node_id,)))
         if self.pool.num_free == 0 or node.node_id not in self._by_id:
             return False
         page = self.pool.alloc(1)[0]  # the cache's reference
@@ -246,7 +265,7 @@ class PrefixCache:
             parent.num_device_children += 1  # its device-heap entries are stale now
         self._push_leaf(node)
 
-    def _host_room(self, keep: int, protect: _Node | None) -> bool:
+    def _host_room(self, keep: int, protect: frozenset) -> bool:
         """A free host slot for a spilled page of rank `keep`, dropping host leaves ranked
         no higher than it."""
         while not self.host.num_free:
@@ -254,14 +273,14 @@ class PrefixCache:
                 return False
         return True
 
-    def _drop_host_leaf(self, keep: int, protect: _Node | None) -> bool:
+    def _drop_host_leaf(self, keep: int, protect: frozenset) -> bool:
         skipped, dropped = [], False
         while self._host_heap:
             entry = heapq.heappop(self._host_heap)
             node = self._by_id.get(entry[2])
             if node is None or node.page is not None or node.children or node.rank != entry:
                 continue  # stale
-            if node is protect:
+            if node.node_id in protect:
                 skipped.append(entry)
                 continue
             if node.keep > keep:

@@ -5,8 +5,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ninfer_jax.engine.host_pages import SAVE, HostPagePool, PageCopy
-from ninfer_jax.engine.page_store import MAX_RUN_PAGES, HostPageStore, page_bytes
+from ninfer_jax.engine.host_pages import LOAD, SAVE, HostPagePool, PageCopy
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.prefix_cache import PrefixCache
+from ninfer_jax.engine.page_store import MAX_RUN_PAGES, HostPageStore, page_bytes, waves
 from ninfer_jax.kernels.paged_attention.reference import ScaledPages
 
 NUM_PAGES = 40
@@ -84,3 +86,53 @@ def test_saving_into_a_held_slot_is_an_error():
     kv = store.apply(kv, (PageCopy(SAVE, 3, 0),))
     with pytest.raises(AssertionError):
         store.apply(kv, (PageCopy(SAVE, 4, 0),))
+
+
+def random_copies(rng, host, steps=300):
+    """A random, valid queue of saves, loads and drops over NUM_PAGES device pages."""
+    held = []
+    for _ in range(steps):
+        action = rng.random()
+        if action < 0.45 and host.num_free:
+            held.append(host.save(int(rng.integers(1, NUM_PAGES))))
+        elif action < 0.8 and held:
+            host.load(held.pop(int(rng.integers(len(held)))), int(rng.integers(1, NUM_PAGES)))
+        elif held:
+            host.release(held.pop(int(rng.integers(len(held)))))
+    return host.pop_copies()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_copies_applied_in_waves_equal_copies_applied_one_by_one(seed):
+    rng = np.random.default_rng(seed)
+    copies = random_copies(rng, HostPagePool(24))
+    batched, alone = HostPageStore(), HostPageStore()
+    kv_batched = batched.apply(random_kv(seed), copies)
+    kv_alone = random_kv(seed)
+    for copy in copies:
+        kv_alone = alone.apply(kv_alone, (copy,))
+    for page in range(1, NUM_PAGES):  # DUMMY_PAGE (0) absorbs the padding's writes
+        assert same(page_of(kv_batched, page), page_of(kv_alone, page)), page
+    assert set(batched._rows) == set(alone._rows)
+    for slot, row in alone._rows.items():
+        assert np.array_equal(np.asarray(row), np.asarray(batched._rows[slot]))
+
+
+def test_a_restore_from_host_moves_its_pages_in_few_waves():
+    """Another prompt fills the device; a spilled one comes back: its match reclaims the
+    pages it needs at once, so the copies run as one wave of saves and one of loads."""
+    pool, host = PagePool(41), HostPagePool(600)
+    cache = PrefixCache(pool, page_size=2, host=host)
+    first, second = list(range(100, 180)), list(range(200, 280))
+    for tokens in (first, second):  # each fills all 40 pages; the second spills the first
+        pages = pool.alloc(40) if pool.num_free >= 40 else None
+        if pages is None:
+            cache.reclaim(40)
+            pages = pool.alloc(40)
+        cache.publish(tokens, pages, 80, (0, 0))
+        pool.release(pages)
+    host.pop_copies()
+    matched, _ = cache.match(first, 39)
+    assert len(matched) == 39
+    kinds = [sorted({c.kind for c in wave}) for wave in waves(host.pop_copies())]
+    assert kinds == [[SAVE], [LOAD]]
