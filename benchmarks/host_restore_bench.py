@@ -35,10 +35,10 @@ METRICS = ("ninfer_context_transfer_bytes_total:direction", "ninfer_host_context
 PROFILES = {
     "gpu": dict(preset="qwen3-8b", work="/tmp/hrb", prompt_tokens=32768, max_context=33792,
                 kv_capacity=34816, host_context_mib=16384, prefill_chunk=2048, rounds=3,
-                total=540.0, start_cap=300.0),
+                total=540.0, start_cap=300.0, step_shapes="all"),
     "smoke": dict(preset="qwen3-tiny", work="/tmp/hrb-smoke", prompt_tokens=1024,
                   max_context=1280, kv_capacity=1344, host_context_mib=256, prefill_chunk=256,
-                  rounds=2, total=400.0, start_cap=240.0),
+                  rounds=2, total=400.0, start_cap=240.0, step_shapes="essential"),
 }
 
 
@@ -78,6 +78,9 @@ def parse_args(argv):
     parser.add_argument("--host-context-mib", type=int)
     parser.add_argument("--prefill-chunk", type=int)
     parser.add_argument("--rounds", type=int)
+    parser.add_argument("--step-shapes", choices=("all", "essential"),
+                        help="the server's --step-shapes (GPU: all, the default users get: "
+                        "a restore's last short chunk runs at a small chunk shape)")
     parser.add_argument("--total", type=float, help="seconds for the whole call")
     parser.add_argument("--start-cap", type=float, help="seconds for the server to be ready")
     parser.add_argument("--serve-args", default="", help="more flags for `ninfer serve`")
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
                "--max-concurrency", "1", "--max-context", str(args.max_context),
                "--kv-capacity", str(args.kv_capacity), "--host-context-mib",
                str(args.host_context_mib), "--prefill-chunk", str(args.prefill_chunk),
-               "--step-shapes", "essential", *args.serve_args.split()]
+               "--step-shapes", args.step_shapes, *args.serve_args.split()]
     server = Server(command, env, os.path.join(args.out, "server.log"), url)
     start = server.start_and_wait(budget.cap(args.start_cap) or 5.0)
     results.add("start", command, ready_s=start["ready_s"], exit_rc=start["exit_rc"])

@@ -1,0 +1,14 @@
+#!/bin/bash
+# Run 27 (2026-12-03): run 26's host-restore bench with the server's default step shapes
+# (all; runs 24-26 used essential, so the restore's 16-token tail ran as a 2048-token chunk).
+# From the repository root, carry [".whl"]: bash benchmarks/results/run27/device_run27.sh
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/stages.log"
+stamp bench
+timeout 540 python3 benchmarks/host_restore_bench.py --preset qwen3-8b --out "$OUT" --total 530
+stamp "bench rc=$?"
