@@ -1,6 +1,7 @@
 #!/bin/bash
 # Run 27 (2026-12-03): run 26's host-restore bench with the server's default step shapes
-# (all; runs 24-26 used essential, so the restore's 16-token tail ran as a 2048-token chunk).
+# (all; runs 24-26 used essential, so the restore's 16-token tail ran as a 2048-token chunk),
+# and saves sent to host after the step's launch (page_store.send); then the native tests.
 # From the repository root, carry [".whl"]: bash benchmarks/results/run27/device_run27.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
@@ -10,5 +11,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/stages.log"
 stamp bench
-timeout 540 python3 benchmarks/host_restore_bench.py --preset qwen3-8b --out "$OUT" --total 530
+timeout 470 python3 benchmarks/host_restore_bench.py --preset qwen3-8b --out "$OUT" --total 460
 stamp "bench rc=$?"
+stamp pytest
+timeout $(( 575 - ($(date +%s) - t0) )) python3 -m pytest -rA -p no:cacheprovider \
+  tests/engine/test_page_store.py tests/engine/test_context_cache_exact.py tests/model/test_hybrid_engine.py -k "not default and (snapshot or exact or page or store or held or bytes or waves)" > "$OUT/pytest-gpu.log" 2>&1
+stamp "pytest rc=$? $(tail -1 "$OUT/pytest-gpu.log")"
