@@ -155,7 +155,6 @@ def _padded(values, fill: int) -> np.ndarray:
 class HostPageStore:
     def __init__(self):
         self._rows: dict[int, object] = {}  # host slot -> its packed page
-        self._unsent: list[int] = []  # slots whose row is still on the device (see send)
         self._states: dict[int, object] = {}  # ticket -> a state slot's packed row
         self._pack = jax.jit(pack_pages)
         self._unpack = jax.jit(unpack_pages, donate_argnames=("kv",))
@@ -168,29 +167,8 @@ class HostPageStore:
         """Host slots holding bytes here (equals the pool's used slots once copies apply)."""
         return len(self._rows)
 
-    def send(self) -> None:
-        """Start the device -> host copies of this plan's saves (asynchronous DMA). The
-        runner calls it after launching the step: the packed rows already hold the pages,
-        so the step and its loads' host -> device copies need not queue behind them."""
-        slots = [slot for slot in self._unsent if slot in self._rows]
-        self._unsent = []
-        if slots:
-            sent = jax.device_put([self._rows[slot] for slot in slots], self._host)
-            self._rows.update(zip(slots, sent))
-
-    def _room_to_defer(self, unsent_bytes: int) -> bool:
-        """Whether the unsent rows may stay on the device until the step is launched: at
-        most half the device memory free now (the pool takes most of it)."""
-        try:
-            stats = jax.devices()[0].memory_stats() or {}
-        except Exception:  # noqa: BLE001 - a runtime without memory statistics
-            stats = {}
-        free = stats.get("bytes_limit", 0) - stats.get("bytes_in_use", 0)
-        return unsent_bytes <= free // 2
-
     def clear(self) -> None:
         self._rows.clear()
-        self._unsent = []
         self._states.clear()
 
     def apply_state(self, kv, copy):
@@ -238,14 +216,13 @@ class HostPageStore:
             return kv
         if kind == SAVE:
             rows = self._pack(kv, _padded([c.device_page for c in run], DUMMY_PAGE))
+            rows = rows[:len(run)]
+            if self._host is not None:
+                rows = jax.device_put(rows, self._host)  # asynchronous device -> host
             for copy, row in zip(run, rows):
                 if copy.host_slot in self._rows:
                     raise AssertionError(f"host slot {copy.host_slot} saved while held")
-                self._rows[copy.host_slot] = row  # on the device until `send`
-            if self._host is not None:
-                self._unsent.extend(copy.host_slot for copy in run)
-                if not self._room_to_defer(len(self._unsent) * rows[0].nbytes):
-                    self.send()
+                self._rows[copy.host_slot] = row
             return kv
         assert kind == LOAD, kind
         rows = [self._rows.pop(copy.host_slot) for copy in run]

@@ -553,8 +553,6 @@ class JaxRunner:
             self.params, self.kv, self._prev_out, ints, floats,
             self._bias(specs, layout.sampled))
         self._prev_out = out
-        if plan.page_copies:
-            self._page_store.send()  # saves to host after the step, not before it
         # With stable buffers `out` is donated to the next step, so the host reads a copy.
         host_view = self._snapshot(out, self._zero) if self.stable_buffers else out
         return _Launched(out=host_view, plan=plan)
