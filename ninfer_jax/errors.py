@@ -1,7 +1,7 @@
 """The one typed exception hierarchy of ninfer-jax.
 
 Every failure a client can see is one of these. Each wire dialect (OpenAI, Anthropic) maps
-them to its own status code and error body in exactly one place (serve/errors.py); nothing
+them to its own status code and error body in exactly one place (serve/core/errors.py); nothing
 else builds error JSON. `status` is the HTTP status, `code` a stable machine-readable string,
 `param` the offending request field (dotted path) when there is one.
 """

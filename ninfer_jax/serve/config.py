@@ -50,7 +50,8 @@ class SamplingOverrides:
 
     temperature: float | None = option(None, type=float, min=0, max=2)
     top_p: float | None = option(None, type=float, min=0, max=1)
-    top_k: int | None = option(None, "-1 or 0 disables top-k filtering", type=int, min=-1, max=20)
+    top_k: int | None = option(None, "Zero or below disables top-k filtering.", type=int,
+                               max=20)
     min_p: float | None = option(None, type=float, min=0, max=1)
     presence_penalty: float | None = option(None, type=float, min=-2, max=2)
     frequency_penalty: float | None = option(None, type=float, min=-2, max=2)

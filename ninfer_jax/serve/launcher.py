@@ -194,7 +194,7 @@ class NinferApplication(BaseApplication):
             close_logs(self.ctx)
 
     def abort_in_flight(self) -> int:
-        # Called by the stopping worker (serve/http_worker.py) after --shutdown-timeout.
+        # Called by the stopping worker (serve/wire/http_worker.py) after --shutdown-timeout.
         return self.ctx.in_flight.abort_all() if self.ctx is not None else 0
 
     def run(self) -> None:
@@ -278,7 +278,7 @@ def _serve(config: ServeConfig) -> None:
     try:
         core.wait_listening()
         if config.http_workers > 1:
-            # Read by prometheus_client when a worker first imports it (serve/metrics.py).
+            # Read by prometheus_client when a worker first imports it (serve/observability/metrics.py).
             os.environ["PROMETHEUS_MULTIPROC_DIR"] = os.path.join(run_dir, "metrics")
             os.mkdir(os.environ["PROMETHEUS_MULTIPROC_DIR"])
         NinferApplication(config, core).run()

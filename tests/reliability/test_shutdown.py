@@ -1,4 +1,4 @@
-"""Graceful stop (serve/http_worker.py, serve/shutdown.py): SIGTERM and SIGINT refuse new
+"""Graceful stop (serve/wire/http_worker.py, serve/wire/shutdown.py): SIGTERM and SIGINT refuse new
 clients at once, let in-flight requests finish for --shutdown-timeout, end the rest with an
 error event, write every request's end record, and exit 0."""
 import json

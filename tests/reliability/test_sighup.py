@@ -1,4 +1,4 @@
-"""SIGHUP (serve/http_worker.py): ignored by the master and the workers, so a hang-up or a
+"""SIGHUP (serve/wire/http_worker.py): ignored by the master and the workers, so a hang-up or a
 stray `kill -HUP` cuts no stream and the server keeps answering."""
 import signal
 import time

@@ -155,7 +155,7 @@ def test_assistant_block_order():
      ("tool_choice.name", "invalid_request")),
     ({"tool_choice": {"type": "auto", "disable_parallel_tool_use": "yes"}, "tools": [TOOL]},
      ("tool_choice.disable_parallel_tool_use", "invalid_request")),
-    ({"top_k": -2}, ("top_k", "invalid_request")),
+    ({"top_k": 21}, ("top_k", "invalid_request")),
     ({"tools": [{**TOOL, "strict": True}]}, ("tools[0].strict", "unsupported_parameter")),
     ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]},
      ("tools[0].type", "unsupported_parameter")),

@@ -1,4 +1,4 @@
-"""The guards in front of every route (serve/http.py): Host check, JSON content type, auth
+"""The guards in front of every route (serve/wire/http.py): Host check, JSON content type, auth
 before the size check, HEAD /health; and the cheap refusals of oversized prompts."""
 import json
 import time

@@ -68,11 +68,12 @@ def test_bounds_and_choices_come_from_the_declarations():
         assert result.exit_code == 2, (args, result.output)
 
 
-def test_top_k_flag_takes_minus_one_as_disabled_and_refuses_below():
+def test_top_k_flag_takes_zero_or_below_as_disabled_and_refuses_past_the_cap():
     from ninfer_jax.cli.serve import serve
 
-    # -1 reaches the engine as is: SamplingParams reads any top_k <= 0 as no top-k filter.
-    assert parse_serve_args("a.ninfer", ["--top-k", "-1"]).sampling.top_k == -1
-    result = CliRunner().invoke(serve, ["a.ninfer", "--top-k", "-2"],
+    # Reaches the engine as is: SamplingParams reads any top_k <= 0 as no top-k filter.
+    for value in (-1, -7):
+        assert parse_serve_args("a.ninfer", ["--top-k", str(value)]).sampling.top_k == value
+    result = CliRunner().invoke(serve, ["a.ninfer", "--top-k", "21"],
                                 env={"NINFER_API_KEY": ""})
     assert result.exit_code != 0 and "--top-k" in result.output

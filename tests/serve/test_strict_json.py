@@ -1,4 +1,4 @@
-"""Strict request JSON on every POST route (serve/json_body.py): lone surrogates, NaN and
+"""Strict request JSON on every POST route (serve/wire/json_body.py): lone surrogates, NaN and
 Infinity, and deep nesting are 400s naming the field, in each dialect's error shape; chunked
 bodies are read whole."""
 import io

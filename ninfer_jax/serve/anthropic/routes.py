@@ -1,7 +1,7 @@
-"""The Anthropic Messages routes (Falcon resources over anthropic_service).
+"""The Anthropic Messages routes (Falcon resources over anthropic/service.py).
 
 POST /v1/messages (aggregate or SSE) and POST /v1/messages/count_tokens. Errors use the
-Anthropic body and status mapping of serve/errors.py (529 overload, 504 queue timeout);
+Anthropic body and status mapping of serve/core/errors.py (529 overload, 504 queue timeout);
 the `request-id` header comes from the shared request-id middleware.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Anthropic Messages flows: create (aggregate or SSE) and count_tokens.
 
-HTTP-framework free, like responses_service. A create request is parsed, rendered and
+HTTP-framework free, like responses/service.py. A create request is parsed, rendered and
 submitted synchronously and then waits for admission (generation.start, shared by every
 dialect), so overload (529) and queue timeout
 (504) remain HTTP errors; the stream opens with message_start only once admission has fixed

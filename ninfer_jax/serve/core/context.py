@@ -41,7 +41,7 @@ class ServingContext:
     started_at: float = dataclasses.field(default_factory=time.time)
     # Services other helpers attach (request log, metrics); None when not configured.
     extras: dict = dataclasses.field(default_factory=dict)
-    # The requests a stopping worker ends after --shutdown-timeout (serve/shutdown.py).
+    # The requests a stopping worker ends after --shutdown-timeout (serve/wire/shutdown.py).
     in_flight: InFlight = dataclasses.field(default_factory=InFlight)
 
     @property

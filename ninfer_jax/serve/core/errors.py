@@ -64,7 +64,7 @@ def render_error(req: falcon.Request, resp: falcon.Response, error: errors.Ninfe
     request_id = getattr(req.context, "request_id", None)
     if is_anthropic_path(req.path):
         resp.status = anthropic_status(error)
-        # The same spelling as the request-id header (serve/http.py).
+        # The same spelling as the request-id header (serve/wire/http.py).
         body = anthropic_error_body(error, f"req_{request_id}" if request_id else None)
     else:
         resp.status = error.status

@@ -109,16 +109,13 @@ def opt_int(value, param: str, low: int | None = None, high: int | None = None) 
     return value
 
 
-# top_k -1 and 0 both mean "no top-k filter" (vLLM and the OpenAI-compatible servers send -1);
-# the engine reads any top_k <= 0 as disabled (engine.request.SamplingParams).
-TOP_K_DISABLED = (-1, 0)
-
-
 def opt_top_k(value, param: str, high: int) -> int | None:
-    """A top_k in [-1, high]; -1 is normalised to 0 (disabled), so a disabled request
-    still overrides a model preset's top_k."""
-    top_k = opt_int(value, param, TOP_K_DISABLED[0], high)
-    return 0 if top_k in TOP_K_DISABLED else top_k
+    """A top_k of at most `high`; zero or below means "no top-k filter" (tensorfold-
+    serving.md; vLLM and the OpenAI-compatible servers send -1) and is normalised to 0, so
+    a disabled request still overrides a model preset's top_k (the engine reads any
+    top_k <= 0 as disabled: engine.request.SamplingParams)."""
+    top_k = opt_int(value, param, None, high)
+    return None if top_k is None else max(0, top_k)
 
 
 def check_enum(value, param: str, allowed) -> Any:

@@ -51,8 +51,8 @@ class GenerationOptions:
     # prompt_cache_options.mode implicit (True): the engine writes every full page; explicit
     # (False): only up to the request's cache breakpoints.
     implicit_cache: bool = True
-    background: bool = False  # the request's `priority` (responses_fields.is_background)
-    draft: bool = True  # the request's `draft` (responses_fields.allows_draft)
+    background: bool = False  # the request's `priority` (responses/request.py)
+    draft: bool = True  # the request's `draft` (responses/request.py)
     stream: bool = False  # recorded in the request log only
 
 

@@ -4,7 +4,7 @@ request id, so a run can be replayed later (`ninfer replay`).
 Off by default: bodies hold user data (prompts, tool arguments). Only the body is kept,
 never a header, so the API key is not captured. A Falcon middleware, added after the auth
 middleware (unauthenticated requests are not captured), reads the body of a POST to a
-generation route before its resource runs (serve/json_body.py's strict rules: what it
+generation route before its resource runs (serve/wire/json_body.py's strict rules: what it
 refuses is not captured, and the resource answers the 400), records it, and leaves the parsed
 body for the resource. Lines carry the same `request_id` as the request log, so a capture joins its
 request_done record (the client sees it in `x-request-id`, or as `req_<id>` in the Anthropic

@@ -1,4 +1,4 @@
-"""The OpenAI Responses Core routes (Falcon resources over responses_service).
+"""The OpenAI Responses Core routes (Falcon resources over responses/service.py).
 
 POST /v1/responses (JSON or SSE), POST /v1/responses/input_tokens, GET and DELETE
 /v1/responses/{id}, GET /v1/responses/{id}/input_items, and the two explicit refusals:

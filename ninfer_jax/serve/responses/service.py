@@ -1,6 +1,6 @@
 """The Responses Core flows: create (aggregate or SSE), input token count, store access.
 
-HTTP-framework free: the Falcon resources in openai_responses.py call these methods with a
+HTTP-framework free: the Falcon resources in responses/routes.py call these methods with a
 parsed JSON body and a request id. A create request is prepared (parsed, parent context
 joined, rendered, submitted) synchronously and waits for admission (generation.start, the
 path every dialect shares), so a queue timeout or overload is still an ordinary HTTP error,

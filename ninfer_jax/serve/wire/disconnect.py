@@ -29,7 +29,7 @@ _PEEK_FLAGS = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
 class ClientGone(Exception):
     """The client closed its connection before its reply started; the request was cancelled.
 
-    Raised on an HTTP thread only; serve/errors.py answers it with an empty 499 that no one
+    Raised on an HTTP thread only; serve/core/errors.py answers it with an empty 499 that no one
     reads (the connection is closed), logged at info level rather than as a failure."""
 
 

@@ -1,5 +1,5 @@
 """HTTP plumbing shared by every route: request ids, Host check, API-key auth, body limits and
-content types; bodies themselves are read by serve/json_body.py.
+content types; bodies themselves are read by serve/wire/json_body.py.
 
 Middleware order matters: the request id is assigned first so that every response, errors
 included (Falcon runs process_response after error handlers), carries it; then the Host

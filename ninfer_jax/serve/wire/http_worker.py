@@ -9,7 +9,7 @@ connection only once the whole head is in (or the head is refused):
 - a head must arrive within `header_timeout_s` of the connection (or of the previous reply
   on a kept-alive one): 408, connection closed; a head over MAX_HEAD_BYTES is 431;
 - in the thread the socket has a `read_timeout_s` timeout, so a body that stalls ends in a
-  408 (serve/json_body.py) and a client that stops reading its reply is cut off, logged in
+  408 (serve/wire/json_body.py) and a client that stops reading its reply is cut off, logged in
   one line, not with a traceback;
 - at most `max_connections` connections per worker are open, whatever the thread count;
   past it the worker stops accepting, and new clients wait in the listen backlog.
@@ -17,7 +17,7 @@ connection only once the whole head is in (or the head is refused):
 Stopping (SIGTERM, and SIGINT too, which gunicorn treats as "quit now"): the worker closes
 its listening sockets (new clients are refused, not parked), lets in-flight requests run for
 `shutdown_timeout_s`, then asks the application to end the rest (`abort_in_flight`, see
-serve/shutdown.py) and exits once their threads are done.
+serve/wire/shutdown.py) and exits once their threads are done.
 
 Threading: the head buffers belong to the event-loop thread; a connection is in exactly one
 of gthread's places at a time (heading here, a thread, kept alive, closed).
@@ -52,10 +52,12 @@ _CUT_OFF_ERRNOS = (errno.ETIMEDOUT, errno.EPIPE, errno.ECONNRESET, errno.ENOTCON
 
 @dataclasses.dataclass(frozen=True)
 class ConnectionLimits:
-    header_timeout_s: float = 10.0
-    read_timeout_s: float = 30.0
-    max_connections: int = 1000
-    shutdown_timeout_s: float = 30.0
+    """The server's --header-timeout, --read-timeout, --max-connections and
+    --shutdown-timeout (declared once, in serve/config.py)."""
+    header_timeout_s: float
+    read_timeout_s: float
+    max_connections: int
+    shutdown_timeout_s: float
 
 
 class _Conn(TConn):
@@ -75,7 +77,7 @@ class _Conn(TConn):
 
 
 class GuardedThreadWorker(ThreadWorker):
-    limits = ConnectionLimits()  # set per server by `worker_class`
+    limits: ConnectionLimits  # set per server by `worker_class`
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

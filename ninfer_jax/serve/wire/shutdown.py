@@ -1,6 +1,6 @@
 """What a stopping HTTP worker does with the requests it still serves.
 
-On SIGTERM or SIGINT the worker (serve/http_worker.py) stops accepting and closes its
+On SIGTERM or SIGINT the worker (serve/wire/http_worker.py) stops accepting and closes its
 listening sockets, so new clients are refused at once rather than left in a backlog; the
 requests in flight may finish for `--shutdown-timeout` seconds. Whatever still runs then is
 ended by `InFlight.abort_all`: each request is cancelled in the engine and its reply gets a
