@@ -2,7 +2,8 @@
 fake-model harness: what `ninfer serve` runs, minus the engine-core process and JAX.
 
 Run as `python fake_server.py ARTIFACT OPTIONS_JSON`: OPTIONS_JSON holds ServeConfig fields
-(port included) plus the harness's own (decode_sleep, scripts: {key: text}). It logs to
+(port included) plus the harness's own (decode_sleep, max_context, engine_options: {lanes,
+pending, host_mib}; scripts: {key: text}). It logs to
 stderr like the real launcher; the test talks to it over TCP.
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ninfer_jax.artifact.format import load_artifact  # noqa: E402
 from ninfer_jax.serve.config import ServeConfig  # noqa: E402
 from ninfer_jax.serve.launcher import NinferApplication  # noqa: E402
 
-HARNESS_OPTIONS = ("decode_sleep", "max_context")
+HARNESS_OPTIONS = ("decode_sleep", "max_context", "engine_options")
 
 
 class _NoCore:

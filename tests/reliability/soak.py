@@ -1,6 +1,6 @@
 """A bounded soak of a running server: mixed dialects at a fixed concurrency, a share of
 client aborts mid-stream, then the books: no 5xx, one terminal request-log record per
-request, no lane or KV page left held, worker memory flat.
+request, no lane, KV page or host-tier slot left held, worker memory flat.
 
 `run_soak(url, ...)` drives the load and returns a `SoakReport`; tests/reliability/
 test_soak.py runs a short one in CI (300 requests) and `make soak` a long one
@@ -110,10 +110,16 @@ def engine_gauges(url: str) -> dict[str, float]:
 
 
 def is_idle(url: str) -> bool:
+    """Nothing running, waiting or paused, and no KV page or host-tier slot held beyond what
+    the prefix cache keeps (device pages and spilled host pages)."""
     gauges = engine_gauges(url)
     return (gauges.get("ninfer_requests_running", 0) == 0
+            and gauges.get("ninfer_requests_waiting", 0) == 0
+            and gauges.get("ninfer_requests_paused", 0) == 0
             and gauges.get("ninfer_device_kv_used_pages", 0)
-            == gauges.get("ninfer_device_kv_cached_pages", 0))
+            == gauges.get("ninfer_device_kv_cached_pages", 0)
+            and gauges.get("ninfer_host_context_used_bytes", 0)
+            == gauges.get("ninfer_host_context_cached_bytes", 0))
 
 
 def rss_bytes(pid: int) -> int:

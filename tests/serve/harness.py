@@ -97,10 +97,12 @@ def build_harness(artifact, tokenizer=None, *, chat_format=None, template=None, 
     serve_config = ServeConfig(artifact=str(artifact.path), max_context=max_context, **config)
     tokenizer = tokenizer or artifact.load_tokenizer()
     book = ScriptBook(tokenizer, tokenizer.eos_ids[0])
-    runner = FakeRunner(num_pages=4 * max_context // 16 + 2, page_size=16, max_batch=8,
+    options = engine_options or {}
+    # kv_pages: a smaller KV pool (pressure pauses); the default holds 4 full contexts.
+    num_pages = options.get("kv_pages", 4 * max_context // 16 + 2)
+    runner = FakeRunner(num_pages=num_pages, page_size=16, max_batch=8,
                         vocab_size=tokenizer.vocab_size, next_token=book,
                         decode_sleep=decode_sleep)
-    options = engine_options or {}
     engine_config = EngineConfig(max_concurrency=options.get("lanes", 4),
                                  max_pending=options.get("pending", 16),
                                  max_context=max_context, kv_capacity=4 * max_context,
