@@ -3,8 +3,8 @@ fake-model harness: what `ninfer serve` runs, minus the engine-core process and 
 
 Run as `python fake_server.py ARTIFACT OPTIONS_JSON`: OPTIONS_JSON holds ServeConfig fields
 (port included) plus the harness's own (decode_sleep, max_context, engine_options: {lanes,
-pending, host_mib}; scripts: {key: text}). It logs to
-stderr like the real launcher; the test talks to it over TCP.
+pending, host_mib, kv_pages}; scripts: {key: text}). It logs to stderr like the real
+launcher; the test talks to it over TCP.
 """
 from __future__ import annotations
 
