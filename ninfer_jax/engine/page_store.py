@@ -63,62 +63,50 @@ def state_bytes(kv_spec) -> int:
     return sum(_leaf_page_bytes(leaf) for leaf in _state_leaves(kv_spec))
 
 
-def _as_bytes(values):
-    """[n, ...] of any dtype -> [n, bytes] uint8 (a bitcast: no rounding)."""
-    n = values.shape[0]
-    if values.dtype.itemsize == 1:
-        return jax.lax.bitcast_convert_type(values, jnp.uint8).reshape(n, -1)
-    return jax.lax.bitcast_convert_type(values.reshape(n, -1), jnp.uint8).reshape(n, -1)
+def _pack(leaves, index):
+    """[n, bytes] uint8: entries `index` (axis 0) of every leaf, bitcast (no rounding) and
+    laid side by side in leaf order."""
+    n = index.shape[0]
+    return jnp.concatenate([jax.lax.bitcast_convert_type(leaf[index].reshape(n, -1), jnp.uint8)
+                            .reshape(n, -1) for leaf in leaves], axis=1)
 
 
-def _from_bytes(raw, like):
-    """[n, bytes] uint8 -> [n, *like.shape[1:]] of like.dtype (the inverse of _as_bytes)."""
-    n, shape, size = raw.shape[0], like.shape[1:], like.dtype.itemsize
-    if size == 1:
-        return jax.lax.bitcast_convert_type(raw, like.dtype).reshape(n, *shape)
-    return jax.lax.bitcast_convert_type(raw.reshape(n, -1, size), like.dtype).reshape(n, *shape)
+def _unpack(kv, kind: type, index, packed):
+    """The caches with `packed` (a _pack of the layers of type `kind`) written back into
+    entries `index` of those layers' leaves; the other layers untouched."""
+    offset = 0
+
+    def put(leaf):
+        nonlocal offset
+        width, size = _leaf_page_bytes(leaf), leaf.dtype.itemsize
+        raw = packed[:, offset:offset + width].reshape(packed.shape[0], -1, size)
+        offset += width
+        values = jax.lax.bitcast_convert_type(raw, leaf.dtype)
+        return leaf.at[index].set(values.reshape(packed.shape[0], *leaf.shape[1:]))
+
+    # Leaf order as in _paged_leaves / _state_leaves: layers in order, tree leaves within.
+    return [jax.tree.map(put, layer) if isinstance(layer, kind) else layer for layer in kv]
 
 
 def pack_pages(kv, pages):
     """One uint8 row per entry of `pages`: that page's bytes in every attention layer."""
-    packed = jnp.concatenate([_as_bytes(leaf[pages]) for leaf in _paged_leaves(kv)], axis=1)
+    packed = _pack(_paged_leaves(kv), pages)
     return tuple(packed[i] for i in range(pages.shape[0]))
 
 
 def unpack_pages(kv, pages, rows):
     """The caches with each row of `rows` unpacked into the matching entry of `pages`."""
-    packed = jnp.stack(rows)
-    offset = 0
-
-    def put(cache):
-        nonlocal offset
-        width = _leaf_page_bytes(cache)
-        values = _from_bytes(packed[:, offset:offset + width], cache)
-        offset += width
-        return cache.at[pages].set(values)
-
-    # The same leaf order as pack_pages: layers in order, tree leaves within a layer.
-    return [jax.tree.map(put, layer) if isinstance(layer, tuple) else layer for layer in kv]
+    return _unpack(kv, tuple, pages, jnp.stack(rows))
 
 
 def pack_state(kv, slot):
     """State slot `slot` of every state layer as one uint8 row (state layers are slot-major)."""
-    return jnp.concatenate([_as_bytes(leaf[slot][None]) for leaf in _state_leaves(kv)],
-                           axis=1)[0]
+    return _pack(_state_leaves(kv), slot[None])[0]
 
 
 def unpack_state(kv, slot, row):
     """The caches with `row` (a pack_state row) unpacked into state slot `slot`."""
-    offset = 0
-
-    def put(state):
-        nonlocal offset
-        width = _leaf_page_bytes(state)
-        values = _from_bytes(row[None, offset:offset + width], state)[0]
-        offset += width
-        return state.at[slot].set(values)
-
-    return [jax.tree.map(put, layer) if isinstance(layer, dict) else layer for layer in kv]
+    return _unpack(kv, dict, slot[None], row[None])
 
 
 def waves(copies) -> list[list]:
