@@ -227,34 +227,27 @@ class QwenXmlFormat(_Format):
     call_prefix = OPENER + "\n" + _FUNCTION_OPEN
     name_terminator = ">"
 
+    call_close = _FUNCTION_CLOSE  # after the last parameter
+
     def scan_call(self, text: str, pos: int, final: bool) -> Scan:
-        pos = _expect(text, skip_ws(text, pos + len(OPENER)), _FUNCTION_OPEN, final)
-        if isinstance(pos, Scan):
-            return pos
-        named = _read_tag_name(text, pos, final)
+        """The call at `pos` (its opener): name, parameters up to `call_close`, then the
+        format's end of call; the same checks on the name and parameters in every XML form."""
+        named = self._scan_name(text, pos, final)
         if isinstance(named, Scan):
             return named
         name, pos = named
         raw_params: list[tuple[str, str]] = []
         while True:
             pos = skip_ws(text, pos)
-            if text.startswith(_FUNCTION_CLOSE, pos):
-                pos += len(_FUNCTION_CLOSE)
+            if text.startswith(self.call_close, pos):
+                pos += len(self.call_close)
                 break
-            if not text.startswith(_PARAM_OPEN, pos):
-                rest = text[pos:]
-                maybe = _PARAM_OPEN.startswith(rest) or _FUNCTION_CLOSE.startswith(rest)
-                return _INCOMPLETE if maybe and not final else _invalid()
-            param = _read_tag_name(text, pos + len(_PARAM_OPEN), final)
+            param = self._scan_param(text, pos, final)
             if isinstance(param, Scan):
                 return param
-            param_name, value_start = param
-            span = _parameter_value_end(text, value_start, final)
-            if isinstance(span, Scan):
-                return span
-            value_end, pos = span
-            raw_params.append((param_name, _trim_framing_newlines(text[value_start:value_end])))
-        after = _expect(text, skip_ws(text, pos), CLOSER, final)
+            param_name, value, pos = param
+            raw_params.append((param_name, value))
+        after = self._scan_end(text, pos, final)
         if isinstance(after, Scan):
             return after
         problem = _identity_problem(name, self.tools)
@@ -264,6 +257,31 @@ class QwenXmlFormat(_Format):
         if len(set(names)) != len(names):
             return _invalid(DUPLICATE_PARAMETER)
         return Scan(COMPLETE, after, self._typed_call(name, raw_params))
+
+    def _scan_name(self, text: str, pos: int, final: bool) -> tuple[str, int] | Scan:
+        pos = _expect(text, skip_ws(text, pos + len(OPENER)), _FUNCTION_OPEN, final)
+        if isinstance(pos, Scan):
+            return pos
+        return _read_tag_name(text, pos, final)
+
+    def _scan_param(self, text: str, pos: int, final: bool) -> tuple[str, str, int] | Scan:
+        """(name, raw value, position after it) of the parameter at `pos`."""
+        if not text.startswith(_PARAM_OPEN, pos):
+            rest = text[pos:]
+            maybe = _PARAM_OPEN.startswith(rest) or _FUNCTION_CLOSE.startswith(rest)
+            return _INCOMPLETE if maybe and not final else _invalid()
+        param = _read_tag_name(text, pos + len(_PARAM_OPEN), final)
+        if isinstance(param, Scan):
+            return param
+        param_name, value_start = param
+        span = _parameter_value_end(text, value_start, final)
+        if isinstance(span, Scan):
+            return span
+        value_end, pos = span
+        return param_name, _trim_framing_newlines(text[value_start:value_end]), pos
+
+    def _scan_end(self, text: str, pos: int, final: bool) -> int | Scan:
+        return _expect(text, skip_ws(text, pos), CLOSER, final)
 
     def _typed_call(self, name: str, raw_params: list[tuple[str, str]]) -> ParsedCall:
         schema = self.tools[name].parameters
@@ -317,42 +335,32 @@ class GlmXmlFormat(QwenXmlFormat):
     call_prefix = OPENER
     name_terminator = "\n"
 
-    def scan_call(self, text: str, pos: int, final: bool) -> Scan:
-        named = _glm_name(text, pos + len(OPENER), final)
-        if isinstance(named, Scan):
-            return named
-        name, pos = named
-        raw_params: list[tuple[str, str]] = []
-        while True:
-            pos = skip_ws(text, pos)
-            if text.startswith(CLOSER, pos):
-                pos += len(CLOSER)
-                break
-            key_start = _expect(text, pos, _KEY_OPEN, final)
-            if isinstance(key_start, Scan):
-                maybe = not final and CLOSER.startswith(text[pos:])
-                return _INCOMPLETE if maybe else key_start
-            key_end = text.find(_KEY_CLOSE, key_start)
-            if key_end < 0:
-                tag = text.find("<", key_start)
-                maybe = tag < 0 or _KEY_CLOSE.startswith(text[tag:])
-                return _INCOMPLETE if maybe and not final else _invalid()
-            value_start = _expect(text, skip_ws(text, key_end + len(_KEY_CLOSE)), _VALUE_OPEN,
-                                  final)
-            if isinstance(value_start, Scan):
-                return value_start
-            span = _glm_value_end(text, value_start, final)
-            if isinstance(span, Scan):
-                return span
-            value_end, pos = span
-            raw_params.append((text[key_start:key_end].strip(), text[value_start:value_end]))
-        problem = _identity_problem(name, self.tools)
-        if problem:
-            return _invalid(problem)
-        names = [param_name for param_name, _ in raw_params]
-        if len(set(names)) != len(names):
-            return _invalid(DUPLICATE_PARAMETER)
-        return Scan(COMPLETE, pos, self._typed_call(name, raw_params))
+    call_close = CLOSER  # the parameters end with the call itself
+
+    def _scan_name(self, text: str, pos: int, final: bool) -> tuple[str, int] | Scan:
+        return _glm_name(text, pos + len(OPENER), final)
+
+    def _scan_param(self, text: str, pos: int, final: bool) -> tuple[str, str, int] | Scan:
+        key_start = _expect(text, pos, _KEY_OPEN, final)
+        if isinstance(key_start, Scan):
+            maybe = not final and CLOSER.startswith(text[pos:])
+            return _INCOMPLETE if maybe else key_start
+        key_end = text.find(_KEY_CLOSE, key_start)
+        if key_end < 0:
+            tag = text.find("<", key_start)
+            maybe = tag < 0 or _KEY_CLOSE.startswith(text[tag:])
+            return _INCOMPLETE if maybe and not final else _invalid()
+        value_start = _expect(text, skip_ws(text, key_end + len(_KEY_CLOSE)), _VALUE_OPEN, final)
+        if isinstance(value_start, Scan):
+            return value_start
+        span = _glm_value_end(text, value_start, final)
+        if isinstance(span, Scan):
+            return span
+        value_end, pos = span
+        return text[key_start:key_end].strip(), text[value_start:value_end], pos
+
+    def _scan_end(self, text: str, pos: int, final: bool) -> int | Scan:
+        return pos  # call_close was the call's closer
 
 
 FORMATS = {"hermes": HermesFormat, "qwen_xml": QwenXmlFormat, "glm_xml": GlmXmlFormat}

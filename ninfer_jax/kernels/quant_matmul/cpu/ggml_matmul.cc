@@ -153,7 +153,7 @@ __attribute__((target("f16c"))) inline BlockView view_f16c(const uint8_t* blk, i
   return v;
 }
 
-// ------------------------------------------------------------------------------- AVX2
+// ------------------------------------------------------------------ AVX2 and AVX-512 VNNI
 // 32 weight codes of a block as bytes (Q8_0 signed, Q4 nibbles 0..15 unsigned).
 __attribute__((target("avx2,fma"))) inline __m256i codes_avx2(const uint8_t* qs, int32_t fmt) {
   if (fmt == kQ8_0) return _mm256_loadu_si256((const __m256i*)qs);
@@ -163,17 +163,24 @@ __attribute__((target("avx2,fma"))) inline __m256i codes_avx2(const uint8_t* qs,
   return _mm256_set_m128i(hi, lo);
 }
 
-// sum over 32 lanes of w*x as 8 int32 lanes (w unsigned 0..15, or signed for Q8_0)
-__attribute__((target("avx2,fma"))) inline __m256i dot_avx2(__m256i w, __m256i x, bool signed_w) {
-  __m256i prod;
-  if (signed_w) {
-    __m256i aw = _mm256_sign_epi8(w, w);
-    __m256i sx = _mm256_sign_epi8(x, w);
-    prod = _mm256_maddubs_epi16(aw, sx);
-  } else {
-    prod = _mm256_maddubs_epi16(w, x);
-  }
-  return _mm256_madd_epi16(prod, _mm256_set1_epi16(1));
+// Q8_0's codes are signed but both byte dots take unsigned x signed: the sign trick moves the
+// weight's sign onto the activation (|w| * sign(x, w) = w * x).
+__attribute__((target("avx2,fma"))) inline __m256i unsigned_codes(__m256i codes, bool signed_w) {
+  return signed_w ? _mm256_sign_epi8(codes, codes) : codes;
+}
+
+// sum over 32 lanes of u*s as 8 int32 lanes (u unsigned bytes, s signed bytes)
+__attribute__((target("avx2,fma"))) inline __m256i dot_maddubs(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// The same sum in one AVX-512 VNNI instruction. Written as assembly so that the row loop keeps
+// its AVX2 target: a target attribute cannot depend on a template parameter, and an AVX-512
+// target would let the compiler emit AVX-512 anywhere in the AVX2 instantiation.
+__attribute__((target("avx2,fma"))) inline __m256i dot_vnni(__m256i u, __m256i s) {
+  __m256i acc = _mm256_setzero_si256();
+  asm("vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(u), "x"(s));
+  return acc;
 }
 
 __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
@@ -185,9 +192,11 @@ __attribute__((target("avx2,fma"))) inline float hsum_avx2(__m256 v) {
 
 constexpr int kTile = 4;  // activation rows sharing one unpacked weight block
 
+// Both x86 paths: kVnni picks the inner byte dot (run only where pick_path saw avx512vnni).
+template <bool kVnni>
 __attribute__((target("avx2,fma,f16c")))
-void rows_avx2(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
-               int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+void rows_x86(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
+              int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
   const int bb = block_bytes(fmt);
   const bool signed_w = fmt == kQ8_0;
   for (int64_t n = n0; n < n1; ++n) {
@@ -200,46 +209,15 @@ void rows_avx2(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int
       for (int64_t b = 0; b < nb; ++b) {
         BlockView v = view_f16c(row + b * bb, fmt);
         __m256i codes = codes_avx2(v.qs, fmt);
-        for (int t = 0; t < tile; ++t) {
-          const QRow& x = xs[m0 + t];
-          __m256i qx = _mm256_loadu_si256((const __m256i*)(x.q + b * kBlock));
-          __m256 sums = _mm256_cvtepi32_ps(dot_avx2(codes, qx, signed_w));
-          acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(v.d * x.d[b]), sums, acc[t]);
-          // Q4_0's codes are nibble - 8: 8 * d_w * (d_x * sum x) comes off; Q4_1 adds m.
-          offset[t] += (fmt == kQ4_0 ? -8.f * v.d : v.m) * x.ds[b];
-        }
-      }
-      for (int t = 0; t < tile; ++t) y[(m0 + t) * N + n] = hsum_avx2(acc[t]) + offset[t];
-    }
-  }
-}
-
-// ---------------------------------------------------------------------- AVX-512 VNNI
-// Two blocks per 512-bit register; vpdpbusd takes unsigned x signed bytes, so Q8_0's signed
-// codes go through the same sign trick as AVX2.
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
-void rows_avx512(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int64_t n1,
-                 int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
-  const int bb = block_bytes(fmt);
-  const bool signed_w = fmt == kQ8_0;
-  for (int64_t n = n0; n < n1; ++n) {
-    const uint8_t* row = w + n * row_bytes;
-    for (int64_t m0 = 0; m0 < M; m0 += kTile) {
-      const int tile = (int)std::min<int64_t>(kTile, M - m0);
-      __m256 acc[kTile];
-      float offset[kTile] = {0.f, 0.f, 0.f, 0.f};
-      for (int t = 0; t < kTile; ++t) acc[t] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < nb; ++b) {
-        BlockView v = view_f16c(row + b * bb, fmt);
-        __m256i codes = codes_avx2(v.qs, fmt);
-        __m256i wu = signed_w ? _mm256_sign_epi8(codes, codes) : codes;
+        __m256i wu = unsigned_codes(codes, signed_w);
         for (int t = 0; t < tile; ++t) {
           const QRow& x = xs[m0 + t];
           __m256i qx = _mm256_loadu_si256((const __m256i*)(x.q + b * kBlock));
           if (signed_w) qx = _mm256_sign_epi8(qx, codes);
-          __m256i dot = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu, qx);
+          __m256i dot = kVnni ? dot_vnni(wu, qx) : dot_maddubs(wu, qx);
           acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(v.d * x.d[b]), _mm256_cvtepi32_ps(dot),
                                    acc[t]);
+          // Q4_0's codes are nibble - 8: 8 * d_w * (d_x * sum x) comes off; Q4_1 adds m.
           offset[t] += (fmt == kQ4_0 ? -8.f * v.d : v.m) * x.ds[b];
         }
       }
@@ -300,9 +278,9 @@ Path pick_path() {
   const bool f16c = __builtin_cpu_supports("f16c");  // every AVX2 CPU so far has it
   if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && f16c)
-    return {rows_avx512, "avx512vnni"};
+    return {rows_x86<true>, "avx512vnni"};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
-    return {rows_avx2, "avx2"};
+    return {rows_x86<false>, "avx2"};
 #endif
 #if defined(__aarch64__)
   return {rows_neon, "neon"};
@@ -317,7 +295,7 @@ Path path_named(int32_t which) {
   if (which == 1) return {rows_scalar, "scalar"};
 #ifdef NINFER_X86
   if (which == 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"))
-    return {rows_avx2, "avx2"};
+    return {rows_x86<false>, "avx2"};
   if (which == 3 && std::strcmp(best.name, "avx512vnni") == 0) return best;
 #endif
 #if defined(__aarch64__)
