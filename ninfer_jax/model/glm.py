@@ -14,10 +14,15 @@ Shape letters: N rows of a step, NH query heads, NK kv heads, D head dim, W page
 """
 from __future__ import annotations
 
-from ninfer_jax.kernels import paged_attention
+import functools
+
+import jax.numpy as jnp
+
+from ninfer_jax.kernels import paged_attention, ragged_attention
 from ninfer_jax.model import ragged_batch
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.layers import apply_partial_rope, embed, linear, rms_norm, swiglu_mlp
+from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, rms_norm,
+                                     rope_inverse_frequencies, rope_tables, swiglu_mlp)
 from ninfer_jax.model.llama import _logits, cache_shapes, init_caches  # noqa: F401 (interface)
 from ninfer_jax.model.moe_mlp import moe_mlp
 
@@ -26,27 +31,40 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
            page_size: int):
     """One ragged step (see llama.ragged): the f32 logits of the 1 + B sampled rows and the
     caches."""
-    return ragged_batch.run_ragged(_forward, _logits, params, kv, batch, prev_out, config,
-                                   page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
+                     page_size)
+    if ragged_batch.num_chunk_tokens(batch) == 0:
+        logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
+        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
+    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
             page_size: int):
     """One chunk of one sequence (see llama.prefill): logits of the last real token."""
     batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
-    return ragged_batch.run_prefill(_forward, _logits, params, kv, batch, num_tokens, config,
-                                    page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
 def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int):
     """One new token per row (see llama.decode): f32 logits [B, V] and the caches."""
     batch = ragged_batch.rows_only(tokens, positions, page_tables)
-    return ragged_batch.run_decode(_forward, _logits, params, kv, batch, config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, x, config), kv
 
 
 def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
     """The decoder over the step's rows `tokens`; returns the final residual [N, H]."""
-    attend, rope, slots = ragged_batch.attention_inputs(batch, config, page_size)
+    attend = functools.partial(
+        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
+        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
+        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
+        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
+    rotary_dim = int(config.head_dim * config.partial_rotary_factor)
+    inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
+    rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
+    slots = ragged_batch.step_slots(batch, page_size)
     x = embed(params["embed"], tokens)
     new_kv = []
     for i, (layer, cache) in enumerate(zip(params["layers"], kv)):

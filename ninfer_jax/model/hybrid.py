@@ -24,15 +24,17 @@ Shape letters: N rows of a step (C chunk tokens + B row tokens), W page-table wi
 from __future__ import annotations
 
 import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import paged_attention
+from ninfer_jax.kernels import paged_attention, ragged_attention
 from ninfer_jax.model import ragged_batch
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
-from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, swiglu_mlp,
-                                     zero_centred_rms_norm)
+from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, rope_inverse_frequencies,
+                                     rope_tables, swiglu_mlp, zero_centred_rms_norm)
 from ninfer_jax.model.moe_mlp import moe_mlp
 
 
@@ -40,8 +42,12 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
            page_size: int):
     """One ragged step (see llama.ragged): returns the f32 logits of the 1 + B sampled rows
     (row 0 after the chunk's last real token, meaningless when C == 0) and the caches."""
-    return ragged_batch.run_ragged(_forward, _logits, params, kv, batch, prev_out, config,
-                                   page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
+                     page_size)
+    if ragged_batch.num_chunk_tokens(batch) == 0:
+        logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
+        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
+    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
@@ -50,8 +56,8 @@ def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, 
     batch = dataclasses.replace(ragged_batch.chunk_only(tokens, start, num_tokens, page_table),
                                 chunk_state_slot=state_slot,
                                 row_state_slots=jnp.zeros(0, jnp.int32))
-    return ragged_batch.run_prefill(_forward, _logits, params, kv, batch, num_tokens, config,
-                                    page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
 def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
@@ -61,7 +67,8 @@ def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
     batch = dataclasses.replace(ragged_batch.rows_only(tokens, positions, page_tables),
                                 chunk_state_slot=jnp.int32(ragged_batch.DUMMY_STATE_SLOT),
                                 row_state_slots=state_slots)
-    return ragged_batch.run_decode(_forward, _logits, params, kv, batch, config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, x, config), kv
 
 
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
@@ -90,7 +97,15 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
     if batch.row_state_slots is None or (ragged_batch.num_chunk_tokens(batch)
                                          and batch.chunk_state_slot is None):
         raise ValueError("hybrid models need the batch's state slots")
-    attend, rope, slots = ragged_batch.attention_inputs(batch, config, page_size)
+    attend = functools.partial(
+        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
+        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
+        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
+        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
+    rotary_dim = int(config.head_dim * config.partial_rotary_factor)
+    inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
+    rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
+    slots = ragged_batch.step_slots(batch, page_size)
     x = embed(params["embed"], tokens)
     new_kv = []
     for i, (layer, cache) in enumerate(zip(params["layers"], kv)):

@@ -23,10 +23,12 @@ W page-table width, S page size.
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import paged_attention
+from ninfer_jax.kernels import paged_attention, ragged_attention
 from ninfer_jax.model import ragged_batch
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import (apply_rope, embed, linear, rms_norm, rope_inverse_frequencies,
@@ -39,8 +41,14 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
     over its sequence and each row token to keys 0..its position. `prev_out` (int32, or None)
     supplies the row tokens with row_src >= 0. Returns the f32 logits of the 1 + B sampled rows
     (row 0: after the chunk's last real token, meaningless when C == 0) and the caches."""
-    return ragged_batch.run_ragged(_forward, _logits, params, kv, batch, prev_out, config,
-                                   page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
+                     page_size)
+    if ragged_batch.num_chunk_tokens(batch) == 0:
+        # No chunk: its row would be a wasted LM-head row (on XLA CPU a 2-row product costs
+        # nearly twice a 1-row one), so it gets zero logits without the product.
+        logits = _logits(params, x, config)
+        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
+    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
@@ -49,20 +57,25 @@ def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelC
     their KV goes to the dummy page and their outputs are ignored. Returns the f32 logits of the
     last real token and the updated caches."""
     batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
-    return ragged_batch.run_prefill(_forward, _logits, params, kv, batch, num_tokens, config,
-                                    page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
 def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int):
     """One new token per row. Padding rows carry DUMMY_PAGE page tables (and position 0), so
     their cache writes land in the dummy page. Returns f32 logits [B, V] and the caches."""
     batch = ragged_batch.rows_only(tokens, positions, page_tables)
-    return ragged_batch.run_decode(_forward, _logits, params, kv, batch, config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    return _logits(params, x, config), kv
 
 
 def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
     """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
-    attend = ragged_batch.attention(batch, config.head_dim ** -0.5)
+    attend = functools.partial(
+        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
+        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
+        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
+        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
     return _layers(params, kv, embed(params["embed"], tokens), ragged_batch.step_positions(batch),
                    ragged_batch.step_slots(batch, page_size), attend, config)
 

@@ -13,14 +13,11 @@ Shape letters: C chunk tokens, B row tokens, W page-table width, S page size, H 
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import ragged_attention
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
-from ninfer_jax.model.layers import rope_inverse_frequencies, rope_tables
 
 FROM_HOST = -1  # row_src value: the row's token is row_tokens[i], not a previous output
 DUMMY_STATE_SLOT = 0  # the state slot of padding rows (hybrid families)
@@ -108,55 +105,3 @@ def sampled_rows(x, batch: RaggedBatch):
     else:
         last = jnp.zeros(x.shape[1:], x.dtype)
     return jnp.concatenate([last[None], x[C:]])
-
-
-def attention(batch: RaggedBatch, scale: float):
-    """The step's attention op, `attend(q, k_cache, v_cache)`: the chunk causally over its
-    sequence, each row token over keys 0..its position (kernels.ragged_attention)."""
-    return functools.partial(
-        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
-        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
-        row_lengths=batch.row_positions + 1, scale=scale,
-        num_chunk_tokens=num_chunk_tokens(batch))
-
-
-def attention_inputs(batch: RaggedBatch, config, page_size: int):
-    """What each attention layer of the step takes: (attend, the RoPE (cos, sin) tables over
-    the first head_dim * partial_rotary_factor dims, the cache slot each row writes)."""
-    rotary_dim = int(config.head_dim * config.partial_rotary_factor)
-    inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
-    return (attention(batch, config.head_dim ** -0.5),
-            rope_tables(step_positions(batch), inv_freq), step_slots(batch, page_size))
-
-
-# A family module's three steps from its `forward(params, kv, batch, tokens, config, page_size)
-# -> (final residual [C + B, H], kv)` and `logits(params, x, config) -> f32 logits`.
-
-def run_ragged(forward, logits, params, kv, batch: RaggedBatch, prev_out, config,
-               page_size: int):
-    """The f32 logits of the 1 + B sampled rows (see llama.ragged) and the caches."""
-    x, kv = forward(params, kv, batch, step_tokens(batch, prev_out), config, page_size)
-    return sampled_logits(x, batch, functools.partial(logits, params, config=config)), kv
-
-
-def run_prefill(forward, logits, params, kv, batch: RaggedBatch, num_tokens, config,
-                page_size: int):
-    """A chunk-only batch: the f32 logits of its last real token and the caches."""
-    x, kv = forward(params, kv, batch, step_tokens(batch), config, page_size)
-    return logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
-
-
-def run_decode(forward, logits, params, kv, batch: RaggedBatch, config, page_size: int):
-    """A rows-only batch: f32 logits [B, V] and the caches."""
-    x, kv = forward(params, kv, batch, step_tokens(batch), config, page_size)
-    return logits(params, x, config), kv
-
-
-def sampled_logits(x, batch: RaggedBatch, head):
-    """`head` (final residual rows -> f32 logits) over the 1 + B sampled rows of x [C + B, H].
-    Without a chunk its row would be a wasted LM-head row (on XLA CPU a 2-row product costs
-    nearly twice a 1-row one), so it gets zero logits without the product."""
-    if num_chunk_tokens(batch) == 0:
-        logits = head(x)
-        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits])
-    return head(sampled_rows(x, batch))
