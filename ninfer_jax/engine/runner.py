@@ -182,14 +182,8 @@ class JaxRunner:
             self.mesh = tp.make_mesh(tensor_parallel)
         # q|k|v and gate|up joined on the host, before the put (on by default: on the CPU no
         # slower, measured with runner_bench; fused leaves given are kept either way)
-        params = artifact.params
-        fuse = fuse_projections is None or fuse_projections
-        if self.mesh is not None:
-            self.params = self._place_sharded(params, fuse)
-        else:
-            if fuse:
-                params = fused_projections.fuse_projections(params, self.config)
-            self.params = steps.cast_params(params, self.dtype)
+        self.params = place_params(artifact.params, self.config, self.dtype, self.mesh,
+                                   fuse=fuse_projections is None or fuse_projections)
         if expand_quantized is None:  # without the quantized kernels, dense weights are faster
             expand_quantized = not kernels
         if expand_quantized and has_quantized_projections(self.params):
@@ -335,25 +329,6 @@ class JaxRunner:
         devices = self.mesh.devices.tolist() if self.mesh is not None else jax.devices()[:1]
         return {"tensor_parallel": self.tensor_parallel, "axis": tp.AXIS,
                 "devices": [str(device) for device in devices]}
-
-    def _place_sharded(self, params, fuse: bool):
-        """The params split over the mesh (model/tensor_parallel.py), in the compute dtype.
-        Host (numpy) trees are fused and cast on the host, then each device receives only
-        its shards; trees already on the devices (restored into their shardings by the
-        artifact loader) are fused and cast there, by one jitted call per tree."""
-        tp.check_plain(params)
-        size = self.mesh.shape[tp.AXIS]
-        fuse_fn = (functools.partial(fused_projections.fuse_projections, config=self.config,
-                                     groups=size) if fuse else (lambda tree: tree))
-        cast = functools.partial(_cast_floats, dtype=self.dtype)
-        on_host = not any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(params))
-        if on_host:
-            params = jax.tree.map(cast, fuse_fn(params))
-            return jax.device_put(params, tp.shardings(tp.param_specs(params, size), self.mesh))
-        shapes = jax.eval_shape(fuse_fn, params)
-        target = tp.shardings(tp.param_specs(shapes, size), self.mesh)
-        return jax.jit(lambda tree: jax.tree.map(cast, fuse_fn(tree)),
-                       out_shardings=target)(params)
 
     def _step_shardings(self) -> dict:
         """jit's out shardings of the step under a mesh: the sampled tokens replicated, the
@@ -705,6 +680,38 @@ class JaxRunner:
         if not 1 <= len(rows) <= self.max_batch:
             raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
         return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
+
+
+def place_params(params, config, dtype, mesh=None, *, fuse: bool = True):
+    """The params on the device(s) in the compute dtype, q|k|v and gate|up fused (`fuse`).
+    One device: fused on the host, one device_put (steps.cast_params). A mesh: split as
+    model/tensor_parallel.py says; a host (numpy) tree is fused and cast on the host and each
+    device receives only its shards; a tree already on the mesh (restored into its shards by
+    the artifact loader) is fused and cast there one layer at a time, each layer's parts
+    donated so the device never holds both layouts of more than one layer."""
+    if mesh is None:
+        if fuse:
+            params = fused_projections.fuse_projections(params, config)
+        return steps.cast_params(params, dtype)
+    tp.check_plain(params)
+    size = tp.num_groups(mesh)
+    cast = functools.partial(_cast_floats, dtype=dtype)
+
+    def prepare(tree):  # a whole tree or one layer dict
+        if fuse and config.architecture in fused_projections.DENSE_ARCHITECTURES:
+            tree = (fused_projections.fuse_layer(tree, size) if "layers" not in tree
+                    else fused_projections.fuse_projections(tree, config, size))
+        return jax.tree.map(cast, tree)
+
+    def target(tree):
+        return tp.shardings(tp.param_specs(jax.eval_shape(prepare, tree), size), mesh)
+
+    if not any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(params)):
+        return jax.device_put(prepare(params), target(params))
+    layers = [jax.jit(prepare, out_shardings=target(layer), donate_argnums=0)(layer)
+              for layer in params["layers"]]
+    rest = {key: value for key, value in params.items() if key != "layers"}
+    return {**jax.jit(prepare, out_shardings=target(rest))(rest), "layers": layers}
 
 
 def _cast_floats(leaf, dtype):

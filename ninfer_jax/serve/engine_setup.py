@@ -13,6 +13,7 @@ for `ninfer replay --artifact` (one process, no HTTP workers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -67,16 +68,22 @@ def build_engine(config: ServeConfig):
     from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
 
     started = time.perf_counter()
-    # The device runtime starts (seconds on a GPU) while the weights are read.
-    runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
-    runtime.start()
-    artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums)
-    runtime.join()
+    mesh = tensor_parallel_mesh(config)
+    if mesh is None:
+        # The device runtime starts (seconds on a GPU) while the weights are read.
+        runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
+        runtime.start()
+        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums)
+        runtime.join()
+    else:  # each device reads only its shards of the weights (orbax, target shardings)
+        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
+                                 shardings=functools.partial(_weight_shardings, mesh=mesh))
     read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
     kv_dtype = kv_dtype_for(config.kv_dtype)
     artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
-                                                 max_context=max_context, page_size=PAGE_SIZE)
+                                                 max_context=max_context, page_size=PAGE_SIZE,
+                                                 mesh=mesh)
     engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
     engine_config = dataclasses.replace(engine_config, max_context=max_context)
     log_state_slots(config, artifact.config)
@@ -85,6 +92,7 @@ def build_engine(config: ServeConfig):
                        page_size=PAGE_SIZE, max_context=max_context,
                        prefill_chunk=config.prefill_chunk, kv_dtype=kv_dtype,
                        step_shapes=config.step_shapes,
+                       tensor_parallel=1 if mesh is None else mesh.size,
                        state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.is_hybrid),
                        **runner_rows(config.max_concurrency, speculative))
@@ -102,6 +110,35 @@ def build_engine(config: ServeConfig):
 
         ThroughputReporter(engine, config.log_stats_interval_ms / 1000.0).start()
     return engine
+
+
+def tensor_parallel_mesh(config: ServeConfig):
+    """The mesh --tensor-parallel asks for (None: one device), checked against the model
+    before any weight is read: ValueError, one line, when the device count is more than
+    the visible devices or does not divide the heads."""
+    import jax
+
+    from ninfer_jax.artifact.format import load_artifact
+    from ninfer_jax.model import tensor_parallel
+
+    visible = len(jax.devices())
+    size = visible if config.tensor_parallel == "auto" else int(config.tensor_parallel)
+    if size > visible:
+        raise ValueError(f"--tensor-parallel {size}: only {visible} device(s) visible")
+    model_config = load_artifact(config.artifact, weights=False).config
+    tensor_parallel.check_divides(model_config, size)
+    if size == 1:
+        return None
+    mesh = tensor_parallel.make_mesh(size)
+    log.info("tensor parallel over %d devices: %s", size,
+             ", ".join(str(device) for device in mesh.devices.flat))
+    return mesh
+
+
+def _weight_shardings(structure, *, mesh):
+    from ninfer_jax.model import tensor_parallel
+
+    return tensor_parallel.shardings(tensor_parallel.param_specs(structure, mesh.size), mesh)
 
 
 def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:
