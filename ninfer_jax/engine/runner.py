@@ -701,6 +701,10 @@ def place_params(params, config, dtype, mesh=None, *, fuse: bool = True):
         if fuse and config.architecture in fused_projections.DENSE_ARCHITECTURES:
             tree = (fused_projections.fuse_layer(tree, size) if "layers" not in tree
                     else fused_projections.fuse_projections(tree, config, size))
+        if config.is_hybrid:  # GDN channels per shard
+            tree = (tp.group_deltanet_layer(tree, config, size) if "layers" not in tree
+                    else {**tree, "layers": [tp.group_deltanet_layer(layer, config, size)
+                                             for layer in tree["layers"]]})
         return jax.tree.map(cast, tree)
 
     def target(tree):

@@ -111,7 +111,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
         if config.layer_types[i] == "full_attention":
             mixed, cache = _gated_attention(h, layer, cache, rope, slots, attend, config)
         else:
-            mixed, cache = gated_deltanet(h, layer, cache, batch, config)
+            mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
         x = x + mixed
         h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
         x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i)

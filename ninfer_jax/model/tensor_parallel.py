@@ -35,8 +35,11 @@ from ninfer_jax.model.config import ModelConfig
 
 AXIS = "tp"
 
-COLUMN_LEAVES = ("wq", "wk", "wv", "wqkv", "w_gate", "w_up", "w_gate_up", "in_qkv", "in_z",
-                 "in_b", "in_a", "shared_w_gate", "shared_w_up", "lm_head")
+COLUMN_LEAVES = ("wq", "wk", "wv", "wqkv", "w_gate", "w_up", "w_gate_up", "in_qkv",
+                 "in_qkv_grouped", "in_z", "in_b", "in_a", "shared_w_gate", "shared_w_up",
+                 "lm_head")
+# a Gated DeltaNet layer's Q | K | V channel leaves -> their per-shard renamed form
+GROUPED_CHANNELS = {"in_qkv": "in_qkv_grouped", "conv": "conv_grouped"}
 ROW_LEAVES = ("wo", "w_down", "out", "shared_w_down", "embed")
 HEAD_VECTORS = ("bq", "bk", "bv", "dt_bias", "A_log")  # one entry per head (or head column)
 
@@ -86,7 +89,7 @@ def leaf_spec(name: str, shape: tuple[int, ...], size: int) -> P:
         axis = 1
     elif name in ROW_LEAVES and len(shape) == 2:
         axis = 0
-    elif name in HEAD_VECTORS and len(shape) == 1 or name == "conv" and len(shape) == 2:
+    elif name in HEAD_VECTORS and len(shape) == 1 or name == "conv_grouped":
         axis = len(shape) - 1
     else:
         return P()
@@ -141,6 +144,29 @@ def group_columns(array, sizes: tuple[int, ...], groups: int, axis: int = -1):
     parts = xp.split(array, np.cumsum(sizes)[:-1], axis=axis)
     pieces = [xp.split(part, groups, axis=axis) for part in parts]
     return xp.concatenate([piece[g] for g in range(groups) for piece in pieces], axis=axis)
+
+
+def group_deltanet_layer(layer: dict, config: ModelConfig, groups: int) -> dict:
+    """A Gated DeltaNet layer's in_qkv and conv with their channels ordered per shard,
+    renamed (GROUPED_CHANNELS) so the layout is never applied twice; others unchanged."""
+    if "in_qkv" not in layer:
+        return layer
+    key_dim = config.linear_num_key_heads * config.linear_key_head_dim
+    sizes = (key_dim, key_dim, config.linear_num_value_heads * config.linear_value_head_dim)
+    layer = dict(layer)
+    for name, grouped in GROUPED_CHANNELS.items():
+        layer[grouped] = group_columns(layer.pop(name), sizes, groups)
+    return layer
+
+
+def per_shard_deltanet(core, mesh: Mesh):
+    """`core(mixed, g, beta, conv_weight, conv, recurrent, slots)` of model/gated_deltanet.py
+    run per shard: channels, heads and state columns split, the slot indices replicated."""
+    columns = P(None, AXIS)
+    return shard_map(core, mesh=mesh,
+                     in_specs=(columns, columns, columns, columns, P(None, None, AXIS),
+                               columns, P()),
+                     out_specs=(columns, P(None, None, AXIS), columns))
 
 
 def split_fused(y, sizes: tuple[int, ...], groups: int):

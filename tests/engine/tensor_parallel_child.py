@@ -39,12 +39,12 @@ def model(name: str):
     config = dataclasses.replace(tiny_config(PRESETS[preset].config), num_heads=8,
                                  num_kv_heads=4, head_dim=8, mtp_num_layers=0,
                                  vocab_size=4096)
-    if name == "llama":  # tied embeddings: the head is the vocabulary-parallel table
+    if name == "qwen3":  # qk-norm, tied: the head is the vocabulary-parallel table
         config = dataclasses.replace(config, tie_word_embeddings=True)
-    if name == "qwen3":  # qk-norm, an odd vocabulary (embed and lm_head replicated)
+    if name == "llama":  # an odd vocabulary: embed and lm_head replicated
         config = dataclasses.replace(config, vocab_size=4001)
     if name == "hybrid":
-        config = dataclasses.replace(config, linear_num_key_heads=4,
+        config = dataclasses.replace(config, vocab_size=4001, linear_num_key_heads=4,
                                      linear_num_value_heads=8)
     params = random_params(config, seed=3, dtype="f32")
     if config.tie_word_embeddings:  # a unit-variance table as the head saturates the logits
@@ -80,11 +80,12 @@ def run(config, params, size: int) -> dict:
         for i, token in enumerate(runner.decode(rows)):
             tokens[i].append(int(token))
     logits = next_logits(runner, config, tokens, tables, slots)
-    kv_leaf = jax.tree.leaves(runner.kv)[0]
+    leaves = jax.tree.leaves(runner.kv)
+    kv_leaf = leaves[0]
     hlo = runner._executables[(16, 2)].as_text()
     return {"tokens": tokens, "logits": np.asarray(logits).tolist(),
-            "kv_spec": str(getattr(kv_leaf.sharding, "spec", None)),
-            "kv_shard_shape": list(kv_leaf.addressable_shards[0].data.shape),
+            "cache_shapes": [[list(leaf.shape), list(leaf.addressable_shards[0].data.shape)]
+                             for leaf in leaves],
             "devices": len(kv_leaf.sharding.device_set),
             "collectives": {op: hlo.count(f" {op}(") for op in
                             ("all-reduce", "all-gather", "all-to-all", "collective-permute")}}
