@@ -50,7 +50,7 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
-            config: ModelConfig, page_size: int):
+            config: ModelConfig, page_size: int, mesh=None):
     """One chunk of one sequence on state slot `state_slot` (int32 []); see llama.prefill."""
     batch = dataclasses.replace(ragged_batch.chunk_only(tokens, start, num_tokens, page_table),
                                 chunk_state_slot=state_slot,

@@ -34,17 +34,24 @@ NO_COMMAND_BUFFERS_FLAG = "--xla_gpu_enable_command_buffer="
 
 def core_environment(config: ServeConfig, base: Mapping[str, str]) -> dict[str, str]:
     """Variables the engine core sets before importing JAX. --device N picks the Nth of the
-    devices `base` already makes visible (all of them when CUDA_VISIBLE_DEVICES is unset);
-    --no-cuda-graph appends the command-buffer switch to any XLA_FLAGS in `base`."""
+    devices `base` already makes visible (all of them when CUDA_VISIBLE_DEVICES is unset),
+    and with --tensor-parallel K the K devices from the Nth on (`auto`: every visible one,
+    the variable left as it is); --no-cuda-graph appends the command-buffer switch to any
+    XLA_FLAGS in `base`."""
     visible = base.get("CUDA_VISIBLE_DEVICES")
-    device = str(config.device)
-    if visible:
-        choices = [d.strip() for d in visible.split(",") if d.strip()]
-        if config.device >= len(choices):
-            raise ValueError(f"--device {config.device}: CUDA_VISIBLE_DEVICES={visible} makes "
-                             f"only {len(choices)} device(s) visible")
-        device = choices[config.device]
-    env = {"CUDA_VISIBLE_DEVICES": device}
+    env = {}
+    if config.tensor_parallel != "auto":
+        count = int(config.tensor_parallel)
+        devices = [str(config.device + i) for i in range(count)]
+        if visible:
+            choices = [d.strip() for d in visible.split(",") if d.strip()]
+            if config.device + count > len(choices):
+                wanted = (f"--device {config.device}" if count == 1 else
+                          f"--device {config.device} --tensor-parallel {count}")
+                raise ValueError(f"{wanted}: CUDA_VISIBLE_DEVICES={visible} makes only "
+                                 f"{len(choices)} device(s) visible")
+            devices = choices[config.device:config.device + count]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     if config.no_cuda_graph:
         flags = base.get("XLA_FLAGS", "").strip()
         env["XLA_FLAGS"] = f"{flags} {NO_COMMAND_BUFFERS_FLAG}".strip()
