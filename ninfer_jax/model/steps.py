@@ -42,8 +42,10 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     if num_rows > prev_out.shape[0] - 1:
         raise ValueError(f"{num_rows} row tokens exceed max_rows={prev_out.shape[0] - 1}")
     family = FAMILIES[config.architecture]
+    # the mesh only when there is one: a family (or a test's stub) without tensor
+    # parallelism keeps the plain signature
     logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size,
-                               mesh=mesh)
+                               **({} if mesh is None else {"mesh": mesh}))
     logits = tensor_parallel.replicated(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
