@@ -104,11 +104,38 @@ def next_logits(runner, config, tokens, tables, slots):
     return logits
 
 
+def restore(config, params, size: int) -> dict:
+    """The params saved as an orbax checkpoint and restored straight into their shards
+    (weights_io.restore_weights with target shardings, as `serve --tensor-parallel` loads)."""
+    import tempfile
+
+    from ninfer_jax.artifact import weights_io
+    from ninfer_jax.model import tensor_parallel as tp
+
+    mesh = tp.make_mesh(size)
+    with tempfile.TemporaryDirectory() as folder:
+        directory = os.path.join(folder, "weights")
+        weights_io.save_weights(directory, params)
+        restored = weights_io.restore_weights(
+            directory, shardings=lambda tree: tp.shardings(tp.param_specs(tree, size), mesh))
+    wq = restored["layers"][0]["wq"]
+    return {"is_device_array": all(isinstance(leaf, jax.Array)
+                                   for leaf in jax.tree.leaves(restored)),
+            "wq_shape": list(wq.shape),
+            "wq_shard_shape": list(wq.addressable_shards[0].data.shape),
+            "equal": all(np.array_equal(np.asarray(a), b) for a, b in
+                         zip(jax.tree.leaves(restored), jax.tree.leaves(params)))}
+
+
 def main(plan: list[str]) -> None:
-    """plan: NAME=SIZE,SIZE,... per model, e.g. llama=1,2,4 qwen3=1,2"""
+    """plan: NAME=SIZE,SIZE,... per model, e.g. llama=1,2,4 qwen3=1,2; restore=SIZE checks
+    a sharded restore of the qwen3 model's weights"""
     results = {}
     for entry in plan:
         name, sizes = entry.split("=")
+        if name == "restore":
+            results[name] = restore(*model("qwen3"), int(sizes))
+            continue
         config, params = model(name)
         results[name] = {size: run(config, params, int(size)) for size in sizes.split(",")}
     json.dump(results, sys.stdout)

@@ -8,6 +8,7 @@ sharded params and caches. Greedy tokens must be equal and logits within 1e-5 (f
 caches must hold only their heads on each device, and the compiled step must communicate by
 one all-reduce per attention (or Gated DeltaNet) and per MLP (plus the vocabulary-parallel
 embedding's) and at most one all-gather (the logits for sampling): no weight is gathered.
+The weights saved as an orbax checkpoint restore straight into device shards.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def results():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     args = [f"{name}={','.join(map(str, sizes))}" for name, sizes in PLAN.items()]
+    args.append("restore=2")
     done = subprocess.run([sys.executable, str(CHILD), *args], capture_output=True,
                           text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -55,6 +57,13 @@ def test_tensor_parallel_equals_one_device(results, name, size):
     assert collectives["all-reduce"] in (2 * NUM_LAYERS, 2 * NUM_LAYERS + 1), collectives
     assert collectives["all-gather"] <= 1, collectives
     assert collectives["all-to-all"] == collectives["collective-permute"] == 0, collectives
+
+
+def test_weights_restore_straight_into_their_shards(results):
+    restored = results["restore"]
+    assert restored["is_device_array"] and restored["equal"]
+    rows, columns = restored["wq_shape"]
+    assert restored["wq_shard_shape"] == [rows, columns // 2]  # column-parallel wq
 
 
 def test_one_device_has_no_collectives(results):
