@@ -240,6 +240,8 @@ class JaxRunner:
         # (run 16: 212.1 / 1,674 / 9,334 tok/s at 1 / 8 / 64 rows, 214.1 / 1,691 / 9,352
         # without), the two extra small launches costing what the updates did.
         self.stable_buffers = bool(stable_buffers)
+        if self.stable_buffers and self.mesh is not None:  # its staging buffers are per device
+            raise ValueError("stable_buffers is not built for tensor parallelism")
         self._jitted = jax.jit(steps.packed_step,
                                static_argnames=("config", "page_size", "layout", "draws",
                                                 "mesh"),
@@ -695,6 +697,9 @@ def place_params(params, config, dtype, mesh=None, *, fuse: bool = True):
         return steps.cast_params(params, dtype)
     tp.check_plain(params)
     size = tp.num_groups(mesh)
+    if config.num_experts:
+        log.info("tensor parallel: the routed experts are replicated on each of the %d "
+                 "devices (expert parallelism is not built)", size)
     cast = functools.partial(_cast_floats, dtype=dtype)
 
     def prepare(tree):  # a whole tree or one layer dict
