@@ -123,6 +123,8 @@ def main():
     parser.add_argument("--no-fuse", action="store_true",
                         help="keep q/k/v and gate/up as separate products (the runner joins "
                              "them at load by default: model/fused_projections.py)")
+    parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
+                        help="split the model over N devices (model/tensor_parallel.py)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--modes", default="pipelined,sync",
                         help="decode timing modes, comma separated (pipelined, sync)")
@@ -153,7 +155,8 @@ def main():
                        expand_quantized=False if args.keep_quantized else None,
                        stable_buffers=args.stable_buffers,
                        fuse_projections=False if args.no_fuse else None,
-                       kv_dtype=kv_dtype_for(args.kv_dtype))
+                       kv_dtype=kv_dtype_for(args.kv_dtype),
+                       tensor_parallel=args.tensor_parallel)
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.
     prefill_chunk = runner.chunk_buckets[-1]

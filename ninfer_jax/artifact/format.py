@@ -163,18 +163,20 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
 
 
 def load_artifact(path: str | os.PathLike, weights: bool = True, *,
-                  mtp: bool = False, verify: bool = True) -> Artifact:
+                  mtp: bool = False, verify: bool = True, shardings=None) -> Artifact:
     """Validate an artifact and return it; with weights=True the params are read (numpy),
     and with mtp=True also the MTP head, as params["mtp"] (an error if there is none).
-    Reading weights first checks the recorded file checksums, unless verify=False."""
+    Reading weights first checks the recorded file checksums, unless verify=False.
+    `shardings(stored structure) -> tree of jax Shardings` restores the text weights
+    straight into device shards instead (weights_io.restore_weights; tensor parallelism)."""
     directory = pathlib.Path(path)
     return _validate_directory(directory, weights=weights, display=directory, mtp=mtp,
-                               verify=verify)
+                               verify=verify, shardings=shardings)
 
 
 def _validate_directory(directory: pathlib.Path, *, weights: bool,
                         display: pathlib.Path, mtp: bool = False,
-                        verify: bool = True) -> Artifact:
+                        verify: bool = True, shardings=None) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(display, "not an artifact directory (missing or not a directory)")
     metadata = read_metadata(directory / METADATA_FILE, display / METADATA_FILE)
@@ -192,7 +194,7 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
             checksums.verify(directory, metadata.get("checksums"), display)
         formats = metadata["weight_formats"]
         params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR,
-                               config.expected_shapes(), formats)
+                               config.expected_shapes(), formats, shardings=shardings)
         if mtp:
             params["mtp"] = _read_weights(directory / MTP_DIR, display / MTP_DIR,
                                           mtp_expected_shapes(config), formats, prefix="mtp")
@@ -268,7 +270,7 @@ def _config_from_metadata(metadata: dict[str, Any], display: pathlib.Path) -> Mo
 
 def _read_weights(directory: pathlib.Path, display: pathlib.Path,
                   expected: dict[str, tuple[int, ...]], weight_formats: dict[str, str],
-                  prefix: str | None = None) -> dict:
+                  prefix: str | None = None, shardings=None) -> dict:
     """Read one checkpoint after checking it holds exactly `expected`; a component's
     checkpoint (prefix "mtp") stores the tree that `expected` names under `mtp.`."""
     try:
@@ -278,7 +280,7 @@ def _read_weights(directory: pathlib.Path, display: pathlib.Path,
     check_tensors({prefix: structure} if prefix else structure, expected, weight_formats,
                   display)
     try:
-        return weights_io.restore_weights(directory, structure)
+        return weights_io.restore_weights(directory, structure, shardings)
     except Exception as exc:
         raise ArtifactError(display, f"corrupt checkpoint ({type(exc).__name__}: {exc})") from None
 

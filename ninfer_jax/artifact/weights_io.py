@@ -114,13 +114,27 @@ def inventory(directory: pathlib.Path) -> list[TensorInfo]:
             for name, leaf in walk_tree(stored_tree(directory))]
 
 
-def restore_weights(directory: pathlib.Path, structure: Any | None = None) -> dict:
-    """Read every array as numpy. `structure` is the tree returned by `stored_tree`."""
+def restore_weights(directory: pathlib.Path, structure: Any | None = None,
+                    shardings: Callable[[Any], Any] | None = None) -> dict:
+    """Read every array as numpy. `structure` is the tree returned by `stored_tree`.
+    `shardings(structure)`, when given, returns a tree of jax Shardings of the same shape:
+    each array is then read straight into its shards on the devices (jax.Array leaves; a
+    device reads only its slices, and no whole copy is ever made on the host)."""
     ocp = _orbax()
     structure = structure if structure is not None else stored_tree(directory)
-    restore_args = _map_tree(structure, lambda _: ocp.RestoreArgs(restore_type=np.ndarray))
+    if shardings is not None:
+        targets = iter(_leaves(shardings(structure)))
+        restore_args = _map_tree(structure, lambda _: ocp.ArrayRestoreArgs(
+            sharding=next(targets)))
+    else:
+        restore_args = _map_tree(structure, lambda _: ocp.RestoreArgs(restore_type=np.ndarray))
     return ocp.PyTreeCheckpointer().restore(pathlib.Path(directory).absolute(),
                                             restore_args=restore_args)
+
+
+def _leaves(tree: Any) -> list:
+    """Leaves in walk_tree's order (the order _map_tree visits them)."""
+    return [leaf for _, leaf in walk_tree(tree)]
 
 
 def _map_tree(tree: Any, fn: Callable[[Any], Any]) -> Any:

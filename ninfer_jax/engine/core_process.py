@@ -126,14 +126,17 @@ def _core_main(spec: CoreSpec, address: str, authkey: bytes, control) -> None:
     server.shutdown()
 
 
-def describe_runtime() -> dict:
-    """JAX's version, backend and devices, when the engine imported JAX (a fake does not)."""
+def describe_runtime(engine=None) -> dict:
+    """JAX's version, backend and devices, when the engine imported JAX (a fake does not),
+    and the runner's device mesh (JaxRunner.mesh_description) when it has one."""
     jax = sys.modules.get("jax")
     if jax is None:
         return {}
+    describe_mesh = getattr(getattr(engine, "runner", None), "mesh_description", None)
     try:
         return {"jax": jax.__version__, "backend": jax.default_backend(),
-                "devices": [getattr(d, "device_kind", str(d)) for d in jax.devices()]}
+                "devices": [getattr(d, "device_kind", str(d)) for d in jax.devices()],
+                **({"mesh": describe_mesh()} if describe_mesh is not None else {})}
     except Exception:  # noqa: BLE001 - describing the runtime must never stop start-up
         return {"jax": getattr(jax, "__version__", None)}
 
@@ -186,7 +189,7 @@ class CoreServer:
             return
         with self._lock:
             self.engine = engine
-            self._hello = Hello(engine.config, engine.pool_tokens, describe_runtime())
+            self._hello = Hello(engine.config, engine.pool_tokens, describe_runtime(engine))
             for worker in self._workers:
                 self._enqueue(worker, self._hello)
 

@@ -141,14 +141,14 @@ def _padded(values, fill: int) -> np.ndarray:
 
 
 class HostPageStore:
-    def __init__(self):
+    def __init__(self, mesh=None):
         self._rows: dict[int, object] = {}  # host slot -> its packed page
         self._states: dict[int, object] = {}  # ticket -> a state slot's packed row
         self._pack = jax.jit(pack_pages)
         self._unpack = jax.jit(unpack_pages, donate_argnames=("kv",))
         self._pack_state = jax.jit(pack_state)
         self._unpack_state = jax.jit(unpack_state, donate_argnames=("kv",))
-        self._host, self._device = _memory_shardings()
+        self._host, self._device = _memory_shardings(mesh)
 
     @property
     def num_rows(self) -> int:
@@ -222,9 +222,11 @@ class HostPageStore:
 
 
 @functools.cache
-def _memory_shardings():
+def _memory_shardings(mesh=None):
     """(host sharding, device sharding) for pinned host memory, or (None, None) where the
-    device memory is host memory already (CPU) or pinned host memory is missing."""
+    device memory is host memory already (CPU) or pinned host memory is missing. With a
+    tensor-parallel mesh the copies are replicated over it (the step reads them on every
+    device)."""
     device = jax.devices()[0]
     if device.platform == "cpu":
         return None, None
@@ -235,5 +237,10 @@ def _memory_shardings():
     if "pinned_host" not in kinds:
         log.warning("no pinned_host memory on %s: host tier copies stay on the device", device)
         return None, None
+    if mesh is not None:
+        replicated = jax.sharding.PartitionSpec()
+        sharding = jax.sharding.NamedSharding
+        return (sharding(mesh, replicated, memory_kind="pinned_host"),
+                sharding(mesh, replicated))
     sharding = jax.sharding.SingleDeviceSharding
     return sharding(device, memory_kind="pinned_host"), sharding(device)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine import page_store
@@ -49,6 +51,7 @@ from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.model import fused_projections, packed_inputs, sampling, steps
+from ninfer_jax.model import tensor_parallel as tp
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +161,7 @@ class JaxRunner:
                  greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
                  fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
-                 step_shapes: str = "all"):
+                 step_shapes: str = "all", tensor_parallel: int = 1):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         if step_shapes not in STEP_SHAPE_SETS:
@@ -171,12 +174,16 @@ class JaxRunner:
         self.dtype = dtype or default_dtype()
         self.kv_dtype = jnp.dtype(kv_dtype or self.dtype)
         kernels = use_kernels()
+        # Tensor parallelism: None on one device, else a mesh the params and caches are
+        # split over (model/tensor_parallel.py); it is a static argument of every step.
+        self.mesh = None
+        if tensor_parallel > 1:
+            tp.check_divides(self.config, tensor_parallel)
+            self.mesh = tp.make_mesh(tensor_parallel)
         # q|k|v and gate|up joined on the host, before the put (on by default: on the CPU no
         # slower, measured with runner_bench; fused leaves given are kept either way)
-        params = artifact.params
-        if fuse_projections is None or fuse_projections:
-            params = fused_projections.fuse_projections(params, self.config)
-        self.params = steps.cast_params(params, self.dtype)
+        self.params = place_params(artifact.params, self.config, self.dtype, self.mesh,
+                                   fuse=fuse_projections is None or fuse_projections)
         if expand_quantized is None:  # without the quantized kernels, dense weights are faster
             expand_quantized = not kernels
         if expand_quantized and has_quantized_projections(self.params):
@@ -187,10 +194,18 @@ class JaxRunner:
         self._kv = None
         self._init_state_slots(state_slot_capacity)
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
+        self._kv_shardings = None
+        if self.mesh is not None:  # the caches split on their head axes, per device
+            self._kv_shardings = tp.shardings(
+                tp.cache_specs(self._kv_spec, tensor_parallel), self.mesh)
+            self._kv_spec = jax.tree.map(
+                lambda spec, sharding: jax.ShapeDtypeStruct(spec.shape, spec.dtype,
+                                                            sharding=sharding),
+                self._kv_spec, self._kv_shardings)
         # The host tier's copies (engine/page_store.py); page_bytes sizes its budget.
         self.page_bytes = page_store.page_bytes(self._kv_spec, num_pages)
         self.state_bytes = page_store.state_bytes(self._kv_spec)  # one slot's (0: dense)
-        self._page_store = page_store.HostPageStore()
+        self._page_store = page_store.HostPageStore(self.mesh)
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
@@ -225,10 +240,13 @@ class JaxRunner:
         # (run 16: 212.1 / 1,674 / 9,334 tok/s at 1 / 8 / 64 rows, 214.1 / 1,691 / 9,352
         # without), the two extra small launches costing what the updates did.
         self.stable_buffers = bool(stable_buffers)
+        if self.stable_buffers and self.mesh is not None:  # its staging buffers are per device
+            raise ValueError("stable_buffers is not built for tensor parallelism")
         self._jitted = jax.jit(steps.packed_step,
-                               static_argnames=("config", "page_size", "layout", "draws"),
+                               static_argnames=("config", "page_size", "layout", "draws",
+                                                "mesh"),
                                donate_argnames=("kv", "prev_out") if self.stable_buffers
-                               else ("kv",))
+                               else ("kv",), **self._step_shardings())
         self._staging: dict[tuple[int, int], tuple[jax.Array, jax.Array]] = {}
         self._restage = jax.jit(_overwrite, donate_argnums=(0, 1))
         self._snapshot = jax.jit(_host_copy)
@@ -238,7 +256,9 @@ class JaxRunner:
         # top-k is a sort of the vocabulary there, and the CPU's run-time skip would stall the
         # launch). Chunk steps keep one variant: their chunk dwarfs the sort.
         self.greedy_variants = kernels if greedy_variants is None else greedy_variants
-        self._copy_slot = jax.jit(copy_state_slot, donate_argnames=("kv",))
+        self._copy_slot = jax.jit(copy_state_slot, donate_argnames=("kv",),
+                                  **({} if self.mesh is None
+                                     else {"out_shardings": self._kv_shardings}))
         self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
         self._greedy_executables: dict[tuple[int, int], object] = {}
@@ -246,7 +266,7 @@ class JaxRunner:
         # compile threads add, the engine thread removes; each operation is atomic)
         self._unprimed: dict[tuple[tuple[int, int], bool], None] = {}
         self._compile_lock = threading.Lock()
-        self._prev_out = jnp.zeros(1 + max_batch, jnp.int32)
+        self._prev_out = self._replicated(np.zeros(1 + max_batch, np.int32))
         self._zero_bias: dict[int, jax.Array] = {}
         self.is_warm = False
         self.compile_done = threading.Event()  # every shape compiled (background included)
@@ -283,14 +303,56 @@ class JaxRunner:
     @property
     def kv(self):
         """The family's cache list (per layer the (k, v) pages, or a state dict); allocated
-        (zeros) on first use."""
+        (zeros) on first use, each device holding only its heads' part under a mesh."""
         if self._kv is None:
-            self._kv = self._family.init_caches(self.config, **self._cache_sizes())
+            init = functools.partial(self._family.init_caches, self.config,
+                                     **self._cache_sizes())
+            self._kv = (init() if self.mesh is None
+                        else jax.jit(init, out_shardings=self._kv_shardings)())
         return self._kv
 
     @kv.setter
     def kv(self, value) -> None:
         self._kv = value
+
+    def _placed(self, kv):
+        """Caches from a host-tier copy back in the mesh's layout (the compiled step takes
+        no other); unchanged on one device."""
+        return kv if self.mesh is None else jax.device_put(kv, self._kv_shardings)
+
+    # ------------------------------------------------------------------ tensor parallelism
+
+    @property
+    def tensor_parallel(self) -> int:
+        return tp.num_groups(self.mesh)
+
+    def mesh_description(self) -> dict:
+        """The mesh for /metrics and the request log: axis size and device names."""
+        devices = self.mesh.devices.tolist() if self.mesh is not None else jax.devices()[:1]
+        return {"tensor_parallel": self.tensor_parallel, "axis": tp.AXIS,
+                "devices": [str(device) for device in devices]}
+
+    def _step_shardings(self) -> dict:
+        """jit's out shardings of the step under a mesh: the sampled tokens replicated, the
+        caches as placed. (The inputs' shardings are those of the lowering's arguments:
+        jit takes no in_shardings with keyword arguments.)"""
+        if self.mesh is None:
+            return {}
+        return {"out_shardings": (NamedSharding(self.mesh, PartitionSpec()),
+                                  self._kv_shardings)}
+
+    def _abstract(self, array):
+        """A lowering argument: the array itself, or under a mesh its replicated shape."""
+        if self.mesh is None:
+            return array
+        return jax.ShapeDtypeStruct(array.shape, array.dtype,
+                                    sharding=NamedSharding(self.mesh, PartitionSpec()))
+
+    def _replicated(self, array: np.ndarray):
+        """A host array on the device, or on every device of the mesh."""
+        if self.mesh is None:
+            return jnp.asarray(array)
+        return jax.device_put(array, NamedSharding(self.mesh, PartitionSpec()))
 
     # ------------------------------------------------------------------ shapes and compiling
 
@@ -343,7 +405,7 @@ class JaxRunner:
         compiled = time.perf_counter()
         for shape in essential:
             self._run_padding(self._executables[shape], shape)
-        self.kv = self._page_store.warm(self.kv)  # the host tier's first copies
+        self.kv = self._placed(self._page_store.warm(self.kv))  # the host tier's first copies
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
             self.kv = self._copy_slot(self.kv, dummy, dummy)
@@ -388,7 +450,7 @@ class JaxRunner:
 
     def _prev_out_spec(self) -> jax.ShapeDtypeStruct:
         # Abstract: the engine thread may donate the real one while a compile thread traces.
-        return jax.ShapeDtypeStruct((1 + self.max_batch,), jnp.int32)
+        return self._abstract(jax.ShapeDtypeStruct((1 + self.max_batch,), jnp.int32))
 
     def _staged(self, shape, ints: np.ndarray, floats: np.ndarray):
         """The shape's staging buffers, now holding `ints` and `floats` (same addresses as
@@ -448,7 +510,7 @@ class JaxRunner:
                               for s in jax.tree_util.tree_leaves(self._kv_spec)}),
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
                 "width": self.width, "max_batch": self.max_batch,
-                "stable_buffers": self.stable_buffers,
+                "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
                 **({"state_slots": self.state_slot_capacity} if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
@@ -467,9 +529,10 @@ class JaxRunner:
         with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
             # Abstract caches: the engine thread donates the real ones while this traces.
             lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out_spec(),
-                                         *example,
+                                         *map(self._abstract, example),
                                          config=self.config, page_size=self.page_size,
-                                         layout=self._layout(*shape), draws=draws)
+                                         layout=self._layout(*shape), draws=draws,
+                                         mesh=self.mesh)
         compiled = lowered.compile()
         executables[shape] = compiled
         self._unprimed[(shape, draws)] = None
@@ -517,7 +580,8 @@ class JaxRunner:
                                                       self.config.vocab_size)
             return bias
         if rows not in self._zero_bias:
-            self._zero_bias[rows] = jnp.zeros((rows, self.config.vocab_size), jnp.float32)
+            self._zero_bias[rows] = self._replicated(
+                np.zeros((rows, self.config.vocab_size), np.float32))
         return self._zero_bias[rows]
 
     # ------------------------------------------------------------------ steps
@@ -541,10 +605,10 @@ class JaxRunner:
                 executable, draws = greedy, False
         self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
         if plan.page_copies:  # host tier saves and loads, in order, before the step
-            self.kv = self._page_store.apply(self.kv, plan.page_copies)
+            self.kv = self._placed(self._page_store.apply(self.kv, plan.page_copies))
         for copy in plan.state_copies:  # in order, before the step (checkpoints, snapshots)
             if isinstance(copy, StateCopy):
-                self.kv = self._page_store.apply_state(self.kv, copy)
+                self.kv = self._placed(self._page_store.apply_state(self.kv, copy))
             else:
                 self.kv = self._copy_slot(self.kv, np.int32(copy[0]), np.int32(copy[1]))
         if self.stable_buffers:
@@ -618,6 +682,52 @@ class JaxRunner:
         if not 1 <= len(rows) <= self.max_batch:
             raise ValueError(f"decode batch of {len(rows)} rows (max {self.max_batch})")
         return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
+
+
+def place_params(params, config, dtype, mesh=None, *, fuse: bool = True):
+    """The params on the device(s) in the compute dtype, q|k|v and gate|up fused (`fuse`).
+    One device: fused on the host, one device_put (steps.cast_params). A mesh: split as
+    model/tensor_parallel.py says; a host (numpy) tree is fused and cast on the host and each
+    device receives only its shards; a tree already on the mesh (restored into its shards by
+    the artifact loader) is fused and cast there one layer at a time, each layer's parts
+    donated so the device never holds both layouts of more than one layer."""
+    if mesh is None:
+        if fuse:
+            params = fused_projections.fuse_projections(params, config)
+        return steps.cast_params(params, dtype)
+    tp.check_plain(params)
+    size = tp.num_groups(mesh)
+    if config.num_experts:
+        log.info("tensor parallel: the routed experts are replicated on each of the %d "
+                 "devices (expert parallelism is not built)", size)
+    cast = functools.partial(_cast_floats, dtype=dtype)
+
+    def prepare(tree):  # a whole tree or one layer dict
+        if fuse and config.architecture in fused_projections.DENSE_ARCHITECTURES:
+            tree = (fused_projections.fuse_layer(tree, size) if "layers" not in tree
+                    else fused_projections.fuse_projections(tree, config, size))
+        if config.is_hybrid:  # GDN channels per shard
+            tree = (tp.group_deltanet_layer(tree, config, size) if "layers" not in tree
+                    else {**tree, "layers": [tp.group_deltanet_layer(layer, config, size)
+                                             for layer in tree["layers"]]})
+        return jax.tree.map(cast, tree)
+
+    def target(tree):
+        return tp.shardings(tp.param_specs(jax.eval_shape(prepare, tree), size), mesh)
+
+    if not any(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(params)):
+        return jax.device_put(prepare(params), target(params))
+    layers = [jax.jit(prepare, out_shardings=target(layer), donate_argnums=0)(layer)
+              for layer in params["layers"]]
+    rest = {key: value for key, value in params.items() if key != "layers"}
+    return {**jax.jit(prepare, out_shardings=target(rest))(rest), "layers": layers}
+
+
+def _cast_floats(leaf, dtype):
+    """A floating-point leaf in the compute dtype (host or device); others as stored."""
+    if not jnp.issubdtype(leaf.dtype, jnp.floating) or leaf.dtype == dtype:
+        return leaf
+    return leaf.astype(dtype)
 
 
 def _overwrite(ints_buffer, floats_buffer, ints, floats):

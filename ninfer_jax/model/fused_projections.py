@@ -8,7 +8,10 @@ each layer of a `llama`/`qwen3` params tree (model/config.py) into
     wqkv       [H, (NH + 2*NK) * D]   wq | wk | wv     (joined along the output axis)
     w_gate_up  [H, 2F]                w_gate | w_up
 
-and model/llama.py and layers.swiglu_mlp split the product again. Plain float weights always
+and model/llama.py and layers.swiglu_mlp split the product again. Under tensor parallelism
+(`groups` = the mesh size) the columns are ordered per shard instead, so a column split gives
+each device whole heads and its own slice of F (model/tensor_parallel.py); quantized leaves
+then stay unfused. Plain float weights always
 fuse. Quantized leaves (kernels/quant_matmul/formats.py) fuse when all parts share a format
 whose every array runs along the output axis last: int8 and fp8 (codes [K, N], per-channel
 scales [N]) and int4 (codes pack column pairs within one leaf, so [Kp, N/2] joins cleanly;
@@ -28,6 +31,7 @@ import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, format_of, logical_shape
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.tensor_parallel import group_columns
 
 DENSE_ARCHITECTURES = ("llama", "qwen3")
 # fused leaf -> the leaves it replaces, in column order
@@ -36,20 +40,21 @@ FUSED_LEAVES = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
 JOINABLE_FORMATS = ("int8", "fp8", "int4")
 
 
-def fuse_projections(params: dict, config: ModelConfig) -> dict:
-    """`params` with each dense layer's fusable projection groups joined (module docstring)."""
+def fuse_projections(params: dict, config: ModelConfig, groups: int = 1) -> dict:
+    """`params` with each dense layer's fusable projection groups joined (module docstring);
+    `groups` > 1 lays the columns out per tensor-parallel shard (model/tensor_parallel.py)."""
     if config.architecture not in DENSE_ARCHITECTURES or "layers" not in params:
         return params
-    return {**params, "layers": [fuse_layer(layer) for layer in params["layers"]]}
+    return {**params, "layers": [fuse_layer(layer, groups) for layer in params["layers"]]}
 
 
-def fuse_layer(layer: dict) -> dict:
+def fuse_layer(layer: dict, groups: int = 1) -> dict:
     """One layer's leaves with every group of FUSED_LEAVES that can be joined replaced."""
     layer = dict(layer)
     for fused, parts in FUSED_LEAVES.items():
         if not all(part in layer for part in parts):
             continue
-        joined = join_columns([layer[part] for part in parts])
+        joined = join_columns([layer[part] for part in parts], groups)
         if joined is not None:
             for part in parts:
                 del layer[part]
@@ -57,14 +62,23 @@ def fuse_layer(layer: dict) -> dict:
     return layer
 
 
-def join_columns(leaves: list):
+def join_columns(leaves: list, groups: int = 1):
     """One weight leaf whose output columns are those of `leaves` in order, or None when their
-    formats do not allow it (see the module docstring)."""
+    formats do not allow it (see the module docstring). With `groups` > 1 (plain weights
+    only) each part is split in that many column blocks and the blocks are ordered by group:
+    [A_0 B_0 | A_1 B_1 | ...] (tensor_parallel.group_columns)."""
     formats = {format_of(leaf) for leaf in leaves}
     rows = {logical_shape(leaf)[0] for leaf in leaves}
     if len(formats) != 1 or len(rows) != 1:
         return None
     fmt = formats.pop()
+    if fmt == "bf16" and groups > 1:
+        if any(logical_shape(leaf)[1] % groups for leaf in leaves):
+            return None
+        return group_columns(_concatenate(leaves),
+                             tuple(logical_shape(leaf)[1] for leaf in leaves), groups)
+    if groups > 1:
+        return None
     if fmt == "bf16":  # any plain float array
         return _concatenate(leaves)
     if fmt in BLOCK_FORMATS:

@@ -17,41 +17,70 @@ Shape letters: N = C + B rows, C chunk tokens, B row tokens, H hidden, D_c conv 
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import types
+
 import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import gated_delta
-from ninfer_jax.model import ragged_batch
+from ninfer_jax.model import ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear
 
 L2_EPS = 1e-6  # as the reference implementation's l2norm
 
 
-def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, config: ModelConfig):
-    """h [N, H] -> (out [N, H], the layer's updated state dict)."""
-    C = ragged_batch.num_chunk_tokens(batch)
+def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, config: ModelConfig,
+                   mesh=None):
+    """h [N, H] -> (out [N, H], the layer's updated state dict). With a tensor-parallel
+    `mesh` the layer holds `in_qkv_grouped` / `conv_grouped` (Q | K | V channels ordered per
+    shard, model/tensor_parallel.py) and the conv and delta rule run per shard on its heads
+    and state slots' columns (shard_map)."""
     N = h.shape[0]
     Hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
-    mixed = linear(h, layer["in_qkv"])  # [N, D_c]
+    grouped = "in_qkv_grouped" in layer
+    mixed = linear(h, layer["in_qkv_grouped" if grouped else "in_qkv"])  # [N, D_c]
+    conv_weight = layer["conv_grouped" if grouped else "conv"]
     beta = jax.nn.sigmoid(linear(h, layer["in_b"]).astype(jnp.float32))
     g = -jnp.exp(layer["A_log"].astype(jnp.float32)) * jax.nn.softplus(
         linear(h, layer["in_a"]).astype(jnp.float32) + layer["dt_bias"].astype(jnp.float32))
-    conv, recurrent = state["conv"], state["recurrent"]
-    outputs = []
-    if C:
-        out, conv, recurrent = _chunk(mixed[:C], g[:C], beta[:C], layer["conv"], conv,
-                                      recurrent, batch, config)
-        outputs.append(out)
-    if N > C:
-        out, conv, recurrent = _rows(mixed[C:], g[C:], beta[C:], layer["conv"], conv,
-                                     recurrent, batch.row_state_slots, config)
-        outputs.append(out)
-    core = jnp.concatenate(outputs)  # [N, Hv, dv] f32
+    slots = {"chunk_state_slot": batch.chunk_state_slot, "chunk_start": batch.chunk_start,
+             "chunk_len": batch.chunk_len, "row_state_slots": batch.row_state_slots}
+    core_fn = functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
+                                config=config)
+    if mesh is not None:
+        size = tensor_parallel.num_groups(mesh)
+        local = dataclasses.replace(config, linear_num_key_heads=config.linear_num_key_heads
+                                    // size, linear_num_value_heads=Hv // size)
+        core_fn = tensor_parallel.per_shard_deltanet(
+            functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
+                              config=local), mesh)
+    core, conv, recurrent = core_fn(mixed, g, beta, conv_weight, state["conv"],
+                                    state["recurrent"], slots)
     z = linear(h, layer["in_z"]).reshape(N, Hv, dv)
     normed = gated_rms_norm(core, z, layer["gdn_norm"], config.rms_norm_eps).astype(h.dtype)
     return linear(normed.reshape(N, Hv * dv), layer["out"]), {"conv": conv,
                                                               "recurrent": recurrent}
+
+
+def _core(mixed, g, beta, conv_weight, conv, recurrent, slots: dict, *, num_chunk: int,
+          config: ModelConfig):
+    """The conv and the delta rule of the chunk region, then of the rows: the outputs
+    [N, Hv, dv] f32 and the updated conv and recurrent states."""
+    C, N = num_chunk, mixed.shape[0]
+    batch = types.SimpleNamespace(**slots)
+    outputs = []
+    if C:
+        out, conv, recurrent = _chunk(mixed[:C], g[:C], beta[:C], conv_weight, conv,
+                                      recurrent, batch, config)
+        outputs.append(out)
+    if N > C:
+        out, conv, recurrent = _rows(mixed[C:], g[C:], beta[C:], conv_weight, conv,
+                                     recurrent, batch.row_state_slots, config)
+        outputs.append(out)
+    return jnp.concatenate(outputs), conv, recurrent
 
 
 def gated_rms_norm(x, z, weight, eps: float):

@@ -14,12 +14,11 @@ Shape letters: N rows of a step, NH query heads, NK kv heads, D head dim, W page
 """
 from __future__ import annotations
 
-import functools
 
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import paged_attention, ragged_attention
-from ninfer_jax.model import ragged_batch
+from ninfer_jax.kernels import paged_attention
+from ninfer_jax.model import ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, rms_norm,
                                      rope_inverse_frequencies, rope_tables, swiglu_mlp)
@@ -28,11 +27,11 @@ from ninfer_jax.model.moe_mlp import moe_mlp
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int):
+           page_size: int, mesh=None):
     """One ragged step (see llama.ragged): the f32 logits of the 1 + B sampled rows and the
     caches."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
-                     page_size)
+                     page_size, mesh)
     if ragged_batch.num_chunk_tokens(batch) == 0:
         logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
         return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
@@ -40,27 +39,27 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
-            page_size: int):
+            page_size: int, mesh=None):
     """One chunk of one sequence (see llama.prefill): logits of the last real token."""
     batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                     mesh)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
-def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int):
+def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int,
+           mesh=None):
     """One new token per row (see llama.decode): f32 logits [B, V] and the caches."""
     batch = ragged_batch.rows_only(tokens, positions, page_tables)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                     mesh)
     return _logits(params, x, config), kv
 
 
-def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
+def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh):
     """The decoder over the step's rows `tokens`; returns the final residual [N, H]."""
-    attend = functools.partial(
-        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
-        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
-        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
-        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
+    attend = tensor_parallel.attention_op(batch, scale=config.head_dim ** -0.5, mesh=mesh)
+    groups = tensor_parallel.num_groups(mesh)
     rotary_dim = int(config.head_dim * config.partial_rotary_factor)
     inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
     rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
@@ -72,7 +71,8 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
         attn_out, cache = _attention(h, layer, cache, rope, slots, attend, config)
         x = x + attn_out
         h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i) else swiglu_mlp(h, layer))
+        x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i)
+                 else swiglu_mlp(h, layer, groups))
         new_kv.append(cache)
     return x, new_kv
 
@@ -87,9 +87,8 @@ def _attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
         q = rms_norm(q, layer["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, layer["k_norm"], config.rms_norm_eps)
     q, k = apply_partial_rope(q, *rope), apply_partial_rope(k, *rope)
-    k_cache, v_cache = paged_attention.write_kv(*cache, k, v, slots)
-    out = attend(q, k_cache, v_cache)
-    return linear(out.reshape(N, NH * D), layer["wo"]), (k_cache, v_cache)
+    out, cache = attend(q, k, v, cache, slots)
+    return linear(out.reshape(N, NH * D), layer["wo"]), cache
 
 
 def _project(h, layer, name: str):

@@ -24,13 +24,12 @@ Shape letters: N rows of a step (C chunk tokens + B row tokens), W page-table wi
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import paged_attention, ragged_attention
-from ninfer_jax.model import ragged_batch
+from ninfer_jax.kernels import paged_attention
+from ninfer_jax.model import ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
 from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, rope_inverse_frequencies,
@@ -39,11 +38,11 @@ from ninfer_jax.model.moe_mlp import moe_mlp
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int):
+           page_size: int, mesh=None):
     """One ragged step (see llama.ragged): returns the f32 logits of the 1 + B sampled rows
     (row 0 after the chunk's last real token, meaningless when C == 0) and the caches."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
-                     page_size)
+                     page_size, mesh)
     if ragged_batch.num_chunk_tokens(batch) == 0:
         logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
         return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
@@ -51,23 +50,25 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
-            config: ModelConfig, page_size: int):
+            config: ModelConfig, page_size: int, mesh=None):
     """One chunk of one sequence on state slot `state_slot` (int32 []); see llama.prefill."""
     batch = dataclasses.replace(ragged_batch.chunk_only(tokens, start, num_tokens, page_table),
                                 chunk_state_slot=state_slot,
                                 row_state_slots=jnp.zeros(0, jnp.int32))
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                     mesh)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
 def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
-           config: ModelConfig, page_size: int):
+           config: ModelConfig, page_size: int, mesh=None):
     """One token per row, row i on state slot state_slots[i] (padding rows: slot 0 and
     DUMMY_PAGE tables); see llama.decode."""
     batch = dataclasses.replace(ragged_batch.rows_only(tokens, positions, page_tables),
                                 chunk_state_slot=jnp.int32(ragged_batch.DUMMY_STATE_SLOT),
                                 row_state_slots=state_slots)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                     mesh)
     return _logits(params, x, config), kv
 
 
@@ -92,16 +93,13 @@ def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_stat
     return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
 
 
-def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
+def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh):
     """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
     if batch.row_state_slots is None or (ragged_batch.num_chunk_tokens(batch)
                                          and batch.chunk_state_slot is None):
         raise ValueError("hybrid models need the batch's state slots")
-    attend = functools.partial(
-        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
-        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
-        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
-        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
+    attend = tensor_parallel.attention_op(batch, scale=config.head_dim ** -0.5, mesh=mesh)
+    groups = tensor_parallel.num_groups(mesh)
     rotary_dim = int(config.head_dim * config.partial_rotary_factor)
     inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
     rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
@@ -113,10 +111,11 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
         if config.layer_types[i] == "full_attention":
             mixed, cache = _gated_attention(h, layer, cache, rope, slots, attend, config)
         else:
-            mixed, cache = gated_deltanet(h, layer, cache, batch, config)
+            mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
         x = x + mixed
         h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i) else swiglu_mlp(h, layer))
+        x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i)
+                 else swiglu_mlp(h, layer, groups))
         new_kv.append(cache)
     return x, new_kv
 
@@ -131,11 +130,10 @@ def _gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
     v = linear(h, layer["wv"]).reshape(N, config.num_kv_heads, D)
     q = apply_partial_rope(zero_centred_rms_norm(q, layer["q_norm"], config.rms_norm_eps), *rope)
     k = apply_partial_rope(zero_centred_rms_norm(k, layer["k_norm"], config.rms_norm_eps), *rope)
-    k_cache, v_cache = paged_attention.write_kv(*cache, k, v, slots)
-    out = attend(q, k_cache, v_cache)
+    out, cache = attend(q, k, v, cache, slots)
     if gate is not None:
         out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
-    return linear(out.reshape(N, NH * D), layer["wo"]), (k_cache, v_cache)
+    return linear(out.reshape(N, NH * D), layer["wo"]), cache
 
 
 def _logits(params, x, config: ModelConfig):

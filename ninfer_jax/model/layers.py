@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels import quant_matmul
+from ninfer_jax.model.tensor_parallel import split_fused
 
 
 def linear(x, w, *, out_dtype=None):
@@ -53,11 +54,14 @@ def zero_centred_rms_norm(x, weight, eps: float):
     return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
 
 
-def swiglu_mlp(x, layer):
+def swiglu_mlp(x, layer, groups: int = 1):
     """The gated MLP: down(silu(gate(x)) * up(x)); one product for gate and up when the layer
-    has the fused `w_gate_up` (model/fused_projections.py)."""
+    has the fused `w_gate_up` (model/fused_projections.py), whose columns are laid out in
+    `groups` tensor-parallel blocks (model/tensor_parallel.py; 1: gate | up)."""
     if "w_gate_up" in layer:
-        gate, up = jnp.split(linear(x, layer["w_gate_up"]), 2, axis=-1)
+        y = linear(x, layer["w_gate_up"])
+        half = y.shape[-1] // 2
+        gate, up = split_fused(y, (half, half), groups)
     else:
         gate, up = linear(x, layer["w_gate"]), linear(x, layer["w_up"])
     hidden = gate * jnp.reciprocal(1.0 + jnp.exp(-gate)) * up

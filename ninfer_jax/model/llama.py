@@ -10,9 +10,10 @@ go through the dense parts together as C + B rows, and attention splits them aga
 `init_caches` / `cache_shapes` build the caches the runner donates (the family interface every
 family module provides; dense families ignore the state-slot count).
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
-layer, each shaped by `paged_attention.cache_spec` (fp8 pages carry their scales). Cache writes go through
-paged_attention.write_kv and attention through kernels.ragged_attention only, so the GPU kernels
-plug in there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
+layer, each shaped by `paged_attention.cache_spec` (fp8 pages carry their scales). Cache writes and
+attention go through tensor_parallel.attention_op only (paged_attention.write_kv, then
+kernels.ragged_attention; per shard under a tensor-parallel mesh), so the GPU kernels plug in
+there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
 logits are computed in f32.
 
 Layers are a Python loop (unrolled in the compiled step) over per-layer cache arrays: each cache
@@ -23,26 +24,26 @@ W page-table width, S page size.
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import paged_attention, ragged_attention
-from ninfer_jax.model import ragged_batch
+from ninfer_jax.kernels import paged_attention
+from ninfer_jax.model import ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import (apply_rope, embed, linear, rms_norm, rope_inverse_frequencies,
                                      rope_tables, swiglu_mlp, tied_head)
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int):
+           page_size: int, mesh=None):
     """One ragged step: every chunk and row token writes its K/V, the chunk attends causally
     over its sequence and each row token to keys 0..its position. `prev_out` (int32, or None)
     supplies the row tokens with row_src >= 0. Returns the f32 logits of the 1 + B sampled rows
-    (row 0: after the chunk's last real token, meaningless when C == 0) and the caches."""
+    (row 0: after the chunk's last real token, meaningless when C == 0) and the caches.
+    `mesh` (static): the tensor-parallel mesh the params and caches are placed on
+    (model/tensor_parallel.py), or None on one device."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
-                     page_size)
+                     page_size, mesh)
     if ragged_batch.num_chunk_tokens(batch) == 0:
         # No chunk: its row would be a wasted LM-head row (on XLA CPU a 2-row product costs
         # nearly twice a 1-row one), so it gets zero logits without the product.
@@ -52,69 +53,69 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
-            page_size: int):
+            page_size: int, mesh=None):
     """One chunk of one sequence at positions start..start+T-1. Rows >= num_tokens are padding:
     their KV goes to the dummy page and their outputs are ignored. Returns the f32 logits of the
     last real token and the updated caches."""
     batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                     mesh)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
-def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int):
+def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int,
+           mesh=None):
     """One new token per row. Padding rows carry DUMMY_PAGE page tables (and position 0), so
     their cache writes land in the dummy page. Returns f32 logits [B, V] and the caches."""
     batch = ragged_batch.rows_only(tokens, positions, page_tables)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
+    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                     mesh)
     return _logits(params, x, config), kv
 
 
-def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
+def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh):
     """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
-    attend = functools.partial(
-        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
-        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
-        row_lengths=batch.row_positions + 1, scale=config.head_dim ** -0.5,
-        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
+    attend = tensor_parallel.attention_op(batch, scale=config.head_dim ** -0.5, mesh=mesh)
     return _layers(params, kv, embed(params["embed"], tokens), ragged_batch.step_positions(batch),
-                   ragged_batch.step_slots(batch, page_size), attend, config)
+                   ragged_batch.step_slots(batch, page_size), attend, config,
+                   tensor_parallel.num_groups(mesh))
 
 
-def _layers(params, kv, x, positions, slots, attend, config: ModelConfig):
+def _layers(params, kv, x, positions, slots, attend, config: ModelConfig, groups: int):
     """Run every decoder layer over rows x [N, H]; returns the final residual and new caches."""
     inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
     cos, sin = rope_tables(positions, inv_freq)
     new_kv = []
-    for layer, (k_cache, v_cache) in zip(params["layers"], kv):
+    for layer, cache in zip(params["layers"], kv):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
-        attn_out, k_cache, v_cache = _attention(h, layer, k_cache, v_cache, cos, sin, slots,
-                                                attend, config)
+        attn_out, cache = _attention(h, layer, cache, cos, sin, slots, attend, config, groups)
         x = x + attn_out
-        x = x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], config.rms_norm_eps), layer)
-        new_kv.append((k_cache, v_cache))
+        x = x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], config.rms_norm_eps), layer, groups)
+        new_kv.append(cache)
     return x, new_kv
 
 
-def _attention(h, layer, k_cache, v_cache, cos, sin, slots, attend, config: ModelConfig):
+def _attention(h, layer, cache, cos, sin, slots, attend, config: ModelConfig, groups: int):
     """GQA self-attention of rows h [N, H]: project, (qwen3) per-head norm, rotate, store the
     new K/V at `slots`, attend over the paged cache, project back."""
     N, D = h.shape[0], config.head_dim
-    q, k, v = _project_qkv(h, layer, config)
+    q, k, v = _project_qkv(h, layer, config, groups)
     if config.qk_norm:
         q = rms_norm(q, layer["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, layer["k_norm"], config.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-    k_cache, v_cache = paged_attention.write_kv(k_cache, v_cache, k, v, slots)
-    out = attend(q, k_cache, v_cache)
-    return linear(out.reshape(N, config.num_heads * D), layer["wo"]), k_cache, v_cache
+    out, cache = attend(q, k, v, cache, slots)
+    return linear(out.reshape(N, config.num_heads * D), layer["wo"]), cache
 
 
-def _project_qkv(h, layer, config: ModelConfig):
+def _project_qkv(h, layer, config: ModelConfig, groups: int):
     """q [N, NH, D], k and v [N, NK, D]: one product when the layer has the fused `wqkv`
-    (model/fused_projections.py), three otherwise."""
+    (model/fused_projections.py, its columns in `groups` tensor-parallel blocks), three
+    otherwise."""
     N, NH, NK, D = h.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
     if "wqkv" in layer:
-        q, k, v = jnp.split(linear(h, layer["wqkv"]), [NH * D, (NH + NK) * D], axis=-1)
+        q, k, v = tensor_parallel.split_fused(linear(h, layer["wqkv"]),
+                                              (NH * D, NK * D, NK * D), groups)
     else:
         q, k, v = (linear(h, layer[name]) for name in ("wq", "wk", "wv"))
     return q.reshape(N, NH, D), k.reshape(N, NK, D), v.reshape(N, NK, D)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
-from ninfer_jax.model import glm, hybrid, llama, sampling
+from ninfer_jax.model import glm, hybrid, llama, sampling, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
@@ -29,31 +29,36 @@ FAMILIES = {"llama": llama, "qwen3": llama,
 
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
-                config: ModelConfig, page_size: int, draws: bool = True):
+                config: ModelConfig, page_size: int, draws: bool = True, mesh=None):
     """One ragged step (see llama.ragged); returns (out int32 [1 + max_rows], kv).
 
     prev_out: the previous step's `out` (int32 [1 + max_rows], any values before the first
     step); max_rows is its length - 1, so it is fixed per compiled shape. `sampling_batch` has
     1 + B rows: the chunk, then the row tokens. out[0] is the token after the chunk's last real
     token (meaningless when C == 0), out[1 + i] the token after row token i, and entries past
-    1 + B are zero. `draws=False` compiles greedy sampling only (sampling.sample)."""
+    1 + B are zero. `draws=False` compiles greedy sampling only (sampling.sample). `mesh`:
+    the tensor-parallel mesh (model/tensor_parallel.py); sampling reads the gathered logits."""
     num_rows = batch.row_tokens.shape[0]
     if num_rows > prev_out.shape[0] - 1:
         raise ValueError(f"{num_rows} row tokens exceed max_rows={prev_out.shape[0] - 1}")
     family = FAMILIES[config.architecture]
-    logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size)
+    # the mesh only when there is one: a family (or a test's stub) without tensor
+    # parallelism keeps the plain signature
+    logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size,
+                               **({} if mesh is None else {"mesh": mesh}))
+    logits = tensor_parallel.replicated(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
     return out, kv
 
 
 def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig,
-                page_size: int, layout: PackedLayout, draws: bool = True):
+                page_size: int, layout: PackedLayout, draws: bool = True, mesh=None):
     """`ragged_step` over inputs packed into one int32 and one float32 buffer
     (model/packed_inputs.py): two host-to-device transfers per launch instead of fifteen."""
     batch, sampling_batch = unpack(layout, ints, floats, bias)
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
-                       page_size=page_size, draws=draws)
+                       page_size=page_size, draws=draws, mesh=mesh)
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

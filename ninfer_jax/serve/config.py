@@ -158,6 +158,12 @@ class ServeConfig:
     device: int = option(  # CUDA device index among the visible ones
         0, "CUDA device index (among CUDA_VISIBLE_DEVICES when set) the engine core uses. "
         "On CPU: accepted, no effect beyond the core's environment.", min=0)
+    # model/tensor_parallel.py; "auto" or a device count, parsed by serve/options.py
+    tensor_parallel: int | str = option(
+        1, "Devices the model is split over (tensor parallelism: heads, MLP columns and "
+        "the vocabulary): N, or 'auto' for every visible device. N must divide the "
+        "attention heads and kv heads (and a hybrid model's linear-attention heads).",
+        type=str)
     no_cuda_graph: bool = option(  # XLA command buffers (CUDA graphs) off
         False, "Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
         "On CPU: accepted, no effect beyond the core's environment.", is_flag=True)

@@ -13,6 +13,7 @@ for `ninfer replay --artifact` (one process, no HTTP workers).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -33,17 +34,24 @@ NO_COMMAND_BUFFERS_FLAG = "--xla_gpu_enable_command_buffer="
 
 def core_environment(config: ServeConfig, base: Mapping[str, str]) -> dict[str, str]:
     """Variables the engine core sets before importing JAX. --device N picks the Nth of the
-    devices `base` already makes visible (all of them when CUDA_VISIBLE_DEVICES is unset);
-    --no-cuda-graph appends the command-buffer switch to any XLA_FLAGS in `base`."""
+    devices `base` already makes visible (all of them when CUDA_VISIBLE_DEVICES is unset),
+    and with --tensor-parallel K the K devices from the Nth on (`auto`: every visible one,
+    the variable left as it is); --no-cuda-graph appends the command-buffer switch to any
+    XLA_FLAGS in `base`."""
     visible = base.get("CUDA_VISIBLE_DEVICES")
-    device = str(config.device)
-    if visible:
-        choices = [d.strip() for d in visible.split(",") if d.strip()]
-        if config.device >= len(choices):
-            raise ValueError(f"--device {config.device}: CUDA_VISIBLE_DEVICES={visible} makes "
-                             f"only {len(choices)} device(s) visible")
-        device = choices[config.device]
-    env = {"CUDA_VISIBLE_DEVICES": device}
+    env = {}
+    if config.tensor_parallel != "auto":
+        count = int(config.tensor_parallel)
+        devices = [str(config.device + i) for i in range(count)]
+        if visible:
+            choices = [d.strip() for d in visible.split(",") if d.strip()]
+            if config.device + count > len(choices):
+                wanted = (f"--device {config.device}" if count == 1 else
+                          f"--device {config.device} --tensor-parallel {count}")
+                raise ValueError(f"{wanted}: CUDA_VISIBLE_DEVICES={visible} makes only "
+                                 f"{len(choices)} device(s) visible")
+            devices = choices[config.device:config.device + count]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
     if config.no_cuda_graph:
         flags = base.get("XLA_FLAGS", "").strip()
         env["XLA_FLAGS"] = f"{flags} {NO_COMMAND_BUFFERS_FLAG}".strip()
@@ -67,16 +75,22 @@ def build_engine(config: ServeConfig):
     from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
 
     started = time.perf_counter()
-    # The device runtime starts (seconds on a GPU) while the weights are read.
-    runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
-    runtime.start()
-    artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums)
-    runtime.join()
+    mesh = tensor_parallel_mesh(config)
+    if mesh is None:
+        # The device runtime starts (seconds on a GPU) while the weights are read.
+        runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
+        runtime.start()
+        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums)
+        runtime.join()
+    else:  # each device reads only its shards of the weights (orbax, target shardings)
+        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
+                                 shardings=functools.partial(_weight_shardings, mesh=mesh))
     read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
     kv_dtype = kv_dtype_for(config.kv_dtype)
     artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
-                                                 max_context=max_context, page_size=PAGE_SIZE)
+                                                 max_context=max_context, page_size=PAGE_SIZE,
+                                                 mesh=mesh)
     engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
     engine_config = dataclasses.replace(engine_config, max_context=max_context)
     log_state_slots(config, artifact.config)
@@ -85,6 +99,7 @@ def build_engine(config: ServeConfig):
                        page_size=PAGE_SIZE, max_context=max_context,
                        prefill_chunk=config.prefill_chunk, kv_dtype=kv_dtype,
                        step_shapes=config.step_shapes,
+                       tensor_parallel=1 if mesh is None else mesh.size,
                        state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.is_hybrid),
                        **runner_rows(config.max_concurrency, speculative))
@@ -102,6 +117,35 @@ def build_engine(config: ServeConfig):
 
         ThroughputReporter(engine, config.log_stats_interval_ms / 1000.0).start()
     return engine
+
+
+def tensor_parallel_mesh(config: ServeConfig):
+    """The mesh --tensor-parallel asks for (None: one device), checked against the model
+    before any weight is read: ValueError, one line, when the device count is more than
+    the visible devices or does not divide the heads."""
+    import jax
+
+    from ninfer_jax.artifact.format import load_artifact
+    from ninfer_jax.model import tensor_parallel
+
+    visible = len(jax.devices())
+    size = visible if config.tensor_parallel == "auto" else int(config.tensor_parallel)
+    if size > visible:
+        raise ValueError(f"--tensor-parallel {size}: only {visible} device(s) visible")
+    model_config = load_artifact(config.artifact, weights=False).config
+    tensor_parallel.check_divides(model_config, size)
+    if size == 1:
+        return None
+    mesh = tensor_parallel.make_mesh(size)
+    log.info("tensor parallel over %d devices: %s", size,
+             ", ".join(str(device) for device in mesh.devices.flat))
+    return mesh
+
+
+def _weight_shardings(structure, *, mesh):
+    from ninfer_jax.model import tensor_parallel
+
+    return tensor_parallel.shardings(tensor_parallel.param_specs(structure, mesh.size), mesh)
 
 
 def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:

@@ -153,49 +153,60 @@ def default_kv_tokens(*, lanes: int, max_context: int, bound: int, page_size: in
 
 
 def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
-                 page_size: int):
+                 page_size: int, mesh=None):
     """(artifact, pool tokens or None) for a ServeConfig. Measuring places the weights on the
-    device first (the returned artifact holds them); None leaves the pool at one context."""
+    device first (the returned artifact holds them); None leaves the pool at one context.
+    With a tensor-parallel `mesh` the weights are placed split over it and the pool is
+    sized per device: each holds 1/N of every token's KV (its kv heads), so the free memory
+    of the fullest device is divided by the per-device bytes of a token."""
     if config.kv_capacity not in ("auto", None):
         return artifact, config.kv_capacity
     if config.kv_capacity is None and config.max_concurrency == 1:
         return artifact, None  # one lane: one context, nothing to measure
-    artifact = place_weights(artifact, compute_dtype)
+    artifact = place_weights(artifact, compute_dtype, mesh)
     state_bytes = state_bytes_of(artifact.config, compute_dtype,
                                  device_state_slots_of(config, artifact.config))
+    size = 1 if mesh is None else mesh.size
     bound = auto_kv_tokens_for(artifact, kv_dtype, page_size=page_size,
-                               max_context=max_context, state_bytes=state_bytes).tokens
+                               max_context=max_context, state_bytes=state_bytes // size,
+                               mesh=mesh).tokens
     if config.kv_capacity == "auto":
         return artifact, bound
     return artifact, default_kv_tokens(lanes=config.max_concurrency, max_context=max_context,
                                        bound=bound, page_size=page_size)
 
 
-def place_weights(artifact, dtype):
+def place_weights(artifact, dtype, mesh=None):
     """The artifact with its params fused (on the host) and cast to `dtype` on the default
-    device, as the runner does by default (it keeps fused leaves as given), so that free
-    memory can be measured with the weights resident, and resident once."""
+    device (or split over `mesh`), as the runner does by default (it keeps fused leaves and
+    placed trees as given), so that free memory can be measured with the weights resident,
+    and resident once."""
     import jax
 
-    from ninfer_jax.model import fused_projections, steps
+    from ninfer_jax.engine.runner import place_params
 
-    params = steps.cast_params(
-        fused_projections.fuse_projections(artifact.params, artifact.config), dtype)
+    params = place_params(artifact.params, artifact.config, dtype, mesh)
     jax.block_until_ready(params)
     return dataclasses.replace(artifact, params=params)
 
 
 def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
-                       state_bytes: int = 0) -> KvSizing:
+                       state_bytes: int = 0, mesh=None) -> KvSizing:
     """Measure and size pages of `kv_dtype`: call with the weights already placed
-    (`place_weights`); `state_bytes` of state slots come out of the same memory."""
+    (`place_weights`); `state_bytes` of state slots come out of the same memory. With a
+    `mesh`, per device: its free memory (the least of the mesh's) against its share of a
+    token's KV and of the compile scratch."""
     import jax
 
-    sizing = auto_kv_sizing(free_device_bytes=device_free_bytes(jax.devices()[0]),
+    size = 1 if mesh is None else mesh.size
+    devices = jax.devices()[:1] if mesh is None else list(mesh.devices.flat)
+    free = [device_free_bytes(device) for device in devices]
+    sizing = auto_kv_sizing(free_device_bytes=None if None in free else min(free),
                             available_host_bytes=host_available_bytes(),
-                            bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype),
+                            bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype)
+                            // size,
                             page_size=page_size, max_context=max_context,
-                            scratch_bytes=compile_scratch_bytes(artifact.params),
+                            scratch_bytes=compile_scratch_bytes(artifact.params) // size,
                             state_bytes=state_bytes)
     log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)",
              sizing.tokens, sizing.bytes_per_token / 1024, sizing.basis)

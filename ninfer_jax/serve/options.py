@@ -75,6 +75,19 @@ def _kv_capacity(value: str | None):
     return tokens
 
 
+def _tensor_parallel(value) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        size = int(value)
+    except ValueError:
+        raise click.BadParameter("expected a device count or 'auto'",
+                                 param_hint="--tensor-parallel") from None
+    if size < 1:
+        raise click.BadParameter("must be at least 1", param_hint="--tensor-parallel")
+    return size
+
+
 def _api_key(value: str | None, path: str | None) -> str | None:
     if path is None:
         return value or None
@@ -107,7 +120,8 @@ def build_config(artifact: str, params: dict, argv: tuple[str, ...] = ()) -> Ser
     params.update(
         api_key=_api_key(params.pop("api_key"), params.pop("api_key_file")),
         allowed_hosts=tuple(h.strip() for h in hosts.split(",") if h.strip()),
-        draft_tokens=speculative.draft_tokens if speculative else None)
+        draft_tokens=speculative.draft_tokens if speculative else None,
+        tensor_parallel=_tensor_parallel(params.pop("tensor_parallel")))
     return ServeConfig(artifact=artifact, kv_capacity=kv_tokens, sampling=sampling,
                        argv=tuple(argv), **params)
 

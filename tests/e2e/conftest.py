@@ -94,13 +94,15 @@ class LiveServer:
                 self.process.wait(timeout=10)
 
 
-def start_server(artifact, *flags, api_key: str | None = None) -> LiveServer:
+def start_server(artifact, *flags, api_key: str | None = None,
+                 env_extra: dict | None = None) -> LiveServer:
     port = free_port()
     args = [str(NINFER), "serve", str(artifact), "--port", str(port), *flags]
     if api_key:
         args += ["--api-key", api_key]
     env = dict(os.environ)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str(REPO / ".cache" / "jax"))
+    env.update(env_extra or {})
     log_file = tempfile.NamedTemporaryFile(prefix="ninfer-serve-", suffix=".log", delete=False)
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log_file,
                                stderr=subprocess.STDOUT, start_new_session=True)

@@ -1,5 +1,5 @@
 """Start-up decisions of the launcher: the engine core's environment (--device,
---no-cuda-graph) and the options that cannot run with several HTTP workers."""
+--tensor-parallel, --no-cuda-graph) and the options that cannot run with several HTTP workers."""
 import pytest
 
 from ninfer_jax.serve.config import ServeConfig
@@ -21,6 +21,17 @@ def test_device_indexes_the_devices_already_visible():
     assert core_environment(config(device=1), base)["CUDA_VISIBLE_DEVICES"] == "6"
     with pytest.raises(ValueError, match="--device 3: CUDA_VISIBLE_DEVICES=4, 6,7 makes only 3"):
         core_environment(config(device=3), base)
+
+
+def test_tensor_parallel_makes_its_devices_visible():
+    assert core_environment(config(tensor_parallel=2), {}) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert core_environment(config(device=1, tensor_parallel=2),
+                            {"CUDA_VISIBLE_DEVICES": "4,6,7"})["CUDA_VISIBLE_DEVICES"] == "6,7"
+    with pytest.raises(ValueError, match="--device 2 --tensor-parallel 2: CUDA_VISIBLE_DEVICES"):
+        core_environment(config(device=2, tensor_parallel=2), {"CUDA_VISIBLE_DEVICES": "4,6,7"})
+    # auto: every device the launcher sees
+    assert "CUDA_VISIBLE_DEVICES" not in core_environment(config(tensor_parallel="auto"),
+                                                          {"CUDA_VISIBLE_DEVICES": "4,6"})
 
 
 def test_no_cuda_graph_appends_to_existing_xla_flags():

@@ -122,6 +122,7 @@ class EngineCollector:
         ctx = self.ctx
         stats = ctx.engine.stats()
         yield self._info()
+        yield self._mesh()
         ready = bool(stats.ready and stats.healthy and ctx.engine.healthy)
         yield _gauge("ninfer_engine_ready", "1 when the engine serves requests.", float(ready))
         yield _gauge("ninfer_max_concurrency", "Resident execution lanes.",
@@ -159,6 +160,16 @@ class EngineCollector:
                                  labels=["model", "architecture", "backend"])
         info.add_metric([ctx.model_id, ctx.architecture, _backend(ctx.engine)], 1.0)
         return info
+
+    def _mesh(self) -> GaugeMetricFamily:
+        """The devices the model is split over (--tensor-parallel): value = their count."""
+        mesh = (getattr(self.ctx.engine, "runtime", None) or {}).get("mesh") or {}
+        gauge = GaugeMetricFamily("ninfer_tensor_parallel",
+                                  "Devices the model is split over (tensor parallelism).",
+                                  labels=["axis", "devices"])
+        gauge.add_metric([mesh.get("axis", ""), ",".join(mesh.get("devices", []))],
+                         float(mesh.get("tensor_parallel", 1)))
+        return gauge
 
 
 def _backend(engine) -> str:

@@ -148,7 +148,7 @@ def _runtime(engine) -> dict:
             "platform": platform.platform(terse=True)}
     runtime = getattr(engine, "runtime", None)  # an engine-core client: JAX runs there
     if runtime is not None:
-        return {**info, **runtime}
+        return {**info, **runtime}  # its "mesh": the runner's devices (tensor parallelism)
     jax = sys.modules.get("jax")  # only describe JAX when the server already uses it
     if jax is not None:
         try:
