@@ -67,6 +67,8 @@ def weight_formats(config: ModelConfig, dtype: str, quantized: str | None) -> di
         formats["lm_head"] = quantized or dtype
     if config.mtp_num_layers:
         formats["mtp"] = quantized or dtype
+    if config.hidden_size_per_layer_input:  # Gemma's per-layer inputs stay float
+        formats["ple_embed"] = formats["ple_model_proj"] = dtype
     return formats
 
 
