@@ -34,7 +34,8 @@ TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3.5-dense-tiny": _CHATML_TURNS,
                "qwen3-8b": _CHATML_TURNS, "qwen3.5-27b": _CHATML_TURNS,
                "qwen3.6-35b-a3b": _CHATML_TURNS, "glm4.5-tiny": _GLM_TURNS,
                "glm4.5-air": _GLM_TURNS, "gemma4-tiny": ("<turn|>", "<bos>", 2),
-               "gemma4-31b": ("<turn|>", "<bos>", 2), "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>", 2)}
+               "gemma4-31b": ("<turn|>", "<bos>", 2),
+               "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>", 2)}
 # GLM MoE fields --tiny keeps.
 GLM_KEPT = ("partial_rotary_factor", "attention_bias", "mlp_only_layers", "num_expert_groups",
             "num_topk_groups", "routed_scaling_factor", "norm_topk_prob")

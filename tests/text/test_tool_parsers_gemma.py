@@ -2,12 +2,13 @@
 streaming OutputParser with Gemma's thought-channel markers: typed values, nested objects and
 arrays, strings holding the closer, several calls, every fallback reason, every split point,
 and a call after the thoughts."""
+import json
+
 import pytest
 
 from test_tool_parsers import TOOLS
 from ninfer_jax.text.output_parser import OutputParser
 from ninfer_jax.text.tool_parsers import tool_format
-import json
 
 Q = '<|"|>'
 MARKERS = ("<|channel>thought", "<channel|>")
@@ -30,8 +31,9 @@ def assert_split_invariant(text):
 
 
 def test_gemma_values_keep_their_types_at_every_split_point():
-    text = (f"Checking.<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3,delta:-2.5e-1,metric:true,"
-            f'tags:[{Q}a{Q},1.5,null],free:"json text",opts:{{unit:{Q}C{Q}}}}}<tool_call|>')
+    text = (f"Checking.<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3,delta:-2.5e-1,"
+            f'metric:true,tags:[{Q}a{Q},1.5,null],free:"json text",'
+            f"opts:{{unit:{Q}C{Q}}}}}<tool_call|>")
     reasoning, content, calls, report = assert_split_invariant(text)
     assert content == "Checking." and reasoning == ""
     assert calls == [("get_weather", {"city": "Paris", "days": 3, "delta": -0.25, "metric": True,
@@ -55,7 +57,8 @@ def test_gemma_several_calls_and_one_without_arguments():
 
 
 def test_gemma_call_after_the_thought_channel():
-    text = f"<|channel>thought\nI should search.<channel|><|tool_call>call:search{{q:{Q}cats{Q}}}<tool_call|>"
+    text = (f"<|channel>thought\nI should search.<channel|>"
+            f"<|tool_call>call:search{{q:{Q}cats{Q}}}<tool_call|>")
     reasoning, content, calls, _ = assert_split_invariant(text)
     assert reasoning == "I should search." and content == ""
     assert calls == [("search", {"q": "cats"})]

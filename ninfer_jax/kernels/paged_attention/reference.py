@@ -14,11 +14,12 @@ N pages per block.
 
 Both entry points walk the page table in blocks of N pages with an online softmax and stop
 after the block holding the last key any query may see (decode: the longest row; prefill: the
-chunk's last position). With a sliding `window` (Gemma's local layers) a query at position p
-sees keys p - window + 1 .. p only, and the walk also starts at the first block any query may
-see, so a windowed layer's cost follows the window, not the context. Their cost therefore follows the real context lengths, not the padded
+chunk's last position). Their cost therefore follows the real context lengths, not the padded
 width W: on XLA CPU a single pass over a table padded to 64 pages cost up to 10x more (see
 docs/benchmarks.md, "CPU serving"), and the runner can compile one width instead of several.
+With a sliding `window` (Gemma's local layers) a query at position p sees keys
+p - window + 1 .. p only, and the walk also starts at the first block the earliest query may
+see (decode: the shortest row, so a padding row of length 1 keeps it at block 0).
 """
 from __future__ import annotations
 
