@@ -29,8 +29,11 @@ NAMED_CONTROLS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
                   "<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                   "<|end_header_id|>", "<|eot_id|>", "[gMASK]", "<sop>", "<|system|>",
                   "<|user|>", "<|assistant|>", "<|observation|>", "<arg_key>", "</arg_key>",
-                  "<arg_value>", "</arg_value>")
+                  "<arg_value>", "</arg_value>", "<bos>", "<eos>", "<|turn>", "<turn|>",
+                  "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>",
+                  "<|channel>", "<channel|>", "<|think|>")
 REASONING_MARKERS = {"open": "<think>", "close": "</think>"}
+GEMMA_REASONING_MARKERS = {"open": "<|channel>thought", "close": "<channel|>"}
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -67,6 +70,8 @@ def weight_formats(config: ModelConfig, dtype: str, quantized: str | None) -> di
         formats["lm_head"] = quantized or dtype
     if config.mtp_num_layers:
         formats["mtp"] = quantized or dtype
+    if config.hidden_size_per_layer_input:  # Gemma's per-layer inputs stay float
+        formats["ple_embed"] = formats["ple_model_proj"] = dtype
     return formats
 
 
@@ -122,7 +127,9 @@ def special_tokens(tokenizer: Tokenizer, *, eos_ids: list[int], bos_id: int | No
 
 def detect_chat_format(template: str, tokenizer: Tokenizer) -> dict:
     """What the output parsers need to know, guessed from the template's own markup."""
-    if "<arg_key>" in template:
+    if "<|tool_call>" in template:
+        tool_format = "gemma4"
+    elif "<arg_key>" in template:
         tool_format = "glm_xml"
     elif "<function=" in template:
         tool_format = "qwen_xml"
@@ -132,6 +139,8 @@ def detect_chat_format(template: str, tokenizer: Tokenizer) -> dict:
         tool_format = None
     has_markers = all(tokenizer.token_to_id(m) is not None for m in REASONING_MARKERS.values())
     reasoning = dict(REASONING_MARKERS) if has_markers and "<think>" in template else None
+    if "<|channel>" in template and tokenizer.token_to_id("<channel|>") is not None:
+        reasoning = dict(GEMMA_REASONING_MARKERS)  # Gemma 4's thought channel
     return {"tool_call_format": tool_format, "reasoning": reasoning,
             "thinking_default": reasoning is not None}
 

@@ -38,7 +38,7 @@ WEIGHTS_DIR = "weights"
 COMPONENTS = ("text", "mtp", "dflash", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4", "q8_0", "q4_0", "q4_1")  # q*: GGUF blocks
-TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml")
+TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml", "gemma4")
 CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
 
 
@@ -249,7 +249,8 @@ def _check_fields(metadata: dict[str, Any], display: pathlib.Path) -> None:
     if unknown or not metadata["components"].get("text"):
         raise ArtifactError(display, f"components must name only {COMPONENTS} and include text")
     if metadata["chat_format"].get("tool_call_format") not in TOOL_CALL_FORMATS:
-        raise ArtifactError(display, "chat_format.tool_call_format must be hermes, qwen_xml or null")
+        raise ArtifactError(display, "chat_format.tool_call_format must be one of "
+                                     f"{', '.join(map(str, TOOL_CALL_FORMATS[1:]))} or null")
 
 
 def _config_from_metadata(metadata: dict[str, Any], display: pathlib.Path) -> ModelConfig:

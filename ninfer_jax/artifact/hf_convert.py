@@ -5,7 +5,8 @@ torch's [out, in] to our [in, out].
 
 Dense `LlamaForCausalLM` and `Qwen3ForCausalLM` are mapped here; the hybrid Qwen3.5 / 3.6 /
 Qwen3-Next classes by hf_hybrid_config.py (config) and hf_hybrid.py (tensors, MTP head);
-GLM MoE (`Glm4MoeForCausalLM`) by hf_glm.py (config) and hf_hybrid.py (tensors).
+GLM MoE (`Glm4MoeForCausalLM`) by hf_glm.py (config) and hf_hybrid.py (tensors); Gemma 4
+(`Gemma4ForCausalLM`, `Gemma4ForConditionalGeneration`'s text model) by hf_gemma.py.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
-from ninfer_jax.artifact import hf_hybrid
+from ninfer_jax.artifact import hf_gemma, hf_hybrid
 from ninfer_jax.artifact.hf_glm import GLM_ARCHITECTURES, glm_model_config
 from ninfer_jax.artifact.hf_hybrid_config import (HYBRID_ARCHITECTURES, hybrid_model_config,
                                                   rope_from, text_config)
@@ -85,9 +86,12 @@ def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) ->
         return hybrid_model_config(hf, path, architecture=hybrid[0], mtp_layers=mtp_layers)
     if any(a in GLM_ARCHITECTURES for a in architectures):
         return glm_model_config(hf, path)
+    if any(a in hf_gemma.GEMMA_ARCHITECTURES for a in architectures):
+        return hf_gemma.gemma_model_config(hf, path)
     known = [ARCHITECTURES[a] for a in architectures if a in ARCHITECTURES]
     if not known:
-        supported = [*ARCHITECTURES, *HYBRID_ARCHITECTURES, *GLM_ARCHITECTURES]
+        supported = [*ARCHITECTURES, *HYBRID_ARCHITECTURES, *GLM_ARCHITECTURES,
+                     *hf_gemma.GEMMA_ARCHITECTURES]
         raise ArtifactError(path, f"architectures {architectures} not supported "
                                   f"(supported: {', '.join(supported)})")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
@@ -124,6 +128,8 @@ def _params(directory: pathlib.Path, sources: list, config: ModelConfig, dtype: 
             progress: common.ProgressFn | None) -> dict:
     if config.is_hybrid or config.is_glm:
         params = hf_hybrid.hybrid_params(sources, config, dtype, progress)
+    elif config.is_gemma:
+        params = hf_gemma.gemma_params(sources, config, dtype, progress)
     else:
         params = _dense_params(sources, config, dtype, progress)
     try:

@@ -1,6 +1,6 @@
 """What `ninfer inspect-artifact` reports: metadata, components, the tensor inventory read
 from the checkpoints' metadata (weights/ and, when present, mtp/; no array data is loaded) and,
-for hybrid and GLM MoE models, the summaries of hybrid_report.py."""
+for hybrid and GLM MoE models, the summaries of hybrid_report.py; for Gemma 4, gemma_report.py."""
 from __future__ import annotations
 
 import pathlib
@@ -12,6 +12,7 @@ from ninfer_jax.artifact import weights_io
 from ninfer_jax.artifact.weights_io import human_bytes
 from ninfer_jax.artifact.components import MTP_DIR, MTP_PREFIX, mtp_expected_shapes
 from ninfer_jax.artifact.format import WEIGHTS_DIR, load_artifact
+from ninfer_jax.artifact.gemma_report import format_gemma, gemma_summary
 from ninfer_jax.artifact.hybrid_report import (format_hybrid, format_moe, hybrid_summary,
                                                moe_summary)
 from ninfer_jax.artifact.tensor_groups import FLOAT_FORMATS, tensor_group
@@ -39,6 +40,8 @@ def describe_artifact(path: str | pathlib.Path) -> dict[str, Any]:
         report["hybrid"] = hybrid_summary(config, artifact.weight_formats)
     elif config.is_glm:
         report["moe"] = moe_summary(config, artifact.weight_formats)
+    elif config.is_gemma:
+        report["gemma"] = gemma_summary(config, artifact.weight_formats)
     return report
 
 
@@ -72,6 +75,7 @@ def format_report(report: dict[str, Any]) -> str:
                                      if k not in ("architecture", "layer_types")),
         *(format_hybrid(report["hybrid"]) if "hybrid" in report else ()),
         *(format_moe(report["moe"]) if "moe" in report else ()),
+        *(format_gemma(report["gemma"]) if "gemma" in report else ()),
         "weights       " + ", ".join(f"{k}={v}" for k, v in metadata["weight_formats"].items()),
         "components    " + ", ".join(k for k, on in metadata["components"].items() if on),
         f"chat format   {_chat_format_line(metadata['chat_format'])}",

@@ -15,6 +15,13 @@ experts top-8 of width 1408 plus one shared expert, sigmoid router; vocab 151552
 131072 positions) and `glm4.5-tiny` (its tiny_config, with the unpadded GLM-layout stand-in
 vocabulary and tied embeddings). Their turns are opened by role tokens and never closed: a
 reply ends at the next role token the model writes (<|user|>, <|observation|>).
+Gemma 4: `gemma4-31b` (the dense Gemma 4 31B shape as its published config gives it, to our
+best reading offline: hidden 5376, 60 layers, five sliding layers (window 1024, 32 / 16 heads
+of 256) to every full layer (4 kv heads of 512, keys reused as values, proportional RoPE on a
+quarter), FFN 21504, soft cap 30, vocab 262144) and `gemma4-tiny` (its tiny_config with
+per-layer inputs added, on the Gemma-layout stand-in vocabulary). Their replies end at <turn|>
+or, after a tool call, at <|tool_response>; thoughts use the <|channel>thought ... <channel|>
+channel.
 """
 from __future__ import annotations
 
@@ -38,6 +45,14 @@ TINY_DIMS = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_
 TINY_LAYER_TYPES = ("linear_attention", "full_attention")
 TINY_LINEAR = {"linear_num_key_heads": 2, "linear_key_head_dim": 16, "linear_value_head_dim": 16}
 TINY_MOE = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+# Gemma at tiny size: a sliding layer (window 16, so short chats already pass it) then a full
+# layer with its own head dim of 32 (kv heads keep the preset's grouping), no KV sharing.
+TINY_GEMMA = {"layer_types": ("sliding_attention", "full_attention"), "sliding_window": 16,
+              "num_kv_shared_layers": 0}
+GEMMA4_VOCAB = 151658  # the stand-in: 151,643 ranks + 15 control tokens
+GEMMA_EOS = ("<turn|>", "<|tool_response>", "<eos>")
+THINK_MARKERS = ("<think>", "</think>")
+GEMMA_MARKERS = ("<|channel>thought", "<channel|>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +66,8 @@ class Preset:
     eos: tuple[str, ...] = QWEN_EOS  # spellings of the end tokens
     pad: str = "<|endoftext|>"
     bos: str | None = None  # written by the template; also prepended to raw prompts
-    thinks: bool = True  # <think> reasoning markers, thinking unless the request says not
+    thinks: bool = True  # reasoning markers, thinking unless the request says not
+    markers: tuple[str, str] = THINK_MARKERS  # (open, close) of the reasoning block
 
 
 def tiny_config(config: ModelConfig) -> ModelConfig:
@@ -66,6 +82,14 @@ def tiny_config(config: ModelConfig) -> ModelConfig:
     if config.num_experts:
         shared = TINY_MOE["moe_intermediate_size"] if config.shared_expert_intermediate_size else 0
         fields.update(TINY_MOE, shared_expert_intermediate_size=shared)
+    if config.is_gemma:
+        full = config.cache_layers()[-1] if config.global_num_kv_heads else 0
+        full_group = config.num_heads // config.layer_kv_heads(full)
+        fields.update(TINY_GEMMA, global_head_dim=32 if config.global_head_dim else 0,
+                      global_num_kv_heads=max(1, TINY_DIMS["num_heads"] // full_group)
+                      if config.global_num_kv_heads else 0,
+                      hidden_size_per_layer_input=8 if config.hidden_size_per_layer_input
+                      else 0)
     return dataclasses.replace(config, **fields)
 
 
@@ -101,6 +125,14 @@ GLM4_5_AIR = ModelConfig(
     num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1408,
     shared_expert_intermediate_size=1408, norm_topk_prob=True, mlp_only_layers=(0,),
     routed_scaling_factor=1.0)
+GEMMA4_31B = ModelConfig(
+    architecture="gemma4", vocab_size=262144, hidden_size=5376, intermediate_size=21504,
+    num_layers=60, num_heads=32, num_kv_heads=16, head_dim=256, rms_norm_eps=1e-6,
+    rope_theta=10000.0, tie_word_embeddings=True, max_position_embeddings=262144,
+    layer_types=tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention"
+                      for i in range(60)),
+    sliding_window=1024, global_head_dim=512, global_num_kv_heads=4, global_rope_theta=1e6,
+    partial_rotary_factor=0.25, attention_k_eq_v=True, final_logit_softcapping=30.0)
 QWEN3_5_27B = _qwen3_5("qwen3_5", 5120, 17408, 64, 24, 4, 48)
 QWEN3_6_35B_A3B = _qwen3_5("qwen3_5_moe", 2048, 0, 40, 16, 2, 32, num_experts=256,
                            num_experts_per_tok=8, moe_intermediate_size=512,
@@ -116,6 +148,10 @@ _GLM_NOTES = ("random weights; a GLM-4.5-layout stand-in vocabulary (Qwen's firs
               "ranks plus GLM-4.5's 36 control tokens at their ids, since Zhipu's vocabulary is "
               "not available offline) and a GLM-4.5-style template written for ninfer-jax, with "
               "GLM's XML tool calls")
+_GEMMA_NOTES = ("random weights; a Gemma-4-layout stand-in vocabulary (Qwen's 151,643 BPE ranks "
+                "plus Gemma 4's chat control tokens after them, since Google's vocabulary is "
+                "not available offline) and a Gemma-4-style template written for ninfer-jax, "
+                "with Gemma's <|tool_call>call:NAME{...} tool calls")
 _QWEN3_5_NOTES = "random weights; Qwen3.5 tokenizer and template written for ninfer-jax"
 PRESETS = {
     "qwen3-tiny": Preset(
@@ -153,6 +189,17 @@ PRESETS = {
     "glm4.5-air": Preset(
         GLM4_5_AIR, "glm4", "glm4_5", "glm_xml", "bf16",
         _GLM_NOTES + "; GLM-4.5-Air shapes, for benchmarks", eos=GLM_EOS),
+    "gemma4-tiny": Preset(
+        dataclasses.replace(tiny_config(GEMMA4_31B), vocab_size=GEMMA4_VOCAB,
+                            hidden_size_per_layer_input=8,
+                            vocab_size_per_layer_input=GEMMA4_VOCAB),
+        "gemma4", "gemma4", "gemma4", "f32", _GEMMA_NOTES + "; Gemma 4 at tiny size (a "
+        "sliding and a full layer of their own head dims, per-layer inputs)",
+        eos=GEMMA_EOS, pad="<pad>", bos="<bos>", markers=GEMMA_MARKERS),
+    "gemma4-31b": Preset(
+        GEMMA4_31B, "gemma4", "gemma4", "gemma4", "bf16",
+        _GEMMA_NOTES + "; Gemma 4 31B shapes, for benchmarks", eos=GEMMA_EOS, pad="<pad>",
+        bos="<bos>", markers=GEMMA_MARKERS),
     "llama3-8b": Preset(
         _dense("llama", LLAMA3_VOCAB, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
         "llama3", "llama3", "hermes", "bf16",

@@ -15,6 +15,13 @@
            <|observation|>, <think>, <tool_call>, <arg_key>, <arg_value>, /nothink, ...), a
            Llama-3-style regex (digits in threes, as GLM's). Text ids differ from Zhipu's; the
            size and the control ids do not.
+  gemma4   a Gemma-4-layout stand-in (Google's SentencePiece vocabulary does not ship offline):
+           the 151,643 ranks of qwen.tiktoken + Gemma 4's chat control tokens after them
+           (<pad> <eos> <bos>, the turn markers <|turn> <turn|>, <|tool_call> <tool_call|>,
+           <|tool_response> <tool_response|>, <|tool> <tool|>, the thought channel <|channel>
+           <channel|>, <|think|> and the string quote <|"|>). Unlike Google's vocabulary
+           (262,144 entries, controls at low ids) both text and control ids differ; the
+           spellings the template and parsers rely on do not.
 
 Building a tokenizer from ranks takes seconds, so the resulting tokenizer.json is cached under
 $NINFER_CACHE_DIR (default: <repository>/.cache/ninfer) when that directory is writable.
@@ -29,7 +36,7 @@ import pathlib
 
 from ninfer_jax.artifact.tokenizer_build import AddedSpec, tokenizer_from_tiktoken
 
-KINDS = ("qwen3", "qwen3_5", "llama3", "glm4")
+KINDS = ("qwen3", "qwen3_5", "llama3", "glm4", "gemma4")
 _BUILD_REVISION = "1"  # bump when the construction below changes, to invalidate caches
 _QWEN3_LAST_CONTROL = "</think>"
 LLAMA3_NUM_RANKS = 128000
@@ -48,6 +55,11 @@ GLM4_CONTROLS = (
     "<|code_middle|>", "<|code_suffix|>", "<think>", "</think>", "<tool_call>", "</tool_call>",
     "<tool_response>", "</tool_response>", "<arg_key>", "</arg_key>", "<arg_value>",
     "</arg_value>", "/nothink", "<|begin_of_box|>", "<|end_of_box|>", "<|image|>", "<|video|>")
+GEMMA4_NUM_RANKS = 151643
+GEMMA4_CONTROLS = (
+    "<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>",
+    "<|tool_response>", "<tool_response|>", "<|tool>", "<tool|>", "<|channel>", "<channel|>",
+    "<|think|>", '<|"|>')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +105,9 @@ def recipe(kind: str) -> Recipe:
         added = [AddedSpec(name, GLM4_NUM_RANKS + i) for i, name in enumerate(GLM4_CONTROLS)]
         return Recipe(resources / "qwen.tiktoken", "llama3", added, num_ranks=GLM4_NUM_RANKS,
                       nfc=False)
+    if kind == "gemma4":
+        added = [AddedSpec(name, GEMMA4_NUM_RANKS + i) for i, name in enumerate(GEMMA4_CONTROLS)]
+        return Recipe(resources / "qwen.tiktoken", "qwen2", added, num_ranks=GEMMA4_NUM_RANKS)
     raise ValueError(f"unknown vocabulary {kind!r}; expected one of {KINDS}")
 
 

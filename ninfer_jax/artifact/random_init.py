@@ -2,8 +2,8 @@
 own chat templates, for protocol tests (tiny presets) and GPU benchmarks (8B shapes).
 
 Each preset (presets.py) fixes the architecture, the vocabulary (artifact/qwen_vocab.py: Qwen3,
-Qwen3.5, or a Llama-3- or GLM-4.5-layout stand-in), the special tokens, the chat template and
-format.
+Qwen3.5, or a Llama-3-, GLM-4.5- or Gemma-4-layout stand-in), the special tokens, the chat
+template and format.
 `tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
 presets also get their MTP head (the artifact's mtp component).
@@ -34,7 +34,6 @@ from ninfer_jax.artifact.tensor_groups import is_norm
 from ninfer_jax.model.config import ModelConfig
 
 _BLOCK = 1 << 22  # values drawn per large tensor; the rest repeats them at a random phase
-REASONING = {"open": "<think>", "close": "</think>"}
 
 
 def _stream(seed: int, name: str) -> np.random.Generator:
@@ -75,6 +74,8 @@ def _draw(config: ModelConfig, seed: int, name: str, shape: tuple[int, ...],
     if leaf == "A_log":
         rng = _stream(seed, name)
         return np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32)
+    if leaf == "layer_scalar":  # Gemma's per-layer residual scale
+        return np.ones(shape, np.float32)
     if leaf in ("dt_bias", "router_bias"):
         return random_tensor(seed, name, shape, 0.1, "f32")
     if is_norm(name):
@@ -135,5 +136,6 @@ def _special_tokens(preset: Preset, tokenizer: Tokenizer) -> dict:
 
 def _chat_format(preset: Preset) -> dict:
     return {"tool_call_format": preset.tool_call_format,
-            "reasoning": dict(REASONING) if preset.thinks else None,
+            "reasoning": dict(zip(("open", "close"), preset.markers)) if preset.thinks
+            else None,
             "thinking_default": preset.thinks}

@@ -43,6 +43,20 @@ norms, q/k norms only when qk_norm, RoPE over the first D * partial_rotary_facto
     MLP, the other layers: router [H, E]  router_bias [E] (f32, e_score_correction_bias)
         experts_gate_up [E, H, 2I]  experts_down [E, I, H]
         shared_w_gate [H, Is]  shared_w_up [H, Is]  shared_w_down [Is, H]   (no shared_gate)
+Gemma 4 text family `gemma4` (model/gemma.py): layer_types[i] is "sliding_attention" or
+"full_attention"; a full layer has head dim Dg = global_head_dim and NKg = global_num_kv_heads
+kv heads (each defaults to the sliding layers' D, NK). Norm weights are plain (x * w).
+    every layer:  attn_norm [H]  post_attn_norm [H]  mlp_norm [H]  post_mlp_norm [H]
+                  layer_scalar [1]
+        wq [H, NH*Dl]  q_norm [Dl]  wo [NH*Dl, H]     (Dl, NKl: the layer's head dim, kv heads)
+        wk [H, NKl*Dl]  k_norm [Dl]  wv [H, NKl*Dl]   absent on KV-shared layers (the last
+            num_kv_shared_layers, which read an earlier layer's cache); wv also absent on full
+            layers when attention_k_eq_v (the values are the raw key projection)
+        w_gate [H, F']  w_up [H, F']  w_down [F', H]  F' = 2F on KV-shared layers when
+            use_double_wide_mlp, else F
+        ple_gate [H, P]  ple_proj [P, H]  ple_norm [H]   with per-layer inputs (P > 0)
+    global, with per-layer inputs (P = hidden_size_per_layer_input):
+        ple_embed [Vp, L*P]  ple_model_proj [H, L*P]  ple_proj_norm [P]
 The MTP head is a separate artifact component (params["mtp"] when loaded):
     fc [2H, H]  pre_fc_norm_embedding [H]  pre_fc_norm_hidden [H]  norm [H]
     layers: list of mtp_num_layers dicts shaped like a "full_attention" layer (with its MLP)
@@ -52,9 +66,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4_moe")
+ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4_moe",
+                 "gemma4")
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
+GEMMA_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +110,18 @@ class ModelConfig:
     num_expert_groups: int = 1  # the E experts split into this many groups ...
     num_topk_groups: int = 1  # ... of which the best few hold every chosen expert
     routed_scaling_factor: float = 1.0  # multiplies the routed experts' combine weights
+    # Gemma 4 only (layer_types from GEMMA_LAYER_TYPES; rope_theta is the sliding layers').
+    sliding_window: int = 0  # a sliding layer's query sees its last sliding_window keys
+    global_head_dim: int = 0  # full layers' head dim (0: head_dim)
+    global_num_kv_heads: int = 0  # full layers' kv heads (0: num_kv_heads)
+    global_rope_theta: float = 0.0  # full layers' proportional RoPE base; partial_rotary_factor
+    # is its rotated share: the first factor * Dg/2 frequency pairs, over exponents of Dg
+    attention_k_eq_v: bool = False  # full layers reuse the raw key projection as values
+    final_logit_softcapping: float = 0.0  # logits = c * tanh(logits / c) when c > 0
+    hidden_size_per_layer_input: int = 0  # P: per-layer input embeddings (0: none)
+    vocab_size_per_layer_input: int = 0  # Vp: rows of the per-layer embedding table
+    num_kv_shared_layers: int = 0  # the last layers reuse an earlier layer's KV cache
+    use_double_wide_mlp: bool = False  # KV-shared layers' MLP width is 2F
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -112,6 +140,8 @@ class ModelConfig:
             if self.linear_num_value_heads % max(self.linear_num_key_heads, 1):
                 raise ValueError("linear_num_value_heads must be a multiple of "
                                  "linear_num_key_heads")
+        elif self.is_gemma:
+            self._check_gemma()
         elif self.layer_types is not None:
             raise ValueError(f"{self.architecture} has no layer_types")
         elif self.num_experts and not self.is_glm:
@@ -126,6 +156,58 @@ class ModelConfig:
     @property
     def is_glm(self) -> bool:
         return self.architecture == "glm4_moe"
+
+    @property
+    def is_gemma(self) -> bool:
+        return self.architecture == "gemma4"
+
+    def _check_gemma(self) -> None:
+        if self.layer_types is None or len(self.layer_types) != self.num_layers:
+            raise ValueError("a gemma4 config needs one layer_types entry per layer")
+        if set(self.layer_types) - set(GEMMA_LAYER_TYPES):
+            raise ValueError(f"gemma4 layer_types must be among {GEMMA_LAYER_TYPES}")
+        if "sliding_attention" in self.layer_types and self.sliding_window < 1:
+            raise ValueError("gemma4 sliding layers need sliding_window >= 1")
+        if self.num_experts:
+            raise ValueError("gemma4 MoE blocks are not supported")
+        if not 0 <= self.num_kv_shared_layers < self.num_layers:
+            raise ValueError("num_kv_shared_layers must leave at least one layer its own KV")
+        for i in range(self.num_layers):
+            self.kv_source_layer(i)  # raises when a shared layer's type has no producer
+        if any(self.num_heads % self.layer_kv_heads(i) for i in range(self.num_layers)):
+            raise ValueError("num_heads must be a multiple of global_num_kv_heads")
+
+    def is_sliding_layer(self, i: int) -> bool:
+        return self.is_gemma and self.layer_types[i] == "sliding_attention"
+
+    def layer_head_dim(self, i: int) -> int:
+        """Head dim of attention layer i (Gemma's full layers may differ)."""
+        if self.is_gemma and not self.is_sliding_layer(i):
+            return self.global_head_dim or self.head_dim
+        return self.head_dim
+
+    def layer_kv_heads(self, i: int) -> int:
+        if self.is_gemma and not self.is_sliding_layer(i):
+            return self.global_num_kv_heads or self.num_kv_heads
+        return self.num_kv_heads
+
+    def kv_source_layer(self, i: int) -> int:
+        """The layer whose KV cache layer i attends over: itself, or for Gemma's KV-shared
+        layers the last unshared layer of the same type."""
+        first_shared = self.num_layers - self.num_kv_shared_layers
+        if not self.is_gemma or i < first_shared:
+            return i
+        same = [j for j in range(first_shared) if self.layer_types[j] == self.layer_types[i]]
+        if not same:
+            raise ValueError(f"KV-shared layer {i} ({self.layer_types[i]}) has no earlier "
+                             "layer of its type to read")
+        return same[-1]
+
+    def cache_layers(self) -> list[int]:
+        """Layers holding a paged KV cache of their own, in order (attention layers only)."""
+        if self.is_hybrid:
+            return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+        return [i for i in range(self.num_layers) if self.kv_source_layer(i) == i]
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.mlp_only_layers
@@ -171,6 +253,8 @@ class ModelConfig:
             for i in range(self.num_layers):
                 shapes.update(self._hybrid_layer_shapes(i, f"layers.{i}."))
             return shapes
+        if self.is_gemma:
+            return self._gemma_shapes(shapes)
         for i in range(self.num_layers):
             p = f"layers.{i}."
             shapes.update({
@@ -182,6 +266,30 @@ class ModelConfig:
             if self.attention_bias:
                 shapes.update({p + "bq": (NH * D,), p + "bk": (NK * D,), p + "bv": (NK * D,)})
             shapes.update(self._mlp_shapes(i, p))
+        return shapes
+
+    def _gemma_shapes(self, shapes: dict) -> dict[str, tuple[int, ...]]:
+        H, NH, P, L = self.hidden_size, self.num_heads, self.hidden_size_per_layer_input, \
+            self.num_layers
+        if P:
+            shapes.update({"ple_embed": (self.vocab_size_per_layer_input, L * P),
+                           "ple_model_proj": (H, L * P), "ple_proj_norm": (P,)})
+        for i in range(L):
+            p, D, NK = f"layers.{i}.", self.layer_head_dim(i), self.layer_kv_heads(i)
+            shared = self.kv_source_layer(i) != i
+            F = self.intermediate_size * (2 if shared and self.use_double_wide_mlp else 1)
+            shapes.update({
+                p + "attn_norm": (H,), p + "post_attn_norm": (H,), p + "mlp_norm": (H,),
+                p + "post_mlp_norm": (H,), p + "layer_scalar": (1,),
+                p + "wq": (H, NH * D), p + "q_norm": (D,), p + "wo": (NH * D, H),
+                p + "w_gate": (H, F), p + "w_up": (H, F), p + "w_down": (F, H)})
+            if not shared:
+                shapes.update({p + "wk": (H, NK * D), p + "k_norm": (D,)})
+                if not (self.attention_k_eq_v and not self.is_sliding_layer(i)):
+                    shapes[p + "wv"] = (H, NK * D)
+            if P:
+                shapes.update({p + "ple_gate": (H, P), p + "ple_proj": (P, H),
+                               p + "ple_norm": (H,)})
         return shapes
 
     def _hybrid_layer_shapes(self, i: int, p: str) -> dict[str, tuple[int, ...]]:

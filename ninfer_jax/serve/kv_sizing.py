@@ -47,7 +47,10 @@ class KvSizing:
 
 
 def attention_layers(model_config) -> int:
-    """Layers with paged KV: all of a dense model's, a hybrid's full-attention ones."""
+    """Layers with paged KV: all of a dense model's, a hybrid's full-attention ones, Gemma's
+    layers that are not KV-shared."""
+    if model_config.is_gemma:  # KV-shared layers read another layer's pages
+        return len(model_config.cache_layers())
     if not model_config.is_hybrid:
         return model_config.num_layers
     return sum(kind == "full_attention" for kind in model_config.layer_types)
@@ -78,6 +81,10 @@ def bytes_per_token_of(model_config, dtype) -> int:
     """Device bytes of one token's KV in every attention layer (fp8 pages' scales included)."""
     from ninfer_jax.kernels import paged_attention  # JAX: the HTTP workers never import it
 
+    if model_config.is_gemma:  # per cache layer: full layers have their own heads and dims
+        return sum(paged_attention.cache_bytes_per_token(
+            model_config.layer_kv_heads(i), model_config.layer_head_dim(i), dtype)
+            for i in model_config.cache_layers())
     return attention_layers(model_config) * paged_attention.cache_bytes_per_token(
         model_config.num_kv_heads, model_config.head_dim, dtype)
 

@@ -5,6 +5,8 @@
   \\n</function>\\n</tool_call>`, values typed by the tool schema (text/tool_values.py).
 - glm_xml (GLM-4.5 and later): `<tool_call>NAME\\n<arg_key>K</arg_key>\\n<arg_value>V</arg_value>
   \\n...</tool_call>`, values typed by the schema as for qwen_xml.
+- gemma4 (Gemma 4): `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:5}<tool_call|>`, the object
+  read by text/gemma_values.py (values carry their own types).
 
 `scan_call(text, pos, final)` reads the call that starts at `text[pos]` (the opener) and says
 whether it is complete (with its end offset and the parsed call), still incomplete (more text
@@ -26,6 +28,7 @@ import json
 import re
 from typing import Any, Mapping
 
+from ninfer_jax.text import gemma_values
 from ninfer_jax.text.conversation import ToolSpec
 from ninfer_jax.text.tool_values import OMIT, type_parameter
 
@@ -363,7 +366,50 @@ class GlmXmlFormat(QwenXmlFormat):
         return pos  # call_close was the call's closer
 
 
-FORMATS = {"hermes": HermesFormat, "qwen_xml": QwenXmlFormat, "glm_xml": GlmXmlFormat}
+# ----------------------------------------------------------------------------- Gemma 4
+
+GEMMA_OPENER, GEMMA_CLOSER, GEMMA_CALL = "<|tool_call>", "<tool_call|>", "call:"
+
+
+class GemmaFormat(_Format):
+    opener = GEMMA_OPENER
+    call_prefix = GEMMA_OPENER + GEMMA_CALL
+    name_terminator = "{"
+
+    def scan_call(self, text: str, pos: int, final: bool) -> Scan:
+        start = _expect(text, pos + len(GEMMA_OPENER), GEMMA_CALL, final)
+        if isinstance(start, Scan):
+            return start
+        brace = text.find("{", start)
+        if brace < 0:
+            return _invalid() if final or "<" in text[start:] else _INCOMPLETE
+        name = text[start:brace]
+        try:
+            arguments, end = gemma_values.read_object(text, brace)
+        except gemma_values.Incomplete:
+            return _invalid() if final else _INCOMPLETE
+        except gemma_values.Malformed:
+            return _invalid()
+        after = _expect(text, end, GEMMA_CLOSER, final)
+        if isinstance(after, Scan):
+            return after
+        problem = _identity_problem(name, self.tools)
+        if problem:
+            return _invalid(problem)
+        if _has_duplicates(arguments):
+            return _invalid(DUPLICATE_PARAMETER)
+        return Scan(COMPLETE, after, ParsedCall(name, json.dumps(arguments, ensure_ascii=False)))
+
+
+def _has_duplicates(value) -> bool:
+    if isinstance(value, dict):
+        return getattr(value, "has_duplicates", False) or any(map(_has_duplicates,
+                                                                  value.values()))
+    return isinstance(value, list) and any(map(_has_duplicates, value))
+
+
+FORMATS = {"hermes": HermesFormat, "qwen_xml": QwenXmlFormat, "glm_xml": GlmXmlFormat,
+           "gemma4": GemmaFormat}
 
 
 def tool_format(name: str, tools: list[ToolSpec]) -> _Format:

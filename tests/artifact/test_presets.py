@@ -25,17 +25,23 @@ LOOKUP = ToolSpec("lookup", "Find a fact", {"type": "object", "properties": {}})
 # What each preset must keep at any size: (end of a reply = first eos, beginning of text or
 # None, how often a system + user prompt holds that end token). ChatML and Llama-3 close each
 # turn with it (system and user: 2); GLM never closes a turn, a reply ends at the next role
-# token, so the prompt holds <|user|> once, opening the user turn.
+# token, so the prompt holds <|user|> once, opening the user turn. Gemma closes each turn with
+# <turn|> (system and user: 2) after <bos>.
 _CHATML_TURNS = ("<|im_end|>", None, 2)
 _GLM_TURNS = ("<|user|>", None, 1)
 TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3.5-dense-tiny": _CHATML_TURNS,
                "qwen3.5-tiny": _CHATML_TURNS, "qwen3.6-tiny-moe": _CHATML_TURNS,
                "qwen3-8b": _CHATML_TURNS, "qwen3.5-27b": _CHATML_TURNS,
                "qwen3.6-35b-a3b": _CHATML_TURNS, "glm4.5-tiny": _GLM_TURNS,
-               "glm4.5-air": _GLM_TURNS, "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>", 2)}
+               "glm4.5-air": _GLM_TURNS, "gemma4-tiny": ("<turn|>", "<bos>", 2),
+               "gemma4-31b": ("<turn|>", "<bos>", 2),
+               "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>", 2)}
 # GLM MoE fields --tiny keeps.
 GLM_KEPT = ("partial_rotary_factor", "attention_bias", "mlp_only_layers", "num_expert_groups",
             "num_topk_groups", "routed_scaling_factor", "norm_topk_prob")
+# Gemma fields --tiny keeps.
+GEMMA_KEPT = ("global_rope_theta", "partial_rotary_factor", "attention_k_eq_v",
+              "final_logit_softcapping")
 # Hybrid fields --tiny keeps (the widths and head counts shrink; their ratios stay).
 HYBRID_KEPT = ("layer_types", "partial_rotary_factor", "attn_output_gate",
                "linear_conv_kernel_dim", "norm_topk_prob", "mtp_num_layers")
@@ -85,6 +91,11 @@ def test_tiny_keeps_everything_but_the_dimensions(tiny):
         assert {f: getattr(config, f) for f in GLM_KEPT} == {f: getattr(full, f) for f in GLM_KEPT}
         assert config.num_experts and config.shared_expert_intermediate_size
         assert 0 < len(config.mlp_only_layers) < config.num_layers  # dense first, then MoE
+    if full.is_gemma:
+        assert {f: getattr(config, f) for f in GEMMA_KEPT} == {
+            f: getattr(full, f) for f in GEMMA_KEPT}
+        assert config.layer_types == ("sliding_attention", "full_attention")
+        assert config.global_head_dim == 32 and config.sliding_window <= full.sliding_window
 
 
 def test_hybrid_presets_carry_their_mtp_head(tiny):

@@ -12,7 +12,21 @@ GIB = 1 << 30
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 2 * 30 * 3 * 64 = 11520 values per token.
 SMOLLM2 = dataclasses.make_dataclass(
     "Cfg", ["num_layers", "num_kv_heads", "head_dim", ("is_hybrid", bool, False),
-            ("architecture", str, "llama")])(30, 3, 64)
+            ("is_gemma", bool, False), ("architecture", str, "llama")])(30, 3, 64)
+
+
+def test_gemma_bytes_per_token_sum_each_cache_layers_own_shape():
+    import dataclasses as dc
+
+    from ninfer_jax.artifact.presets import PRESETS
+
+    config = PRESETS["gemma4-31b"].config  # 50 sliding: 16 kv heads of 256; 10 full: 4 of 512
+    assert kv_sizing.bytes_per_token_of(config, jnp.bfloat16) == (
+        50 * 2 * 16 * 256 + 10 * 2 * 4 * 512) * 2
+    shared = dc.replace(config, num_kv_shared_layers=12)  # 10 sliding and 2 full read others'
+    assert kv_sizing.attention_layers(shared) == 48
+    assert kv_sizing.bytes_per_token_of(shared, jnp.bfloat16) == (
+        40 * 2 * 16 * 256 + 8 * 2 * 4 * 512) * 2
 
 
 def test_bytes_per_token_follows_the_kv_dtype():

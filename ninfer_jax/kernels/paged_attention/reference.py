@@ -17,6 +17,9 @@ after the block holding the last key any query may see (decode: the longest row;
 chunk's last position). Their cost therefore follows the real context lengths, not the padded
 width W: on XLA CPU a single pass over a table padded to 64 pages cost up to 10x more (see
 docs/benchmarks.md, "CPU serving"), and the runner can compile one width instead of several.
+With a sliding `window` (Gemma's local layers) a query at position p sees keys
+p - window + 1 .. p only, and the walk also starts at the first block the earliest query may
+see (decode: the shortest row, so a padding row of length 1 keeps it at block 0).
 """
 from __future__ import annotations
 
@@ -100,10 +103,12 @@ def take_pages(cache, pages):
     return jnp.take(cache, pages, axis=0, mode="clip")
 
 
-def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float):
+def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,
+                           window: int | None = None):
     """One query token per row. q [B, H, D]; page_table [B, W]; lengths [B] valid keys per row
-    (the row's own token included, already written; at least 1). Returns [B, H, D] in q's
-    dtype. Pages past the longest row's block are never read."""
+    (the row's own token included, already written; at least 1); `window`: each row sees only
+    its last `window` keys. Returns [B, H, D] in q's dtype. Pages past the longest row's block
+    (and, windowed, before the earliest row's window) are never read."""
     B, H, D = q.shape
     K, page_size = k_cache.shape[1], k_cache.shape[2]
     pages_per_block, table = _block_table(page_table, page_size)
@@ -114,19 +119,25 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
                                              axis=1)  # [B, N]
         k, v = _take_pages(k_cache, pages), _take_pages(v_cache, pages)  # [B, N, K, S, D]
         scores = jnp.einsum("bkgd,bnksd->bkgns", qg, k)
-        valid = _key_positions(index, pages_per_block, page_size) < lengths[:, None, None]
+        keys = _key_positions(index, pages_per_block, page_size)[None]
+        valid = keys < lengths[:, None, None]
+        if window is not None:
+            valid &= keys >= (lengths - window)[:, None, None]
         scores = jnp.where(valid[:, None, None], scores, -jnp.inf)
         return _fold_block(state, scores, lambda probs: jnp.einsum("bkgns,bnksd->bkgd", probs, v))
 
     num_blocks = _num_blocks(jnp.max(lengths), pages_per_block, page_size, table)
+    first = _first_block(jnp.min(lengths) - 1, window, pages_per_block, page_size)
     state = _empty_state((B, K, H // K), D)
-    _, total, weighted = jax.lax.fori_loop(0, num_blocks, attend_block, state)
+    _, total, weighted = jax.lax.fori_loop(first, num_blocks, attend_block, state)
     return (weighted / total[..., None]).reshape(B, H, D).astype(q.dtype)
 
 
-def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: float):
+def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: float,
+                            window: int | None = None):
     """Causal attention for one sequence's chunk. q [T, H, D] holds positions start..start+T-1
-    (their K/V already written); page_table [W] covers every position up to start+T-1.
+    (their K/V already written); page_table [W] covers every position up to start+T-1;
+    `window`: each query sees only its last `window` keys (itself included).
     Rows past the real chunk length are padding: their output is unspecified."""
     T, H, D = q.shape
     K, page_size = k_cache.shape[1], k_cache.shape[2]
@@ -138,14 +149,17 @@ def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: fl
         pages = jax.lax.dynamic_slice_in_dim(table, index * pages_per_block, pages_per_block)
         k, v = _take_pages(k_cache, pages), _take_pages(v_cache, pages)  # [N, K, S, D]
         scores = jnp.einsum("tkgd,nksd->kgtns", qg, k)
-        causal = (_key_positions(index, pages_per_block, page_size)[None]
-                  <= query_positions[:, None, None])  # [T, N, S]
+        keys = _key_positions(index, pages_per_block, page_size)[None]
+        causal = keys <= query_positions[:, None, None]  # [T, N, S]
+        if window is not None:
+            causal &= keys > (query_positions - window)[:, None, None]
         scores = jnp.where(causal[None, None], scores, -jnp.inf)
         return _fold_block(state, scores, lambda probs: jnp.einsum("kgtns,nksd->kgtd", probs, v))
 
     num_blocks = _num_blocks(start + T, pages_per_block, page_size, table)
+    first = _first_block(start, window, pages_per_block, page_size)
     state = _empty_state((K, H // K, T), D)
-    _, total, weighted = jax.lax.fori_loop(0, num_blocks, attend_block, state)
+    _, total, weighted = jax.lax.fori_loop(first, num_blocks, attend_block, state)
     out = weighted / total[..., None]  # [K, G, T, D]
     return jnp.moveaxis(out, 2, 0).reshape(T, H, D).astype(q.dtype)
 
@@ -173,6 +187,14 @@ def _num_blocks(num_keys, pages_per_block: int, page_size: int, table):
                        table.shape[-1] // pages_per_block)
 
 
+def _first_block(earliest_query, window: int | None, pages_per_block: int, page_size: int):
+    """The first block holding a key that the earliest query may see: 0 unless windowed."""
+    if window is None:
+        return 0
+    first_key = jnp.maximum(earliest_query - window + 1, 0)
+    return first_key // (pages_per_block * page_size)
+
+
 def _take_pages(cache, pages):
     """cache [P, K, S, D] rows for page ids [...] -> [..., K, S, D] in f32."""
     return widen(take_pages(cache, pages))
@@ -193,12 +215,14 @@ def _empty_state(rows_shape, head_dim: int):
 
 def _fold_block(state, scores, weigh_values):
     """Fold one block into the running softmax. scores [..., N, S] with masked keys at -inf;
-    weigh_values(probs [..., N, S]) -> [..., D]. Block 0 holds a valid key for every query
-    row, so the running max is finite from then on and masked keys weigh exactly 0."""
+    weigh_values(probs [..., N, S]) -> [..., D]. A row may have seen no valid key yet (a
+    windowed row whose window starts in a later block): its max stays -inf, and the shift
+    below is 0 there so its masked keys weigh exactly 0 instead of exp(-inf + inf)."""
     running_max, total, weighted = state
     new_max = jnp.maximum(running_max, jnp.max(scores, axis=(-2, -1)))
-    probs = jnp.exp(scores - new_max[..., None, None])
-    rescale = jnp.exp(running_max - new_max)
+    shift = jnp.where(jnp.isfinite(new_max), new_max, 0.0)
+    probs = jnp.exp(scores - shift[..., None, None])
+    rescale = jnp.exp(running_max - shift)
     total = total * rescale + jnp.sum(probs, axis=(-2, -1))
     weighted = weighted * rescale[..., None] + weigh_values(probs)
     return new_max, total, weighted

@@ -4,6 +4,8 @@ dispatched at trace time (kernels/dispatch.py).
 On a GPU backend it runs kernel.py (the cuDNN prefill for the chunk, the Pallas decode kernel
 for the rows); everywhere else, and whenever NINFER_FORCE_REFERENCE=1, reference.py. Both share
 the signature and paged_attention's cache layout (write K/V with paged_attention.write_kv).
+A sliding `window` (Gemma's local layers) runs the reference on every backend: the GPU
+kernels take no window yet.
 """
 from __future__ import annotations
 
@@ -12,11 +14,14 @@ from ninfer_jax.kernels.ragged_attention import reference
 
 
 def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row_tables,
-                           row_lengths, scale: float, num_chunk_tokens: int):
+                           row_lengths, scale: float, num_chunk_tokens: int,
+                           window: int | None = None):
     """Chunk region q[:C] causal over its sequence, row region q[C:] one query per row;
     see reference.ragged_paged_attention."""
     args = dict(chunk_table=chunk_table, chunk_start=chunk_start, row_tables=row_tables,
                 row_lengths=row_lengths, scale=scale, num_chunk_tokens=num_chunk_tokens)
+    if window is not None:
+        return reference.ragged_paged_attention(q, k_cache, v_cache, window=window, **args)
     if use_kernels():
         from ninfer_jax.kernels.ragged_attention import kernel
         return kernel.ragged_paged_attention(q, k_cache, v_cache, **args)

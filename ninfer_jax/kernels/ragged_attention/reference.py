@@ -24,15 +24,17 @@ from ninfer_jax.kernels.paged_attention import reference as paged
 
 
 def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row_tables,
-                           row_lengths, scale: float, num_chunk_tokens: int):
+                           row_lengths, scale: float, num_chunk_tokens: int,
+                           window: int | None = None):
     """q [C + B, H, D] -> [C + B, H, D] in q's dtype. Chunk rows past the chunk's real length
-    are padding: their output is unspecified (as in paged_prefill_attention)."""
+    are padding: their output is unspecified (as in paged_prefill_attention). `window`: every
+    query sees only its last `window` keys (sliding-window layers)."""
     return compose(
         q, num_chunk_tokens,
         chunk=lambda qc: paged.paged_prefill_attention(qc, k_cache, v_cache, chunk_table,
-                                                       chunk_start, scale=scale),
+                                                       chunk_start, scale=scale, window=window),
         rows=lambda qr: paged.paged_decode_attention(qr, k_cache, v_cache, row_tables,
-                                                     row_lengths, scale=scale))
+                                                     row_lengths, scale=scale, window=window))
 
 
 def compose(q, num_chunk_tokens: int, *, chunk, rows):
