@@ -27,7 +27,9 @@ from ninfer_jax.artifact.templates import builtin_template
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.config import ModelConfig
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
+                 "Qwen3VLForConditionalGeneration": "qwen3"}
+MULTIMODAL_TEXT_PREFIX = "model.language_model."  # the wrapper's language model (-> model.)
 LAYER_TENSORS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "wq",
                  "self_attn.k_proj": "wk", "self_attn.v_proj": "wv", "self_attn.o_proj": "wo",
                  "self_attn.q_norm": "q_norm", "self_attn.k_norm": "k_norm",
@@ -90,12 +92,15 @@ def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) ->
         supported = [*ARCHITECTURES, *HYBRID_ARCHITECTURES, *GLM_ARCHITECTURES]
         raise ArtifactError(path, f"architectures {architectures} not supported "
                                   f"(supported: {', '.join(supported)})")
+    wrapper, hf = hf, text_config(hf)
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ArtifactError(path, "attention/MLP biases are not supported")
     if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
         raise ArtifactError(path, "sliding-window layers are not supported")
-    rope_theta, rope_scaling = rope_from(hf.get("rope_parameters") or hf.get("rope_scaling")
-                                         or {}, hf)
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    mrope_section = tuple(rope.pop("mrope_section", None) or ())
+    rope.pop("mrope_interleaved", None)
+    rope_theta, rope_scaling = rope_from(rope, hf)
     heads = int(hf["num_attention_heads"])
     try:
         return ModelConfig(
@@ -106,8 +111,9 @@ def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) ->
             head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qk_norm=known[0] == "qwen3",
+            tie_word_embeddings=bool(wrapper.get("tie_word_embeddings",
+                                                 hf.get("tie_word_embeddings", False))),
+            qk_norm=known[0] == "qwen3", mrope_section=mrope_section,
             max_position_embeddings=int(hf.get("max_position_embeddings", 8192)))
     except (KeyError, ValueError, TypeError) as exc:
         raise ArtifactError(path, f"incomplete or invalid config ({exc})") from None
@@ -150,6 +156,8 @@ def _dense_params(sources: list, config: ModelConfig, dtype: str,
 
 
 def _params_name(path: pathlib.Path, hf_name: str) -> str | None:
+    if hf_name.startswith(MULTIMODAL_TEXT_PREFIX):
+        hf_name = "model." + hf_name[len(MULTIMODAL_TEXT_PREFIX):]
     base = hf_name.removesuffix(".weight")
     if base in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[base]

@@ -17,6 +17,7 @@ from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
 from ninfer_jax.artifact import hf_vision
 from ninfer_jax.artifact.components import add_vision_tensor
+from ninfer_jax.artifact.convert_common import add_to_params
 
 IMAGE, VIDEO, START, END = 120, 121, 122, 123
 MROPE_SECTION = (4, 2, 2)
@@ -81,3 +82,48 @@ def vision_reference(model, pixel_values: np.ndarray, grids):
                                  grid_thw=torch.tensor(grids, dtype=torch.long))
     return (out.pooler_output.numpy(),
             np.stack([feature.numpy() for feature in out.deepstack_features]))
+
+
+def load_text_params(tensors: dict[str, np.ndarray], config) -> dict:
+    """Our text params from the wrapper's model.language_model.* and lm_head tensors, named
+    by the converter's mapping (hf_convert)."""
+    from ninfer_jax.artifact import hf_convert
+
+    params: dict = {}
+    for hf_name, array in tensors.items():
+        if hf_vision.is_vision_tensor(hf_name):
+            continue
+        name = hf_convert._params_name(pathlib.Path("<test>"), hf_name)
+        array = np.asarray(array, np.float32)
+        if array.ndim == 2 and name != "embed":
+            array = np.ascontiguousarray(array.T)
+        add_to_params(params, name, array, config.num_layers)
+    return params
+
+
+def media_prompt(rng, image_tokens: list[int], video_frame_tokens: list[int]) -> np.ndarray:
+    """Text, then each image as <start> placeholders <end> with text between, then the video
+    as a timestamp token and a delimited span per frame, then closing text."""
+    text = lambda n: list(rng.integers(0, 100, n))  # noqa: E731
+    tokens = text(3)
+    for count in image_tokens:
+        tokens += [START] + [IMAGE] * count + [END] + text(2)
+    for count in video_frame_tokens:
+        tokens += text(1) + [START] + [VIDEO] * count + [END]
+    return np.array(tokens + text(3), np.int64)
+
+
+def multimodal_reference_logits(model, tokens, image_pixels, image_grids, video_pixels,
+                                video_grids) -> np.ndarray:
+    """HF logits [T, V] of one full forward over a prompt with images and a video."""
+    types = np.zeros_like(tokens)
+    types[tokens == IMAGE] = 1
+    types[tokens == VIDEO] = 2
+    with torch.no_grad():
+        out = model(input_ids=torch.from_numpy(tokens)[None],
+                    pixel_values=torch.from_numpy(image_pixels),
+                    image_grid_thw=torch.tensor(image_grids),
+                    pixel_values_videos=torch.from_numpy(video_pixels),
+                    video_grid_thw=torch.tensor(video_grids),
+                    mm_token_type_ids=torch.from_numpy(types)[None])
+    return out.logits[0].numpy()
