@@ -5,7 +5,8 @@ plus the wrapper's placeholder token ids. Tensors, under `model.visual.` (transf
 `visual.` (older saves):
     patch_embed.proj.weight [Hv, C, Tp, P, P] -> patch_embed [C*Tp*P*P, Hv]; .bias -> patch_bias
     pos_embed.weight                          -> pos_embed
-    blocks.N.norm1 / norm2 (.weight, .bias)   -> blocks.N.norm1 / norm1_bias, norm2 / norm2_bias
+    blocks.N.norm1 / norm2 (.weight, .bias)   -> blocks.N.attn_norm attn_norm_bias,
+                                                 mlp_norm mlp_norm_bias
     blocks.N.attn.qkv, attn.proj              -> blocks.N.wqkv bqkv, wo bo
     blocks.N.mlp.linear_fc1, mlp.linear_fc2   -> blocks.N.w_fc1 b_fc1, w_fc2 b_fc2
     merger.{norm, linear_fc1, linear_fc2}     -> merger.norm norm_bias, w_fc1 b_fc1, w_fc2 b_fc2
@@ -25,12 +26,12 @@ from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.vision.config import VisionConfig
 
 PREFIXES = ("model.visual.", "visual.")
-_MODULES = {"norm1": "norm1", "norm2": "norm2", "attn.qkv": "qkv", "attn.proj": "o",
+_MODULES = {"norm1": "attn_norm", "norm2": "mlp_norm", "attn.qkv": "qkv", "attn.proj": "o",
             "mlp.linear_fc1": "fc1", "mlp.linear_fc2": "fc2", "norm": "norm",
             "linear_fc1": "fc1", "linear_fc2": "fc2"}
 _OURS = {  # (module kind, weight|bias) -> our leaf
-    ("norm1", "weight"): "norm1", ("norm1", "bias"): "norm1_bias",
-    ("norm2", "weight"): "norm2", ("norm2", "bias"): "norm2_bias",
+    ("attn_norm", "weight"): "attn_norm", ("attn_norm", "bias"): "attn_norm_bias",
+    ("mlp_norm", "weight"): "mlp_norm", ("mlp_norm", "bias"): "mlp_norm_bias",
     ("norm", "weight"): "norm", ("norm", "bias"): "norm_bias",
     ("qkv", "weight"): "wqkv", ("qkv", "bias"): "bqkv", ("o", "weight"): "wo", ("o", "bias"): "bo",
     ("fc1", "weight"): "w_fc1", ("fc1", "bias"): "b_fc1",

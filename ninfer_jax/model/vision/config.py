@@ -10,8 +10,8 @@ Params pytree (weights stored [in, out], as in the text model):
     patch_embed [C*Tp*P*P, Hv]  patch_bias [Hv]      (the Conv3d kernel flattened C, Tp, P, P)
     pos_embed   [G*G, Hv]                            (G = sqrt(num_position_embeddings))
     blocks: list of `depth` dicts:
-        norm1 [Hv] norm1_bias [Hv]  wqkv [Hv, 3Hv] bqkv [3Hv]  wo [Hv, Hv] bo [Hv]
-        norm2 [Hv] norm2_bias [Hv]  w_fc1 [Hv, F] b_fc1 [F]  w_fc2 [F, Hv] b_fc2 [Hv]
+        attn_norm [Hv] attn_norm_bias [Hv]  wqkv [Hv, 3Hv] bqkv [3Hv]  wo [Hv, Hv] bo [Hv]
+        mlp_norm [Hv] mlp_norm_bias [Hv]  w_fc1 [Hv, F] b_fc1 [F]  w_fc2 [F, Hv] b_fc2 [Hv]
     merger: norm [Hv] norm_bias [Hv]  w_fc1 [M, M] b_fc1 [M]  w_fc2 [M, O] b_fc2 [O]
     deepstack: list, one merger per deepstack layer, its norm over M (after the shuffle):
         norm [M] norm_bias [M]  w_fc1 [M, M] b_fc1 [M]  w_fc2 [M, O] b_fc2 [O]
@@ -97,9 +97,9 @@ class VisionConfig:
         for i in range(self.depth):
             p = f"blocks.{i}."
             shapes.update({
-                p + "norm1": (Hv,), p + "norm1_bias": (Hv,), p + "wqkv": (Hv, 3 * Hv),
+                p + "attn_norm": (Hv,), p + "attn_norm_bias": (Hv,), p + "wqkv": (Hv, 3 * Hv),
                 p + "bqkv": (3 * Hv,), p + "wo": (Hv, Hv), p + "bo": (Hv,),
-                p + "norm2": (Hv,), p + "norm2_bias": (Hv,), p + "w_fc1": (Hv, F),
+                p + "mlp_norm": (Hv,), p + "mlp_norm_bias": (Hv,), p + "w_fc1": (Hv, F),
                 p + "b_fc1": (F,), p + "w_fc2": (F, Hv), p + "b_fc2": (Hv,)})
         mergers = [("merger.", Hv)] + [(f"deepstack.{j}.", M)
                                        for j in range(len(self.deepstack_layers))]

@@ -69,9 +69,9 @@ def _layer_norm(x, weight, bias, eps: float):
 
 
 def _block(x, block, cos, sin, same_frame, config: VisionConfig):
-    h = _layer_norm(x, block["norm1"], block["norm1_bias"], config.layer_norm_eps)
+    h = _layer_norm(x, block["attn_norm"], block["attn_norm_bias"], config.layer_norm_eps)
     x = x + _attention(h, block, cos, sin, same_frame, config)
-    h = _layer_norm(x, block["norm2"], block["norm2_bias"], config.layer_norm_eps)
+    h = _layer_norm(x, block["mlp_norm"], block["mlp_norm_bias"], config.layer_norm_eps)
     hidden = _affine(h, block["w_fc1"], block["b_fc1"])
     hidden = jax.nn.gelu(hidden, approximate=config.hidden_act == "gelu_pytorch_tanh")
     return x + _affine(hidden, block["w_fc2"], block["b_fc2"])
