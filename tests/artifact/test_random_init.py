@@ -150,7 +150,7 @@ def test_hybrid_presets_quantize_their_projections(fmt, tmp_path):
 
     contents = init_random("qwen3.6-tiny-moe", weights=fmt)
     assert contents.weight_formats == {"embed": "f32", "layers": fmt, "norms": "f32",
-                                       "mtp": fmt}
+                                       "mtp": fmt, "vision": "f32"}  # the tower stays float
     artifact = load_artifact(save_artifact(tmp_path / "q.ninfer", contents), mtp=True)
     linear, full = artifact.params["layers"]
     head = artifact.params["mtp"]
