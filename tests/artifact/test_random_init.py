@@ -216,6 +216,8 @@ def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset, weights)
 
     metadata = init_random(preset, tiny=True, weights=weights).metadata()
     metadata["config"] = PRESETS[preset].config.to_dict()  # the 8B shapes, no 8B weights
+    if PRESETS[preset].vision:  # and the full-size tower that feeds them
+        metadata["vision_config"] = PRESETS[preset].vision.to_dict()
     assert check_metadata(metadata, pathlib.Path("m")) == PRESETS[preset].config
 
 
