@@ -1,7 +1,7 @@
 """What a step with media adds to the text model's inputs: the rows of one pytree, `MediaRows`.
 
-A prompt with images or video runs through the same ragged step as text (model/ragged_batch.py)
-with three changes, all carried here for the step's C chunk + B row tokens:
+A prompt with images or video runs through the same ragged step as text (model/ragged_batch.py;
+llama.py and hybrid.py take `media=MediaRows`) with three changes, all carried here for the step's C chunk + B row tokens:
   - the chunk's placeholder rows take the vision tower's embeddings instead of token embeddings;
   - every row gets three-axis MRoPE positions (model/vision/mrope.py): rows after a prompt's
     media sit at their position + the prompt's delta on all axes, text-only rows at their
