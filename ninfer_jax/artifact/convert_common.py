@@ -178,6 +178,9 @@ def apply_quantization(contents, quantized: str | None, progress: ProgressFn | N
     if quantized is None:
         return contents
     quantize_projections(contents.params, quantized, progress)
+    vision = contents.weight_formats.get("vision")  # the tower stays float
     contents.weight_formats = weight_formats(contents.config, contents.weight_formats["embed"],
                                              quantized)
+    if vision:
+        contents.weight_formats["vision"] = vision
     return contents

@@ -7,6 +7,8 @@ Layout (docs/artifact-format.md describes each field):
     chat_template.jinja  the default chat template
     weights/             orbax checkpoint of the text model's params (weights_io.py)
     mtp/                 orbax checkpoint of the MTP head, when components.mtp (components.py)
+    vision/              orbax checkpoint of the vision tower, when components.vision; its
+                         hyper-parameters are metadata.json's `vision_config`
 
 `load_artifact` checks every file and raises `ArtifactError(file, problem)` naming the file at
 fault. Nothing here imports jax unless weights are read or written.
@@ -24,11 +26,14 @@ from typing import Any
 import numpy as np
 
 from ninfer_jax.artifact import checksums, weights_io
-from ninfer_jax.artifact.components import MTP_DIR, mtp_expected_shapes, split_mtp
+from ninfer_jax.artifact.components import (MTP_DIR, VISION_DIR, mtp_expected_shapes,
+                                            split_mtp, vision_config_of,
+                                            vision_expected_shapes)
 from ninfer_jax.artifact.tensor_groups import (FLOAT_FORMATS, expected_dtype,  # noqa: F401
                                                is_norm, tensor_group)
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.config import ARCHITECTURES, ModelConfig
+from ninfer_jax.model.vision.config import VisionConfig
 
 FORMAT_VERSION = 3
 METADATA_FILE = "metadata.json"
@@ -39,7 +44,7 @@ COMPONENTS = ("text", "mtp", "dflash", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4", "q8_0", "q4_0", "q4_1")  # q*: GGUF blocks
 TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml", "gemma4")
-CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
+CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, VISION_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
 
 
 @dataclasses.dataclass
@@ -58,6 +63,7 @@ class ArtifactContents:
     components: dict[str, bool] = dataclasses.field(
         default_factory=lambda: {"text": True, "mtp": False, "dflash": False, "vision": False})
     notes: str | None = None
+    vision_config: VisionConfig | None = None  # the tower's, exactly when components.vision
 
     def metadata(self) -> dict[str, Any]:
         metadata = {
@@ -69,6 +75,8 @@ class ArtifactContents:
         }
         if self.notes:
             metadata["notes"] = self.notes
+        if self.vision_config is not None:
+            metadata["vision_config"] = self.vision_config.to_dict()
         return metadata
 
 
@@ -105,6 +113,10 @@ class Artifact:
     def components(self) -> dict[str, bool]:
         return self.metadata["components"]
 
+    @property
+    def vision_config(self) -> VisionConfig | None:
+        return vision_config_of(self.metadata)
+
     def load_tokenizer(self):
         from ninfer_jax.text.tokenizer import Tokenizer
 
@@ -126,6 +138,9 @@ def save_artifact(out: str | os.PathLike, contents: ArtifactContents, *,
     if ("mtp" in contents.params) != bool(contents.components.get("mtp")):
         raise ArtifactError(out / METADATA_FILE, "components.mtp disagrees with the params "
                                                  "(an mtp tree is written exactly when it is on)")
+    if ("vision" in contents.params) != bool(contents.components.get("vision")):
+        raise ArtifactError(out / METADATA_FILE, "components.vision disagrees with the params "
+                                                 "(a vision tree is written exactly when it is on)")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
                                             dir=out.parent))
@@ -152,6 +167,8 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
     weights_io.save_weights(directory / WEIGHTS_DIR, text)
     if mtp is not None:
         weights_io.save_weights(directory / MTP_DIR, mtp)
+    if "vision" in contents.params:
+        weights_io.save_weights(directory / VISION_DIR, contents.params["vision"])
     metadata = contents.metadata()
     metadata["checksums"] = checksums.compute(directory, CHECKSUMMED)
     # metadata last: a directory with metadata.json is complete by construction.
@@ -163,30 +180,36 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
 
 
 def load_artifact(path: str | os.PathLike, weights: bool = True, *,
-                  mtp: bool = False, verify: bool = True, shardings=None) -> Artifact:
+                  mtp: bool = False, vision: bool = False, verify: bool = True,
+                  shardings=None) -> Artifact:
     """Validate an artifact and return it; with weights=True the params are read (numpy),
-    and with mtp=True also the MTP head, as params["mtp"] (an error if there is none).
+    with mtp=True also the MTP head, as params["mtp"], and with vision=True the vision tower,
+    as params["vision"] (an error if the artifact lacks the component asked for).
     Reading weights first checks the recorded file checksums, unless verify=False.
     `shardings(stored structure) -> tree of jax Shardings` restores the text weights
     straight into device shards instead (weights_io.restore_weights; tensor parallelism)."""
     directory = pathlib.Path(path)
     return _validate_directory(directory, weights=weights, display=directory, mtp=mtp,
-                               verify=verify, shardings=shardings)
+                               vision=vision, verify=verify, shardings=shardings)
 
 
 def _validate_directory(directory: pathlib.Path, *, weights: bool,
-                        display: pathlib.Path, mtp: bool = False,
+                        display: pathlib.Path, mtp: bool = False, vision: bool = False,
                         verify: bool = True, shardings=None) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(display, "not an artifact directory (missing or not a directory)")
     metadata = read_metadata(directory / METADATA_FILE, display / METADATA_FILE)
     config = _config_from_metadata(metadata, display / METADATA_FILE)
     has_mtp = bool(metadata["components"].get("mtp"))
-    for required in (TOKENIZER_FILE, TEMPLATE_FILE, WEIGHTS_DIR, *([MTP_DIR] * has_mtp)):
+    has_vision = bool(metadata["components"].get("vision"))
+    for required in (TOKENIZER_FILE, TEMPLATE_FILE, WEIGHTS_DIR, *([MTP_DIR] * has_mtp),
+                     *([VISION_DIR] * has_vision)):
         if not (directory / required).exists():
             raise ArtifactError(display / required, "missing")
     if mtp and not has_mtp:
         raise ArtifactError(display / METADATA_FILE, "the artifact has no mtp component")
+    if vision and not has_vision:
+        raise ArtifactError(display / METADATA_FILE, "the artifact has no vision component")
     template = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
     params = None
     if weights:
@@ -198,6 +221,10 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
         if mtp:
             params["mtp"] = _read_weights(directory / MTP_DIR, display / MTP_DIR,
                                           mtp_expected_shapes(config), formats, prefix="mtp")
+        if vision:
+            params["vision"] = _read_weights(
+                directory / VISION_DIR, display / VISION_DIR,
+                vision_expected_shapes(vision_config_of(metadata)), formats, prefix="vision")
     return Artifact(path=directory, metadata=metadata, config=config, params=params,
                     chat_template=template, tokenizer_path=directory / TOKENIZER_FILE)
 
@@ -266,7 +293,32 @@ def _config_from_metadata(metadata: dict[str, Any], display: pathlib.Path) -> Mo
     if bool(metadata["components"].get("mtp")) != (config.mtp_num_layers > 0):
         raise ArtifactError(display, "components.mtp must be true exactly when "
                                      "config.mtp_num_layers > 0")
+    _check_vision(metadata, config, display)
     return config
+
+
+def _check_vision(metadata: dict[str, Any], config: ModelConfig, display: pathlib.Path) -> None:
+    """components.vision goes with a valid `vision_config` whose tower feeds this text model
+    and whose placeholder ids are in its vocabulary, and with an MRoPE text config."""
+    has_vision = bool(metadata["components"].get("vision"))
+    if has_vision != ("vision_config" in metadata):
+        raise ArtifactError(display, "components.vision must be true exactly when "
+                                     "vision_config is present")
+    if not has_vision:
+        return
+    try:
+        vision = vision_config_of(metadata)
+    except (TypeError, ValueError) as exc:
+        raise ArtifactError(display, f"invalid vision_config: {exc}") from None
+    if vision.out_hidden_size != config.hidden_size:
+        raise ArtifactError(display, "vision_config.out_hidden_size differs from the text "
+                                     "model's hidden_size")
+    for field in ("image_token_id", "video_token_id", "vision_start_token_id",
+                  "vision_end_token_id"):
+        if not 0 <= getattr(vision, field) < config.vocab_size:
+            raise ArtifactError(display, f"vision_config.{field} is outside the vocabulary")
+    if not config.mrope_section:
+        raise ArtifactError(display, "a vision component needs config.mrope_section")
 
 
 def _read_weights(directory: pathlib.Path, display: pathlib.Path,

@@ -3,10 +3,13 @@ tokenizer.json (copied as is), tokenizer_config.json / chat_template.jinja for t
 generation_config.json for the end-of-sequence ids. Projection weights are transposed from
 torch's [out, in] to our [in, out].
 
-Dense `LlamaForCausalLM` and `Qwen3ForCausalLM` are mapped here; the hybrid Qwen3.5 / 3.6 /
-Qwen3-Next classes by hf_hybrid_config.py (config) and hf_hybrid.py (tensors, MTP head);
-GLM MoE (`Glm4MoeForCausalLM`) by hf_glm.py (config) and hf_hybrid.py (tensors); Gemma 4
-(`Gemma4ForCausalLM`, `Gemma4ForConditionalGeneration`'s text model) by hf_gemma.py.
+Dense `LlamaForCausalLM`, `Qwen3ForCausalLM` and the language model of
+`Qwen3VLForConditionalGeneration` (`model.language_model.*`, MRoPE sections kept) are mapped
+here; the hybrid Qwen3.5 / 3.6 / Qwen3-Next classes by hf_hybrid_config.py (config) and
+hf_hybrid.py (tensors, MTP head); GLM MoE (`Glm4MoeForCausalLM`) by hf_glm.py (config) and
+hf_hybrid.py (tensors); Gemma 4 (`Gemma4ForCausalLM`,
+`Gemma4ForConditionalGeneration`'s text model) by hf_gemma.py. A checkpoint with a `vision_config` (Qwen3-VL, Qwen3.5) also gets the
+vision component, its tensors `model.visual.*` mapped by hf_vision.py.
 """
 from __future__ import annotations
 
@@ -18,7 +21,9 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
-from ninfer_jax.artifact import hf_gemma, hf_hybrid
+from ninfer_jax.artifact import hf_gemma, hf_hybrid, hf_vision
+from ninfer_jax.artifact.components import (VISION_PREFIX, add_vision_tensor,
+                                            vision_expected_shapes)
 from ninfer_jax.artifact.hf_glm import GLM_ARCHITECTURES, glm_model_config
 from ninfer_jax.artifact.hf_hybrid_config import (HYBRID_ARCHITECTURES, hybrid_model_config,
                                                   rope_from, text_config)
@@ -28,7 +33,9 @@ from ninfer_jax.artifact.templates import builtin_template
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.config import ModelConfig
 
-ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3"}
+ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen3ForCausalLM": "qwen3",
+                 "Qwen3VLForConditionalGeneration": "qwen3"}
+MULTIMODAL_TEXT_PREFIX = "model.language_model."  # the wrapper's language model (-> model.)
 LAYER_TENSORS = {"input_layernorm": "attn_norm", "self_attn.q_proj": "wq",
                  "self_attn.k_proj": "wk", "self_attn.v_proj": "wv", "self_attn.o_proj": "wo",
                  "self_attn.q_norm": "q_norm", "self_attn.k_norm": "k_norm",
@@ -63,19 +70,37 @@ def convert_hf(directory: pathlib.Path, *, name: str | None, dtype: str,
     template, template_origin = _chat_template(directory, tokenizer_config)
     source = {"kind": "huggingface", "directory": directory.name,
               "architectures": hf_config.get("architectures"), "chat_template": template_origin}
-    skipped = [n for _, n in sources if config.is_hybrid and hf_hybrid.is_skipped(n)
-               and not n.endswith("inv_freq")]
-    if skipped:
-        source["not_converted"] = f"{len(skipped)} vision tensors (model.visual.*)"
+    vision = hf_vision.vision_config(hf_config, directory / "config.json", config.hidden_size)
+    params = _params(directory, sources, config, dtype, progress)
+    formats = common.float_weight_formats(config, dtype)
+    if vision:
+        params["vision"] = _vision_params(directory, sources, vision, dtype)
+        formats["vision"] = dtype
     return ArtifactContents(
-        name=name or directory.name.lower(), config=config,
-        params=_params(directory, sources, config, dtype, progress),
+        name=name or directory.name.lower(), config=config, params=params,
         tokenizer_json=tokenizer_json, chat_template=template,
         special_tokens=_special_tokens(directory, hf_config, tokenizer_config, tokenizer),
         chat_format=common.detect_chat_format(template, tokenizer), source=source,
-        weight_formats=common.float_weight_formats(config, dtype),
+        weight_formats=formats, vision_config=vision,
         components={"text": True, "mtp": config.mtp_num_layers > 0, "dflash": False,
-                    "vision": False})
+                    "vision": vision is not None})
+
+
+def _vision_params(directory: pathlib.Path, sources: list, vision, dtype: str) -> dict:
+    """The vision tree from the checkpoint's tower tensors, complete or an error."""
+    tree: dict = {}
+    for file, hf_name in sources:
+        if hf_vision.is_vision_tensor(hf_name):
+            name = hf_vision.vision_name(file.path, hf_name)
+            array = hf_vision.vision_array(name, file.get(hf_name))
+            add_vision_tensor(tree, name, common.store(VISION_PREFIX + name, array, dtype))
+    from ninfer_jax.artifact.weights_io import subtree
+
+    expected = vision_expected_shapes(vision)
+    missing = [n for n in expected if subtree({"vision": tree}, n) is None]
+    if missing:
+        raise ArtifactError(directory, f"vision tensors missing for {', '.join(missing[:5])}")
+    return tree
 
 
 def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) -> ModelConfig:
@@ -94,12 +119,15 @@ def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) ->
                      *hf_gemma.GEMMA_ARCHITECTURES]
         raise ArtifactError(path, f"architectures {architectures} not supported "
                                   f"(supported: {', '.join(supported)})")
+    wrapper, hf = hf, text_config(hf)
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ArtifactError(path, "attention/MLP biases are not supported")
     if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
         raise ArtifactError(path, "sliding-window layers are not supported")
-    rope_theta, rope_scaling = rope_from(hf.get("rope_parameters") or hf.get("rope_scaling")
-                                         or {}, hf)
+    rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+    mrope_section = tuple(rope.pop("mrope_section", None) or ())
+    rope.pop("mrope_interleaved", None)
+    rope_theta, rope_scaling = rope_from(rope, hf)
     heads = int(hf["num_attention_heads"])
     try:
         return ModelConfig(
@@ -110,8 +138,9 @@ def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) ->
             head_dim=int(hf.get("head_dim") or int(hf["hidden_size"]) // heads),
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=rope_theta,
             rope_scaling=rope_scaling,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qk_norm=known[0] == "qwen3",
+            tie_word_embeddings=bool(wrapper.get("tie_word_embeddings",
+                                                 hf.get("tie_word_embeddings", False))),
+            qk_norm=known[0] == "qwen3", mrope_section=mrope_section,
             max_position_embeddings=int(hf.get("max_position_embeddings", 8192)))
     except (KeyError, ValueError, TypeError) as exc:
         raise ArtifactError(path, f"incomplete or invalid config ({exc})") from None
@@ -145,6 +174,8 @@ def _dense_params(sources: list, config: ModelConfig, dtype: str,
     for index, (file, hf_name) in enumerate(sources, start=1):
         if progress:
             progress(index, len(sources), hf_name)
+        if hf_vision.is_vision_tensor(hf_name):
+            continue  # the vision component (_vision_params)
         name = _params_name(file.path, hf_name)
         if name is None or (name == "lm_head" and config.tie_word_embeddings):
             continue
@@ -156,6 +187,8 @@ def _dense_params(sources: list, config: ModelConfig, dtype: str,
 
 
 def _params_name(path: pathlib.Path, hf_name: str) -> str | None:
+    if hf_name.startswith(MULTIMODAL_TEXT_PREFIX):
+        hf_name = "model." + hf_name[len(MULTIMODAL_TEXT_PREFIX):]
     base = hf_name.removesuffix(".weight")
     if base in GLOBAL_TENSORS:
         return GLOBAL_TENSORS[base]

@@ -3,7 +3,7 @@
 
 Names, as transformers' modeling_qwen3_5 / _qwen3_5_moe / _qwen3_next define the modules
 (multimodal checkpoints put the language model under `model.language_model.`; its vision
-tower `model.visual.*` is not converted):
+tower `model.visual.*` is converted by hf_vision.py into the vision component):
     model.layers.N.input_layernorm / post_attention_layernorm        attn_norm / mlp_norm
     ...self_attn.{q,k,v,o}_proj, q_norm, k_norm                       wq wk wv wo q_norm k_norm
     ...linear_attn.in_proj_qkv / in_proj_z / in_proj_b / in_proj_a    in_qkv in_z in_b in_a
@@ -60,7 +60,7 @@ LAYER_TENSORS = {
     "mlp.shared_experts.down_proj": "shared_w_down"}
 _LAYER = re.compile(r"^(model\.layers|mtp\.layers)\.(\d+)\.(.+)$")
 _EXPERT = re.compile(r"^mlp\.experts\.(\d+)\.(gate|up|down)_proj$")
-SKIPPED_PREFIXES = ("model.visual.",)  # the vision tower: no vision component yet
+SKIPPED_PREFIXES = ("model.visual.",)  # the vision tower: hf_vision.py converts it
 
 
 def canonical_name(hf_name: str) -> str:

@@ -46,6 +46,8 @@ def hybrid_model_config(hf: dict[str, Any], path: pathlib.Path, *, architecture:
     layers = int(text["num_hidden_layers"])
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     partial = float(rope.pop("partial_rotary_factor", text.get("partial_rotary_factor", 0.25)))
+    # MRoPE matters only with a vision tower (the vision component needs it).
+    mrope_section = tuple(rope.get("mrope_section") or ()) if hf.get("vision_config") else ()
     for key in _MROPE_KEYS:
         rope.pop(key, None)
     theta, scaling = rope_from(rope, text)
@@ -67,7 +69,8 @@ def hybrid_model_config(hf: dict[str, Any], path: pathlib.Path, *, architecture:
             linear_key_head_dim=int(text["linear_key_head_dim"]),
             linear_value_head_dim=int(text["linear_value_head_dim"]),
             linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
-            mtp_num_layers=mtp_layers, **_moe_fields(text, architecture, layers))
+            mtp_num_layers=mtp_layers, mrope_section=mrope_section,
+            **_moe_fields(text, architecture, layers))
     except (KeyError, ValueError, TypeError) as exc:
         raise ArtifactError(path, f"incomplete or invalid config ({exc})") from None
 

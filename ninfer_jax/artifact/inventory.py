@@ -1,6 +1,7 @@
 """What `ninfer inspect-artifact` reports: metadata, components, the tensor inventory read
-from the checkpoints' metadata (weights/ and, when present, mtp/; no array data is loaded) and,
-for hybrid and GLM MoE models, the summaries of hybrid_report.py; for Gemma 4, gemma_report.py."""
+from the checkpoints' metadata (weights/ and, when present, mtp/ and vision/; no array data is
+loaded), a summary of the vision tower when there is one and, for hybrid and GLM MoE models,
+the summaries of hybrid_report.py; for Gemma 4, gemma_report.py."""
 from __future__ import annotations
 
 import pathlib
@@ -10,7 +11,8 @@ import numpy as np
 
 from ninfer_jax.artifact import weights_io
 from ninfer_jax.artifact.weights_io import human_bytes
-from ninfer_jax.artifact.components import MTP_DIR, MTP_PREFIX, mtp_expected_shapes
+from ninfer_jax.artifact.components import (MTP_DIR, MTP_PREFIX, VISION_DIR, VISION_PREFIX,
+                                            mtp_expected_shapes, vision_expected_shapes)
 from ninfer_jax.artifact.format import WEIGHTS_DIR, load_artifact
 from ninfer_jax.artifact.gemma_report import format_gemma, gemma_summary
 from ninfer_jax.artifact.hybrid_report import (format_hybrid, format_moe, hybrid_summary,
@@ -25,10 +27,14 @@ def describe_artifact(path: str | pathlib.Path) -> dict[str, Any]:
     """A JSON-ready report: metadata, tensors (name, shape, dtype, format, bytes), totals."""
     artifact = load_artifact(path, weights=False)
     config = artifact.config
-    expected = {**config.expected_shapes(), **mtp_expected_shapes(config)}
+    vision = artifact.vision_config
+    vision_shapes = vision_expected_shapes(vision)
+    expected = {**config.expected_shapes(), **mtp_expected_shapes(config), **vision_shapes}
     tensors = _inventory(artifact.path, WEIGHTS_DIR, "")
     if artifact.components.get("mtp"):
         tensors += _inventory(artifact.path, MTP_DIR, MTP_PREFIX)
+    if vision:
+        tensors += _inventory(artifact.path, VISION_DIR, VISION_PREFIX)
     rows = [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype,
              "format": _row_format(t, expected, artifact.weight_formats),
              "bytes": t.num_bytes} for t in tensors]
@@ -36,6 +42,10 @@ def describe_artifact(path: str | pathlib.Path) -> dict[str, Any]:
               "totals": {"tensors": len(rows),
                          "parameters": sum(int(np.prod(s)) for s in expected.values()),
                          "bytes": sum(r["bytes"] for r in rows)}}
+    if vision:
+        report["vision"] = {**vision.to_dict(), "parameters": sum(
+            int(np.prod(s)) for s in vision_shapes.values()), "mrope_section":
+            list(config.mrope_section)}
     if config.is_hybrid:
         report["hybrid"] = hybrid_summary(config, artifact.weight_formats)
     elif config.is_glm:
@@ -76,6 +86,7 @@ def format_report(report: dict[str, Any]) -> str:
         *(format_hybrid(report["hybrid"]) if "hybrid" in report else ()),
         *(format_moe(report["moe"]) if "moe" in report else ()),
         *(format_gemma(report["gemma"]) if "gemma" in report else ()),
+        *([_vision_line(report["vision"])] if "vision" in report else ()),
         "weights       " + ", ".join(f"{k}={v}" for k, v in metadata["weight_formats"].items()),
         "components    " + ", ".join(k for k, on in metadata["components"].items() if on),
         f"chat format   {_chat_format_line(metadata['chat_format'])}",
@@ -88,6 +99,16 @@ def format_report(report: dict[str, Any]) -> str:
               f"total         {totals['tensors']} arrays, {totals['parameters']:,} parameters, "
               f"{human_bytes(totals['bytes'])} ({totals['bytes']:,} bytes)"]
     return "\n".join(lines)
+
+
+def _vision_line(vision: dict) -> str:
+    deepstack = ",".join(map(str, vision["deepstack_layers"])) or "none"
+    return (f"vision        {vision['depth']} blocks of {vision['hidden_size']} "
+            f"({vision['num_heads']} heads), patch {vision['patch_size']}x"
+            f"{vision['patch_size']}x{vision['temporal_patch_size']}, merge "
+            f"{vision['spatial_merge_size']}, deepstack taps {deepstack}, "
+            f"{vision['parameters']:,} parameters, MRoPE {vision['mrope_section']} "
+            "(vision component, loaded with --vision)")
 
 
 def _chat_format_line(chat_format: dict) -> str:

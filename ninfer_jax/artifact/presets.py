@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.vision.config import VisionConfig
 
 QWEN3_VOCAB = 151669  # 151,643 ranks + 26 control tokens
 QWEN3_5_VOCAB = 248077  # 248,044 ranks + 33 control tokens
@@ -68,6 +69,27 @@ class Preset:
     bos: str | None = None  # written by the template; also prepended to raw prompts
     thinks: bool = True  # reasoning markers, thinking unless the request says not
     markers: tuple[str, str] = THINK_MARKERS  # (open, close) of the reasoning block
+    vision: VisionConfig | None = None  # the artifact's vision component, when it has one
+
+
+TINY_VISION = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2,
+               "num_position_embeddings": 16}
+
+
+def tiny_vision(vision: VisionConfig, text: ModelConfig) -> VisionConfig:
+    """The tower at TINY_VISION dims feeding `text`; patch, merge sizes and token ids kept, a
+    deepstack tap (if the tower has any) after each of its blocks."""
+    taps = tuple(range(TINY_VISION["depth"])) if vision.deepstack_layers else ()
+    return dataclasses.replace(vision, **TINY_VISION, out_hidden_size=text.hidden_size,
+                               deepstack_layers=taps)
+
+
+def _mrope_for(config: ModelConfig) -> tuple[int, ...]:
+    """Interleaved MRoPE counts for a tiny head: the rotary frequencies split about evenly,
+    row and column first."""
+    half = int(config.head_dim * config.partial_rotary_factor) // 2
+    spatial = -(-half // 3)
+    return (half - 2 * spatial, spatial, spatial)
 
 
 def tiny_config(config: ModelConfig) -> ModelConfig:
@@ -90,16 +112,29 @@ def tiny_config(config: ModelConfig) -> ModelConfig:
                       if config.global_num_kv_heads else 0,
                       hidden_size_per_layer_input=8 if config.hidden_size_per_layer_input
                       else 0)
-    return dataclasses.replace(config, **fields)
+    tiny = dataclasses.replace(config, **fields, mrope_section=())
+    return dataclasses.replace(tiny, mrope_section=_mrope_for(tiny) if config.mrope_section
+                               else ())
 
 
 def _dense(arch, vocab, hidden, ffn, layers, heads, kv_heads, head_dim, theta, eps, tied,
-           max_positions):
+           max_positions, mrope_section=()):
     return ModelConfig(architecture=arch, vocab_size=vocab, hidden_size=hidden,
                        intermediate_size=ffn, num_layers=layers, num_heads=heads,
                        num_kv_heads=kv_heads, head_dim=head_dim, rms_norm_eps=eps,
                        rope_theta=theta, tie_word_embeddings=tied, qk_norm=arch == "qwen3",
-                       max_position_embeddings=max_positions)
+                       max_position_embeddings=max_positions, mrope_section=mrope_section)
+
+
+def _qwen_vision(out_hidden: int, *, qwen3_5: bool) -> VisionConfig:
+    """The published Qwen3-VL / Qwen3.5 tower (27 blocks of 1152, 16 heads, patch 16, a 48 x 48
+    position grid); Qwen3-VL taps blocks 8, 16 and 24 for deepstack."""
+    ids = (248056, 248057, 248053, 248054) if qwen3_5 else (151655, 151656, 151652, 151653)
+    return VisionConfig(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16,
+                        out_hidden_size=out_hidden, num_position_embeddings=2304,
+                        deepstack_layers=() if qwen3_5 else (8, 16, 24),
+                        image_token_id=ids[0], video_token_id=ids[1],
+                        vision_start_token_id=ids[2], vision_end_token_id=ids[3])
 
 
 def _qwen3_5(arch, hidden, ffn, layers, heads, kv_heads, value_heads, **moe) -> ModelConfig:
@@ -114,7 +149,7 @@ def _qwen3_5(arch, hidden, ffn, layers, heads, kv_heads, value_heads, **moe) -> 
                           for i in range(layers)),
         partial_rotary_factor=0.25, attn_output_gate=True, linear_num_key_heads=16,
         linear_num_value_heads=value_heads, linear_key_head_dim=128, linear_value_head_dim=128,
-        linear_conv_kernel_dim=4, mtp_num_layers=1, **moe)
+        linear_conv_kernel_dim=4, mtp_num_layers=1, mrope_section=(11, 11, 10), **moe)
 
 
 GLM4_5_AIR = ModelConfig(
@@ -139,6 +174,12 @@ QWEN3_6_35B_A3B = _qwen3_5("qwen3_5_moe", 2048, 0, 40, 16, 2, 32, num_experts=25
                            shared_expert_intermediate_size=512)
 
 
+QWEN3_VL_TINY = _dense("qwen3", QWEN3_VOCAB, 64, 128, 2, 4, 2, 16, 5e6, 1e-6, True, 40960,
+                       mrope_section=(2, 3, 3))
+QWEN3_5_DENSE_TINY = _dense("qwen3", QWEN3_5_VOCAB, 64, 128, 2, 4, 2, 16, 1e7, 1e-6, True, 40960,
+                            mrope_section=(2, 3, 3))
+
+
 def _tiny_hybrid(config: ModelConfig) -> ModelConfig:
     return dataclasses.replace(tiny_config(config), vocab_size=QWEN3_5_VOCAB,
                                tie_word_embeddings=True, max_position_embeddings=40960)
@@ -158,25 +199,33 @@ PRESETS = {
         _dense("qwen3", QWEN3_VOCAB, 64, 128, 2, 4, 2, 16, 1e6, 1e-6, True, 40960),
         "qwen3", "qwen3", "hermes", "f32",
         "random weights; Qwen3 tokenizer and a Qwen3-style template written for ninfer-jax"),
+    "qwen3-vl-tiny": Preset(
+        QWEN3_VL_TINY, "qwen3", "qwen3", "hermes", "f32",
+        "random weights; Qwen3 tokenizer and template, a Qwen3-VL-shaped tiny model: MRoPE "
+        "text body and a vision tower with deepstack taps", vision=tiny_vision(
+            _qwen_vision(64, qwen3_5=False), QWEN3_VL_TINY)),
     "qwen3.5-dense-tiny": Preset(
-        _dense("qwen3", QWEN3_5_VOCAB, 64, 128, 2, 4, 2, 16, 1e7, 1e-6, True, 40960),
-        "qwen3_5", "qwen3_5", "qwen_xml", "f32",
+        QWEN3_5_DENSE_TINY, "qwen3_5", "qwen3_5", "qwen_xml", "f32",
         "random weights; Qwen3.5 tokenizer and template with a dense qwen3 body standing in "
-        "for the hybrid Qwen3.5 architecture (see qwen3.5-tiny)"),
+        "for the hybrid Qwen3.5 architecture (see qwen3.5-tiny), and a tiny Qwen3.5 vision "
+        "tower", vision=tiny_vision(_qwen_vision(64, qwen3_5=True), QWEN3_5_DENSE_TINY)),
     "qwen3.5-tiny": Preset(
         _tiny_hybrid(QWEN3_5_27B), "qwen3_5", "qwen3_5", "qwen_xml", "f32",
         _QWEN3_5_NOTES + "; hybrid Qwen3.5 (Gated DeltaNet + gated attention, dense MLP, "
-                         "MTP head) at tiny size"),
+                         "MTP head, vision tower) at tiny size",
+        vision=tiny_vision(_qwen_vision(5120, qwen3_5=True), _tiny_hybrid(QWEN3_5_27B))),
     "qwen3.6-tiny-moe": Preset(
         _tiny_hybrid(QWEN3_6_35B_A3B), "qwen3_5", "qwen3_5", "qwen_xml", "f32",
         _QWEN3_5_NOTES + "; hybrid Qwen3.6-MoE (Gated DeltaNet + gated attention, routed "
-                         "and shared experts, MTP head) at tiny size"),
+                         "and shared experts, MTP head, vision tower) at tiny size",
+        vision=tiny_vision(_qwen_vision(2048, qwen3_5=True), _tiny_hybrid(QWEN3_6_35B_A3B))),
     "qwen3-8b": Preset(
         _dense("qwen3", 151936, 4096, 12288, 36, 32, 8, 128, 1e6, 1e-6, False, 40960),
         "qwen3", "qwen3", "hermes", "bf16", "random weights in Qwen3-8B shapes, for benchmarks"),
     "qwen3.5-27b": Preset(
         QWEN3_5_27B, "qwen3_5", "qwen3_5", "qwen_xml", "bf16",
-        "random weights in Qwen3.5-27B shapes (with its MTP head), for benchmarks"),
+        "random weights in Qwen3.5-27B shapes (with its MTP head and vision tower), for "
+        "benchmarks", vision=_qwen_vision(5120, qwen3_5=True)),
     "qwen3.6-35b-a3b": Preset(
         QWEN3_6_35B_A3B, "qwen3_5", "qwen3_5", "qwen_xml", "bf16",
         "random weights in Qwen3.6-35B-A3B shapes (with its MTP head), for benchmarks"),

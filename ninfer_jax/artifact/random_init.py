@@ -6,7 +6,9 @@ Qwen3.5, or a Llama-3-, GLM-4.5- or Gemma-4-layout stand-in), the special tokens
 template and format.
 `tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
-presets also get their MTP head (the artifact's mtp component).
+presets also get their MTP head (the artifact's mtp component), and presets with a vision tower
+their `vision` component (presets.tiny_vision when shrunk). Tower weights: LayerNorm weights
+around 1, biases ~ N(0, 0.02), the learned positions ~ N(0, 0.1), matrices ~ N(0, 1/fan_in).
 
 Weights are seeded per tensor (the seed and the tensor name pick the stream), scaled so that
 activations stay finite: projections ~ N(0, 1/fan_in), embeddings ~ N(0, 1), norm weights
@@ -24,14 +26,17 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
-from ninfer_jax.artifact.components import mtp_expected_shapes
+from ninfer_jax.artifact.components import (VISION_PREFIX, add_vision_tensor,
+                                            mtp_expected_shapes)
 from ninfer_jax.artifact.format import ArtifactContents, check_metadata
 from ninfer_jax.artifact.presets import (LLAMA3_VOCAB, PRESETS, QWEN3_5_VOCAB,  # noqa: F401
-                                         QWEN3_VOCAB, TINY_DIMS, Preset, tiny_config)
+                                         QWEN3_VOCAB, TINY_DIMS, Preset, tiny_config,
+                                         tiny_vision)
 from ninfer_jax.artifact.qwen_vocab import qwen_tokenizer_json
 from ninfer_jax.artifact.templates import builtin_template
 from ninfer_jax.artifact.tensor_groups import is_norm
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.vision.config import VisionConfig
 
 _BLOCK = 1 << 22  # values drawn per large tensor; the rest repeats them at a random phase
 
@@ -66,6 +71,23 @@ def random_params(config: ModelConfig, *, seed: int, dtype: str,
         common.add_to_params(params, name, _draw(config, seed, name, shape, dtype),
                              config.num_layers)
     return params
+
+
+def random_vision_params(vision: VisionConfig, *, seed: int, dtype: str) -> dict:
+    """Every tensor of the tower, drawn as the module docstring says."""
+    tree: dict = {}
+    for name, shape in vision.expected_shapes(VISION_PREFIX).items():
+        leaf = name.rsplit(".", 1)[-1]
+        if is_norm(name):
+            array = random_tensor(seed, name, shape, 0.1, "f32", mean=1.0)
+        elif leaf.endswith("_bias") or leaf.startswith("b"):
+            array = random_tensor(seed, name, shape, 0.02, dtype)
+        elif leaf == "pos_embed":
+            array = random_tensor(seed, name, shape, 0.1, dtype)
+        else:
+            array = random_tensor(seed, name, shape, 1.0 / np.sqrt(shape[0]), dtype)
+        add_vision_tensor(tree, name[len(VISION_PREFIX):], array)
+    return tree
 
 
 def _draw(config: ModelConfig, seed: int, name: str, shape: tuple[int, ...],
@@ -105,19 +127,25 @@ def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
     tokenizer = Tokenizer.from_str(tokenizer_json)
     source = {"kind": "random", "preset": preset_name, "seed": seed}
     shrunk = config != preset.config  # --tiny on a tiny preset changes nothing
+    vision = tiny_vision(preset.vision, config) if shrunk and preset.vision else preset.vision
+    formats = common.weight_formats(config, dtype, None)
+    if vision:
+        formats["vision"] = dtype
     if shrunk:
         source["tiny"] = True
     contents = ArtifactContents(
         name=name or (f"{preset_name}-tiny" if shrunk else preset_name), config=config,
         params={}, tokenizer_json=tokenizer_json, chat_template=builtin_template(preset.template),
         special_tokens=_special_tokens(preset, tokenizer), chat_format=_chat_format(preset),
-        source=source, weight_formats=common.weight_formats(config, dtype, None),
+        source=source, weight_formats=formats, vision_config=vision,
         components={"text": True, "mtp": config.mtp_num_layers > 0, "dflash": False,
-                    "vision": False},
+                    "vision": vision is not None},
         notes=preset.notes + ("; built with tiny dimensions (--tiny)" if shrunk else ""))
     # Checked before drawing weights, which takes minutes at 8B shapes.
     check_metadata(contents.metadata(), pathlib.Path(f"<init-random {preset_name}>"))
     contents.params = random_params(config, seed=seed, dtype=dtype, progress=progress)
+    if vision:
+        contents.params["vision"] = random_vision_params(vision, seed=seed, dtype=dtype)
     return common.apply_quantization(contents, quantized, progress)
 
 

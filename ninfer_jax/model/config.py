@@ -89,6 +89,10 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     qk_norm: bool = False  # qwen3
     max_position_embeddings: int = 8192
+    # Multimodal models (Qwen3-VL): rotary frequencies per (temporal, row, column) axis,
+    # interleaved (model/vision/mrope.py); () without. Text-only prompts use plain RoPE, which
+    # MRoPE equals when the three positions agree.
+    mrope_section: tuple[int, ...] = ()
     # Hybrid families only (defaults: absent).
     layer_types: tuple[str, ...] | None = None  # per layer, one of LAYER_TYPES
     partial_rotary_factor: float = 1.0  # RoPE rotates the first head_dim * factor dims
@@ -132,6 +136,11 @@ class ModelConfig:
         if self.layer_types is not None:
             object.__setattr__(self, "layer_types", tuple(self.layer_types))
         object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        object.__setattr__(self, "mrope_section", tuple(self.mrope_section))
+        rotary_half = int(self.head_dim * self.partial_rotary_factor) // 2
+        if self.mrope_section and (len(self.mrope_section) != 3
+                                   or sum(self.mrope_section) != rotary_half):
+            raise ValueError(f"mrope_section must be three counts summing to {rotary_half}")
         if self.is_hybrid:
             if self.layer_types is None or len(self.layer_types) != self.num_layers:
                 raise ValueError("a hybrid config needs one layer_types entry per layer")

@@ -29,20 +29,24 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import paged_attention
-from ninfer_jax.model import ragged_batch, tensor_parallel
+from ninfer_jax.model import multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
-from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, rope_inverse_frequencies,
-                                     rope_tables, swiglu_mlp, zero_centred_rms_norm)
+from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, mrope_tables,
+                                     rope_inverse_frequencies, rope_tables, swiglu_mlp,
+                                     zero_centred_rms_norm)
+from ninfer_jax.model.multimodal import MediaRows
+from ninfer_jax.model.vision.mrope import frequency_axes
 from ninfer_jax.model.moe_mlp import moe_mlp
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int, mesh=None):
-    """One ragged step (see llama.ragged): returns the f32 logits of the 1 + B sampled rows
-    (row 0 after the chunk's last real token, meaningless when C == 0) and the caches."""
+           page_size: int, mesh=None, media: MediaRows | None = None):
+    """One ragged step (see llama.ragged, `mesh` and `media` included): returns the f32 logits
+    of the 1 + B sampled rows (row 0 after the chunk's last real token, meaningless when
+    C == 0) and the caches."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
-                     page_size, mesh)
+                     page_size, mesh, media)
     if ragged_batch.num_chunk_tokens(batch) == 0:
         logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
         return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
@@ -50,13 +54,13 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
-            config: ModelConfig, page_size: int, mesh=None):
+            config: ModelConfig, page_size: int, mesh=None, media: MediaRows | None = None):
     """One chunk of one sequence on state slot `state_slot` (int32 []); see llama.prefill."""
     batch = dataclasses.replace(ragged_batch.chunk_only(tokens, start, num_tokens, page_table),
                                 chunk_state_slot=state_slot,
                                 row_state_slots=jnp.zeros(0, jnp.int32))
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
-                     mesh)
+                     mesh, media)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
@@ -93,7 +97,8 @@ def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_stat
     return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
 
 
-def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh):
+def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh=None,
+             media: MediaRows | None = None):
     """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
     if batch.row_state_slots is None or (ragged_batch.num_chunk_tokens(batch)
                                          and batch.chunk_state_slot is None):
@@ -102,9 +107,16 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     groups = tensor_parallel.num_groups(mesh)
     rotary_dim = int(config.head_dim * config.partial_rotary_factor)
     inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
-    rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
     slots = ragged_batch.step_slots(batch, page_size)
     x = embed(params["embed"], tokens)
+    deepstack = None
+    if media is None:
+        rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
+    else:  # MRoPE over the rotary dims; Qwen3.5 towers have no deepstack, but S > 0 works
+        rope = mrope_tables(media.rope_positions, inv_freq,
+                            frequency_axes(config.mrope_section, rotary_dim // 2))
+        x = multimodal.chunk_embeddings(x, media)
+        deepstack = multimodal.deepstack_rows(media, x.shape[0])
     new_kv = []
     for i, (layer, cache) in enumerate(zip(params["layers"], kv)):
         h = zero_centred_rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
@@ -116,6 +128,8 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
         h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
         x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i)
                  else swiglu_mlp(h, layer, groups))
+        if deepstack is not None and i < deepstack.shape[0]:
+            x = x + deepstack[i].astype(x.dtype)
         new_kv.append(cache)
     return x, new_kv
 

@@ -104,6 +104,14 @@ def rope_tables(positions, inv_freq: np.ndarray):
     return jnp.cos(angles), jnp.sin(angles)
 
 
+def mrope_tables(positions, inv_freq: np.ndarray, frequency_axes: np.ndarray):
+    """cos and sin [N, D/2] (f32) for three-axis positions [3, N]: frequency j turns with the
+    position on axis frequency_axes[j] (model/vision/mrope.py). Equal axes give rope_tables."""
+    chosen = jnp.take(positions.astype(jnp.float32), jnp.asarray(frequency_axes), axis=0)
+    angles = chosen.T * jnp.asarray(inv_freq)[None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
 def apply_rope(x, cos, sin):
     """Rotate x [N, heads, D] in the rotate_half convention (first and second halves pair up)."""
     half = x.shape[-1] // 2

@@ -1,12 +1,16 @@
 """The dense decoder families `llama` and `qwen3` (QK-norm) as pure steps over paged KV.
 
-    ragged(params, kv, batch: RaggedBatch, prev_out) -> (logits[1 + B, V], kv)
-    prefill(params, kv, tokens[T], start, num_tokens, page_table[W]) -> (logits_last[V], kv)
+    ragged(params, kv, batch: RaggedBatch, prev_out, media=None) -> (logits[1 + B, V], kv)
+    prefill(params, kv, tokens[T], start, num_tokens, page_table[W], media=None)
+                                                                  -> (logits_last[V], kv)
     decode(params, kv, tokens[B], positions[B], page_tables[B, W])   -> (logits[B, V], kv)
 
 `ragged` is the one forward: a prefill chunk and B independent row tokens (model/ragged_batch.py)
 go through the dense parts together as C + B rows, and attention splits them again
 (kernels.ragged_attention). `prefill` (B = 0) and `decode` (C = 0) are its two special cases.
+`media` (model/multimodal.MediaRows, Qwen3-VL-shaped qwen3 configs with mrope_section) adds
+vision embeddings, three-axis MRoPE positions and deepstack features; without it the step is
+the text-only path, unchanged.
 `init_caches` / `cache_shapes` build the caches the runner donates (the family interface every
 family module provides; dense families ignore the state-slot count).
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
@@ -28,22 +32,25 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import paged_attention
-from ninfer_jax.model import ragged_batch, tensor_parallel
+from ninfer_jax.model import multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.layers import (apply_rope, embed, linear, rms_norm, rope_inverse_frequencies,
-                                     rope_tables, swiglu_mlp, tied_head)
+from ninfer_jax.model.layers import (apply_rope, embed, linear, mrope_tables, rms_norm,
+                                     rope_inverse_frequencies, rope_tables, swiglu_mlp, tied_head)
+from ninfer_jax.model.multimodal import MediaRows
+from ninfer_jax.model.vision.mrope import frequency_axes
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int, mesh=None):
+           page_size: int, mesh=None, media: MediaRows | None = None):
     """One ragged step: every chunk and row token writes its K/V, the chunk attends causally
     over its sequence and each row token to keys 0..its position. `prev_out` (int32, or None)
-    supplies the row tokens with row_src >= 0. Returns the f32 logits of the 1 + B sampled rows
-    (row 0: after the chunk's last real token, meaningless when C == 0) and the caches.
-    `mesh` (static): the tensor-parallel mesh the params and caches are placed on
-    (model/tensor_parallel.py), or None on one device."""
+    supplies the row tokens with row_src >= 0; `media` (model/multimodal.py) brings vision
+    embeddings, MRoPE positions and deepstack features (None: text only, today's exact path).
+    Returns the f32 logits of the 1 + B sampled rows (row 0: after the chunk's last real token,
+    meaningless when C == 0) and the caches. `mesh` (static): the tensor-parallel mesh the
+    params and caches are placed on (model/tensor_parallel.py), or None on one device."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
-                     page_size, mesh)
+                     page_size, mesh, media)
     if ragged_batch.num_chunk_tokens(batch) == 0:
         # No chunk: its row would be a wasted LM-head row (on XLA CPU a 2-row product costs
         # nearly twice a 1-row one), so it gets zero logits without the product.
@@ -53,13 +60,13 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
-            page_size: int, mesh=None):
+            page_size: int, mesh=None, media: MediaRows | None = None):
     """One chunk of one sequence at positions start..start+T-1. Rows >= num_tokens are padding:
-    their KV goes to the dummy page and their outputs are ignored. Returns the f32 logits of the
-    last real token and the updated caches."""
+    their KV goes to the dummy page and their outputs are ignored. `media` as in `ragged`.
+    Returns the f32 logits of the last real token and the updated caches."""
     batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
-                     mesh)
+                     mesh, media)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
@@ -73,24 +80,37 @@ def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, p
     return _logits(params, x, config), kv
 
 
-def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh):
+def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh=None,
+             media: MediaRows | None = None):
     """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
     attend = tensor_parallel.attention_op(batch, scale=config.head_dim ** -0.5, mesh=mesh)
-    return _layers(params, kv, embed(params["embed"], tokens), ragged_batch.step_positions(batch),
-                   ragged_batch.step_slots(batch, page_size), attend, config,
-                   tensor_parallel.num_groups(mesh))
-
-
-def _layers(params, kv, x, positions, slots, attend, config: ModelConfig, groups: int):
-    """Run every decoder layer over rows x [N, H]; returns the final residual and new caches."""
+    groups = tensor_parallel.num_groups(mesh)
     inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
-    cos, sin = rope_tables(positions, inv_freq)
+    x = embed(params["embed"], tokens)
+    slots = ragged_batch.step_slots(batch, page_size)
+    if media is None:
+        rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
+        return _layers(params, kv, x, rope, slots, attend, config, groups)
+    axes = frequency_axes(config.mrope_section, config.head_dim // 2)
+    rope = mrope_tables(media.rope_positions, inv_freq, axes)
+    deepstack = multimodal.deepstack_rows(media, x.shape[0])
+    return _layers(params, kv, multimodal.chunk_embeddings(x, media), rope, slots, attend,
+                   config, groups, deepstack)
+
+
+def _layers(params, kv, x, rope, slots, attend, config: ModelConfig, groups: int,
+            deepstack=None):
+    """Run every decoder layer over rows x [N, H] with rotary tables `rope` (cos, sin), adding
+    deepstack[i] [N, H] after layer i when given; returns the final residual and new caches."""
+    cos, sin = rope
     new_kv = []
-    for layer, cache in zip(params["layers"], kv):
+    for index, (layer, cache) in enumerate(zip(params["layers"], kv)):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         attn_out, cache = _attention(h, layer, cache, cos, sin, slots, attend, config, groups)
         x = x + attn_out
         x = x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], config.rms_norm_eps), layer, groups)
+        if deepstack is not None and index < deepstack.shape[0]:
+            x = x + deepstack[index].astype(x.dtype)
         new_kv.append(cache)
     return x, new_kv
 

@@ -22,6 +22,8 @@ MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12,
            shared_expert_intermediate_size=20)
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 FULL_LAYER = 1  # the full-attention layer of TEXT's pattern
+MEDIA_IDS = dict(image_token_id=256, video_token_id=257, vision_start_token_id=258,
+                 vision_end_token_id=259)  # inside the tiny vocabulary
 
 
 def build_model(family: str, seed: int = 0, multimodal: bool = False):
@@ -32,8 +34,10 @@ def build_model(family: str, seed: int = 0, multimodal: bool = False):
     if family == "qwen3_5" and multimodal:
         vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
                       out_hidden_size=HIDDEN, patch_size=4, num_position_embeddings=16)
+        rope = dict(TEXT["rope_parameters"], mrope_section=[1, 1, 0], mrope_interleaved=True)
         model = transformers.Qwen3_5ForConditionalGeneration(transformers.Qwen3_5Config(
-            text_config=dict(TEXT, intermediate_size=48), vision_config=vision))
+            text_config=dict(TEXT, intermediate_size=48, rope_parameters=rope),
+            vision_config=vision, **MEDIA_IDS))
     elif family == "qwen3_5":
         model = transformers.Qwen3_5ForCausalLM(
             transformers.Qwen3_5TextConfig(intermediate_size=48, **TEXT))

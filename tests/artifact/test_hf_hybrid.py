@@ -186,14 +186,22 @@ def test_packed_experts_convert_like_one_tensor_per_expert(converted, tmp_path):
             np.testing.assert_array_equal(ours[leaf], theirs[leaf], err_msg=leaf)
 
 
-def test_multimodal_wrapper_converts_its_language_model(tmp_path):
+def test_multimodal_wrapper_converts_its_language_model_and_tower(tmp_path):
     model = build_model("qwen3_5", multimodal=True)
     save_checkpoint(model, tmp_path / "hf", mtp=False)
-    artifact = load_artifact(convert(tmp_path / "hf", tmp_path / "out.ninfer"))
+    artifact = load_artifact(convert(tmp_path / "hf", tmp_path / "out.ninfer"), vision=True)
     tensors = state(model)
     assert artifact.config.architecture == "qwen3_5" and artifact.config.num_layers == 3
-    assert "vision tensors" in artifact.metadata["source"]["not_converted"]
-    assert not artifact.components["vision"] and not artifact.components["mtp"]
+    assert artifact.components["vision"] and not artifact.components["mtp"]
+    assert artifact.config.mrope_section == (1, 1, 0)
+    vision = artifact.vision_config
+    assert vision.depth == 1 and vision.deepstack_layers == () and vision.image_token_id == 256
+    assert "deepstack" not in artifact.params["vision"]
+    conv = tensors["model.visual.patch_embed.proj.weight"]
+    np.testing.assert_array_equal(artifact.params["vision"]["patch_embed"],
+                                  conv.reshape(conv.shape[0], -1).T)
+    np.testing.assert_array_equal(artifact.params["vision"]["blocks"][0]["wqkv"],
+                                  tensors["model.visual.blocks.0.attn.qkv.weight"].T)
     np.testing.assert_array_equal(artifact.params["layers"][1]["wq"],
                                   tensors["model.language_model.layers.1.self_attn.q_proj.weight"].T)
     np.testing.assert_array_equal(artifact.params["embed"],

@@ -29,7 +29,8 @@ LOOKUP = ToolSpec("lookup", "Find a fact", {"type": "object", "properties": {}})
 # <turn|> (system and user: 2) after <bos>.
 _CHATML_TURNS = ("<|im_end|>", None, 2)
 _GLM_TURNS = ("<|user|>", None, 1)
-TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3.5-dense-tiny": _CHATML_TURNS,
+TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3-vl-tiny": _CHATML_TURNS,
+               "qwen3.5-dense-tiny": _CHATML_TURNS,
                "qwen3.5-tiny": _CHATML_TURNS, "qwen3.6-tiny-moe": _CHATML_TURNS,
                "qwen3-8b": _CHATML_TURNS, "qwen3.5-27b": _CHATML_TURNS,
                "qwen3.6-35b-a3b": _CHATML_TURNS, "glm4.5-tiny": _GLM_TURNS,

@@ -150,7 +150,7 @@ def test_hybrid_presets_quantize_their_projections(fmt, tmp_path):
 
     contents = init_random("qwen3.6-tiny-moe", weights=fmt)
     assert contents.weight_formats == {"embed": "f32", "layers": fmt, "norms": "f32",
-                                       "mtp": fmt}
+                                       "mtp": fmt, "vision": "f32"}  # the tower stays float
     artifact = load_artifact(save_artifact(tmp_path / "q.ninfer", contents), mtp=True)
     linear, full = artifact.params["layers"]
     head = artifact.params["mtp"]
@@ -216,6 +216,8 @@ def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset, weights)
 
     metadata = init_random(preset, tiny=True, weights=weights).metadata()
     metadata["config"] = PRESETS[preset].config.to_dict()  # the 8B shapes, no 8B weights
+    if PRESETS[preset].vision:  # and the full-size tower that feeds them
+        metadata["vision_config"] = PRESETS[preset].vision.to_dict()
     assert check_metadata(metadata, pathlib.Path("m")) == PRESETS[preset].config
 
 
