@@ -175,3 +175,12 @@ def _check_envelope(batch: MediaBatch) -> None:
             f"the request's media need {tokens} vision tokens ({patches} patches); the vision "
             f"runtime takes at most {MAX_VISION_TOKENS} tokens ({MAX_RAW_PATCHES} patches) "
             "per request")
+
+
+def from_config(config, metadata: dict) -> MediaIntake:
+    """The worker's intake from ServeConfig (--media-*, --max-request-mib caps one item's
+    source bytes) and the artifact's processor settings."""
+    return MediaIntake(VisionProcessing.from_metadata(metadata),
+                       cache_mib=config.media_cache_mib, live_mib=config.media_live_mib,
+                       threads=config.media_preprocess_threads,
+                       max_source_bytes=config.max_request_mib * MIB)
