@@ -67,8 +67,9 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
             if kind not in _CHAT_MEDIA or media is None:
                 raise InvalidRequest(f"'{where}.type' must be one of text, refusal, image_url, "
                                      f"video_url; got {kind!r}.", param=f"{where}.type")
-            media.append(MediaPart(_CHAT_MEDIA[kind], _media_url(part.get(kind), f"{where}.{kind}"),
-                                   f"{where}.{kind}", sum(len(t) for t in texts)))
+            url, url_param = _media_url(part.get(kind), f"{where}.{kind}")
+            media.append(MediaPart(_CHAT_MEDIA[kind], url, url_param,
+                                   sum(len(t) for t in texts)))
         elif kind in _OTHER_INPUT_PARTS:
             raise Unsupported(f"'{kind}' content is not supported: the model reads text only.",
                               param=f"{where}.type")
@@ -78,13 +79,14 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
     return "".join(texts)
 
 
-def _media_url(value, param: str) -> str:
-    """`{"url": ..., "detail": ...}` or the URL string itself (a common client shortcut)."""
+def _media_url(value, param: str) -> tuple[str, str]:
+    """(URL, its field) of `{"url": ..., "detail": ...}` or of the URL string itself (a
+    common client shortcut)."""
     if isinstance(value, str):
-        return media_url(value, param)
+        return media_url(value, param), param
     value = require_object(value, param)
     check_image_detail(value.get("detail"), f"{param}.detail")
-    return media_url(value.get("url"), f"{param}.url")
+    return media_url(value.get("url"), f"{param}.url"), f"{param}.url"
 
 
 def _arguments(value, param: str) -> str:
