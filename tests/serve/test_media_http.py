@@ -19,7 +19,7 @@ import pytest
 from falcon import testing
 from PIL import Image
 
-from harness import build_harness
+from harness import build_harness, by_id, read_log
 from ninfer_jax.serve.core import generation
 from ninfer_jax.serve.media import sources
 from ninfer_jax.serve.media.intake import MediaIntake
@@ -105,9 +105,10 @@ def media_url():
 
 
 @pytest.fixture(scope="module")
-def vh(qwen35):
+def vh(qwen35, tmp_path_factory):
+    log = tmp_path_factory.mktemp("media-log") / "requests.jsonl"
     h = build_harness(qwen35, template=TEMPLATE, max_context=1024, vision=True,
-                      engine_options={"accepts_media": True})
+                      request_log_jsonl=str(log), engine_options={"accepts_media": True})
     h.book.add("look", "Seen.\n</think>\n\nA picture.")
     yield h
     h.close()
@@ -173,6 +174,23 @@ def test_chat_string_url_and_http_fetch_match_data_uri(client, vh, media_url):
         assert result.status_code == 200, result.json
         counts.append(result.json["usage"]["prompt_tokens"])
     assert len(set(counts)) == 1
+
+
+def test_request_log_shows_the_media_cache_hit(client, vh):
+    uri = f"data:image/png;base64,{base64.b64encode(png(seed=21)).decode()}"
+    ids = []
+    for _ in range(2):
+        result = chat(client, vh, [{"type": "image_url", "image_url": uri},
+                                   {"type": "text", "text": "SCRIPT:look"}])
+        assert result.status_code == 200
+        ids.append(result.headers["x-request-id"])
+    lines = read_log(vh)
+    first, second = (by_id(lines, i, "request_start")[0]["media"] for i in ids)
+    assert (first["cache_misses"], first["cache_hits"]) == (1, 0)
+    assert (second["cache_misses"], second["cache_hits"]) == (0, 1)
+    assert first["num_images"] == 1 and first["vision_tokens"] == IMAGE_TOKENS
+    assert first["payload_bytes"] == 280 * 1536 * 4 and first["source_bytes"] > 0
+    assert by_id(lines, ids[0], "request_start")[0]["shape"]["num_media_items"] == 1
 
 
 def test_chat_tool_result_image(client, vh):
@@ -397,17 +415,16 @@ def test_prompt_plus_media_must_fit_the_context(client, vh):
     assert "1024" in error["message"] and str(88 * 88 // 4) in error["message"]
 
 
-@pytest.fixture(scope="module")
-def blind(qwen35):
-    """--vision on, but an engine whose runner has no vision tower."""
-    h = build_harness(qwen35, template=TEMPLATE, max_context=1024, vision=True)
-    yield testing.TestClient(h.app), h
-    h.close()
-
-
-def test_engine_without_vision_tower_refuses_generation_but_counts(blind):
-    client, h = blind
-    result = chat(client, h, [{"type": "image_url", "image_url": PNG_URI}])
-    assert result.status_code == 400 and result.json["error"]["code"] == "vision_disabled"
-    assert anthropic_count(client, h, [image_block()]) > IMAGE_TOKENS
-    assert h.ctx.media.cache.stats["misses"] >= 1
+def test_engine_without_vision_tower_refuses_generation_but_counts(client, vh):
+    """--vision on, but a runner without a vision tower (JaxRunner today): the media is
+    prepared, counted, and refused at submit."""
+    vh.runner.accepts_media = False
+    try:
+        misses = vh.ctx.media.cache.stats["misses"]
+        result = chat(client, vh, [{"type": "image_url", "image_url": {
+            "url": f"data:image/png;base64,{base64.b64encode(png(seed=11)).decode()}"}}])
+        assert result.status_code == 400 and result.json["error"]["code"] == "vision_disabled"
+        assert vh.ctx.media.cache.stats["misses"] == misses + 1  # it reached preparation
+        assert anthropic_count(client, vh, [image_block()]) > IMAGE_TOKENS
+    finally:
+        vh.runner.accepts_media = True
