@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from ninfer_jax.errors import (InvalidMedia, MediaBudgetExceeded, MediaFetchFailed,
-                               MediaFetchTimeout)
+                               MediaFetchTimeout, QueueTimeout)
 from ninfer_jax.serve.media import cache as cache_mod
 from ninfer_jax.serve.media import decode, sources
 from ninfer_jax.serve.media.intake import MediaIntake
@@ -294,3 +294,18 @@ def test_intake_live_budget_is_media_budget_exceeded():
         small.prepare([part(data_uri(png()))])  # 280 x 1536 f32 rows: 1.6 MiB
     assert caught.value.code == "media_budget_exceeded"
     small.close()
+
+
+def test_preparation_gate_waits_until_the_deadline():
+    gated = MediaIntake(VisionProcessing(), cache_mib=0, live_mib=1, threads=1,
+                        max_source_bytes=1 << 20)
+    assert gated.num_gates == 1
+    gated._gate.acquire()  # another request is preparing
+    try:
+        started = time.monotonic()
+        with pytest.raises(QueueTimeout):
+            gated.prepare([part(data_uri(png()))], deadline=started + 0.1)
+        assert time.monotonic() - started >= 0.1
+    finally:
+        gated._gate.release()
+        gated.close()

@@ -93,7 +93,8 @@ def render_chat(ctx: ServingContext, conversation: Conversation):
     """The prompt exactly as generation renders it; token counting calls this, so a count
     never drifts from what a generation submits."""
     check_tool_format(ctx.tool_call_format, conversation.tools)
-    rendered, media = _render(ctx, _with_server_defaults(ctx, conversation, conversation.tools))
+    rendered, media = _render(ctx, _with_server_defaults(ctx, conversation, conversation.tools),
+                              deadline=time.monotonic() + ctx.config.pending_timeout_ms / 1000.0)
     if media is not None:
         media.release()
     return rendered
@@ -109,15 +110,16 @@ def _with_server_defaults(ctx: ServingContext, conversation: Conversation,
     return Conversation(conversation.messages, tools, options)
 
 
-def _render(ctx: ServingContext, conversation: Conversation):
+def _render(ctx: ServingContext, conversation: Conversation, deadline: float | None = None):
     """(RenderedPrompt, MediaBatch | None): media parts are acquired and prepared first
-    (serve/media), so their placeholders expand to their real token counts."""
+    (serve/media), so their placeholders expand to their real token counts; `deadline`
+    bounds the wait for the preparation gate (the request's admission deadline)."""
     parts = conversation.media
     if not parts:
         return ctx.renderer.render(conversation, max_tokens=ctx.max_context), None
     if ctx.media is None:
         raise vision_disabled(parts[0].param)
-    batch = ctx.media.prepare(parts)
+    batch = ctx.media.prepare(parts, deadline)
     try:
         rendered = ctx.renderer.render(conversation, max_tokens=ctx.max_context,
                                        media=[item.layout() for item in batch.items])
@@ -216,7 +218,8 @@ def _prepare_chat(ctx, conversation, options, request_id, arrival) -> PreparedGe
     tools = effective_tools(conversation.tools, options.tool_choice)
     check_tool_format(ctx.tool_call_format, tools)
     conversation = _with_server_defaults(ctx, conversation, tools)
-    rendered, media = _render(ctx, conversation)
+    rendered, media = _render(ctx, conversation,
+                              deadline=arrival + ctx.config.pending_timeout_ms / 1000.0)
     try:
         prepared = _prepared_chat(ctx, conversation, options, request_id, arrival, tools,
                                   rendered, media)

@@ -8,6 +8,10 @@ thread; each cache miss is one decode -> resize -> patch task on the worker pool
 (--media-preprocess-threads), so a request's items are prepared in parallel and no more
 than that many run at once in the worker. The batch's leases keep its payloads live until
 `release()` (the request's end); a failure releases what was already leased.
+
+Preparation gate: builds hold their arrays before the live account sees them, so at most
+`--media-live-mib` / MAX_REQUEST_PAYLOAD_BYTES requests (at least one) prepare at a time;
+the others wait, until their admission deadline (then request_queue_timeout).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ninfer_jax.errors import MediaBudgetExceeded, NinferError
+from ninfer_jax.errors import MediaBudgetExceeded, NinferError, QueueTimeout
 from ninfer_jax.serve.media import decode, preprocess, sources
 from ninfer_jax.serve.media.cache import Lease, PayloadCache
 from ninfer_jax.serve.media.preprocess import VisionProcessing
@@ -33,6 +37,8 @@ MAX_POOL_THREADS = 16  # --media-preprocess-threads 0: at most this many
 MAX_VISION_TOKENS = 32768
 MAX_RAW_PATCHES = 131072
 MAX_DECODED_PIXELS = 1 << 28  # one item's decoded pixels (all sampled frames of a video)
+# The most prepared bytes one request can hold: the patch envelope in f32 rows of 1,536.
+MAX_REQUEST_PAYLOAD_BYTES = MAX_RAW_PATCHES * 1536 * 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,13 +103,25 @@ class MediaIntake:
         self.limits = sources.SourceLimits(max_source_bytes, fetch_timeout_s)
         self.threads = pool_threads(threads)
         self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="media")
-        self._work_lock = threading.Lock()
+        self.num_gates = max(1, live_mib * MIB // MAX_REQUEST_PAYLOAD_BYTES)
+        self._gate = threading.BoundedSemaphore(self.num_gates)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def prepare(self, parts: list[MediaPart]) -> MediaBatch:
+    def prepare(self, parts: list[MediaPart], deadline: float | None = None) -> MediaBatch:
+        """`deadline` (monotonic): the latest time to start preparing (None: wait)."""
         started = time.monotonic()
+        timeout = None if deadline is None else max(0.0, deadline - started)
+        if not self._gate.acquire(timeout=timeout):
+            raise QueueTimeout("The request waited past its admission deadline for media "
+                               "preparation.")
+        try:
+            return self._prepare(parts, started)
+        finally:
+            self._gate.release()
+
+    def _prepare(self, parts: list[MediaPart], started: float) -> MediaBatch:
         batch = MediaBatch([], [])
         try:
             blobs = [sources.acquire(part, self.limits) for part in parts]
