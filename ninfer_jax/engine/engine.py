@@ -27,7 +27,7 @@ from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.engine.step_loop import StepLoop
 from ninfer_jax.engine.stats import EngineStats, build_stats
 from ninfer_jax.errors import (
-    ContextLengthExceeded, EngineUnavailable, InvalidRequest, Overloaded,
+    ContextLengthExceeded, EngineUnavailable, InvalidRequest, Overloaded, Unsupported,
 )
 
 log = logging.getLogger("ninfer_jax.engine")
@@ -135,6 +135,12 @@ class Engine:
             raise InvalidRequest("max_tokens must be >= 0", param="max_tokens")
         if num_prompt + request.max_tokens > self.config.max_context:
             raise ContextLengthExceeded(num_prompt + request.max_tokens, self.config.max_context)
+        if request.media and not getattr(self.runner, "accepts_media", False):
+            # Media reached the engine prepared (serve/media), but this runner has no vision
+            # tower to encode it: refused rather than generated from placeholder tokens.
+            raise Unsupported("This engine has no vision encoder for the loaded model, so it "
+                              "cannot generate from image or video input.",
+                              param="messages", code="vision_disabled")
         # The prompt and its first sampled token must fit the KV pool on their own.
         needed = num_prompt + min(request.max_tokens, 1)
         if needed > self.pool_tokens:

@@ -100,8 +100,11 @@ class FakeRunner:
                  prefill_sleep: float = 0.0, decode_sleep: float = 0.0,
                  warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None,
                  async_dispatch: bool = True, state_slot_capacity: int = 0,
-                 max_chunk_rows: int | None = None):
+                 max_chunk_rows: int | None = None, accepts_media: bool = False):
         self.page_size = page_size
+        # True: a request's media (GenerationRequest.media) is taken and its placeholder
+        # tokens run as plain tokens (serve tests of media intake; no vision tower here).
+        self.accepts_media = accepts_media
         self.num_pages = num_pages
         self.max_batch = max_batch
         # Rows a step with a chunk may carry (JaxRunner compiles fewer chunk shapes on CPU).

@@ -46,6 +46,26 @@ class TokenPolicy(Protocol):
     def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]: ...
 
 
+@dataclasses.dataclass(frozen=True)
+class MediaInput:
+    """One image or video of a prompt, prepared for the vision tower (serve/media).
+
+    `pixel_values` holds what transformers' Qwen VL processors return for this item alone
+    (rows in the processor's patch order); the vision tower's output after the spatial merge
+    has one row per placeholder token, and those rows replace the prompt's token embeddings
+    at `spans`, in order. `digest` identifies the bytes (prefix reuse must match it)."""
+
+    kind: str  # "image" | "video"
+    digest: str  # SHA-256 hex of the source bytes
+    grid_thw: tuple[int, int, int]  # patches: temporal groups, rows, columns
+    spans: tuple[tuple[int, int], ...]  # (prompt offset, length) runs of its pad tokens
+    pixel_values: object  # np.ndarray [t*h*w, 3*temporal_patch*patch*patch] float32, read-only
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(length for _, length in self.spans)
+
+
 @dataclasses.dataclass
 class GenerationRequest:
     request_id: str
@@ -72,6 +92,8 @@ class GenerationRequest:
     speculative: bool = True
     # Free-form labels for logs (protocol name etc.); never read by scheduling.
     labels: dict = dataclasses.field(default_factory=dict)
+    # Images and videos in prompt order (their placeholder tokens are in prompt_ids).
+    media: tuple[MediaInput, ...] = ()
 
 
 # ----------------------------------------------------------------------------- events

@@ -45,6 +45,10 @@ def create_app(ctx: ServingContext) -> falcon.App:
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = falcon.media.JSONHandler(
         dumps=_dumps)
     install_error_handlers(app)
+    if ctx.config.vision and ctx.media is None:
+        from ninfer_jax.serve.media.intake import from_config
+
+        ctx.media = from_config(ctx.config, ctx.metadata)
     for module in _route_modules():
         module.register(app, ctx)
     return app

@@ -140,6 +140,14 @@ class ServeConfig:
     preserve_thinking: bool = option(False, is_flag=True)
     vision: bool = option(False, "Accept media input (needs an artifact with a vision "
                           "component).", is_flag=True)
+    # serve/media/: prepared media payloads (--vision only)
+    media_cache_mib: int = option(1024, "LRU-retained prepared media payloads, MiB; 0 "
+                                  "disables retention.", min=0)
+    media_live_mib: int = option(2048, "All live prepared media payloads (cached or held by "
+                                 "requests), MiB.", min=1)
+    media_preprocess_threads: int = option(
+        0, "Media preprocessing workers per HTTP worker; 0: the host's CPU count, at most "
+        "16.", min=0, max=256)
     # Responses store
     response_store_max_records: int = option(1024, min=0)
     response_store_max_mib: int = option(256, min=0)

@@ -26,6 +26,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ninfer_jax.errors import ContextLengthExceeded, InvalidRequest
 from ninfer_jax.text.conversation import Conversation, Message, ToolCall, ToolSpec
+from ninfer_jax.text.media_prompt import MediaLayout, Span, expand_pieces, media_spans
 from ninfer_jax.text.tokenizer import Segment, Tokenizer
 
 # Supplementary Private Use Area-A: placeholder characters for masked client spellings.
@@ -43,6 +44,8 @@ class RenderedPrompt:
     ids: list[int]
     breakpoints: tuple[int, ...]  # token offsets at the end of messages marked cache_breakpoint
     starts_in_reasoning: bool  # the generation prompt leaves a reasoning block open
+    # Per media part (prompt order): the (offset, length) runs of its placeholder tokens.
+    media_spans: tuple[tuple[Span, ...], ...] = ()
 
 
 class TemplateRaised(jinja2.TemplateError):
@@ -159,10 +162,14 @@ class ChatRenderer:
                                tokenizer.token_to_id(reasoning.get("close", "")): False}
         self._reasoning_ids.pop(None, None)
 
-    def render(self, conversation: Conversation, *,
-               max_tokens: int | None = None) -> RenderedPrompt:
+    def render(self, conversation: Conversation, *, max_tokens: int | None = None,
+               media: list[MediaLayout] | tuple = ()) -> RenderedPrompt:
         """The prompt's text and ids. With `max_tokens`, a rendered text too long to encode
-        to that many tokens is refused (ContextLengthExceeded) before it is tokenized."""
+        to that many tokens is refused (ContextLengthExceeded) before it is tokenized.
+        `media`: the layout of each of the conversation's media parts (prompt order); their
+        template placeholders are expanded to that many tokens (text/media_prompt.py)."""
+        if len(media) != len(conversation.media):
+            raise ValueError("one MediaLayout per media part of the conversation")
         masker = _Masker(self._controls, self.source)
         options = conversation.options
         messages = _template_messages(conversation.messages, masker)
@@ -178,12 +185,15 @@ class ChatRenderer:
                 raise InvalidRequest("the chat template does not render the final assistant "
                                      "message, so it cannot be continued", code="invalid_prompt")
             rendered = rendered[:rendered.index(cut_marker)]
-        if max_tokens is not None and not self.tokenizer.may_fit(len(rendered), max_tokens):
-            at_least = len(rendered) // self.tokenizer.max_chars_per_token
+        num_media = sum(layout.num_tokens for layout in media)
+        if max_tokens is not None and not self.tokenizer.may_fit(len(rendered),
+                                                                 max_tokens - num_media):
+            at_least = len(rendered) // self.tokenizer.max_chars_per_token + num_media
             raise ContextLengthExceeded(at_least, max_tokens, param="messages", message=(
-                f"The prompt has {len(rendered)} characters, at least {at_least} tokens, more "
-                f"than the server's context ceiling of {max_tokens} tokens."))
-        return self._tokenize(masker.segments(rendered), conversation.messages)
+                f"The prompt has {len(rendered)} characters and {num_media} media tokens, "
+                f"at least {at_least} tokens, more than the server's context ceiling of "
+                f"{max_tokens} tokens."))
+        return self._tokenize(masker.segments(rendered), conversation.messages, list(media))
 
     # ------------------------------------------------------------------ pieces
 
@@ -228,14 +238,19 @@ class ChatRenderer:
             raise InvalidRequest(f"the chat template failed on this request "
                                  f"({type(exc).__name__}: {exc})", code="invalid_prompt") from None
 
-    def _tokenize(self, segments: list[Segment], messages: list[Message]) -> RenderedPrompt:
+    def _tokenize(self, segments: list[Segment], messages: list[Message],
+                  media: list[MediaLayout]) -> RenderedPrompt:
         pieces = self.tokenizer.split_segments(segments)
+        controls = self.tokenizer.control_tokens
+        if media:
+            pieces = expand_pieces(pieces, media, controls)
         piece_ids = self.tokenizer.encode_pieces(pieces)
         text = "".join(piece_text for piece_text, _ in pieces)
         ids = [token_id for group in piece_ids for token_id in group]
         return RenderedPrompt(text=text, ids=ids,
                               breakpoints=_breakpoints(text, pieces, piece_ids, messages),
-                              starts_in_reasoning=self._ends_in_reasoning(ids))
+                              starts_in_reasoning=self._ends_in_reasoning(ids),
+                              media_spans=media_spans(ids, media, controls) if media else ())
 
     def _ends_in_reasoning(self, ids: list[int]) -> bool:
         # Only template-made markers are single control ids; client text never produces one.
@@ -255,7 +270,7 @@ def _template_messages(messages: list[Message], masker: _Masker) -> list[dict]:
     result = []
     for message in messages:
         entry: dict[str, Any] = {"role": "system" if message.role == "developer" else message.role,
-                                 "content": masker.text(message.content)}
+                                 "content": _template_content(message, masker)}
         if message.reasoning is not None:
             entry["reasoning_content"] = masker.text(message.reasoning)
         if message.tool_calls:
@@ -268,6 +283,22 @@ def _template_messages(messages: list[Message], masker: _Masker) -> list[dict]:
             entry["is_error"] = True
         result.append(entry)
     return result
+
+
+def _template_content(message: Message, masker: _Masker) -> str | list[dict]:
+    """A string, or for a message with media the part list Qwen VL templates iterate
+    ({"type": "text", "text"} and {"type": "image" | "video"} in content order)."""
+    if not message.media:
+        return masker.text(message.content)
+    parts, cursor = [], 0
+    for media in message.media:
+        if media.offset > cursor:
+            parts.append({"type": "text", "text": masker.text(message.content[cursor:media.offset])})
+        parts.append({"type": media.kind})
+        cursor = media.offset
+    if cursor < len(message.content):
+        parts.append({"type": "text", "text": masker.text(message.content[cursor:])})
+    return parts
 
 
 def _call_name(call: ToolCall) -> str:

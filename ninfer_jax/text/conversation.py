@@ -14,6 +14,18 @@ import dataclasses
 from typing import Any
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MEDIA_KINDS = ("image", "video")
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaPart:
+    """One image or video of a message, as every dialect lowers it: where it sits in the
+    message's text and where its bytes come from. serve/media acquires and prepares it."""
+
+    kind: str  # one of MEDIA_KINDS
+    url: str  # a data: URI or an http(s) URL, as the client sent it
+    param: str  # the wire field that carried it (errors name it)
+    offset: int  # character offset in Message.content before which it appears
 
 
 @dataclasses.dataclass
@@ -48,6 +60,8 @@ class Message:
     # Token offsets are unknown until rendering; a cache breakpoint asks the renderer to
     # report the prompt position at the end of this message's content.
     cache_breakpoint: bool = False
+    # Images and videos in content order; each sits at `offset` in `content`.
+    media: list[MediaPart] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -65,3 +79,8 @@ class Conversation:
     messages: list[Message]
     tools: list[ToolSpec] = dataclasses.field(default_factory=list)
     options: PromptOptions = dataclasses.field(default_factory=PromptOptions)
+
+    @property
+    def media(self) -> list[MediaPart]:
+        """Every media part in prompt order (messages in order, parts in content order)."""
+        return [part for message in self.messages for part in message.media]

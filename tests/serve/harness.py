@@ -102,7 +102,8 @@ def build_harness(artifact, tokenizer=None, *, chat_format=None, template=None, 
     num_pages = options.get("kv_pages", 4 * max_context // 16 + 2)
     runner = FakeRunner(num_pages=num_pages, page_size=16, max_batch=8,
                         vocab_size=tokenizer.vocab_size, next_token=book,
-                        decode_sleep=decode_sleep)
+                        decode_sleep=decode_sleep,
+                        accepts_media=options.get("accepts_media", False))
     engine_config = EngineConfig(max_concurrency=options.get("lanes", 4),
                                  max_pending=options.get("pending", 16),
                                  max_context=max_context, kv_capacity=4 * max_context,

@@ -6,7 +6,9 @@ tool_use; the user turn after an assistant tool-use turn must begin with exactly
 tool_result per tool_use id (matched by id, reordered to call order), and a history may
 begin with results. The first top-level system block is dropped when it is the Claude
 Code attribution block (text starting with the billing-header prefix). A final text-only
-assistant message is a prefill that generation continues.
+assistant message is a prefill that generation continues. With --vision, image blocks
+(source base64 with an image/* media_type, or url) are accepted in user turns and inside
+tool_result content, lowered to MediaParts; without it they are refused (vision_disabled).
 
 Block-level cache_control markers are collected per message (a marker counts as a message
 boundary only on the message's last block); the request module validates their number.
@@ -18,8 +20,10 @@ import json
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core.fields import (
-    check_enum, opt_bool, require_list, require_object, require_string, vision_disabled)
-from ninfer_jax.text.conversation import Message, ToolCall
+    check_enum, media_url, opt_bool, require_list, require_object, require_string,
+    vision_disabled)
+from ninfer_jax.errors import InvalidMedia
+from ninfer_jax.text.conversation import MediaPart, Message, ToolCall
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 ROLES = ("user", "assistant", "system")
@@ -71,16 +75,42 @@ def _blocks(content, param: str) -> list[tuple[dict, str]]:
     return [(require_object(b, f"{param}[{n}]"), f"{param}[{n}]") for n, b in enumerate(blocks)]
 
 
-def _check_block_type(block: dict, param: str) -> str:
+def _check_block_type(block: dict, param: str, vision: bool = False) -> str:
     kind = block.get("type")
     if kind in UNSUPPORTED_BLOCKS:
         raise Unsupported(f"'{kind}' blocks are not supported: this server has no "
                           f"{UNSUPPORTED_BLOCKS[kind]}.", param=f"{param}.type")
     if kind == "image":
-        raise vision_disabled(param)
+        if not vision:
+            raise vision_disabled(param)
+        return kind
     if kind not in ("text", "thinking", "tool_use", "tool_result"):
         raise Unsupported(f"Content block type {kind!r} is not supported.", param=f"{param}.type")
     return kind
+
+
+def _image(block: dict, param: str, offset: int) -> MediaPart:
+    """An image block's source as a MediaPart: base64 data becomes a data URI."""
+    source = block.get("source")
+    if not isinstance(source, dict):
+        raise InvalidMedia(f"'{param}.source' must be an object.", param=f"{param}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = source.get("media_type")
+        if not isinstance(media_type, str) or not media_type.startswith("image/"):
+            raise InvalidMedia(f"'{param}.source.media_type' must be an image/* type.",
+                               param=f"{param}.source.media_type")
+        data = media_url(source.get("data"), f"{param}.source.data")
+        return MediaPart("image", f"data:{media_type};base64,{data}", f"{param}.source.data",
+                         offset)
+    if kind == "url":
+        return MediaPart("image", media_url(source.get("url"), f"{param}.source.url"),
+                         f"{param}.source.url", offset)
+    if kind == "file":
+        raise Unsupported("File sources need the Files API, which this server does not have; "
+                          "send the image as base64 or by URL.", param=f"{param}.source.type")
+    raise InvalidMedia(f"'{param}.source.type' must be base64 or url; got {kind!r}.",
+                       param=f"{param}.source.type")
 
 
 def _history_error(param: str, message: str, code: str) -> InvalidRequest:
@@ -88,8 +118,9 @@ def _history_error(param: str, message: str, code: str) -> InvalidRequest:
 
 
 class _Lowering:
-    def __init__(self):
+    def __init__(self, vision: bool = False):
         self.out = LoweredMessages([], [], None)
+        self.vision = vision
 
     def _mark(self, block: dict, param: str, index: int | None, *, is_last: bool) -> None:
         ttl = cache_ttl(block, param)
@@ -109,20 +140,24 @@ class _Lowering:
         if not blocks:
             return
         index = len(self.out.messages)
-        texts = []
+        texts, media = [], []
         for n, (block, param) in enumerate(blocks):
-            if _check_block_type(block, param) != "text":
+            kind = _check_block_type(block, param, self.vision)
+            if kind == "image" and role == "user":
+                media.append(_image(block, param, sum(len(t) for t in texts)))
+            elif kind != "text":
                 raise InvalidRequest(f"{role} content may only hold text blocks here.",
                                      param=f"{param}.type")
-            texts.append(require_string(block.get("text"), f"{param}.text"))
+            else:
+                texts.append(require_string(block.get("text"), f"{param}.text"))
             self._mark(block, param, index, is_last=n == len(blocks) - 1)
-        self.out.messages.append(Message(role=role, content="".join(texts)))
+        self.out.messages.append(Message(role=role, content="".join(texts), media=media))
 
     def user(self, blocks) -> None:
         previous = self.out.messages[-1] if self.out.messages else None
         pending_calls = previous.tool_calls if previous and previous.role == "assistant" else []
         leading = []
-        while len(leading) < len(blocks) and _check_block_type(*blocks[len(leading)]) == "tool_result":
+        while len(leading) < len(blocks) and _check_block_type(*blocks[len(leading)], self.vision) == "tool_result":
             leading.append(blocks[len(leading)])
         rest = blocks[len(leading):]
         for block, param in rest:
@@ -165,15 +200,19 @@ class _Lowering:
             seen.add(tool_use_id)
             content = block.get("content", "")
             parts = _blocks(content, f"{param}.content")
-            text = ""
+            text, media = "", []
             for part, part_param in parts:
-                if _check_block_type(part, part_param) != "text":
+                kind = _check_block_type(part, part_param, self.vision)
+                if kind == "image":
+                    media.append(_image(part, part_param, len(text)))
+                    continue
+                if kind != "text":
                     raise InvalidRequest("tool_result content holds text (or image) blocks.",
                                          param=f"{part_param}.type")
                 text += require_string(part.get("text"), f"{part_param}.text")
             index = len(self.out.messages)
             self.out.messages.append(Message(
-                role="tool", content=text, tool_call_id=tool_use_id,
+                role="tool", content=text, tool_call_id=tool_use_id, media=media,
                 is_error=bool(opt_bool(block.get("is_error"), f"{param}.is_error"))))
             self._mark(block, param, index, is_last=True)
 
@@ -181,7 +220,10 @@ class _Lowering:
         index = len(self.out.messages)
         turn, stage = Message(role="assistant"), THINKING
         for n, (block, param) in enumerate(blocks):
-            kind = _check_block_type(block, param)
+            kind = _check_block_type(block, param, self.vision)
+            if kind == "image":
+                raise Unsupported("Image blocks are supported in user turns and tool results "
+                                  "only.", param=f"{param}.type")
             new_stage = {"thinking": THINKING, "text": TEXT, "tool_use": TOOL_USE}.get(kind)
             if new_stage is None:
                 raise InvalidRequest("tool_result blocks belong to user turns.",
@@ -222,8 +264,8 @@ def _merged_turns(messages, param: str):
     return turns
 
 
-def lower_messages(system, messages) -> LoweredMessages:
-    lowering = _Lowering()
+def lower_messages(system, messages, *, vision: bool = False) -> LoweredMessages:
+    lowering = _Lowering(vision)
     if system is not None:
         lowering.system(system, "system")
     turns = _merged_turns(messages, "messages")

@@ -196,7 +196,8 @@ def _max_tokens(value) -> int | None:
     return fields.opt_int(value, "max_tokens", 1)
 
 
-def parse_request(body, *, default_max_tokens: int, count_only: bool = False) -> AnthropicRequest:
+def parse_request(body, *, default_max_tokens: int, count_only: bool = False,
+                  vision: bool = False) -> AnthropicRequest:
     body = fields.require_object(body, "body")
     for key, message in REJECTED_FIELDS.items():
         if body.get(key) is not None:
@@ -219,7 +220,7 @@ def parse_request(body, *, default_max_tokens: int, count_only: bool = False) ->
                       "preserve_thinking": "preserve_thinking"})
     declared, tool_marks = _parse_tools(body.get("tools"))
     tool_choice, tools, parallel = _tool_choice(body.get("tool_choice"), declared)
-    lowered = lower_messages(body.get("system"), body.get("messages"))
+    lowered = lower_messages(body.get("system"), body.get("messages"), vision=vision)
     if lowered.is_prefill and template.enable_thinking:
         raise InvalidRequest("An assistant prefill cannot start with thinking enabled.",
                              param="thinking")

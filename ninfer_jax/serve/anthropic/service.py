@@ -44,7 +44,7 @@ class MessagesService:
 
     def _parse(self, body, *, count_only: bool = False) -> AnthropicRequest:
         return parse_request(body, default_max_tokens=self.ctx.config.default_max_tokens,
-                             count_only=count_only)
+                             count_only=count_only, vision=self.ctx.config.vision)
 
     def count_tokens(self, body) -> dict:
         request = self._parse(body, count_only=True)

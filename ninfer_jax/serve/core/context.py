@@ -43,6 +43,8 @@ class ServingContext:
     extras: dict = dataclasses.field(default_factory=dict)
     # The requests a stopping worker ends after --shutdown-timeout (serve/wire/shutdown.py).
     in_flight: InFlight = dataclasses.field(default_factory=InFlight)
+    # serve/media/intake.MediaIntake with --vision (built by create_app), else None.
+    media: Any = None
 
     @property
     def chat_format(self) -> dict:

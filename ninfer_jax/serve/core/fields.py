@@ -13,7 +13,7 @@ import re
 import secrets
 from typing import Any
 
-from ninfer_jax.errors import InvalidRequest
+from ninfer_jax.errors import InvalidMedia, InvalidRequest, Unsupported
 
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 PRIORITY_CLASSES = ("foreground", "background")
@@ -34,6 +34,25 @@ def vision_disabled(param: str) -> InvalidRequest:
     return InvalidRequest("Image and video input need a server started with --vision; this "
                           "server has no vision component loaded.", param=param,
                           code="vision_disabled")
+
+
+def media_url(value, param: str) -> str:
+    """A media source URL (data URI or http(s); serve/media/sources.py checks which): a
+    missing or non-string source is already invalid_media."""
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidMedia(f"'{param}' must be a non-empty URL string (http(s) or a data "
+                           f"URI), got {type_name(value)}.", param=param)
+    return value
+
+
+def check_image_detail(value, param: str) -> None:
+    """OpenAI image `detail`: omitted or auto; low/high promise a resolution we do not pick."""
+    if value in ("low", "high"):
+        raise Unsupported(f"'{param}' {value!r} is not supported: images are read at the "
+                          "resolution the model's processor picks (omit it or use 'auto').",
+                          param=param)
+    if value not in (None, "auto"):
+        raise InvalidRequest(f"'{param}' must be 'auto' when given.", param=param)
 
 
 def new_id(prefix: str) -> str:

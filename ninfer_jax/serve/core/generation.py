@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 
-from ninfer_jax.engine.request import (Admitted, GenerationRequest, RequestHandle,
-                                       SamplingParams)
+from ninfer_jax.engine.request import (Admitted, GenerationRequest, MediaInput,
+                                       RequestHandle, SamplingParams)
 from ninfer_jax.errors import ContextLengthExceeded, InvalidRequest, Unsupported
 from ninfer_jax.serve.observability import request_trace
 from ninfer_jax.serve.core import sampling as sampling_mod
 from ninfer_jax.serve.core.context import ServingContext
+from ninfer_jax.serve.core.fields import vision_disabled
 from ninfer_jax.serve.wire.disconnect import NO_PEER, PeerWatch
 from ninfer_jax.serve.core.output import OutputAssembler
 from ninfer_jax.engine.policies import (EARLY_CLOSE_GUIDANCE, BlankToken, ForcedToolCall,
@@ -78,13 +80,24 @@ class PreparedGeneration:
     thinking_budget: int | None
     policies: tuple = ()
     trace: object | None = None  # serve.request_trace.RequestTrace (the request log's view)
+    # serve/media/intake.MediaBatch: the leases that keep this request's media payloads
+    # live; released at the request's end (release_media, or when this object goes away).
+    media: object | None = None
+
+    def release_media(self) -> None:
+        if self.media is not None:
+            self.media.release()
 
 
 def render_chat(ctx: ServingContext, conversation: Conversation):
     """The prompt exactly as generation renders it; token counting calls this, so a count
     never drifts from what a generation submits."""
     check_tool_format(ctx.tool_call_format, conversation.tools)
-    return _render(ctx, _with_server_defaults(ctx, conversation, conversation.tools))
+    rendered, media = _render(ctx, _with_server_defaults(ctx, conversation, conversation.tools),
+                              deadline=time.monotonic() + ctx.config.pending_timeout_ms / 1000.0)
+    if media is not None:
+        media.release()
+    return rendered
 
 
 def _with_server_defaults(ctx: ServingContext, conversation: Conversation,
@@ -97,8 +110,30 @@ def _with_server_defaults(ctx: ServingContext, conversation: Conversation,
     return Conversation(conversation.messages, tools, options)
 
 
-def _render(ctx: ServingContext, conversation: Conversation):
-    return ctx.renderer.render(conversation, max_tokens=ctx.max_context)
+def _render(ctx: ServingContext, conversation: Conversation, deadline: float | None = None):
+    """(RenderedPrompt, MediaBatch | None): media parts are acquired and prepared first
+    (serve/media), so their placeholders expand to their real token counts; `deadline`
+    bounds the wait for the preparation gate (the request's admission deadline)."""
+    parts = conversation.media
+    if not parts:
+        return ctx.renderer.render(conversation, max_tokens=ctx.max_context), None
+    if ctx.media is None:
+        raise vision_disabled(parts[0].param)
+    batch = ctx.media.prepare(parts, deadline)
+    try:
+        rendered = ctx.renderer.render(conversation, max_tokens=ctx.max_context,
+                                       media=[item.layout() for item in batch.items])
+    except BaseException:
+        batch.release()
+        raise
+    return rendered, batch
+
+
+def _media_inputs(batch, rendered) -> tuple[MediaInput, ...]:
+    if batch is None:
+        return ()
+    return tuple(MediaInput(item.kind, item.digest, item.grid_thw, spans, item.pixel_values)
+                 for item, spans in zip(batch.items, rendered.media_spans))
 
 
 def _resolve_max_tokens(ctx: ServingContext, num_prompt: int, options: GenerationOptions,
@@ -183,7 +218,23 @@ def _prepare_chat(ctx, conversation, options, request_id, arrival) -> PreparedGe
     tools = effective_tools(conversation.tools, options.tool_choice)
     check_tool_format(ctx.tool_call_format, tools)
     conversation = _with_server_defaults(ctx, conversation, tools)
-    rendered = _render(ctx, conversation)
+    rendered, media = _render(ctx, conversation,
+                              deadline=arrival + ctx.config.pending_timeout_ms / 1000.0)
+    try:
+        prepared = _prepared_chat(ctx, conversation, options, request_id, arrival, tools,
+                                  rendered, media)
+    except BaseException:
+        if media is not None:
+            media.release()
+        raise
+    if media is not None:
+        prepared.media = media
+        weakref.finalize(prepared, media.release)
+    return prepared
+
+
+def _prepared_chat(ctx, conversation, options, request_id, arrival, tools, rendered,
+                   media) -> PreparedGeneration:
     markers = ctx.reasoning_markers
     enable = conversation.options.enable_thinking
     thinking = markers is not None and (
@@ -204,6 +255,7 @@ def _prepare_chat(ctx, conversation, options, request_id, arrival) -> PreparedGe
         max_calls=None if options.parallel_tool_calls else 1)
     request = _request(ctx, request_id, list(rendered.ids), options, max_tokens, thinking,
                        policies, arrival, tuple(getattr(rendered, "breakpoints", ()) or ()))
+    request.media = _media_inputs(media, rendered)
     budget = next((p.budget for p in policies if isinstance(p, ThinkingBudget)), None)
     return PreparedGeneration(request, plan, rendered.text, thinking, budget, tuple(policies))
 
@@ -275,7 +327,11 @@ def submit(ctx: ServingContext, prepared: PreparedGeneration) -> RequestHandle:
     """Overload or a request the engine can never run is still a request_rejected."""
     trace = prepared.trace or request_trace.NULL_TRACE
     with trace.rejecting("submit"):
-        handle = ctx.engine.submit(prepared.request)
+        try:
+            handle = ctx.engine.submit(prepared.request)
+        except BaseException:
+            prepared.release_media()
+            raise
     ctx.in_flight.add(handle)
     trace.started(handle)
     return handle

@@ -75,6 +75,7 @@ class GenerationResult:
 class OutputAssembler:
     def __init__(self, handle: RequestHandle, prepared: PreparedGeneration, detokenizer,
                  peer: PeerWatch = NO_PEER):
+        self._prepared = prepared
         plan: OutputPlan = prepared.plan
         self.handle = handle
         self._peer = peer
@@ -200,9 +201,11 @@ class OutputAssembler:
             return self._progress(self.clock.prompt_progress(event))
         if isinstance(event, Finished):
             self.finished = event
+            self._prepared.release_media()
             return self._finish()
         if isinstance(event, Failed):
             self.error = event.error
+            self._prepared.release_media()
         return []
 
     def _progress(self, progress: dict | None) -> list[Delta]:

@@ -47,7 +47,7 @@ def request_shape(options, conversation) -> dict:
         "preserve_thinking": getattr(prompt_options, "preserve_thinking", None),
         "requested_thinking_budget": getattr(options, "thinking_budget", None),
         "has_session": getattr(options, "session_key", None) is not None,
-        "num_media_items": 0,
+        "num_media_items": len(conversation.media) if conversation is not None else 0,
     }
 
 
@@ -98,7 +98,23 @@ def started(trace) -> dict:
         "policies": _policy_flags(prepared),
         "num_cache_breakpoints": len(request.cache_breakpoints),
         "prepare_seconds": trace.submitted_at - trace.began_at,
+        "media": _media(prepared),
     }
+
+
+def _media(prepared) -> dict | None:
+    """Request-scoped media preparation (serve/media/intake.MediaBatch); None without media."""
+    batch = getattr(prepared, "media", None)
+    if batch is None:
+        return None
+    outcomes = batch.outcomes
+    kinds = [item.kind for item in batch.items]
+    return {"num_images": kinds.count("image"), "num_videos": kinds.count("video"),
+            "vision_tokens": batch.num_tokens, "source_bytes": batch.source_bytes,
+            "payload_bytes": sum(item.nbytes for item in batch.items),
+            "cache_hits": outcomes["hit"], "cache_misses": outcomes["miss"],
+            "single_flight_joins": outcomes["joined"],
+            "preprocess_wall_seconds": batch.wall_s, "preprocess_work_seconds": batch.work_s}
 
 
 def _tool_parse(result) -> dict | None:

@@ -2,8 +2,10 @@
 
 Roles system, developer, user, assistant and tool, plus legacy `function` results and
 `function_call` history. Content is a string or ordered text/refusal parts joined without
-separators (an empty content stays an empty turn). Media parts are rejected (`vision_disabled`
-without --vision; this engine has no vision path either way). Every problem names its field
+separators (an empty content stays an empty turn). With --vision, user and tool messages may
+hold `image_url` parts and the `video_url` extension (object `{"url", "detail"}` or a plain
+URL string; detail omitted or auto), lowered to `MediaPart`s at their text offsets; without
+it every media part is refused with `vision_disabled`. Every problem names its field
 (`messages[2].tool_calls[0].function.arguments`).
 """
 from __future__ import annotations
@@ -12,12 +14,14 @@ import json
 import secrets
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
-from ninfer_jax.serve.core.fields import (opt_bool, opt_string, require_list,
-                                               require_object, require_string)
-from ninfer_jax.text.conversation import Message, ToolCall, ToolSpec
+from ninfer_jax.serve.core.fields import (check_image_detail, media_url, opt_bool,
+                                          opt_string, require_list, require_object,
+                                          require_string)
+from ninfer_jax.text.conversation import MediaPart, Message, ToolCall, ToolSpec
 
 _TEXT_PARTS = ("text", "refusal")
 _MEDIA_PARTS = ("image_url", "video_url", "input_image", "input_video")
+_CHAT_MEDIA = {"image_url": "image", "video_url": "video"}
 _OTHER_INPUT_PARTS = ("input_audio", "file", "audio")
 _ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
@@ -37,13 +41,15 @@ def _explicit_breakpoint(part: dict, where: str) -> bool:
 
 
 def _content_text(value, param: str, *, allow_media: bool, vision: bool,
-                  breakpoints: list | None = None) -> str:
+                  breakpoints: list | None = None,
+                  media: list | None = None) -> str:
+    """The content's text; media parts (where allowed) are appended to `media`."""
     if value is None:
         return ""
     if isinstance(value, str):
         return value
     parts = require_list(value, param)
-    texts = []
+    texts: list[str] = []
     for index, part in enumerate(parts):
         where = f"{param}[{index}]"
         part = require_object(part, where)
@@ -53,11 +59,17 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
         if kind in _TEXT_PARTS:
             texts.append(require_string(part.get(kind), f"{where}.{kind}"))
         elif kind in _MEDIA_PARTS and allow_media:
-            raise Unsupported(
-                "Image and video input are disabled on this server (start it with --vision "
-                "on a vision-capable model)." if not vision else
-                "This engine has no vision encoder for the loaded model.",
-                param=f"{where}.type", code="vision_disabled")
+            if not vision:
+                raise Unsupported(
+                    "Image and video input are disabled on this server (start it with "
+                    "--vision on a vision-capable model).", param=f"{where}.type",
+                    code="vision_disabled")
+            if kind not in _CHAT_MEDIA or media is None:
+                raise InvalidRequest(f"'{where}.type' must be one of text, refusal, image_url, "
+                                     f"video_url; got {kind!r}.", param=f"{where}.type")
+            url, url_param = _media_url(part.get(kind), f"{where}.{kind}")
+            media.append(MediaPart(_CHAT_MEDIA[kind], url, url_param,
+                                   sum(len(t) for t in texts)))
         elif kind in _OTHER_INPUT_PARTS:
             raise Unsupported(f"'{kind}' content is not supported: the model reads text only.",
                               param=f"{where}.type")
@@ -65,6 +77,16 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
             raise InvalidRequest(f"'{where}.type' must be one of text, refusal; got {kind!r}.",
                                  param=f"{where}.type")
     return "".join(texts)
+
+
+def _media_url(value, param: str) -> tuple[str, str]:
+    """(URL, its field) of `{"url": ..., "detail": ...}` or of the URL string itself (a
+    common client shortcut)."""
+    if isinstance(value, str):
+        return media_url(value, param), param
+    value = require_object(value, param)
+    check_image_detail(value.get("detail"), f"{param}.detail")
+    return media_url(value.get("url"), f"{param}.url"), f"{param}.url"
 
 
 def _arguments(value, param: str) -> str:
@@ -136,9 +158,10 @@ def parse_messages(value, *, vision: bool = False, implicit_cache: bool = True) 
                                  f"got {role!r}.", param=f"{param}.role")
         _check_name(raw, role, param)
         marks: list = []
+        media: list[MediaPart] = []
         content = _content_text(raw.get("content"), f"{param}.content",
                                 allow_media=role in ("user", "tool"), vision=vision,
-                                breakpoints=marks)
+                                breakpoints=marks, media=media)
         if marks:
             explicit.append(index)
         if role == "assistant":
@@ -146,13 +169,13 @@ def parse_messages(value, *, vision: bool = False, implicit_cache: bool = True) 
         elif role == "tool":
             call_id = require_string(raw.get("tool_call_id"), f"{param}.tool_call_id",
                                      non_empty=True)
-            out.append(Message("tool", content, tool_call_id=call_id))
+            out.append(Message("tool", content, tool_call_id=call_id, media=media))
         elif role == "function":
             name = require_string(raw.get("name"), f"{param}.name", non_empty=True)
             ids = pending_function_ids.get(name) or [f"call_{secrets.token_hex(12)}"]
             out.append(Message("tool", content, tool_call_id=ids.pop(0)))
         else:
-            out.append(Message(role, content))
+            out.append(Message(role, content, media=media))
     for index in explicit[-MAX_CACHE_WRITES:]:
         out[index].cache_breakpoint = True
     if implicit_cache and len(explicit) < MAX_CACHE_WRITES:

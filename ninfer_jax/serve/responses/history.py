@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 from ninfer_jax.errors import InvalidRequest
-from ninfer_jax.text.conversation import Message, ToolCall
+from ninfer_jax.text.conversation import MediaPart, Message, ToolCall
 
 MAX_CACHE_WRITES = 4
 # Turn stages: the order in which assistant-owned Items may appear inside one turn.
@@ -27,7 +27,22 @@ def _history_error(param: str, message: str, code: str) -> InvalidRequest:
 
 
 def _part_text(part: dict) -> str:
-    return part["refusal"] if part["type"] == "refusal" else part["text"]
+    return part["refusal"] if part["type"] == "refusal" else part.get("text", "")
+
+
+_MEDIA = {"input_image": ("image", "image_url"), "input_video": ("video", "video_url")}
+
+
+def _parts_media(parts, param: str) -> list[MediaPart]:
+    """The media parts of a normalized part list, at their offsets in its joined text."""
+    media, offset = [], 0
+    for n, part in enumerate(parts if not isinstance(parts, str) else ()):
+        if part["type"] in _MEDIA:
+            kind, field = _MEDIA[part["type"]]
+            media.append(MediaPart(kind, part[field], f"{param}[{n}].{field}", offset))
+        else:
+            offset += len(_part_text(part))
+    return media
 
 
 def _ends_with_breakpoint(parts) -> bool:
@@ -68,7 +83,8 @@ class _Lowering:
         if kind == "message" and item["role"] != "assistant":
             self._flush_turn()
             text = "".join(_part_text(p) for p in item["content"])
-            self._append(Message(role=item["role"], content=text),
+            media = _parts_media(item["content"], f"{param}.content")
+            self._append(Message(role=item["role"], content=text, media=media),
                          marked=_ends_with_breakpoint(item["content"]), cacheable=True)
         else:
             self._add_to_turn(item, param)
@@ -129,11 +145,12 @@ class _Lowering:
                     f"{param}.call_id", f"function_call_output '{item['call_id']}' does not "
                     "follow an assistant turn with function calls.", "invalid_tool_history")
             ordered = _match_results(previous.tool_calls, results)
-        for item, _ in ordered:
+        for item, param in ordered:
             output = item["output"]
             content = output if isinstance(output, str) else "".join(
                 _part_text(p) for p in output)
-            self._append(Message(role="tool", content=content, tool_call_id=item["call_id"]),
+            self._append(Message(role="tool", content=content, tool_call_id=item["call_id"],
+                                 media=_parts_media(output, f"{param}.output")),
                          marked=_ends_with_breakpoint(output), cacheable=True)
 
 

@@ -169,7 +169,8 @@ def _implicit_cache(value) -> bool:
     return fields.check_enum(mode, "prompt_cache_options.mode", ("implicit", "explicit")) == "implicit"
 
 
-def parse_request(body, public_model_id: str, *, count_only: bool = False) -> ResponsesRequest:
+def parse_request(body, public_model_id: str, *, count_only: bool = False,
+                  vision: bool = False) -> ResponsesRequest:
     body = fields.require_object(body, "body")
     check_fields(body, PROMPT_FIELDS if count_only else CREATE_FIELDS)
     model = check_model(body.get("model"), public_model_id, required=not count_only)
@@ -185,7 +186,7 @@ def parse_request(body, public_model_id: str, *, count_only: bool = False) -> Re
     _check_neutral_values(body)
     request = ResponsesRequest(
         model=model,
-        input_items=normalize_input(body.get("input")),
+        input_items=normalize_input(body.get("input"), vision=vision),
         instructions=fields.opt_string(body.get("instructions"), "instructions"),
         previous_response_id=fields.opt_string(body.get("previous_response_id"),
                                                "previous_response_id"),

@@ -66,7 +66,7 @@ class ResponsesService:
     def start(self, body, request_id: str, peer: PeerWatch = NO_PEER) -> ResponsesRun:
         """Parse, prepare and submit; wait for admission while watching the client (`peer`).
         Raises typed errors, or disconnect.ClientGone."""
-        request = parse_request(body, self.ctx.model_id)
+        request = parse_request(body, self.ctx.model_id, vision=self.ctx.config.vision)
         if request.store:
             self.store.check_can_store()
         parent, preserve, conversation = self._conversation(request)
@@ -189,7 +189,8 @@ class ResponsesService:
 
     # ------------------------------------------------------------------ other endpoints
     def count_input_tokens(self, body) -> dict:
-        request = parse_request(body, self.ctx.model_id, count_only=True)
+        request = parse_request(body, self.ctx.model_id, count_only=True,
+                                vision=self.ctx.config.vision)
         _, _, conversation = self._conversation(request)
         rendered = generation.render_chat(self.ctx, conversation)
         return {"object": "response.input_tokens", "input_tokens": len(rendered.ids)}

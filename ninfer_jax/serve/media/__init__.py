@@ -1,0 +1,1 @@
+"""Media intake (--vision): sources, decoding, Qwen VL preprocessing, the payload cache."""
