@@ -21,6 +21,13 @@ from test_hf_convert import write_tokenizer_files
 GRIDS = [(1, 4, 6), (2, 4, 4)]  # an image and a two-frame video
 
 
+@pytest.fixture(autouse=True)
+def _full_precision():
+    with jax.default_matmul_precision("highest"):  # no TF32 rounding when run on a GPU
+        yield
+
+
+
 def tiny_hf_qwen3_vl():
     import torch
     import transformers

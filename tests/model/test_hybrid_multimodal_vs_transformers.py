@@ -11,6 +11,7 @@ import pathlib
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 import torch
 from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
 
@@ -35,6 +36,13 @@ class _Renamed:
 
     def state_dict(self):
         return self._tensors
+
+
+@pytest.fixture(autouse=True)
+def _full_precision():
+    with jax.default_matmul_precision("highest"):  # no TF32 rounding when run on a GPU
+        yield
+
 
 
 def test_hybrid_multimodal_prefill_matches_transformers():

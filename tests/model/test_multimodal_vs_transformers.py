@@ -40,6 +40,13 @@ PREFILL = jax.jit(llama.prefill, static_argnames=("config", "page_size"))
 RAGGED = jax.jit(llama.ragged, static_argnames=("config", "page_size"))
 
 
+@pytest.fixture(autouse=True)
+def _full_precision():
+    with jax.default_matmul_precision("highest"):  # no TF32 rounding when run on a GPU
+        yield
+
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     model = tiny_qwen3_vl()
@@ -180,4 +187,5 @@ def test_text_only_mrope_equals_the_text_path(reference):
         jnp.zeros((CHUNK, 48)), jnp.zeros(CHUNK, bool), jnp.zeros((2, CHUNK, 48)))
     with_media, _ = PREFILL(text_params, empty_kv(text_config), tokens, start, num,
                             page_table, config=text_config, page_size=PAGE_SIZE, media=media)
-    np.testing.assert_allclose(np.asarray(with_media), np.asarray(plain), atol=1e-6, rtol=0)
+    # Equal math, not equal kernels: the GPU's f32 trig and fusions differ by ~3e-6 (run 28b).
+    np.testing.assert_allclose(np.asarray(with_media), np.asarray(plain), atol=1e-5, rtol=0)
