@@ -70,7 +70,10 @@ def convert_hf(directory: pathlib.Path, *, name: str | None, dtype: str,
     template, template_origin = _chat_template(directory, tokenizer_config)
     source = {"kind": "huggingface", "directory": directory.name,
               "architectures": hf_config.get("architectures"), "chat_template": template_origin}
-    vision = hf_vision.vision_config(hf_config, directory / "config.json", config.hidden_size)
+    # Gemma 4's towers are not ours (hf_gemma converts its text model only): only Qwen-VL
+    # checkpoints get the vision component.
+    vision = (None if config.is_gemma else
+              hf_vision.vision_config(hf_config, directory / "config.json", config.hidden_size))
     params = _params(directory, sources, config, dtype, progress)
     formats = common.float_weight_formats(config, dtype)
     if vision:

@@ -38,7 +38,7 @@ def model(name: str):
     preset = {"llama": "llama3-8b", "qwen3": "qwen3-8b", "hybrid": "qwen3.5-27b"}[name]
     config = dataclasses.replace(tiny_config(PRESETS[preset].config), num_heads=8,
                                  num_kv_heads=4, head_dim=8, mtp_num_layers=0,
-                                 vocab_size=4096)
+                                 vocab_size=4096, mrope_section=())  # text only
     if name == "qwen3":  # qk-norm, tied: the head is the vocabulary-parallel table
         config = dataclasses.replace(config, tie_word_embeddings=True)
     if name == "llama":  # an odd vocabulary: embed and lm_head replicated
