@@ -34,13 +34,19 @@ def tiny_hf_model(architecture: str, seed: int = 0):
         hf_config = Qwen3Config(**common, head_dim=16, tie_word_embeddings=True,
                                 rope_parameters={"rope_type": "default", "rope_theta": 1000.0})
         model = Qwen3ForCausalLM(hf_config)
+    randomize(model)
+    return model.float().eval()
+
+
+def randomize(model) -> None:
+    """Random weights with norm weights around 1 (not the ones transformers starts from), so a
+    norm left out or applied twice changes the numbers."""
     with torch.no_grad():
         for name, tensor in model.named_parameters():
             if name.endswith("norm.weight"):
                 tensor.copy_(1.0 + 0.3 * torch.randn_like(tensor))
             else:
                 tensor.copy_(0.15 * torch.randn_like(tensor))
-    return model.float().eval()
 
 
 def model_config_from_hf(hf_config) -> ModelConfig:

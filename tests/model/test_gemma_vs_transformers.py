@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from hf_reference import randomize
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
 from ninfer_jax.artifact import hf_convert, hf_gemma
@@ -63,12 +64,8 @@ def tiny_gemma_model(seed: int = 0):
                                "rope_theta": 1000.0}},
         attn_implementation="eager")
     model = Gemma4ForCausalLM(hf_config)
+    randomize(model)
     with torch.no_grad():
-        for name, tensor in model.named_parameters():
-            if name.endswith("norm.weight"):
-                tensor.copy_(1.0 + 0.3 * torch.randn_like(tensor))
-            else:
-                tensor.copy_(0.15 * torch.randn_like(tensor))
         for layer in model.model.layers:
             layer.layer_scalar.copy_(0.8 + 0.4 * torch.rand(1))
     return model.float().eval()
