@@ -161,7 +161,8 @@ class JaxRunner:
                  greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
                  fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
-                 step_shapes: str = "all", tensor_parallel: int = 1):
+                 step_shapes: str = "all", tensor_parallel: int = 1,
+                 speculative: bool = False):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         if step_shapes not in STEP_SHAPE_SETS:
@@ -193,6 +194,12 @@ class JaxRunner:
         # and the pool takes nearly all the memory that is free then).
         self._kv = None
         self._init_state_slots(state_slot_capacity)
+        # Speculation on a hybrid family: verify rows of one sequence share its state slot
+        # and chain (ragged_batch.chain_depths); dense families need nothing.
+        self.chained_rows = self.has_state and speculative
+        if self.chained_rows and self.mesh is not None:
+            raise ValueError("speculative decoding on hybrid models is not built for "
+                             "--tensor-parallel")
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
         self._kv_shardings = None
         if self.mesh is not None:  # the caches split on their head axes, per device
@@ -511,7 +518,8 @@ class JaxRunner:
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
                 "width": self.width, "max_batch": self.max_batch,
                 "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
-                **({"state_slots": self.state_slot_capacity} if self.has_state else {})}
+                **({"state_slots": self.state_slot_capacity,
+                    "chained_rows": self.chained_rows} if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
         executables = self._executables if draws else self._greedy_executables
@@ -560,7 +568,8 @@ class JaxRunner:
 
     def _layout(self, chunk: int, rows: int) -> packed_inputs.PackedLayout:
         return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width,
-                                          state_slots=self.has_state)
+                                          state_slots=self.has_state,
+                                          chained_rows=self.chained_rows)
 
     def _example_inputs(self, chunk: int, rows: int):
         layout = self._layout(chunk, rows)

@@ -25,11 +25,15 @@ mismatch (t_m is the correction), or t_0..t_K when every draft matched (t_K the 
   row, u < p(d)/q(d) and the residual sample. That is the one place this host rule changes;
   it is not built (no such drafter exists yet), and `num_accepted` refuses such drafts.
 
+Hybrid families (Gated DeltaNet state slots): the K + 1 rows share the sequence's state
+slot and chain inside the step, each row continuing its predecessor's recurrent state; the
+slot receives, after sampling, the state after the last committed token but one, chosen on
+the device by this same rule (model/hybrid.py `settle_rows`), so the scheduler's slot
+invariant holds when it commits the round.
+
 Backends: `ngram` (prompt lookup, host side, below). `mtp`, `dflash`, `dflash2` are named
 by the serving contract with their draft ranges but not implemented: they need drafter
-forwards on the device (hidden states from the verify step) and, on hybrid models,
-per-position recurrent-state snapshots. Hybrid families are refused whatever the backend:
-their recurrent state cannot take K + 1 rows of one sequence in one step.
+forwards on the device (hidden states from the verify step).
 """
 from __future__ import annotations
 
@@ -44,10 +48,6 @@ DRAFT_RANGES = {"ngram": (1, 15, 4), "mtp": (1, 5, 3), "dflash": (1, 15, 7),
                 "dflash2": (1, 15, 7)}
 BACKENDS = tuple(DRAFT_RANGES)
 IMPLEMENTED = ("ngram",)
-# Families whose recurrent state cannot verify K + 1 tokens of one sequence in one step.
-HYBRID_REFUSAL = ("speculative decoding needs per-position recurrent-state snapshots on "
-                  "hybrid models ({architecture}), which are not built; serve it without "
-                  "--spec")
 # Speculation widens the runner's row capacity to lanes x (K + 1), at most this many rows
 # (never fewer than the lanes): rows are compiled in doubling buckets, so a larger capacity
 # means more step shapes to compile at start-up.
@@ -94,8 +94,6 @@ class SpeculativeConfig:
         if self.backend not in IMPLEMENTED:
             raise ValueError(f"--spec {self.backend} is not implemented yet (available: "
                              f"{', '.join(IMPLEMENTED)})")
-        if model_config.is_hybrid:
-            raise ValueError(HYBRID_REFUSAL.format(architecture=model_config.architecture))
 
 
 class Draft(NamedTuple):

@@ -76,6 +76,33 @@ def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
     return _logits(params, x, config), kv
 
 
+def settle_rows(kv, batch: ragged_batch.RaggedBatch, row_tokens, row_samples):
+    """After a step with `chained_rows`: write each chain's accepted row state into its slot
+    and drop the per-row states. row_tokens [B] the rows' tokens, row_samples [B] the token
+    sampled after each. Row i+1's token is a draft, accepted when row i sampled it; the
+    chain's state is the one after its last row whose own draft (if any) was accepted and
+    whose sample is a correction or the bonus: the state after the last committed token
+    but one, as the scheduler's invariant wants (engine/state_slots.py). Plain rows are
+    chains of one and are written as they are."""
+    slots = batch.row_state_slots
+    depth = ragged_batch.chain_depths(slots)
+    index = jnp.arange(slots.shape[0])
+    next_continues = jnp.concatenate([depth[1:] > 0, jnp.zeros(1, bool)])
+    next_token = jnp.concatenate([row_tokens[1:], jnp.zeros(1, row_tokens.dtype)])
+    matched = next_continues & (row_samples == next_token)
+    broken = (depth > 0) & ~jnp.roll(matched, 1)  # the draft this row feeds was rejected
+    breaks = jnp.cumsum(broken)
+    is_final = (breaks == breaks[index - depth]) & ~matched
+    target = jnp.where(is_final, slots, ragged_batch.DUMMY_STATE_SLOT)
+    settled = []
+    for layer in kv:
+        if isinstance(layer, dict) and "row_conv" in layer:
+            layer = {"conv": layer["conv"].at[target].set(layer["row_conv"]),
+                     "recurrent": layer["recurrent"].at[target].set(layer["row_recurrent"])}
+        settled.append(layer)
+    return settled
+
+
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
                  dtype, kv_dtype):
     """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring)."""

@@ -30,12 +30,14 @@ from ninfer_jax.model.sampling import SamplingBatch
 @dataclasses.dataclass(frozen=True)
 class PackedLayout:
     """The static shape of a packed step: chunk tokens C, row tokens B, table width W, and
-    whether the step carries state slots (hybrid families; dense layouts are unchanged)."""
+    whether the step carries state slots (hybrid families; dense layouts are unchanged) and
+    whether its rows may chain (RaggedBatch.chained_rows: speculation on a hybrid family)."""
 
     chunk: int
     rows: int
     width: int
     state_slots: bool = False
+    chained_rows: bool = False
 
     @property
     def sampled(self) -> int:
@@ -82,7 +84,8 @@ def unpack(layout: PackedLayout, ints, floats, bias) -> tuple[RaggedBatch, Sampl
         row_positions=field("row_positions"), row_tables=field("row_tables").reshape(B, W))
     if layout.state_slots:
         batch = dataclasses.replace(batch, chunk_state_slot=field("chunk_state_slot")[0],
-                                    row_state_slots=field("row_state_slots"))
+                                    row_state_slots=field("row_state_slots"),
+                                    chained_rows=layout.chained_rows)
     words = jnp.stack([field("seed_high"), field("seed_low")], axis=1)
     sampling = SamplingBatch(
         temperature=floats[:R], top_k=field("top_k"), top_p=floats[R:2 * R],

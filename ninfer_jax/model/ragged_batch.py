@@ -41,10 +41,15 @@ class RaggedBatch:
     # zero state; any other chunk continues from its slot's state.
     chunk_state_slot: jax.Array | None = None  # int32 []
     row_state_slots: jax.Array | None = None  # int32 [B]
+    # Static. Speculative verify on hybrid families: a row on the same (real) state slot as
+    # the row before it is that sequence's next token (`chain_depths`); rows' states are
+    # written after sampling, the accepted one per chain (hybrid.settle_rows).
+    chained_rows: bool = False
 
 
 jax.tree_util.register_dataclass(
-    RaggedBatch, data_fields=[f.name for f in dataclasses.fields(RaggedBatch)], meta_fields=[])
+    RaggedBatch, data_fields=[f.name for f in dataclasses.fields(RaggedBatch)
+                              if f.name != "chained_rows"], meta_fields=["chained_rows"])
 
 
 def chunk_only(tokens, start, num_tokens, page_table) -> RaggedBatch:
@@ -60,6 +65,18 @@ def rows_only(tokens, positions, page_tables) -> RaggedBatch:
     return RaggedBatch(jnp.zeros(0, jnp.int32), jnp.int32(0), jnp.int32(0),
                        jnp.full(page_tables.shape[1:], DUMMY_PAGE, jnp.int32), tokens,
                        jnp.full(tokens.shape, FROM_HOST, jnp.int32), positions, page_tables)
+
+
+def chain_depths(row_state_slots):
+    """int32 [B]: how many rows before each row continue its chain (0 for a chain's first
+    row). Slots are never shared between sequences, so equal real slots in consecutive rows
+    mean consecutive tokens of one sequence; padding rows (DUMMY_STATE_SLOT) never chain."""
+    slots = jnp.asarray(row_state_slots, jnp.int32)
+    continues = jnp.concatenate([jnp.zeros(1, bool),
+                                 (slots[1:] == slots[:-1]) & (slots[1:] != DUMMY_STATE_SLOT)])
+    index = jnp.arange(slots.shape[0], dtype=jnp.int32)
+    chain_start = jax.lax.cummax(jnp.where(continues, 0, index))
+    return index - chain_start
 
 
 def num_chunk_tokens(batch: RaggedBatch) -> int:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
-from ninfer_jax.model import gemma, glm, hybrid, llama, sampling, tensor_parallel
+from ninfer_jax.model import gemma, glm, hybrid, llama, ragged_batch, sampling, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
@@ -49,6 +49,9 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
                                **({} if mesh is None else {"mesh": mesh}))
     logits = tensor_parallel.replicated(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
+    if batch.chained_rows:  # hybrid verify rows: their accepted states, now known
+        rows = ragged_batch.step_tokens(batch, prev_out)[ragged_batch.num_chunk_tokens(batch):]
+        kv = family.settle_rows(kv, batch, rows, sampled[1:])
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
     return out, kv
 

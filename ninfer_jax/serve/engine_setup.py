@@ -169,7 +169,8 @@ def runner_rows(lanes: int, speculative: SpeculativeConfig | None) -> dict:
     rows = speculative.row_capacity(lanes)
     log.info("speculative decoding: %s, %d draft tokens, up to %d rows per step",
              speculative.backend, speculative.draft_tokens, rows)
-    return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes}
+    return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes,
+            "speculative": True}
 
 
 def _start_runtime() -> None:
