@@ -162,7 +162,7 @@ class JaxRunner:
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
                  fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
                  step_shapes: str = "all", tensor_parallel: int = 1,
-                 speculative: bool = False):
+                 speculative: bool = False, mtp_drafts: int = 0):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         if step_shapes not in STEP_SHAPE_SETS:
@@ -200,6 +200,12 @@ class JaxRunner:
         if self.chained_rows and self.mesh is not None:
             raise ValueError("speculative decoding on hybrid models is not built for "
                              "--tensor-parallel")
+        # --spec mtp: every step also drafts K tokens after each sample with the artifact's
+        # MTP head (model/mtp.py), whose KV is one more cache entry in the same pages.
+        self.num_drafts = mtp_drafts
+        if mtp_drafts and not (self.chained_rows and "mtp" in self.params):
+            raise ValueError("MTP drafts need a hybrid model loaded with its MTP head "
+                             "(load_artifact(..., mtp=True)) and speculative=True")
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
         self._kv_shardings = None
         if self.mesh is not None:  # the caches split on their head axes, per device
@@ -273,7 +279,7 @@ class JaxRunner:
         # compile threads add, the engine thread removes; each operation is atomic)
         self._unprimed: dict[tuple[tuple[int, int], bool], None] = {}
         self._compile_lock = threading.Lock()
-        self._prev_out = self._replicated(np.zeros(1 + max_batch, np.int32))
+        self._prev_out = self._replicated(np.zeros(self._out_size, np.int32))
         self._zero_bias: dict[int, jax.Array] = {}
         self.is_warm = False
         self.compile_done = threading.Event()  # every shape compiled (background included)
@@ -305,6 +311,7 @@ class JaxRunner:
         """The keyword arguments of the family's init_caches / cache_shapes."""
         slots = self.state_slot_capacity + 1 if self.has_state else 0  # + the dummy slot
         return dict(num_pages=self.num_pages, page_size=self.page_size, num_state_slots=slots,
+                    **({"mtp": True} if self.num_drafts else {}),
                     dtype=self.dtype, kv_dtype=self.kv_dtype)
 
     @property
@@ -457,7 +464,12 @@ class JaxRunner:
 
     def _prev_out_spec(self) -> jax.ShapeDtypeStruct:
         # Abstract: the engine thread may donate the real one while a compile thread traces.
-        return self._abstract(jax.ShapeDtypeStruct((1 + self.max_batch,), jnp.int32))
+        return self._abstract(jax.ShapeDtypeStruct((self._out_size,), jnp.int32))
+
+    @property
+    def _out_size(self) -> int:
+        """A step's output: 1 + max_batch samples, then K drafts after each (steps.py)."""
+        return (1 + self.max_batch) * (1 + self.num_drafts)
 
     def _staged(self, shape, ints: np.ndarray, floats: np.ndarray):
         """The shape's staging buffers, now holding `ints` and `floats` (same addresses as
@@ -519,7 +531,8 @@ class JaxRunner:
                 "width": self.width, "max_batch": self.max_batch,
                 "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
                 **({"state_slots": self.state_slot_capacity,
-                    "chained_rows": self.chained_rows} if self.has_state else {})}
+                    "chained_rows": self.chained_rows, "mtp_drafts": self.num_drafts}
+                   if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
         executables = self._executables if draws else self._greedy_executables
@@ -569,7 +582,8 @@ class JaxRunner:
     def _layout(self, chunk: int, rows: int) -> packed_inputs.PackedLayout:
         return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width,
                                           state_slots=self.has_state,
-                                          chained_rows=self.chained_rows)
+                                          chained_rows=self.chained_rows,
+                                          mtp_drafts=self.num_drafts)
 
     def _example_inputs(self, chunk: int, rows: int):
         layout = self._layout(chunk, rows)
@@ -639,8 +653,14 @@ class JaxRunner:
         chunk_token = None
         if plan.chunk is not None and plan.chunk.sample is not None:
             chunk_token = int(host[0])
+        num_rows = len(plan.rows)
+        drafts = {}
+        if self.num_drafts:
+            after = host[1 + self.max_batch:].reshape(1 + self.max_batch, self.num_drafts)
+            drafts = dict(chunk_draft=after[0].astype(np.int32),
+                          row_drafts=after[1:1 + num_rows].astype(np.int32))
         return StepResult(chunk_token=chunk_token,
-                          row_tokens=host[1:1 + len(plan.rows)].astype(np.int32))
+                          row_tokens=host[1:1 + num_rows].astype(np.int32), **drafts)
 
     def _host_batch(self, unit: PrefillUnit | None, rows: Sequence[DecodeRow], chunk: int,
                     num_rows: int) -> dict:
@@ -678,6 +698,9 @@ class JaxRunner:
                       row_positions=positions, row_tables=tables)
         if self.has_state:
             fields.update(_state_fields(unit, rows, num_rows, self.state_slot_capacity))
+        if self.num_drafts:
+            next_token = unit.next_token if unit is not None else None
+            fields["chunk_next"] = -1 if next_token is None else next_token
         return fields
 
     # ------------------------------------------------------------------ one step, synchronously

@@ -47,7 +47,7 @@ import numpy as np
 DRAFT_RANGES = {"ngram": (1, 15, 4), "mtp": (1, 5, 3), "dflash": (1, 15, 7),
                 "dflash2": (1, 15, 7)}
 BACKENDS = tuple(DRAFT_RANGES)
-IMPLEMENTED = ("ngram",)
+IMPLEMENTED = ("ngram", "mtp")
 # Speculation widens the runner's row capacity to lanes x (K + 1), at most this many rows
 # (never fewer than the lanes): rows are compiled in doubling buckets, so a larger capacity
 # means more step shapes to compile at start-up.
@@ -94,6 +94,15 @@ class SpeculativeConfig:
         if self.backend not in IMPLEMENTED:
             raise ValueError(f"--spec {self.backend} is not implemented yet (available: "
                              f"{', '.join(IMPLEMENTED)})")
+        if self.backend == "mtp" and not (model_config.is_hybrid
+                                          and model_config.mtp_num_layers):
+            raise ValueError(f"--spec mtp needs a model with an MTP head; "
+                             f"{model_config.architecture} artifact has none")
+
+    @property
+    def mtp_drafts(self) -> int:
+        """Drafts the compiled step makes with the MTP head (0 for host-side drafters)."""
+        return self.draft_tokens if self.backend == "mtp" else 0
 
 
 class Draft(NamedTuple):
@@ -110,6 +119,7 @@ class Drafter(Protocol):
     compiled step instead, from the verify step's hidden states, and fill `Draft.probs`."""
 
     name: str
+    on_device: bool  # drafts come with the step results (MtpDrafter), not from propose
 
     def propose(self, tokens: np.ndarray, k: int) -> Draft:
         """Up to k tokens likely to follow `tokens` (prompt + committed output)."""
@@ -123,6 +133,7 @@ class NgramDrafter:
     `lookback` tokens, however long the context."""
 
     name = "ngram"
+    on_device = False
 
     def __init__(self, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX,
                  lookback: int = NGRAM_LOOKBACK):
@@ -155,7 +166,20 @@ class NgramDrafter:
         return Draft(window[found + 1:found + 1 + k].astype(np.int32))
 
 
-DRAFTERS = {"ngram": NgramDrafter}
+class MtpDrafter:
+    """The MTP head (model/mtp.py) drafts inside every compiled step, K greedy tokens after
+    each sample; the scheduler keeps a sequence's drafts (Sequence.device_draft) and proposes
+    them next round. Greedy drafts are a deterministic drafter (q one-hot), so the acceptance
+    rule above stays exact for greedy and sampled requests."""
+
+    name = "mtp"
+    on_device = True
+
+    def propose(self, tokens: np.ndarray, k: int) -> Draft:
+        raise TypeError("MTP drafts come from the device (SpeculativeRounds)")
+
+
+DRAFTERS = {"ngram": NgramDrafter, "mtp": MtpDrafter}
 
 
 def make_drafter(config: SpeculativeConfig) -> Drafter:

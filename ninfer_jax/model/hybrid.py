@@ -41,16 +41,21 @@ from ninfer_jax.model.moe_mlp import moe_mlp
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int, mesh=None, media: MediaRows | None = None):
+           page_size: int, mesh=None, media: MediaRows | None = None, hidden: bool = False):
     """One ragged step (see llama.ragged, `mesh` and `media` included): returns the f32 logits
     of the 1 + B sampled rows (row 0 after the chunk's last real token, meaningless when
-    C == 0) and the caches."""
+    C == 0) and the caches; `hidden` adds the final-normed states of all C + B rows (the
+    MTP head's input, model/mtp.py)."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
                      page_size, mesh, media)
     if ragged_batch.num_chunk_tokens(batch) == 0:
         logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
-        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
-    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
+        logits = jnp.concatenate([jnp.zeros_like(logits[:1]), logits])
+    else:
+        logits = _logits(params, ragged_batch.sampled_rows(x, batch), config)
+    if hidden:
+        return logits, kv, final_norm(params, x, config)
+    return logits, kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
@@ -83,16 +88,9 @@ def settle_rows(kv, batch: ragged_batch.RaggedBatch, row_tokens, row_samples):
     chain's state is the one after its last row whose own draft (if any) was accepted and
     whose sample is a correction or the bonus: the state after the last committed token
     but one, as the scheduler's invariant wants (engine/state_slots.py). Plain rows are
-    chains of one and are written as they are."""
+    chains of one and are written as they are (ragged_batch.last_accepted_rows)."""
     slots = batch.row_state_slots
-    depth = ragged_batch.chain_depths(slots)
-    index = jnp.arange(slots.shape[0])
-    next_continues = jnp.concatenate([depth[1:] > 0, jnp.zeros(1, bool)])
-    next_token = jnp.concatenate([row_tokens[1:], jnp.zeros(1, row_tokens.dtype)])
-    matched = next_continues & (row_samples == next_token)
-    broken = (depth > 0) & ~jnp.roll(matched, 1)  # the draft this row feeds was rejected
-    breaks = jnp.cumsum(broken)
-    is_final = (breaks == breaks[index - depth]) & ~matched
+    is_final = ragged_batch.last_accepted_rows(slots, row_tokens, row_samples)
     target = jnp.where(is_final, slots, ragged_batch.DUMMY_STATE_SLOT)
     settled = []
     for layer in kv:
@@ -104,8 +102,9 @@ def settle_rows(kv, batch: ragged_batch.RaggedBatch, row_tokens, row_samples):
 
 
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                 dtype, kv_dtype):
-    """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring)."""
+                 dtype, kv_dtype, mtp: bool = False):
+    """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring); `mtp` appends
+    the MTP head's (k, v) (model/mtp.py)."""
     kv_spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
                                          config.head_dim, kv_dtype)
     state = config.state_shapes()
@@ -113,14 +112,15 @@ def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_sta
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
         "recurrent": jax.ShapeDtypeStruct((num_state_slots, *state["recurrent"]), jnp.float32)}
     return [(kv_spec, kv_spec) if kind == "full_attention" else dict(linear_spec)
-            for kind in config.layer_types]
+            for kind in config.layer_types] + ([(kv_spec, kv_spec)] if mtp else [])
 
 
 def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                dtype, kv_dtype):
+                dtype, kv_dtype, mtp: bool = False):
     """Zero caches: every state slot starts empty, slot 0 included."""
     specs = cache_shapes(config, num_pages=num_pages, page_size=page_size,
-                         num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype)
+                         num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype,
+                         mtp=mtp)
     return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
 
 
@@ -148,7 +148,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     for i, (layer, cache) in enumerate(zip(params["layers"], kv)):
         h = zero_centred_rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         if config.layer_types[i] == "full_attention":
-            mixed, cache = _gated_attention(h, layer, cache, rope, slots, attend, config)
+            mixed, cache = gated_attention(h, layer, cache, rope, slots, attend, config)
         else:
             mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
         x = x + mixed
@@ -161,7 +161,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     return x, new_kv
 
 
-def _gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
+def gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
     """GQA attention of rows h [N, H] with zero-centred q/k norms, partial RoPE and (when
     config.attn_output_gate) the sigmoid output gate; K/V stored at `slots` first."""
     N, D, NH = h.shape[0], config.head_dim, config.num_heads
@@ -177,8 +177,12 @@ def _gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
     return linear(out.reshape(N, NH * D), layer["wo"]), cache
 
 
+def final_norm(params, x, config: ModelConfig):
+    return zero_centred_rms_norm(x, params["final_norm"], config.rms_norm_eps)
+
+
 def _logits(params, x, config: ModelConfig):
     """Zero-centred final norm and the (tied or untied) output projection, in f32."""
-    h = zero_centred_rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    h = final_norm(params, x, config)
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     return linear(h, head, out_dtype=jnp.float32).astype(jnp.float32)

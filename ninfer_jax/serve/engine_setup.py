@@ -80,7 +80,8 @@ def build_engine(config: ServeConfig):
         # The device runtime starts (seconds on a GPU) while the weights are read.
         runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
         runtime.start()
-        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums)
+        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
+                                 mtp=config.spec == "mtp")
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
@@ -170,7 +171,7 @@ def runner_rows(lanes: int, speculative: SpeculativeConfig | None) -> dict:
     log.info("speculative decoding: %s, %d draft tokens, up to %d rows per step",
              speculative.backend, speculative.draft_tokens, rows)
     return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes,
-            "speculative": True}
+            "speculative": True, "mtp_drafts": speculative.mtp_drafts}
 
 
 def _start_runtime() -> None:

@@ -123,18 +123,22 @@ def test_config_validates_ranges_and_backends():
     assert SpeculativeConfig("ngram", 15).row_capacity(256) == 256
 
 
-def test_unimplemented_backends_are_refused_hybrids_are_not():
+def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
     class Dense:
-        is_hybrid, architecture = False, "llama"
+        is_hybrid, architecture, mtp_num_layers = False, "llama", 0
 
     class Hybrid:
-        is_hybrid, architecture = True, "qwen3_5"
+        is_hybrid, architecture, mtp_num_layers = True, "qwen3_5", 1
 
     NGRAM.check_servable(Dense())
-    for backend in ("mtp", "dflash", "dflash2"):
+    NGRAM.check_servable(Hybrid())
+    for backend in ("dflash", "dflash2"):
         with pytest.raises(ValueError, match="not implemented yet"):
             SpeculativeConfig(backend, 3).check_servable(Dense())
-    NGRAM.check_servable(Hybrid())
+    SpeculativeConfig("mtp", 3).check_servable(Hybrid())
+    with pytest.raises(ValueError, match="MTP head"):
+        SpeculativeConfig("mtp", 3).check_servable(Dense())
+    assert SpeculativeConfig("mtp", 5).mtp_drafts == 5 and NGRAM.mtp_drafts == 0
 
 
 # ----------------------------------------------------------------------------- engine
