@@ -20,10 +20,11 @@ mismatch (t_m is the correction), or t_0..t_K when every draft matched (t_K the 
   as long as the drafts matched, row i's context is the one plain decoding would have had,
   with the same key, so the committed tokens are token for token those of plain sampling
   with the same seed.
-- A drafter whose q is not one-hot (MTP, DFlash: `Draft.probs`) needs the target's p(d_i)
-  and a residual draw from max(0, p - q) on the device: the verify step would return, per
-  row, u < p(d)/q(d) and the residual sample. That is the one place this host rule changes;
-  it is not built (no such drafter exists yet), and `num_accepted` refuses such drafts.
+- A drafter whose q is not one-hot (a sampled MTP or DFlash draft: `Draft.probs`) needs the
+  target's p(d_i) and a residual draw from max(0, p - q) on the device. The rule is
+  model/spec_verify.py (its committed token equals the draft exactly when accepted, so this
+  host rule would not change); no step calls it yet: the MTP drafter drafts greedily (q
+  one-hot, exact as above), and `num_accepted` refuses drafts that carry a q.
 
 Hybrid families (Gated DeltaNet state slots): the K + 1 rows share the sequence's state
 slot and chain inside the step, each row continuing its predecessor's recurrent state; the
