@@ -311,7 +311,7 @@ class JaxRunner:
         """The keyword arguments of the family's init_caches / cache_shapes."""
         slots = self.state_slot_capacity + 1 if self.has_state else 0  # + the dummy slot
         return dict(num_pages=self.num_pages, page_size=self.page_size, num_state_slots=slots,
-                    **({"mtp": True} if self.num_drafts else {}),
+                    **({"mtp_drafts": self.num_drafts} if self.num_drafts else {}),
                     dtype=self.dtype, kv_dtype=self.kv_dtype)
 
     @property

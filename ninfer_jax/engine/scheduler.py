@@ -394,6 +394,7 @@ class Scheduler:
         self.life.pause(seq, self._take_snapshot(seq))
         self._paused_now.add(seq.seq_id)
         seq.cache_cursor = (0, ROOT)
+        seq.device_draft = None  # its slot's draft store will not survive a restore
         bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
 
     def _take_snapshot(self, seq: Sequence) -> str:

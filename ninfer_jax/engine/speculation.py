@@ -20,11 +20,14 @@ mismatch (t_m is the correction), or t_0..t_K when every draft matched (t_K the 
   as long as the drafts matched, row i's context is the one plain decoding would have had,
   with the same key, so the committed tokens are token for token those of plain sampling
   with the same seed.
-- A drafter whose q is not one-hot (a sampled MTP or DFlash draft: `Draft.probs`) needs the
-  target's p(d_i) and a residual draw from max(0, p - q) on the device. The rule is
-  model/spec_verify.py (its committed token equals the draft exactly when accepted, so this
-  host rule would not change); no step calls it yet: the MTP drafter drafts greedily (q
-  one-hot, exact as above), and `num_accepted` refuses drafts that carry a q.
+- A drafter whose q is not one-hot (sampled MTP drafts) needs the target's p(d_i) and a
+  residual draw from max(0, p - q): the verify step does that on the device for rows that
+  feed a sampled MTP draft (model/spec_verify.py, q kept on the device per state slot), so
+  row i's token is the draft when accepted and a residual draw otherwise, which never
+  equals the draft. This host rule is then unchanged, and the committed tokens follow the
+  target's distribution (no longer plain sampling's tokens for the same seed, since they
+  depend on the drafts, but reproducible: every key is the row's own). Host drafters with
+  a q would set `Draft.probs`, which `num_accepted` refuses (none exists).
 
 Hybrid families (Gated DeltaNet state slots): the K + 1 rows share the sequence's state
 slot and chain inside the step, each row continuing its predecessor's recurrent state; the
@@ -168,10 +171,9 @@ class NgramDrafter:
 
 
 class MtpDrafter:
-    """The MTP head (model/mtp.py) drafts inside every compiled step, K greedy tokens after
-    each sample; the scheduler keeps a sequence's drafts (Sequence.device_draft) and proposes
-    them next round. Greedy drafts are a deterministic drafter (q one-hot), so the acceptance
-    rule above stays exact for greedy and sampled requests."""
+    """The MTP head (model/mtp.py) drafts inside every compiled step, K tokens after each
+    sample (the argmax for greedy requests, draws from its q for sampled ones); the scheduler
+    keeps a sequence's drafts (Sequence.device_draft) and proposes them next round."""
 
     name = "mtp"
     on_device = True

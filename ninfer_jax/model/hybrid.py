@@ -102,25 +102,27 @@ def settle_rows(kv, batch: ragged_batch.RaggedBatch, row_tokens, row_samples):
 
 
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                 dtype, kv_dtype, mtp: bool = False):
-    """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring); `mtp` appends
-    the MTP head's (k, v) (model/mtp.py)."""
+                 dtype, kv_dtype, mtp_drafts: int = 0):
+    """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring); `mtp_drafts`
+    K > 0 appends the MTP head's (k, v) and its draft store (model/mtp.py)."""
     kv_spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
                                          config.head_dim, kv_dtype)
     state = config.state_shapes()
     linear_spec = {
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
         "recurrent": jax.ShapeDtypeStruct((num_state_slots, *state["recurrent"]), jnp.float32)}
+    store = {"draft_q": jax.ShapeDtypeStruct((num_state_slots, mtp_drafts, config.vocab_size),
+                                             jnp.float32)}
     return [(kv_spec, kv_spec) if kind == "full_attention" else dict(linear_spec)
-            for kind in config.layer_types] + ([(kv_spec, kv_spec)] if mtp else [])
+            for kind in config.layer_types] + ([(kv_spec, kv_spec), store] if mtp_drafts else [])
 
 
 def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                dtype, kv_dtype, mtp: bool = False):
+                dtype, kv_dtype, mtp_drafts: int = 0):
     """Zero caches: every state slot starts empty, slot 0 included."""
     specs = cache_shapes(config, num_pages=num_pages, page_size=page_size,
                          num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype,
-                         mtp=mtp)
+                         mtp_drafts=mtp_drafts)
     return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
 
 

@@ -10,7 +10,9 @@ it k times: the next application is at p + 1 with the draft just made and h'_p. 
 of the artifact's mtp_num_layers layers is used (Qwen ships one).
 
 Cache: one (k, v) pair shaped like a full-attention layer's, appended to the step's cache list
-and addressed through the same page tables, so a sequence's MTP KV lives in its own pages:
+(then the draft store: {"draft_q": [S, K, V] f32}, per state slot the q its sequence's drafts
+were drawn from, which the next verify step tests them against) and addressed through the
+same page tables, so a sequence's MTP KV lives in its own pages:
 the page pool, prefix cache, host tier and pauses carry it with no bookkeeping of their own,
 at the price of one more attention layer per page (Qwen3.5-27B: 17 instead of 16). The head's
 KV at position p needs x_{p+1}, known one step after p's target KV: a step writes it for every
@@ -22,10 +24,11 @@ Shape letters: N rows of a step (C chunk + B row tokens), R = 1 + B sampled rows
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
-from ninfer_jax.model import ragged_batch, tensor_parallel
+from ninfer_jax.model import ragged_batch, sampling, spec_verify, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.hybrid import gated_attention
 from ninfer_jax.model.layers import (embed, linear, rope_inverse_frequencies, rope_tables,
@@ -64,14 +67,18 @@ def logits(params, h, config: ModelConfig):
     return linear(h, table, out_dtype=jnp.float32).astype(jnp.float32)
 
 
-def draft(params, cache, batch: ragged_batch.RaggedBatch, hidden, sampled, is_live, *,
-          config: ModelConfig, page_size: int, num_drafts: int):
-    """K greedy drafts after each of the step's R sampled rows (the chunk's, then the rows').
+def draft(params, cache, store, batch: ragged_batch.RaggedBatch, hidden, sampled, is_live,
+          sampling_batch, *, config: ModelConfig, page_size: int, num_drafts: int,
+          draws: bool = True):
+    """K drafts after each of the step's R sampled rows (the chunk's, then the rows').
 
     hidden [N, H]: the target's final-normed states; sampled int32 [R]: the step's samples;
     is_live bool [R]: rows whose drafts can be used (a chain's last accepted row, the chunk);
-    others draft on the dummy page so that their speculative K/V lands nowhere. Returns
-    (drafts int32 [R, K], cache)."""
+    others draft on the dummy page so that their speculative K/V lands nowhere. Greedy rows
+    draft the argmax; sampled rows draw from the head's distribution q under the row's own
+    sampling parameters (spec_verify.draft_key), and q is kept in `store["draft_q"]` at the
+    row's state slot for the verify step that will test these drafts. `draws=False` (an all
+    greedy step) skips q. Returns (drafts int32 [R, K], cache, store)."""
     C = ragged_batch.num_chunk_tokens(batch)
     chunk_next = sampled[:1] if batch.chunk_next is None else jnp.where(
         batch.chunk_next >= 0, batch.chunk_next, sampled[0])[None]
@@ -83,8 +90,18 @@ def draft(params, cache, batch: ragged_batch.RaggedBatch, hidden, sampled, is_li
     h, cache = head(params, cache, batch, next_tokens, hidden, config=config,
                     page_size=page_size)
     h = ragged_batch.sampled_rows(h, batch)  # [R, H]
-    token = jnp.argmax(logits(params, h, config), axis=-1).astype(jnp.int32)
-    drafts = [token]
+
+    def pick(h, j):
+        logits_j = logits(params, h, config)
+        if not draws:
+            return jnp.argmax(logits_j, axis=-1).astype(jnp.int32), None
+        q = sampling.distributions(logits_j, sampling_batch)
+        keys = jax.vmap(spec_verify.draft_key)(sampling_batch.seed_words,
+                                               sampling_batch.sample_index + 1 + j)
+        return spec_verify.draft_tokens(keys, q), q
+
+    token, q = pick(h, 0)
+    drafts, qs = [token], [q]
     # The sampled rows as rows of their own: the chunk's last position, then each row's.
     start = jnp.concatenate([(batch.chunk_start + batch.chunk_len - 1)[None],
                              jnp.asarray(batch.row_positions, jnp.int32)])
@@ -98,6 +115,12 @@ def draft(params, cache, batch: ragged_batch.RaggedBatch, hidden, sampled, is_li
         rows = ragged_batch.rows_only(token, jnp.where(valid, positions, 0),
                                       jnp.where(valid[:, None], tables, DUMMY_PAGE))
         h, cache = head(params, cache, rows, token, h, config=config, page_size=page_size)
-        token = jnp.argmax(logits(params, h, config), axis=-1).astype(jnp.int32)
+        token, q = pick(h, step)
         drafts.append(token)
-    return jnp.stack(drafts, axis=1), cache
+        qs.append(q)
+    if draws:
+        slots = jnp.concatenate([jnp.asarray(batch.chunk_state_slot, jnp.int32)[None],
+                                 batch.row_state_slots])
+        target = jnp.where(is_live, slots, ragged_batch.DUMMY_STATE_SLOT)
+        store = {"draft_q": store["draft_q"].at[target].set(jnp.stack(qs, axis=1))}
+    return jnp.stack(drafts, axis=1), cache, store

@@ -71,6 +71,21 @@ def sample(logits, batch: SamplingBatch, *, draws: bool = True):
     return jax.lax.platform_dependent(cpu=skip_when_greedy, default=with_draws)
 
 
+def distributions(logits, batch: SamplingBatch):
+    """The distribution each row's draw follows, f32 [B, V]: the filtered, tempered
+    candidates of `sample` scattered over the vocabulary (one-hot at the argmax on greedy
+    rows). Speculative rejection sampling needs it whole (model/spec_verify.py)."""
+    logits = logits.astype(jnp.float32) + batch.logit_bias
+    candidates, candidate_ids = jax.lax.top_k(logits, TOP_K_CAP)
+    temperature = jnp.where(batch.is_greedy, 1.0, batch.temperature)
+    filtered = jax.vmap(filtered_candidates)(candidates, temperature, batch.top_k,
+                                             batch.top_p, batch.min_p)
+    rows = jnp.arange(logits.shape[0])[:, None]
+    probs = jnp.zeros_like(logits).at[rows, candidate_ids].set(jax.nn.softmax(filtered, -1))
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jnp.where(batch.is_greedy[:, None], one_hot, probs)
+
+
 def row_key(seed_words, sample_index):
     """The random key of one row's draw: the seed's key folded with the output position."""
     return jax.random.fold_in(jax.random.wrap_key_data(seed_words), sample_index)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
 from ninfer_jax.model import (gemma, glm, hybrid, llama, mtp, ragged_batch, sampling,
-                              tensor_parallel)
+                              spec_verify, tensor_parallel)
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
@@ -42,8 +42,9 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     token i, and entries past 1 + B are zero. `draws=False` compiles greedy sampling only
     (sampling.sample). `mesh`: the tensor-parallel mesh (model/tensor_parallel.py); sampling
     reads the gathered logits. `num_drafts` K > 0 (hybrid families with the MTP head, whose
-    cache is kv's last entry): out[1 + max_rows:] holds [1 + max_rows, K] drafts, K after each
-    sampled row (model/mtp.py)."""
+    cache and draft store are kv's last two entries): out[1 + max_rows:] holds
+    [1 + max_rows, K] drafts, K after each sampled row (model/mtp.py), and rows that feed a
+    sampled draft commit by rejection sampling against its q (model/spec_verify.py)."""
     num_rows = batch.row_tokens.shape[0]
     max_rows = prev_out.shape[0] // (1 + num_drafts) - 1
     if num_rows > max_rows:
@@ -52,27 +53,35 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     # the mesh only when there is one: a family (or a test's stub) without tensor
     # parallelism keeps the plain signature
     extra = {} if mesh is None else {"mesh": mesh}
-    if num_drafts:
-        logits, kv_text, hidden = family.ragged(params, kv[:-1], batch, prev_out,
+    if num_drafts:  # the MTP head's cache and draft store follow the model's layers
+        logits, kv_text, hidden = family.ragged(params, kv[:-2], batch, prev_out,
                                                 config=config, page_size=page_size,
                                                 hidden=True, **extra)
-        kv = [*kv_text, kv[-1]]
+        kv = [*kv_text, *kv[-2:]]
     else:
         logits, kv = family.ragged(params, kv, batch, prev_out, config=config,
                                    page_size=page_size, **extra)
     logits = tensor_parallel.replicated(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     rows = ragged_batch.step_tokens(batch, prev_out)[ragged_batch.num_chunk_tokens(batch):]
+    if num_drafts and draws:  # sampled MTP drafts: rejection sampling against their q
+        depth = ragged_batch.chain_depths(batch.row_state_slots)
+        feeds_draft = jnp.concatenate([depth[1:] > 0, jnp.zeros(1, bool)])
+        p = sampling.distributions(logits, sampling_batch)[1:]
+        draft_q = kv[-1]["draft_q"][batch.row_state_slots]
+        sampled = sampled.at[1:].set(spec_verify.verify_rows(
+            rows, sampled[1:], sampling_batch, p, draft_q, depth, feeds_draft))
     if batch.chained_rows:  # hybrid verify rows: their accepted states, now known
         kv = family.settle_rows(kv, batch, rows, sampled[1:])
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
     if num_drafts:
         is_live = jnp.concatenate([jnp.ones(1, bool), ragged_batch.last_accepted_rows(
             batch.row_state_slots, rows, sampled[1:])])
-        drafts, mtp_cache = mtp.draft(params, kv[-1], batch, hidden, sampled, is_live,
-                                      config=config, page_size=page_size,
-                                      num_drafts=num_drafts)
-        kv = [*kv[:-1], mtp_cache]
+        drafts, mtp_cache, store = mtp.draft(params, kv[-2], kv[-1], batch, hidden, sampled,
+                                             is_live, sampling_batch, config=config,
+                                             page_size=page_size, num_drafts=num_drafts,
+                                             draws=draws)
+        kv = [*kv[:-2], mtp_cache, store]
         out = out.at[1 + max_rows:1 + max_rows + drafts.size].set(drafts.reshape(-1))
     return out, kv
 
