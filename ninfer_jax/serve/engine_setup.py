@@ -150,10 +150,16 @@ def _weight_shardings(structure, *, mesh):
 
 
 def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:
-    """--spec for this model, or ValueError (an unimplemented backend, a hybrid family)."""
+    """--spec for this model, or ValueError (an unimplemented backend, mtp without a head,
+    a hybrid family under tensor parallelism, whose chained verify rows are not split)."""
     speculative = SpeculativeConfig.from_options(config.spec, config.draft_tokens)
     if speculative is not None:
         speculative.check_servable(model_config)
+        # "auto" is resolved in the core; a mesh there makes the runner refuse instead
+        if model_config.is_hybrid and str(config.tensor_parallel).isdigit() and \
+                int(config.tensor_parallel) > 1:
+            raise ValueError(f"--spec on a hybrid model ({model_config.architecture}) is not "
+                             "built for --tensor-parallel; serve it on one device")
     return speculative
 
 
