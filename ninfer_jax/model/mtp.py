@@ -19,7 +19,8 @@ KV at position p needs x_{p+1}, known one step after p's target KV: a step write
 position whose next token it knows (chunk tokens, the next prompt token `chunk_next`, each
 row's sample) and the draft passes write speculative entries that the next step overwrites.
 A stale entry (a prefix page shared after a different next token) only lowers acceptance:
-drafts never change what is committed (engine/speculation.py).
+drafts never change greedy output, nor the distribution of sampled output
+(engine/speculation.py).
 Shape letters: N rows of a step (C chunk + B row tokens), R = 1 + B sampled rows, K drafts.
 """
 from __future__ import annotations
