@@ -94,12 +94,19 @@ def draft(params, cache, store, batch: ragged_batch.RaggedBatch, hidden, sampled
 
     def pick(h, j):
         logits_j = logits(params, h, config)
+        greedy = jnp.argmax(logits_j, axis=-1).astype(jnp.int32)
         if not draws:
-            return jnp.argmax(logits_j, axis=-1).astype(jnp.int32), None
-        q = sampling.distributions(logits_j, sampling_batch)
-        keys = jax.vmap(spec_verify.draft_key)(sampling_batch.seed_words,
-                                               sampling_batch.sample_index + 1 + j)
-        return spec_verify.draft_tokens(keys, q), q
+            return greedy, None
+
+        def with_draws():
+            q = sampling.distributions(logits_j, sampling_batch)
+            keys = jax.vmap(spec_verify.draft_key)(sampling_batch.seed_words,
+                                                   sampling_batch.sample_index + 1 + j)
+            return spec_verify.draft_tokens(keys, q), q
+
+        # an all-greedy step keeps no q (greedy rows never read theirs)
+        return sampling.unless_all_greedy(sampling_batch.is_greedy, with_draws,
+                                          lambda: (greedy, jnp.zeros_like(logits_j)))
 
     token, q = pick(h, 0)
     drafts, qs = [token], [q]

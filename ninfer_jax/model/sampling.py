@@ -65,8 +65,14 @@ def sample(logits, batch: SamplingBatch, *, draws: bool = True):
         drawn = jnp.take_along_axis(candidate_ids, picks[:, None], axis=1)[:, 0]
         return jnp.where(batch.is_greedy, greedy, drawn.astype(jnp.int32))
 
+    return unless_all_greedy(batch.is_greedy, with_draws, lambda: greedy)
+
+
+def unless_all_greedy(is_greedy, with_draws, greedy_only):
+    """with_draws(), or on the CPU greedy_only() when every row is greedy (a run-time skip:
+    see `sample` for why the GPU evaluates with_draws, or compiles a variant without it)."""
     def skip_when_greedy():
-        return jax.lax.cond(jnp.all(batch.is_greedy), lambda: greedy, with_draws)
+        return jax.lax.cond(jnp.all(is_greedy), greedy_only, with_draws)
 
     return jax.lax.platform_dependent(cpu=skip_when_greedy, default=with_draws)
 

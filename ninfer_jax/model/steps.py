@@ -65,12 +65,16 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     rows = ragged_batch.step_tokens(batch, prev_out)[ragged_batch.num_chunk_tokens(batch):]
     if num_drafts and draws:  # sampled MTP drafts: rejection sampling against their q
-        depth = ragged_batch.chain_depths(batch.row_state_slots)
-        feeds_draft = jnp.concatenate([depth[1:] > 0, jnp.zeros(1, bool)])
-        p = sampling.distributions(logits, sampling_batch)[1:]
-        draft_q = kv[-1]["draft_q"][batch.row_state_slots]
-        sampled = sampled.at[1:].set(spec_verify.verify_rows(
-            rows, sampled[1:], sampling_batch, p, draft_q, depth, feeds_draft))
+        def verified():
+            depth = ragged_batch.chain_depths(batch.row_state_slots)
+            feeds_draft = jnp.concatenate([depth[1:] > 0, jnp.zeros(1, bool)])
+            p = sampling.distributions(logits, sampling_batch)[1:]
+            draft_q = kv[-1]["draft_q"][batch.row_state_slots]
+            return sampled.at[1:].set(spec_verify.verify_rows(
+                rows, sampled[1:], sampling_batch, p, draft_q, depth, feeds_draft))
+
+        sampled = sampling.unless_all_greedy(sampling_batch.is_greedy, verified,
+                                             lambda: sampled)
     if batch.chained_rows:  # hybrid verify rows: their accepted states, now known
         kv = family.settle_rows(kv, batch, rows, sampled[1:])
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
