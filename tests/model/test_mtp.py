@@ -66,16 +66,16 @@ def plain_runner(artifact):
     return make_runner(artifact, None)
 
 
-def scheduler_for(runner, lanes=LANES):
+def scheduler_for(runner, lanes=LANES, num_pages=PAGES, reuse=False):
     config = EngineConfig(max_concurrency=lanes, prefill_chunk=CHUNK, max_context=CONTEXT,
-                          prefix_reuse=False, speculative=SPEC if runner.num_drafts else None)
-    return Scheduler(config, PagePool(PAGES), page_size=PAGE, max_batch=runner.max_batch,
+                          prefix_reuse=reuse, speculative=SPEC if runner.num_drafts else None)
+    return Scheduler(config, PagePool(num_pages), page_size=PAGE, max_batch=runner.max_batch,
                      slots=StateSlotPool(SLOTS), max_chunk_rows=runner.max_chunk_rows)
 
 
-def generate(runner, prompts, sampling=GREEDY, max_tokens=24, lanes=LANES):
+def generate(runner, prompts, sampling=GREEDY, max_tokens=24, lanes=LANES, **pool):
     """Every prompt at once; `sampling` one SamplingParams for all, or one per prompt."""
-    scheduler = scheduler_for(runner, lanes)
+    scheduler = scheduler_for(runner, lanes, **pool)
     loop = StepLoop(scheduler, runner)
     each = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
     handles = [RequestHandle(GenerationRequest(f"r{i}", list(ids), params, max_tokens))
@@ -208,6 +208,15 @@ def test_greedy_equals_plain_decoding_alone_and_eight_concurrent(mtp_runner, pla
     assert alone == plain[:1] and counters.spec_rounds > 0
     together, counters = generate(mtp_runner, prompts)
     assert together == plain
+
+
+def test_pauses_and_prefix_reuse_keep_greedy_output(mtp_runner, plain_runner):
+    prompts = [prompt(salt) for salt in range(LANES)]
+    reference = generate(plain_runner, prompts)[0]
+    for reuse in (False, True):
+        paused, counters = generate(mtp_runner, prompts, num_pages=50, reuse=reuse)
+        assert counters.preemptions > 0 and counters.spec_rounds > 0
+        assert paused == reference
 
 
 def test_seeded_sampling_is_reproducible_alone_or_batched(mtp_runner):
