@@ -1,11 +1,14 @@
-"""Hybrid Qwen3.5 / 3.6 decode and prefill speed through JaxRunner, weights made on the device.
+"""Decode and prefill speed of a preset's shape through JaxRunner, weights made on the device.
 
-Issue 11's H200 measurement: random weights in the presets' shapes are generated in device
+Issue 11's H200 measurement of the hybrid Qwen3.5 / 3.6 shapes, and issue 19's of the other
+families (GLM MoE, Gemma 4): random weights in the presets' shapes are generated in device
 memory (a 27B or 35B bf16 artifact would not fit the device's disk), nothing is read or written.
+`--layers N` keeps the first N layers of every preset, for shapes whose bf16 weights outgrow
+one GPU (GLM-4.5-Air: ~200 GB); the fraction of the GEMV ceiling does not depend on the count.
 
     python benchmarks/hybrid_bench.py [--presets qwen3.5-27b,qwen3.6-35b-a3b]
         [--batches 1,8,64] [--context 1024] [--prompt 4096] [--steps 32]
-        [--prefill-chunk 1024] [--min-rows N] [--json] [--smoke]
+        [--prefill-chunk 1024] [--min-rows N] [--layers N] [--json] [--smoke]
 
 Per preset (one at a time; its params and runner are freed before the next): the params
 pytree the artifact loader would produce (config.expected_shapes, norms and Gated DeltaNet
@@ -15,7 +18,7 @@ compiled (one decode shape per batch, one prefill chunk shape). Decode is pipeli
 engine's step loop runs it (step n+1 launched before step n is collected, rows fed the token
 the previous step sampled on the device, greedy), every row at `--context` tokens on its own
 state slot; prefill is one `--prompt`-token sequence in `--prefill-chunk` chunks, waited for
-chunk by chunk. `gdn_prefill` times one Gated DeltaNet layer alone on a `--prompt`-token
+chunk by chunk. For hybrid presets, `gdn_prefill` times one Gated DeltaNet layer alone on a `--prompt`-token
 chunk (projections, conv, delta rule, gated norm) and its delta-rule kernel alone, with the
 chunk-to-chunk scan rolled (as served) and unrolled; `gdn_decode` the layer alone on the
 smallest and largest batch of decode rows, against its weights plus the rows' state
@@ -38,6 +41,7 @@ On the H200, one process per preset (each under its own cap, its memory gone wit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import json
@@ -155,6 +159,14 @@ def ceilings(smoke: bool) -> dict:
             "matmul_flops_per_s": benchlib.matmul_rate(256 if smoke else 8192)}
 
 
+def truncated(config, layers: int):
+    """The first `layers` layers of a config (its per-layer lists cut to match)."""
+    cut = {"num_layers": layers}
+    if config.layer_types:
+        cut["layer_types"] = tuple(config.layer_types[:layers])
+    return dataclasses.replace(config, **cut)
+
+
 def build_runner(config, params, args, batches):
     max_context = 2 ** math.ceil(math.log2(max(args.context + args.steps + 2, args.prompt)))
     page = 16
@@ -163,7 +175,8 @@ def build_runner(config, params, args, batches):
     runner = JaxRunner(types.SimpleNamespace(config=config, params=params), num_pages=pages,
                        page_size=page, max_batch=max(batches), max_context=max_context,
                        prefill_chunk=args.prefill_chunk, min_rows=args.min_rows,
-                       background_compile=False, state_slot_capacity=max(batches))
+                       background_compile=False,
+                       state_slot_capacity=max(batches) if config.is_hybrid else 0)
     return runner, max_context
 
 
@@ -171,6 +184,8 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
     """Every measurement of one preset, emitted as it comes; its memory freed at the end."""
     preset = PRESETS[name]
     config = preset.config
+    if args.layers and args.layers < config.num_layers:
+        config = truncated(config, args.layers)
     batches = [int(b) for b in args.batches.split(",")]
     started = time.perf_counter()
     params = jax.block_until_ready(
@@ -181,7 +196,8 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
     shapes = [(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches]
     shapes.append((runner.chunk_buckets[-1], runner.row_buckets[0]))
     runner.compile_shapes(shapes)
-    header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context}
+    header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context,
+              "num_layers": config.num_layers}
     emit({**header, "op": "setup", "param_bytes": hybrid_costs.tree_bytes(runner.params),
           "params_s": made - started, "compile_s": time.perf_counter() - made,
           "shapes": [list(s) for s in shapes], **limits})
@@ -189,8 +205,9 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
         emit({**header, **_decode_record(runner, config, batch, args, limits)})
         if position == 0:
             emit({**header, **_prefill_record(runner, config, args, limits)})
-    for record in _gdn_records(runner, config, batches, args, limits):
-        emit({**header, **record})
+    if "linear_attention" in (config.layer_types or ()):
+        for record in _gdn_records(runner, config, batches, args, limits):
+            emit({**header, **record})
     # Executables take no params (they are arguments), so dropping the references frees
     # the device memory; jit caches stay (the next preset reuses the leaf generators).
     del runner
@@ -257,6 +274,8 @@ def parse_args(argv=None):
     parser.add_argument("--min-rows", type=int, default=None,
                         help="the runner's smallest row bucket (default: its own choice, 2 "
                              "on the GPU: a lone row runs padded with a dummy row)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="keep each preset's first N layers (shapes too big for one GPU)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check: the tiny presets at tiny sizes")
