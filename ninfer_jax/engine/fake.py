@@ -118,8 +118,8 @@ class FakeRunner:
         self.fail_at_step = fail_at_step  # raise once `steps` holds this many records
         self.async_dispatch = async_dispatch
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
-        # The host tier: slot -> a saved copy of one page; a load consumes it (the slot is
-        # free afterwards), so a stale or missing copy fails loudly.
+        # The host tier: slot -> a saved copy of one page, kept through loads until a drop;
+        # a missing copy, or a save into a held slot, fails loudly.
         self.host_kv: dict[int, np.ndarray] = {}
         self.page_bytes = 8 * page_size  # one int64 token id per slot
         # Usable state slots (0: a dense model); `state[s]` is slot s's state on the device.
@@ -217,7 +217,7 @@ class FakeRunner:
                     raise AssertionError(f"host slot {copy.host_slot} saved while held")
                 self.host_kv[copy.host_slot] = self.kv[copy.device_page].copy()
             elif copy.kind == "load":
-                self.kv[copy.device_page] = self.host_kv.pop(copy.host_slot)
+                self.kv[copy.device_page] = self.host_kv[copy.host_slot]
             else:
                 del self.host_kv[copy.host_slot]
         for copy in plan.state_copies:

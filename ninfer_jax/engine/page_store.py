@@ -7,7 +7,8 @@ and packs them in one compiled call whose outputs are one row per page; on a GPU
 are then put in `pinned_host` memory (a JAX memory kind), an asynchronous DMA that overlaps
 the steps after it; on the CPU the device memory already is RAM and the rows stay where they
 are. A load puts the wanted rows back on the device (a no-op on the CPU) and one compiled
-call unpacks them into fresh pages. A drop (a slot freed without a load) forgets its row.
+call unpacks them into fresh pages; the rows stay (the prefix cache keeps them as clean
+copies). A drop (a freed slot) forgets its row.
 
 One row per slot is what keeps the host tier's real memory equal to its accounting:
 slots * page_bytes, never more. (Keeping a gathered batch alive while any of its slots was
@@ -213,7 +214,7 @@ class HostPageStore:
                 self._rows[copy.host_slot] = row
             return kv
         assert kind == LOAD, kind
-        rows = [self._rows.pop(copy.host_slot) for copy in run]
+        rows = [self._rows[copy.host_slot] for copy in run]  # kept: a clean copy
         if self._device is not None:
             rows = jax.device_put(rows, self._device)
         pages = _padded([c.device_page for c in run], DUMMY_PAGE)

@@ -438,8 +438,8 @@ class Scheduler:
         pages = self.pool.alloc(missing)
         for slot, page in zip(slots[first:], pages):
             self.host.load(slot, page)
-        for slot in slots[:first]:
-            self.host.release(slot)  # the cache had those pages already
+        for slot in slots:  # (the cache had the first pages already)
+            self.host.release(slot)
         seq.pages = seq.pages + pages
         seq.snapshot = None
         if state is not None:  # the state at `frontier` comes back from host, not a checkpoint

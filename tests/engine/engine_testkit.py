@@ -120,7 +120,7 @@ class Driver:
         for copy in self.host.copies:
             if copy.kind == "save":
                 rows.add(copy.host_slot)
-            else:
+            elif copy.kind == "drop":  # a load keeps its row
                 rows.discard(copy.host_slot)
         states = set(self.runner.host_state)  # state snapshots (hybrid), by ticket
         queued = self.scheduler._state_copies + (

@@ -97,6 +97,7 @@ def test_host_tier_hit_snapshot_and_replay_equal_a_cold_run(runner):
                                   max_tokens=3)
     assert outputs == [output[:3] for output in cold]
     assert scheduler.cache.loaded_pages > 0 and scheduler.counters.cached_tokens == 12
+    assert scheduler.cache.free_evictions > 0  # the hit read copies written through
     # All at once in a pool too small for both lanes: pauses by snapshot, then by replay.
     for host_pages, route in ((64, "snapshot_restores"), (0, "replay_restores")):
         outputs, scheduler = generate(runner, turns, num_pages=9, host_pages=host_pages,

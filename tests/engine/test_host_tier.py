@@ -5,7 +5,7 @@ back wrong, stale or twice changes the output or fails: every output here is che
 against the fake model's formula computed without paging."""
 import pytest
 
-from ninfer_jax.engine.host_pages import HostPagePool, LOAD, SAVE, StateCopy
+from ninfer_jax.engine.host_pages import DROP, HostPagePool, LOAD, SAVE, StateCopy
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.prefix_cache import PrefixCache
 
@@ -31,8 +31,10 @@ def test_host_pool_hands_out_slots_lazily_and_checks_holders():
     host = HostPagePool(1 << 30, page_bytes=64)  # a GiB-scale budget costs no list up front
     first, second = host.save(5), host.save(6)
     assert (first, second) == (0, 1) and host.num_used == 2
-    host.load(first, 9)
-    assert [c.kind for c in host.pop_copies()] == [SAVE, SAVE, LOAD]
+    host.load(first, 9)  # a load keeps its slot (a clean copy)
+    assert host.num_used == 2
+    host.release(first)
+    assert [c.kind for c in host.pop_copies()] == [SAVE, SAVE, LOAD, DROP]
     assert host.save(7) == first  # a released slot is reused
     host.check([first, second])
     with pytest.raises(AssertionError):
@@ -40,25 +42,54 @@ def test_host_pool_hands_out_slots_lazily_and_checks_holders():
     assert host.bytes_saved == 3 * 64 and host.bytes_loaded == 64
 
 
-def test_evicted_pages_spill_to_host_and_come_back_in_order():
+def test_published_pages_are_written_through_so_evictions_and_hits_move_one_way():
     pool, host = PagePool(4), HostPagePool(8)
     cache = PrefixCache(pool, page_size=2, host=host)
     tokens = [1, 2, 3, 4, 5, 6, 7]
     pages = pool.alloc(3)
     cache.publish(tokens, pages, 6, (0, 0))
     pool.release(pages)
-    assert cache.reclaim(3) == 3  # every page spilled, none dropped
-    assert cache.num_pages == 0 and cache.num_host_pages == 3
-    saves = host.pop_copies()
-    assert [c.kind for c in saves] == [SAVE] * 3
-    assert [c.device_page for c in saves] == pages[::-1]  # tail first
+    saves = host.pop_copies()  # at publish, root first
+    assert [(c.kind, c.device_page) for c in saves] == [(SAVE, p) for p in pages]
+    assert cache.num_clean_pages == 3 and host.num_used == 3
+    assert cache.reclaim(3) == 3  # every page kept on the host, none copied again
+    assert cache.num_pages == 0 and cache.num_host_pages == 3 and host.copies == []
+    assert cache.free_evictions == 3 and cache.spilled_pages == 0
     matched, _ = cache.match(tokens, 3)
-    assert len(matched) == 3 and cache.num_host_pages == 0
+    assert len(matched) == 3 and cache.num_host_pages == 0 and cache.num_clean_pages == 3
     loads = host.pop_copies()
     slot_of = {c.device_page: c.host_slot for c in saves}
     assert [c.kind for c in loads] == [LOAD] * 3
     assert [c.host_slot for c in loads] == [slot_of[p] for p in pages]  # root first
+    assert host.num_used == 3  # a hit keeps each slot as the page's clean copy
     pool.release(matched)
+    assert cache.reclaim(3) == 3 and host.copies == []  # evicted again: still no copy
+    pool.check([cache.pages()])
+    host.check(cache.host_slots())
+
+
+def test_without_room_for_a_clean_copy_an_eviction_spills():
+    pool, host = PagePool(3), HostPagePool(3)  # clean copies may claim one slot
+    cache = PrefixCache(pool, page_size=1, host=host)
+    assert cache.clean_limit == 1
+    for token in (1, 2, 3):  # three chains of one page: written through, then evicted
+        page = pool.alloc(1)
+        cache.publish([token], page, 1, (0, 0))
+        pool.release(page)
+        cache.reclaim(2)
+    assert cache.num_host_pages == 3 and host.num_free == 0
+    host.pop_copies()
+    pages = pool.alloc(2)
+    cache.publish([4], pages[:1], 1, (0, 0))  # takes the oldest host page's slot
+    cache.publish([5], pages[1:], 1, (0, 0))  # the clean limit is reached: no copy
+    assert cache.num_clean_pages == 1 and cache.num_host_pages == 2
+    assert [c.kind for c in host.pop_copies()] == [DROP, SAVE]
+    pool.release(pages)
+    pool.release(cache.match([4], 1)[0])  # [4] is used again: [5] ranks lowest
+    cache.reclaim(1)  # [5] spills into the slot of [4]'s copy, not of a host-only page
+    assert [c.kind for c in host.pop_copies()] == [DROP, SAVE]
+    assert cache.num_host_pages == 3 and cache.num_clean_pages == 0
+    assert cache.spilled_pages == 1 and cache.free_evictions == 3
     pool.check([cache.pages()])
     host.check(cache.host_slots())
 
@@ -137,7 +168,8 @@ def test_pause_by_snapshot_restores_without_recomputation(prefix_reuse):
                      "recovery_complete"]
     assert {e.route for e in events if e.kind != "pause_started"} == {"snapshot"}
     assert {e.route for e in events if e.kind == "pause_started"} == {None}
-    assert driver.host.num_used == (driver.scheduler.cache.num_host_pages if prefix_reuse else 0)
+    cache = driver.scheduler.cache
+    assert driver.host.num_used == (len(cache.host_slots()) if prefix_reuse else 0)
 
 
 @pytest.mark.parametrize("prefix_reuse", [True, False])
