@@ -3,6 +3,7 @@
 The fake runner's KV holds token ids and a load consumes its host copy, so a page that comes
 back wrong, stale or twice changes the output or fails: every output here is checked
 against the fake model's formula computed without paging."""
+import numpy as np
 import pytest
 
 from ninfer_jax.engine.host_pages import DROP, HostPagePool, LOAD, SAVE, StateCopy
@@ -125,7 +126,11 @@ def test_a_conversation_evicted_from_the_device_comes_back_from_host():
     tiered, warm = conversation(64)
     assert cold.usage.cached_tokens == 0
     assert warm.usage.cached_tokens == 24  # every full page of the shared prompt, verified
-    assert tiered.scheduler.cache.loaded_pages == 6
+    cache, host = tiered.scheduler.cache, tiered.host
+    assert cache.loaded_pages == 6
+    # Every eviction found a copy written through at publish: the bytes went out once.
+    assert cache.spilled_pages == 0 and cache.free_evictions > 0
+    assert host.bytes_saved == cache.written_pages * host.page_bytes
     assert tiered.scheduler.counters.prefill_tokens < device_only.scheduler.counters.prefill_tokens
 
 
@@ -232,3 +237,73 @@ def test_a_snapshot_without_device_pages_to_return_to_is_revoked_for_replay():
     driver.run()
     for prompt, handle in zip(prompts, handles):
         assert list(finished(handle).output_ids) == expected_output(prompt, 30)
+
+
+class CopyModel:
+    """The bytes of both tiers, page by page, as the runner moves them: copies applied in
+    queue order before the step that writes a sequence's new pages."""
+
+    def __init__(self):
+        self.device, self.host = {}, {}
+
+    def apply(self, copies):
+        for copy in copies:
+            if copy.kind == SAVE:
+                assert copy.host_slot not in self.host, "a save into a held slot"
+                self.host[copy.host_slot] = self.device[copy.device_page]
+            elif copy.kind == LOAD:
+                self.device[copy.device_page] = self.host[copy.host_slot]
+            else:
+                del self.host[copy.host_slot]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_publish_evict_and_hit_keep_every_copy_exact(seed):
+    """Random requests over prompts that share prefixes, evictions and snapshot-sized
+    frees, on a small device pool and host tier: after every action each node's bytes, in
+    each tier that holds them, are its own tokens, and the host holds exactly the cache's
+    slots (no leak, no slot held twice)."""
+    rng = np.random.default_rng(seed)
+    page, pool = 2, PagePool(9)
+    host = HostPagePool(int(rng.integers(4, 14)))
+    cache, model = PrefixCache(pool, page_size=page, host=host), CopyModel()
+    bases = [list(rng.integers(1, 50, 16)) for _ in range(3)]
+    for _ in range(250):
+        action = rng.random()
+        if action < 0.7:
+            tokens = bases[rng.integers(3)][:int(rng.integers(3, 17))]
+            num_pages = -(-len(tokens) // page)
+            matched, last = cache.match(tokens, (len(tokens) - 1) // page)
+            model.apply(host.pop_copies())
+            for index, p in enumerate(matched):
+                assert model.device[p] == tuple(tokens[index * page:(index + 1) * page])
+            missing = num_pages - len(matched)
+            if missing > pool.num_free:
+                cache.reclaim(missing)
+            if missing > pool.num_free:
+                pool.release(matched)
+                continue
+            pages = matched + pool.alloc(missing)
+            model.apply(host.pop_copies())  # then the step computes the new pages
+            for index in range(len(matched), num_pages):
+                model.device[pages[index]] = tuple(tokens[index * page:(index + 1) * page])
+            cache.publish(tokens, pages, len(tokens), (len(matched), last),
+                          keep_pages=int(rng.integers(0, 3)))
+            pool.release(pages)
+        elif action < 0.9:
+            cache.reclaim(int(rng.integers(1, 6)))
+        else:  # a pause snapshot's room: taken, then given back
+            need = int(rng.integers(1, 4))
+            if cache.free_host(need):
+                host.unreserve(host.reserve(need))
+        model.apply(host.pop_copies())
+        pool.check([cache.pages()])
+        host.check(cache.host_slots())
+        assert set(model.host) == set(cache.host_slots())
+        assert host.num_used == cache.num_host_pages + cache.num_clean_pages
+        for node in cache._nodes.values():
+            if node.page is not None:
+                assert model.device[node.page] == node.key[1]
+            if node.host_slot is not None:
+                assert model.host[node.host_slot] == node.key[1]
+    assert cache.free_evictions and cache.loaded_pages
