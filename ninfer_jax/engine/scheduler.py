@@ -732,7 +732,9 @@ class Scheduler:
             "state_slots_capacity": self.slots.capacity,
             "host_pages_used": self.host.num_used,
             "host_pages_capacity": self.host.capacity,
-            "host_pages_cached": self.cache.num_host_pages if self.cache is not None else 0,
+            "host_pages_cached": (self.cache.num_host_pages + self.cache.num_clean_pages
+                                  if self.cache is not None else 0),
+            "host_pages_clean": self.cache.num_clean_pages if self.cache is not None else 0,
             "host_pages_peak": self.host.peak_used,
             "host_page_bytes": self.host.page_bytes,
             "kv_bytes_to_host": self.host.bytes_saved,

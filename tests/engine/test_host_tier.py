@@ -131,6 +131,9 @@ def test_a_conversation_evicted_from_the_device_comes_back_from_host():
     # Every eviction found a copy written through at publish: the bytes went out once.
     assert cache.spilled_pages == 0 and cache.free_evictions > 0
     assert host.bytes_saved == cache.written_pages * host.page_bytes
+    gauges = tiered.scheduler.gauges()  # the metrics' books: every used slot is the cache's
+    assert gauges["host_pages_used"] == gauges["host_pages_cached"] == len(cache.host_slots())
+    assert gauges["host_pages_clean"] == cache.num_clean_pages > 0
     assert tiered.scheduler.counters.prefill_tokens < device_only.scheduler.counters.prefill_tokens
 
 
