@@ -15,11 +15,14 @@ that needs the page), so evicting it later moves no bytes: the device page is si
 and the host slot becomes its only home. A hit loads a host page back and keeps the slot as
 the clean copy, so evicting it again is free too. A write-through takes a free slot, or the
 slot of a host-only leaf (one that ranks no higher) while clean copies hold fewer than
-`clean_limit` slots: min(device pages, half the host tier), so on a host tier twice the
-device pool every device page can have its copy, and host-only pages keep at least half of
-any tier. Room for a page that has no other copy (a spill, a snapshot) is made by dropping
-clean copies first (they lose nothing; the most recently used page's first, since its device
-page is the last to be evicted), then host-only leaves, lowest rank first.
+`clean_limit` slots: the host tier's slots beyond the device pool's size, at most the device
+pool's size. So on a host tier twice the device pool every device page can have its copy,
+and host-only pages always keep a device pool's worth of slots; a host tier smaller than the
+device pool takes copies into free slots only (the device evicts pages far older than the
+ones just published: their copies would be displaced long before they could save a copy).
+Room for a page that has no other copy (a spill, a snapshot) is made by dropping clean
+copies first (they lose nothing; the most recently used page's first, since its device page
+is the last to be evicted), then host-only leaves, lowest rank first.
 
 Reused pages are read-only by construction: a sequence reuses whole pages only and starts
 computing at the first position after them, so no copy-on-write is ever needed.
@@ -89,7 +92,7 @@ class PrefixCache:
         self._ticks = itertools.count()
         self._num_device = 0
         self._num_clean = 0
-        self.clean_limit = (min(pool.capacity, self.host.capacity // 2)
+        self.clean_limit = (min(pool.capacity, max(0, self.host.capacity - pool.capacity))
                             if self.host is not None else 0)
         self.on_remove = None  # called with the id of every node that leaves the cache
         self.spilled_pages = 0  # cumulative device -> host saves at eviction
