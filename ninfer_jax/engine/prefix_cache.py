@@ -248,6 +248,20 @@ class PrefixCache:
         self._num_device = 0
         self._num_clean = 0
 
+    def forget(self, lost_slots: frozenset, failed_pages: frozenset) -> None:
+        """Copies ran out of memory (runner_api.PageCopyError): host slots in `lost_slots`
+        hold nothing and device pages in `failed_pages` garbage. Clean nodes keep their
+        page without the copy; nodes left with no good copy leave with their subtree."""
+        for node in list(self._nodes.values()):
+            if node.node_id not in self._by_id:
+                continue  # gone with an ancestor's subtree
+            if node.page in failed_pages or (node.page is None and node.host_slot in lost_slots):
+                self._remove_subtree(node)
+            elif node.host_slot in lost_slots:
+                self.host.release(node.host_slot)
+                node.host_slot = None
+                self._num_clean -= 1
+
     # ------------------------------------------------------------------ tiers
 
     def _room_for_loads(self, tokens, max_pages: int) -> None:

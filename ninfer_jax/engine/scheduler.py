@@ -74,7 +74,8 @@ from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult, VerifySpan,
+    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    VerifySpan,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import num_accepted
@@ -262,6 +263,27 @@ class Scheduler:
             plan = dataclasses.replace(plan, state_copies=tuple(self._state_copies))
             self._state_copies = []
         return plan
+
+    def copies_failed(self, plan: StepPlan, error: PageCopyError) -> None:
+        """`plan` was not launched: some of its page copies ran out of memory (the others
+        ran). The cache and paused requests forget slots that hold nothing, and a request
+        that attached a page whose load failed fails; the rest is planned again."""
+        log.error("a step's host tier copies failed, its requests are planned again: %s",
+                  error)
+        lost, failed = error.lost_slots, error.failed_pages
+        if self.cache is not None:
+            self.cache.forget(lost, failed)
+        for seq in list(self.paused):
+            if seq.snapshot is not None and lost.intersection(seq.snapshot[1]):
+                self._drop_snapshot(seq)
+                self.life.snapshot_revoked(seq)
+        for seq in list(self.resident):
+            if failed.intersection(seq.pages):
+                log.error("request_id=%s fails: a page of its context did not come back "
+                          "from the host tier", seq.request_id)
+                self._detach(seq)
+                self.life.fail(seq, InternalError("the request's cached context could "
+                                                  "not be restored (out of memory)"))
 
     def _queue_state_copy(self, copy: StateCopy) -> None:
         """State snapshots travel in order with the checkpoint copies (both touch slots)."""

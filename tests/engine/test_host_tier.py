@@ -9,8 +9,12 @@ import pytest
 from ninfer_jax.engine.host_pages import DROP, HostPagePool, LOAD, SAVE, StateCopy
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.prefix_cache import PrefixCache
+from ninfer_jax.engine.request import Finished
+from ninfer_jax.errors import InternalError
 
-from engine_testkit import Driver, drain, expected_output, finished, make_request, prompt_of
+from engine_testkit import (
+    Driver, drain, expected_output, finished, make_request, prompt_of, terminal,
+)
 
 
 def run_one(driver, prompt, max_tokens=3, **fields):
@@ -310,3 +314,39 @@ def test_random_publish_evict_and_hit_keep_every_copy_exact(seed):
             if node.host_slot is not None:
                 assert model.host[node.host_slot] == node.key[1]
     assert cache.free_evictions and cache.loaded_pages
+
+
+def test_copies_out_of_memory_fail_only_the_requests_that_needed_them():
+    """One page copy in four runs out of memory (the fake fails it at launch, as the
+    JaxRunner's store does at dispatch): the engine goes on, a request whose cached context
+    did not come back fails alone, every other output stays exact, and no host slot or row
+    leaks (the Driver checks both every round)."""
+    faults = []
+
+    def fault(copy):
+        faults.append(len(faults) % 4 == 3)
+        return faults[-1]
+
+    driver = Driver(num_pages=12, page_size=4, max_concurrency=2, prefill_chunk=4,
+                    host_pages=24, copy_fault=fault)
+    system = prompt_of(24, salt=9)
+    prompts = [system + [1], prompt_of(30, salt=1), system + [2], prompt_of(30, salt=2),
+               system + [3], system + [4]]
+    handles = []
+    for prompt in prompts:  # one at a time: each long prompt pushes the system prompt out
+        handles.append(driver.submit(make_request(prompt, max_tokens=3)))
+        driver.run()
+    handles += [driver.submit(make_request(prompt_of(6, salt=s), max_tokens=20))
+                for s in range(3)]  # together: pauses by snapshot
+    driver.run()
+    outcomes = []
+    for handle in handles:
+        end = terminal(drain(handle))
+        if isinstance(end, Finished):
+            prompt, limit = handle.request.prompt_ids, handle.request.max_tokens
+            assert list(end.output_ids) == expected_output(prompt, limit)
+        else:
+            assert isinstance(end.error, InternalError), end
+        outcomes.append(type(end).__name__)
+    assert any(faults) and "Failed" in outcomes and "Finished" in outcomes
+    assert driver.request_pages() == 0

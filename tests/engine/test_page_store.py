@@ -138,3 +138,30 @@ def test_a_restore_from_host_moves_its_pages_in_few_waves():
     assert len(matched) == 39
     kinds = [sorted({c.kind for c in wave}) for wave in waves(host.pop_copies())]
     assert kinds == [[LOAD]]
+
+
+def test_a_save_out_of_memory_loses_only_its_slots_and_the_loads_that_read_them():
+    kv, store, host = random_kv(), HostPageStore(), HostPagePool(8)
+    held = host.save(1)
+    kv = store.apply(kv, host.pop_copies())
+    pack = store._pack
+
+    def out_of_memory(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of host memory")
+
+    store._pack = out_of_memory
+    lost = host.save(2)
+    host.load(lost, 5)
+    host.load(held, 6)
+    kv = store.apply(kv, host.pop_copies())
+    store._pack = pack
+    slots, pages, cause = store.take_failures()
+    assert (slots, pages) == ({lost}, {5}) and "RESOURCE_EXHAUSTED" in cause
+    assert same(page_of(kv, 6), page_of(kv, 1))  # the copies it did not hit ran
+    host.release(lost)  # the scheduler forgets the slot: its drop has no row to drop
+    kv = store.apply(kv, host.pop_copies())
+    assert store.num_rows == 1 and store.take_failures() is None
+    store._pack = lambda *args: 1 / 0  # anything but memory still ends the engine
+    host.save(3)
+    with pytest.raises(ZeroDivisionError):
+        store.apply(kv, host.pop_copies())
