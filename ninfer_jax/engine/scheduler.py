@@ -264,10 +264,12 @@ class Scheduler:
             self._state_copies = []
         return plan
 
-    def copies_failed(self, plan: StepPlan, error: PageCopyError) -> None:
-        """`plan` was not launched: some of its page copies ran out of memory (the others
+    def copies_failed(self, error: PageCopyError) -> None:
+        """The plan was not launched: some of its page copies ran out of memory (the others
         ran). The cache and paused requests forget slots that hold nothing, and a request
-        that attached a page whose load failed fails; the rest is planned again."""
+        that attached a page whose load failed fails; the rest is planned again. (A slot or
+        page reused within that plan after the failed copy is forgotten too: it costs a
+        cache entry, never a wrong page.)"""
         log.error("a step's host tier copies failed, its requests are planned again: %s",
                   error)
         lost, failed = error.lost_slots, error.failed_pages

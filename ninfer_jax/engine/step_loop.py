@@ -50,7 +50,7 @@ class StepLoop:
         try:
             handle = self.runner.launch(plan)
         except PageCopyError as error:
-            self.scheduler.copies_failed(plan, error)
+            self.scheduler.copies_failed(error)
             self._host("program_submit", started)
             return True
         self.scheduler.launched(plan)
