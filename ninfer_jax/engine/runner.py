@@ -45,7 +45,7 @@ from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine import page_store
 from ninfer_jax.engine.host_pages import StateCopy
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
@@ -603,7 +603,6 @@ class JaxRunner:
             greedy = self._greedy_executables.get(shape)
             if greedy is not None:
                 executable, draws = greedy, False
-        self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
         if plan.page_copies:  # host tier saves and loads, in order, before the step
             self.kv = self._placed(self._page_store.apply(self.kv, plan.page_copies))
         for copy in plan.state_copies:  # in order, before the step (checkpoints, snapshots)
@@ -611,6 +610,10 @@ class JaxRunner:
                 self.kv = self._placed(self._page_store.apply_state(self.kv, copy))
             else:
                 self.kv = self._copy_slot(self.kv, np.int32(copy[0]), np.int32(copy[1]))
+        failures = self._page_store.take_failures()
+        if failures is not None:  # the scheduler drops what relied on them, then re-plans
+            raise PageCopyError(*failures)
+        self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
         if self.stable_buffers:
             ints, floats = self._staged(shape, ints, floats)
         out, self.kv = executable(

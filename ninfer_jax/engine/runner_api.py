@@ -99,6 +99,18 @@ class StepResult:
     row_tokens: np.ndarray  # int32 [len(rows)]
 
 
+class PageCopyError(Exception):
+    """A plan's page copies ran out of device or host memory. `launch` raises it instead of
+    dispatching the step; every other copy of the plan (and its state copies) ran. Host
+    slots in `lost_slots` hold nothing (their save failed); device pages in `failed_pages`
+    hold garbage (their load failed, or read a lost slot)."""
+
+    def __init__(self, lost_slots: frozenset, failed_pages: frozenset, cause: str):
+        super().__init__(f"page copies failed ({len(lost_slots)} saves, "
+                         f"{len(failed_pages)} loads): {cause}")
+        self.lost_slots, self.failed_pages = lost_slots, failed_pages
+
+
 class StepRunner(Protocol):
     page_size: int
     num_pages: int  # pool size, DUMMY_PAGE included
@@ -126,7 +138,8 @@ class StepRunner(Protocol):
     def launch(self, plan: StepPlan) -> object:
         """Dispatch one step and return at once (a handle for `collect`). Steps run on the
         device in launch order, so a plan may name the previous step's samples
-        (`from_previous`) before they reach the host."""
+        (`from_previous`) before they reach the host. Raises PageCopyError, with the step
+        not dispatched, when its page copies run out of memory."""
 
     def wait(self, handle: object) -> None:
         """Block until a launched step has finished on the device."""

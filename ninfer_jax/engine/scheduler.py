@@ -74,7 +74,8 @@ from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult, VerifySpan,
+    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    VerifySpan,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import num_accepted
@@ -263,6 +264,29 @@ class Scheduler:
             self._state_copies = []
         return plan
 
+    def copies_failed(self, error: PageCopyError) -> None:
+        """The plan was not launched: some of its page copies ran out of memory (the others
+        ran). The cache and paused requests forget slots that hold nothing, and a request
+        that attached a page whose load failed fails; the rest is planned again. (A slot or
+        page reused within that plan after the failed copy is forgotten too: it costs a
+        cache entry, never a wrong page.)"""
+        log.error("a step's host tier copies failed, its requests are planned again: %s",
+                  error)
+        lost, failed = error.lost_slots, error.failed_pages
+        if self.cache is not None:
+            self.cache.forget(lost, failed)
+        for seq in list(self.paused):
+            if seq.snapshot is not None and lost.intersection(seq.snapshot[1]):
+                self._drop_snapshot(seq)
+                self.life.snapshot_revoked(seq)
+        for seq in list(self.resident):
+            if failed.intersection(seq.pages):
+                log.error("request_id=%s fails: a page of its context did not come back "
+                          "from the host tier", seq.request_id)
+                self._detach(seq)
+                self.life.fail(seq, InternalError("the request's cached context could "
+                                                  "not be restored (out of memory)"))
+
     def _queue_state_copy(self, copy: StateCopy) -> None:
         """State snapshots travel in order with the checkpoint copies (both touch slots)."""
         queue = self.checkpoints.copies if self.checkpoints is not None else self._state_copies
@@ -438,8 +462,8 @@ class Scheduler:
         pages = self.pool.alloc(missing)
         for slot, page in zip(slots[first:], pages):
             self.host.load(slot, page)
-        for slot in slots[:first]:
-            self.host.release(slot)  # the cache had those pages already
+        for slot in slots:  # (the cache had the first pages already)
+            self.host.release(slot)
         seq.pages = seq.pages + pages
         seq.snapshot = None
         if state is not None:  # the state at `frontier` comes back from host, not a checkpoint
@@ -732,7 +756,9 @@ class Scheduler:
             "state_slots_capacity": self.slots.capacity,
             "host_pages_used": self.host.num_used,
             "host_pages_capacity": self.host.capacity,
-            "host_pages_cached": self.cache.num_host_pages if self.cache is not None else 0,
+            "host_pages_cached": (self.cache.num_host_pages + self.cache.num_clean_pages
+                                  if self.cache is not None else 0),
+            "host_pages_clean": self.cache.num_clean_pages if self.cache is not None else 0,
             "host_pages_peak": self.host.peak_used,
             "host_page_bytes": self.host.page_bytes,
             "kv_bytes_to_host": self.host.bytes_saved,
