@@ -129,6 +129,8 @@ def detect_chat_format(template: str, tokenizer: Tokenizer) -> dict:
     """What the output parsers need to know, guessed from the template's own markup."""
     if "<|tool_call>" in template:
         tool_format = "gemma4"
+    elif "<TOOLCALL>" in template:
+        tool_format = "nemotron"
     elif "<arg_key>" in template:
         tool_format = "glm_xml"
     elif "<function=" in template:
