@@ -100,3 +100,23 @@ def test_scan_equals_a_numpy_loop():
     out, final = reference.recurrent_ssd(*args, start, jnp.int32(6))
     np.testing.assert_allclose(np.asarray(out), np.array(want), atol=1e-5)
     np.testing.assert_allclose(np.asarray(final), state, atol=1e-5)
+
+
+@pytest.mark.parametrize("padded,real,state_kind", [(45, 40, "random"), (32, 32, "zero")])
+def test_the_pallas_kernel_equals_the_scan_in_interpret_mode(padded, real, state_kind):
+    """Chunks of 16 (ragged tail, padding tokens) with P = N = 16 so the kernel tiles; the
+    grouped B/C are read per head's group inside the kernel."""
+    from ninfer_jax.kernels.mamba2 import kernel
+
+    rng = np.random.default_rng(padded + real)
+    x, dt, A, B, C, D = inputs(rng, padded)
+    x = jnp.asarray(rng.standard_normal((padded, HM, 16)), jnp.float32)
+    B, C = (jnp.asarray(rng.standard_normal((padded, G, 16)), jnp.float32) for _ in range(2))
+    state = jnp.zeros((HM, 16, 16)) if state_kind == "zero" else jnp.asarray(
+        rng.standard_normal((HM, 16, 16)), jnp.float32)
+    out, final = kernel.chunk_ssd(x, dt, A, B, C, D, state, jnp.int32(real), chunk_size=16,
+                                  interpret=True)
+    want_out, want_final = reference.recurrent_ssd(x, dt, A, B, C, D, state, jnp.int32(real))
+    np.testing.assert_allclose(np.asarray(out[:real]), np.asarray(want_out[:real]), atol=5e-5)
+    np.testing.assert_allclose(np.asarray(final), np.asarray(want_final), atol=5e-5)
+    assert kernel.chunk_ssd(*inputs(rng, 8), state, jnp.int32(8)) is None  # P = 6: no tiling
