@@ -9,8 +9,8 @@ here; the hybrid Qwen3.5 / 3.6 / Qwen3-Next classes by hf_hybrid_config.py (conf
 hf_hybrid.py (tensors, MTP head); GLM MoE (`Glm4MoeForCausalLM`) by hf_glm.py (config) and
 hf_hybrid.py (tensors); Gemma 4 (`Gemma4ForCausalLM`,
 `Gemma4ForConditionalGeneration`'s text model) by hf_gemma.py; Nemotron-H
-(`NemotronHForCausalLM`) by hf_nemotron.py. A checkpoint with a `vision_config` (Qwen3-VL, Qwen3.5) also gets the
-vision component, its tensors `model.visual.*` mapped by hf_vision.py.
+(`NemotronHForCausalLM`) by hf_nemotron.py. A checkpoint with a `vision_config` (Qwen3-VL,
+Qwen3.5) also gets the vision component, its tensors `model.visual.*` mapped by hf_vision.py.
 """
 from __future__ import annotations
 

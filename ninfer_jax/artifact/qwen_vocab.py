@@ -69,8 +69,8 @@ GEMMA4_CONTROLS = (
     "<|tool_response>", "<tool_response|>", "<|tool>", "<tool|>", "<|channel>", "<channel|>",
     "<|think|>", '<|"|>')
 NEMOTRON_CONTROLS = (
-    "<SPECIAL_0>", "<SPECIAL_1>", "<SPECIAL_2>", "<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>", "<think>",
-    "</think>", "<TOOLCALL>", "</TOOLCALL>", "<AVAILABLE_TOOLS>", "</AVAILABLE_TOOLS>",
+    "<SPECIAL_0>", "<SPECIAL_1>", "<SPECIAL_2>", "<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>",
+    "<think>", "</think>", "<TOOLCALL>", "</TOOLCALL>", "<AVAILABLE_TOOLS>", "</AVAILABLE_TOOLS>",
     "<TOOL_RESPONSE>", "</TOOL_RESPONSE>")
 NEMOTRON_NUM_RANKS = 131072 - len(NEMOTRON_CONTROLS)
 

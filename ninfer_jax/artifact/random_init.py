@@ -2,8 +2,8 @@
 own chat templates, for protocol tests (tiny presets) and GPU benchmarks (8B shapes).
 
 Each preset (presets.py) fixes the architecture, the vocabulary (artifact/qwen_vocab.py: Qwen3,
-Qwen3.5, or a Llama-3-, GLM-4.5-, Gemma-4- or Nemotron-H-layout stand-in), the special tokens, the chat
-template and format.
+Qwen3.5, or a Llama-3-, GLM-4.5-, Gemma-4- or Nemotron-H-layout stand-in), the special tokens,
+the chat template and format.
 `tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
 presets also get their MTP head (the artifact's mtp component), and presets with a vision tower

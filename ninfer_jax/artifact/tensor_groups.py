@@ -2,8 +2,8 @@
 
 Groups: `embed`, `lm_head`, `layers` (every other layer tensor), `mtp` (the MTP head's
 tensors, named `mtp.*`) and `norms`: every RMSNorm weight (names ending in `norm`, and the MTP
-head's `pre_fc_norm_*`) plus the Gated DeltaNet / Mamba-2 per-head `dt_bias` and `A_log` (and Mamba-2's skip `D`), the
-GLM router's `router_bias` and Gemma's per-layer `layer_scalar`, always f32.
+head's `pre_fc_norm_*`) plus the Gated DeltaNet / Mamba-2 per-head `dt_bias` and `A_log` (and
+Mamba-2's skip `D`), the GLM router's `router_bias` and Gemma's per-layer `layer_scalar`, always f32.
 """
 from __future__ import annotations
 

@@ -2,8 +2,8 @@
 
 One dataclass for every family: the dense `llama` and `qwen3`, the hybrid `qwen3_5`
 (dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE), the GLM MoE `glm4_moe`, Gemma 4 `gemma4` and
-Nemotron-H `nemotron_h`, whose extra fields default to "absent" so dense configs are unchanged. `to_dict`/`from_dict` are the
-metadata.json representation.
+Nemotron-H `nemotron_h`, whose extra fields default to "absent" so dense configs are
+unchanged. `to_dict`/`from_dict` are the metadata.json representation.
 
 Params pytree (weights stored as [in, out] so a projection is `x @ w`):
     embed        [V, H]

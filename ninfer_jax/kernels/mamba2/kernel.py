@@ -91,7 +91,9 @@ def _scan_call(x_dt, G_sum, B_t, C_t, state, *, heads_per_group: int, chunk_size
     N = B_t.shape[-1]
     kernel = functools.partial(_scan_kernel, chunk_size=chunk_size,
                                num_chunks=T_pad // chunk_size)
-    per_head = lambda *shape: pl.BlockSpec((None, *shape), lambda h: (h,) + (0,) * len(shape))  # noqa: E731
+    def per_head(*shape):
+        return pl.BlockSpec((None, *shape), lambda h: (h,) + (0,) * len(shape))
+
     per_group = pl.BlockSpec((None, T_pad, N), lambda h: (h // heads_per_group, 0, 0))
     return pl.pallas_call(
         kernel,
