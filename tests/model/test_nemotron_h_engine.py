@@ -1,7 +1,8 @@
 """The real Nemotron-H model (model/nemotron_h.py, random weights in the nemotron-h-tiny shape)
 through the JaxRunner and the engine's scheduler: eight concurrent greedy streams equal each
-request alone; pauses under a small KV pool (restored from zero or from a state checkpoint)
-and a pool with fewer state slots than lanes leave the text unchanged. The Mamba-2 output
+request alone; pauses under a small KV pool (restored from zero, from a state checkpoint or
+from a host snapshot of the Mamba-2 states) and a pool with fewer state slots than lanes leave
+the text unchanged. The Mamba-2 output
 projection is scaled up (STATE_GAIN) so that its state decides the tokens, as in
 test_hybrid_engine."""
 from __future__ import annotations
@@ -57,4 +58,10 @@ def test_pauses_and_fewer_state_slots_leave_the_text_unchanged(runner):
         assert (restored > 0) == reuse
     # two state slots for four lanes: sequences wait for a slot, then run on a reused one
     results, _ = generate(runner, prompts, lanes=4, slots=2, reuse=False, max_tokens=20)
+    assert outputs(results) == reference
+    # pauses by snapshot: the Mamba-2 conv and SSM states go to the host tier and back
+    units = -(-runner.state_bytes // runner.page_bytes)
+    results, scheduler = generate(runner, prompts, lanes=4, num_pages=12, reuse=False,
+                                  max_tokens=20, host_pages=4 * (units + 8))
+    assert scheduler.counters.snapshot_restores > 0 and scheduler.counters.replayed_tokens == 0
     assert outputs(results) == reference
