@@ -102,7 +102,7 @@ def test_scan_equals_a_numpy_loop():
     np.testing.assert_allclose(np.asarray(final), state, atol=1e-5)
 
 
-@pytest.mark.parametrize("padded,real,state_kind", [(45, 40, "random"), (32, 32, "zero")])
+@pytest.mark.parametrize("padded,real,state_kind", [(45, 40, "random")])
 def test_the_pallas_kernel_equals_the_scan_in_interpret_mode(padded, real, state_kind):
     """Chunks of 16 (ragged tail, padding tokens) with P = N = 16 so the kernel tiles; the
     grouped B/C are read per head's group inside the kernel."""
