@@ -43,7 +43,7 @@ WEIGHTS_DIR = "weights"
 COMPONENTS = ("text", "mtp", "dflash", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4", "q8_0", "q4_0", "q4_1")  # q*: GGUF blocks
-TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml", "gemma4")
+TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml", "gemma4", "nemotron")
 CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, VISION_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
 
 

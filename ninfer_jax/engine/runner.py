@@ -288,7 +288,7 @@ class JaxRunner:
     def _init_state_slots(self, capacity: int | None) -> None:
         """Hybrid families: one state slot per lane unless told (the engine passes
         --max-concurrency + --device-state-slots); dense ones have none."""
-        self.has_state = self.config.is_hybrid
+        self.has_state = self.config.has_state
         if not self.has_state:
             capacity = 0
         self.state_slot_capacity = self.max_batch if capacity is None else capacity

@@ -94,7 +94,7 @@ class SpeculativeConfig:
         if self.backend not in IMPLEMENTED:
             raise ValueError(f"--spec {self.backend} is not implemented yet (available: "
                              f"{', '.join(IMPLEMENTED)})")
-        if model_config.is_hybrid:
+        if model_config.has_state:
             raise ValueError(HYBRID_REFUSAL.format(architecture=model_config.architecture))
 
 

@@ -17,16 +17,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
-from ninfer_jax.model import gemma, glm, hybrid, llama, sampling, tensor_parallel
+from ninfer_jax.model import (gemma, glm, hybrid, llama, nemotron_h, sampling,
+                              tensor_parallel)
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
 
 # architecture -> module providing ragged/prefill/decode and init_caches/cache_shapes with the
-# llama.py signatures (hybrid prefill/decode also take the state slot(s))
+# llama.py signatures (hybrid and nemotron_h prefill/decode also take the state slot(s))
 FAMILIES = {"llama": llama, "qwen3": llama,
             "qwen3_5": hybrid, "qwen3_5_moe": hybrid, "qwen3_next": hybrid, "glm4_moe": glm,
-            "gemma4": gemma}
+            "gemma4": gemma, "nemotron_h": nemotron_h}
 
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,

@@ -101,7 +101,7 @@ def build_engine(config: ServeConfig):
                        step_shapes=config.step_shapes,
                        tensor_parallel=1 if mesh is None else mesh.size,
                        state_slot_capacity=engine_config.state_slot_capacity(
-                           artifact.config.is_hybrid),
+                           artifact.config.has_state),
                        **runner_rows(config.max_concurrency, speculative))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     log.info("weights read (and the device runtime started) in %.1f s, placed on the device "
@@ -182,7 +182,7 @@ def log_state_slots(config: ServeConfig, model_config) -> str | None:
     """Say what the state slots are for (hybrid models: lanes, then prefix checkpoints in
     the spare ones), or that --device-state-slots has no effect on a dense model."""
     spare = extra_slots(config.device_state_slots, config.max_concurrency)
-    if model_config.is_hybrid:
+    if model_config.has_state:
         message = (f"state slots: {config.max_concurrency} lanes + {spare}"
                    " spare (prefix reuse keeps state checkpoints in free slots)")
     elif config.device_state_slots:

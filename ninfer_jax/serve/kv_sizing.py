@@ -47,9 +47,10 @@ class KvSizing:
 
 
 def attention_layers(model_config) -> int:
-    """Layers with paged KV: all of a dense model's, a hybrid's full-attention ones, Gemma's
-    layers that are not KV-shared."""
-    if model_config.is_gemma:  # KV-shared layers read another layer's pages
+    """Layers with paged KV: all of a dense model's, a hybrid's (and Nemotron-H's) attention
+    ones, Gemma's layers that are not KV-shared."""
+    if model_config.is_gemma or model_config.is_nemotron:  # Gemma: KV-shared layers read
+        # another layer's pages; Nemotron-H: its MLP layers have no cache
         return len(model_config.cache_layers())
     if not model_config.is_hybrid:
         return model_config.num_layers
@@ -57,20 +58,20 @@ def attention_layers(model_config) -> int:
 
 
 def state_bytes_of(model_config, compute_dtype, num_slots: int) -> int:
-    """Device bytes of `num_slots` state slots: per Gated DeltaNet layer the conv state in
-    the compute dtype and the recurrent state in float32 (model/config.py state_shapes)."""
-    if not model_config.is_hybrid or num_slots == 0:
+    """Device bytes of `num_slots` state slots: per Gated DeltaNet or Mamba-2 layer the conv
+    state in the compute dtype and the recurrent state in float32 (model/config.py
+    state_shapes)."""
+    if not model_config.has_state or num_slots == 0:
         return 0
     shapes = model_config.state_shapes()
     per_layer = (int(np.prod(shapes["conv"])) * np.dtype(compute_dtype).itemsize
                  + int(np.prod(shapes["recurrent"])) * 4)
-    num_linear = model_config.num_layers - attention_layers(model_config)
-    return num_slots * num_linear * per_layer
+    return num_slots * len(model_config.state_layers()) * per_layer
 
 
 def device_state_slots_of(config, model_config) -> int:
     """Slots the runner allocates for a ServeConfig: the usable ones plus the dummy slot."""
-    usable = state_slot_capacity(has_state=model_config.is_hybrid,
+    usable = state_slot_capacity(has_state=model_config.has_state,
                                  max_concurrency=config.max_concurrency,
                                  extra_slots=extra_slots(config.device_state_slots,
                                                          config.max_concurrency))

@@ -125,10 +125,10 @@ def test_config_validates_ranges_and_backends():
 
 def test_unimplemented_backends_and_hybrids_are_refused():
     class Dense:
-        is_hybrid, architecture = False, "llama"
+        has_state, architecture = False, "llama"
 
-    class Hybrid:
-        is_hybrid, architecture = True, "qwen3_5"
+    class Hybrid:  # any family with recurrent state (qwen3_5*, qwen3_next, nemotron_h)
+        has_state, architecture = True, "qwen3_5"
 
     NGRAM.check_servable(Dense())
     for backend in ("mtp", "dflash", "dflash2"):
