@@ -354,3 +354,63 @@ def test_copies_out_of_memory_fail_only_the_requests_that_needed_them():
         outcomes.append(type(end).__name__)
     assert any(faults) and "Failed" in outcomes and "Finished" in outcomes
     assert driver.request_pages() == 0
+
+
+def test_a_hybrid_conversation_evicted_to_host_resumes_from_its_host_checkpoint():
+    """Other traffic takes the system prompt's pages off the device and its checkpoint's
+    slot (one spare slot): both go to the host tier, and the next turn starts from them.
+    The fake state makes a lost, stale or misplaced state row change the tokens."""
+    system = prompt_of(24, salt=9)
+
+    def conversation(host_pages):
+        driver = Driver(num_pages=12, page_size=4, host_pages=host_pages, state_slots=2,
+                        max_concurrency=1)
+        hybrid_run(driver, system + [1, 2])
+        for salt in range(3):
+            hybrid_run(driver, prompt_of(30, salt=salt))
+        driver.schedules.clear()
+        return driver, hybrid_run(driver, system + [1, 2, 3, 4])
+
+    device_only, cold = conversation(0)
+    tiered, warm = conversation(64)
+    assert cold.usage.cached_tokens == 0
+    assert warm.usage.cached_tokens == 24  # the checkpoint at the first turn's boundary
+    assert list(warm.output_ids) == list(cold.output_ids)
+    checkpoints, cache = tiered.scheduler.checkpoints, tiered.scheduler.cache
+    assert checkpoints.spilled >= 1 and checkpoints.loaded == 1 and cache.loaded_pages == 6
+    [hit] = [p for p in tiered.schedules if p.chunk is not None]
+    [load] = [c for c in hit.state_copies if isinstance(c, StateCopy)]
+    assert (hit.chunk.start, load.kind, load.state_slot) == (24, LOAD, hit.chunk.state_slot)
+    assert load.ticket in tiered.runner.host_state  # the row stays: hits move state one way
+    assert (tiered.scheduler.counters.prefill_tokens
+            < device_only.scheduler.counters.prefill_tokens)
+
+
+def test_hybrid_host_occupancy_in_metrics_is_exact():
+    from ninfer_jax.engine.stats import build_stats
+    from ninfer_jax.serve.observability.metrics import ENGINE_GAUGES, _value
+
+    driver = Driver(num_pages=12, page_size=4, host_pages=40, state_slots=2,
+                    max_concurrency=1)
+    for salt in range(5):
+        hybrid_run(driver, prompt_of(30, salt=salt))
+    scheduler, units = driver.scheduler, driver.host.state_units
+    stats = build_stats(scheduler.counters, gauges=scheduler.gauges(), ready=True,
+                        healthy=True)
+    values = {name: _value(stats, field) for name, _, field in ENGINE_GAUGES}
+    page = driver.host.page_bytes
+    rows = scheduler.checkpoints.num_host_checkpoints
+    assert rows >= 1 and units == 2
+    assert values["ninfer_host_context_checkpoint_bytes"] == rows * units * page
+    assert values["ninfer_host_context_cached_bytes"] == len(scheduler.cache.host_slots()) * page
+    assert values["ninfer_host_context_used_bytes"] == driver.host.num_used * page == (
+        values["ninfer_host_context_cached_bytes"]
+        + values["ninfer_host_context_checkpoint_bytes"])
+
+
+def hybrid_run(driver, prompt, max_tokens=3):
+    handle = driver.submit(make_request(prompt, max_tokens=max_tokens))
+    driver.run()
+    end = finished(handle)
+    assert list(end.output_ids) == expected_output(prompt, max_tokens, hybrid=True)
+    return end
