@@ -169,6 +169,11 @@ class HostPageStore:
         """Host slots holding bytes here (equals the pool's used slots once copies apply)."""
         return len(self._rows)
 
+    @property
+    def num_state_rows(self) -> int:
+        """State rows held here (snapshots' and spilled checkpoints', until their drop)."""
+        return len(self._states)
+
     def clear(self) -> None:
         self._rows.clear()
         self._lost.clear()
