@@ -408,8 +408,33 @@ def test_hybrid_host_occupancy_in_metrics_is_exact():
         + values["ninfer_host_context_checkpoint_bytes"])
 
 
-def hybrid_run(driver, prompt, max_tokens=3):
-    handle = driver.submit(make_request(prompt, max_tokens=max_tokens))
+def test_a_hybrid_hit_stops_at_the_deepest_checkpoint_whose_pages_came_back():
+    """Pages past the last checkpoint they reach are useless to a hybrid: when the device
+    pool takes back only some spilled pages, the hit keeps those up to a checkpoint."""
+    driver = Driver(num_pages=12, page_size=4, host_pages=64, state_slots=2,
+                    max_concurrency=1)
+    prompt = prompt_of(22, salt=5)
+    hybrid_run(driver, prompt, cache_breakpoints=(9,))  # checkpoints at 8 and 20
+    hybrid_run(driver, prompt_of(30, salt=1))
+    scheduler, cache = driver.scheduler, driver.scheduler.cache
+    cache.reclaim(driver.pool.capacity)  # every cached page to the host tier
+    ids = cache.chain(prompt, 5, host=True)
+    assert cache.chain(prompt, 5) == [] and scheduler.checkpoints.deepest(ids) == 5
+    squatter = driver.pool.alloc(driver.pool.num_free - 3)  # room for three pages only
+    handle = driver.submit(make_request(prompt, max_tokens=3))
+    seq = scheduler.waiting[0]
+    assert scheduler._reuse_cached(seq) == 8 and len(seq.pages) == 2
+    assert seq.state_source == scheduler.checkpoints.source(ids[1])
+    driver.pool.release(seq.pages + squatter)  # the planned hit is abandoned: run it again
+    seq.pages, seq.cache_cursor, seq.state_source = [], (0, 0), None
+    driver.run()
+    end = finished(handle)
+    assert end.usage.cached_tokens == 20
+    assert list(end.output_ids) == expected_output(prompt, 3, hybrid=True)
+
+
+def hybrid_run(driver, prompt, max_tokens=3, **fields):
+    handle = driver.submit(make_request(prompt, max_tokens=max_tokens, **fields))
     driver.run()
     end = finished(handle)
     assert list(end.output_ids) == expected_output(prompt, max_tokens, hybrid=True)
