@@ -16,7 +16,7 @@ none of its own step's. Everything here is therefore stated "as of after the que
 
 Slots: checkpoints take free slots of the same pool as residents (--device-state-slots adds
 room for them). A resident needing a slot evicts the least recently used checkpoint; a node
-leaving the prefix cache (its pages reclaimed) frees its checkpoint (`forget`).
+leaving the prefix cache (dropped from both tiers) frees its checkpoint (`forget`).
 
 The host tier: with one (`host` with `state_units`), an evicted checkpoint is not lost but
 spilled: its slot is saved into a host row (a StateCopy, `state_units` slots of the host
@@ -25,8 +25,8 @@ node) before the slot is released; the save is queued ahead of whatever the slot
 owner queues, so order alone makes it correct. A hit on a host checkpoint loads the row into
 the sequence's fresh slot and keeps it (the row stays the checkpoint's home, as a loaded page
 keeps its clean copy), so hits move state one way. A row leaves with its node. Checkpoints
-are not written through at creation: a state row is many pages' worth, and most checkpoints
-are reused (or dropped) while still on the device. Engine thread only.
+are not written through at creation: a state row is many pages' worth, and a checkpoint no
+resident displaces never needs one. Engine thread only.
 """
 from __future__ import annotations
 
