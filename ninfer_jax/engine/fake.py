@@ -20,7 +20,8 @@ slot's state to the formula above:
     hybrid:   next = (formula + state(t_0..t_p)) mod vocab_size
 where state(...) is `state_of(tokens)`. A plan's `state_copies` copy slot states, in order,
 before its step runs (state checkpoints; among them a StateCopy saves a slot's state to
-`host_state` or loads it back: pause by snapshot); its `page_copies` (host tier) save pages
+`host_state` or loads it back, keeping it until a drop: pause by snapshot, spilled
+checkpoints); its `page_copies` (host tier) save pages
 to and load them from `host_kv` before that. As on the real model the state is not a function of
 the KV pages, so a sequence that runs on a wrong or stale slot, shares one, or continues
 mid-prompt on a fresh slot (a replay that skips position 0) produces different tokens.
@@ -172,9 +173,9 @@ class FakeRunner:
             if copy.ticket in self.host_state:
                 raise AssertionError(f"state ticket {copy.ticket} saved while held")
             self.host_state[copy.ticket] = int(self.state[copy.state_slot])
-        elif copy.kind == "load":
+        elif copy.kind == "load":  # the row stays until its drop, as a page's does
             self._check_slot(copy.state_slot)
-            self.state[copy.state_slot] = self.host_state.pop(copy.ticket)
+            self.state[copy.state_slot] = self.host_state[copy.ticket]
         else:
             del self.host_state[copy.ticket]
 

@@ -31,11 +31,12 @@ class PageCopy(NamedTuple):
 
 
 class StateCopy(NamedTuple):
-    """A hybrid sequence's recurrent state to or from the host tier (pause by snapshot). It
-    rides in StepPlan.state_copies, in order with the state-slot copies there, because both
-    read and write state slots. The bytes are one row the runner keeps under `ticket`, apart
-    from page rows; the budget for it is `state_units` slots held by `reserve`."""
-    kind: str  # SAVE: state slot -> row; LOAD: row -> state slot, then forgotten; DROP
+    """A hybrid state to or from the host tier (a pause snapshot, a spilled state
+    checkpoint). It rides in StepPlan.state_copies, in order with the state-slot copies
+    there, because both read and write state slots. The bytes are one row the runner keeps
+    under `ticket`, apart from page rows; the budget for it is `state_units` slots held by
+    `reserve`."""
+    kind: str  # SAVE: state slot -> row; LOAD: row -> state slot (the row stays); DROP
     state_slot: int  # unused by DROP
     ticket: int
 

@@ -15,8 +15,9 @@ slots * page_bytes, never more. (Keeping a gathered batch alive while any of its
 held let pinned use grow far past --host-context-mib: run 24 ran out of host memory.)
 Run lengths are padded with DUMMY_PAGE to MIN_RUN_PAGES or a power of two so few shapes
 compile; padding rows exist on the device only for the call. Hybrid state layers are not
-paged: page copies pass them through untouched; a hybrid pause snapshot's state slot is one
-row of its own (`apply_state`, kept by ticket apart from page rows).
+paged: page copies pass them through untouched; a hybrid pause snapshot's or spilled state
+checkpoint's state slot is one row of its own (`apply_state`, kept by ticket apart from page
+rows until its drop).
 
 Out of memory (device rows of a gather, pinned host rows, device rows of a load: run 24's
 host pool raised RESOURCE_EXHAUSTED in a save's put) fails only the run of copies it hit:
@@ -168,6 +169,11 @@ class HostPageStore:
         """Host slots holding bytes here (equals the pool's used slots once copies apply)."""
         return len(self._rows)
 
+    @property
+    def num_state_rows(self) -> int:
+        """State rows held here (snapshots' and spilled checkpoints', until their drop)."""
+        return len(self._states)
+
     def clear(self) -> None:
         self._rows.clear()
         self._lost.clear()
@@ -182,7 +188,8 @@ class HostPageStore:
         return frozenset(lost), frozenset(failed), causes[0]
 
     def apply_state(self, kv, copy):
-        """`kv` after one StateCopy (a hybrid pause snapshot's state, saved or loaded)."""
+        """`kv` after one StateCopy (a hybrid pause snapshot's or spilled checkpoint's
+        state, saved, loaded or dropped)."""
         if copy.kind == DROP:
             del self._states[copy.ticket]
             return kv
@@ -195,7 +202,7 @@ class HostPageStore:
                                          else jax.device_put(row, self._host))
             return kv
         assert copy.kind == LOAD, copy.kind
-        row = self._states.pop(copy.ticket)
+        row = self._states[copy.ticket]  # kept until its DROP (a spilled checkpoint's home)
         if self._device is not None:
             row = jax.device_put(row, self._device)
         return self._unpack_state(kv, slot, row)

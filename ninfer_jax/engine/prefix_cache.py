@@ -40,7 +40,8 @@ makes room for. A hit on a host node loads it back into a fresh device page (a q
 Leaves and clean nodes sit in heaps by rank (stale entries are skipped when popped), so
 reclaiming costs O(log n) per page.
 `on_remove(node_id)` is told of every node that leaves the tree (hybrid models drop the
-node's state checkpoint then, engine/state_checkpoints.py). Engine thread only.
+node's state checkpoint then, from the device or the host tier, engine/state_checkpoints.py,
+whose host rows take their room through `free_host_for`). Engine thread only.
 """
 from __future__ import annotations
 
@@ -137,13 +138,13 @@ class PrefixCache:
             parent = node.node_id
         return max_pages, cache_only
 
-    def chain(self, tokens, max_pages: int) -> list[int]:
-        """Node ids of the longest device-cached prefix of `tokens` (at most `max_pages`);
-        no reference taken, LRU order untouched."""
+    def chain(self, tokens, max_pages: int, *, host: bool = False) -> list[int]:
+        """Node ids of the longest device-cached prefix of `tokens` (at most `max_pages`;
+        with `host`, host-only nodes count too); no reference taken, LRU order untouched."""
         ids, parent = [], ROOT
         for index in range(max_pages):
             node = self._nodes.get(self._key(tokens, index, parent))
-            if node is None or node.page is None:
+            if node is None or (node.page is None and not host):
                 break
             ids.append(node.node_id)
             parent = node.node_id
@@ -229,6 +230,17 @@ class PrefixCache:
         while self.host.num_free < num_slots:
             if not (self._drop_clean_copy()
                     or self._drop_host_leaf(keep=1, protect=frozenset())):
+                return False
+        return True
+
+    def free_host_for(self, num_slots: int, node_id: int) -> bool:
+        """Room for `num_slots` host slots that belong to node `node_id` (a hybrid state
+        checkpoint's row), made as for a spill of that node's page: clean copies first, then
+        host leaves ranked no higher than it, never the node itself."""
+        node = self._by_id[node_id]
+        protect = frozenset((node_id,))
+        while self.host.num_free < num_slots:
+            if not (self._drop_clean_copy() or self._drop_host_leaf(node.keep, protect)):
                 return False
         return True
 

@@ -54,7 +54,8 @@ Policies (see also sequence.py for the prefill/decode rule):
   to evict). Cached KV pages cannot rebuild a recurrent state, so a hybrid prefix hit only
   reaches the deepest cached node with a state checkpoint (engine/state_checkpoints.py),
   whose copy starts the sequence's slot; without one a sequence (a restored one too)
-  starts from position 0. Chunks end at a sequence's checkpoint marks, where it leaves them.
+  starts from position 0. With a host tier, evicted checkpoints and pages spill there and
+  a hit loads both back. Chunks end at a sequence's checkpoint marks, where it leaves them.
 """
 from __future__ import annotations
 
@@ -123,14 +124,14 @@ class Scheduler:
         self.paused: list[Sequence] = []  # sorted by seq_id: restore order
         # The host tier (--host-context-mib): spilled prefix pages and pause snapshots.
         self.host = host if host is not None else HostPagePool(0)
-        # Hybrid models do not spill: a spilled page could not come back without a state
-        # checkpoint on the device, and their pauses replay.
-        self.cache = (PrefixCache(pool, page_size, None if self.slots.is_enabled else self.host)
-                      if config.prefix_reuse else None)
+        self.cache = PrefixCache(pool, page_size, self.host) if config.prefix_reuse else None
         self.checkpoints = None  # hybrid models with prefix reuse: their state checkpoints
         self._state_copies: list[StateCopy] = []  # state snapshot copies, without checkpoints
         if self.cache is not None and self.slots.is_enabled:
-            self.checkpoints = StateCheckpoints(self.slots)
+            # A hybrid's spilled pages are worth keeping only below a checkpoint, so its
+            # checkpoints spill into the same budget, ranked as their nodes.
+            self.checkpoints = StateCheckpoints(self.slots, self.cache.host,
+                                                self.cache.free_host_for)
             self.cache.on_remove = self.checkpoints.forget
         self.life = Lifecycle(pool, clock, eos_ids, config.max_context, self.slots)
         self.counters = self.life.counters
@@ -566,6 +567,7 @@ class Scheduler:
     def _start_state(self, seq: Sequence) -> None:
         if seq.host_state is not None:  # a snapshot restore: the state row into its slot
             self._queue_state_copy(StateCopy(LOAD, seq.state_slot, seq.host_state[0]))
+            self._queue_state_copy(StateCopy(DROP, DUMMY_STATE_SLOT, seq.host_state[0]))
             self.host.unreserve(seq.host_state)
             seq.host_state = None
         elif seq.state_source is not None:
@@ -578,14 +580,28 @@ class Scheduler:
         Hybrid models: only as far as the deepest checkpoint (`state_source`)."""
         if self.cache is None:
             return 0
-        # Hybrid models reuse only as deep as a device checkpoint: no host loads there.
-        pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq),
-                                            load=self.checkpoints is None)
-        if self.checkpoints is not None and pages:
-            seq.state_source = self.checkpoints.slot_at(last_node)
+        if self.checkpoints is None:
+            pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq))
+        else:
+            pages, last_node = self._match_checkpointed(seq)
         seq.pages = pages
         seq.cache_cursor = (len(pages), last_node)
         return len(pages) * self.page_size
+
+    def _match_checkpointed(self, seq: Sequence) -> tuple[list[int], int]:
+        """A hybrid's match: pages (spilled ones loaded back) only up to the deepest node
+        with a checkpoint in either tier, whose state starts the sequence (`state_source`)."""
+        limit = (len(seq.tokens) - 1) // self.page_size
+        depth = self.checkpoints.deepest(self.cache.chain(seq.tokens, limit, host=True))
+        pages, last_node = self.cache.match(seq.tokens, depth)
+        if len(pages) < depth:  # the device pool could not take every spilled page back
+            ids = self.cache.chain(seq.tokens, len(pages))
+            usable = self.checkpoints.deepest(ids)
+            self.pool.release(pages[usable:])
+            pages, last_node = pages[:usable], (ids[usable - 1] if usable else ROOT)
+        if pages:
+            seq.state_source = self.checkpoints.source(last_node)
+        return pages, last_node
 
     def _max_cached_pages(self, seq: Sequence) -> int:
         """Leading pages `seq` may reuse; hybrid models: up to the deepest checkpoint."""
@@ -759,6 +775,8 @@ class Scheduler:
             "host_pages_cached": (self.cache.num_host_pages + self.cache.num_clean_pages
                                   if self.cache is not None else 0),
             "host_pages_clean": self.cache.num_clean_pages if self.cache is not None else 0,
+            "host_pages_checkpoints": (self.checkpoints.num_host_units
+                                       if self.checkpoints is not None else 0),
             "host_pages_peak": self.host.peak_used,
             "host_page_bytes": self.host.page_bytes,
             "kv_bytes_to_host": self.host.bytes_saved,
@@ -774,11 +792,16 @@ class Scheduler:
 
     def host_holders(self) -> list[int]:
         """Every held host slot (for HostPagePool.check)."""
-        holders = [slot for s in self.paused if s.snapshot is not None
-                   for slot in s.snapshot[1] + (s.snapshot[2] or [])]
+        holders = [slot for s in self.paused if s.snapshot is not None for slot in s.snapshot[1]]
         if self.cache is not None:
             holders += self.cache.host_slots()
-        return holders
+        return holders + [slot for row in self.host_state_rows() for slot in row]
+
+    def host_state_rows(self) -> list[list[int]]:
+        """The host slots of every state row: paused snapshots' (in host_holders too) and
+        spilled checkpoints'; each row's [0] is its ticket."""
+        rows = [s.snapshot[2] for s in self.paused if s.snapshot is not None and s.snapshot[2]]
+        return rows + (self.checkpoints.host_rows() if self.checkpoints is not None else [])
 
     def page_holders(self) -> list[list[int]]:
         """Every page list that holds references (for PagePool.check)."""

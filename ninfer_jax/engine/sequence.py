@@ -49,9 +49,10 @@ class Sequence:
     # Hybrid models: the state slot holding the state after tokens [0, num_computed); held
     # while resident, DUMMY_STATE_SLOT otherwise (and always for dense models).
     state_slot: int = DUMMY_STATE_SLOT
-    # A checkpoint slot to start the state from, set when a prefix hit is planned and
-    # cleared once its copy is queued (engine/state_checkpoints.py).
-    state_source: int | None = None
+    # The checkpoint to start the state from, ("slot", device slot) or ("row", host ticket),
+    # set when a prefix hit is planned and cleared once its copy is queued
+    # (engine/state_checkpoints.py).
+    state_source: tuple[str, int] | None = None
     # A snapshot restore's state row in the host tier (its reserved slots; [0] the ticket),
     # set when the restore is planned and cleared once its StateCopy is queued.
     host_state: list[int] | None = None

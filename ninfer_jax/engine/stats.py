@@ -73,12 +73,14 @@ class EngineStats:
     kv_pages_capacity: int
     kv_pages_cached: int  # pages the prefix cache retains (also counted in kv_pages_used)
     # host tier (--host-context-mib): slots of one device page each, cached ones (prefix
-    # pages: spilled, or clean copies of device pages) and snapshot ones (paused requests)
-    # making up the used; cumulative bytes
+    # pages: spilled, or clean copies of device pages), checkpoint ones (hybrid models'
+    # spilled state checkpoints) and snapshot ones (paused requests) making up the used;
+    # cumulative bytes
     host_pages_used: int
     host_pages_capacity: int
     host_pages_cached: int
     host_pages_clean: int  # of the cached, copies of pages still on the device
+    host_pages_checkpoints: int
     host_pages_peak: int
     host_page_bytes: int
     kv_bytes_to_host: int
@@ -132,7 +134,7 @@ class EngineStats:
 
 HOST_GAUGES_ZERO = dict.fromkeys((
     "host_pages_used", "host_pages_capacity", "host_pages_cached", "host_pages_clean",
-    "host_pages_peak",
+    "host_pages_checkpoints", "host_pages_peak",
     "host_page_bytes", "kv_bytes_to_host", "kv_bytes_to_device"), 0)
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 

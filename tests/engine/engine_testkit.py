@@ -128,8 +128,7 @@ class Driver:
         for copy in queued:
             if isinstance(copy, StateCopy):
                 (states.add if copy.kind == "save" else states.discard)(copy.ticket)
-        reserved = [s.snapshot[2] for s in self.scheduler.paused
-                    if s.snapshot is not None and s.snapshot[2]]
+        reserved = self.scheduler.host_state_rows()  # snapshots' and checkpoints'
         assert states == {slots[0] for slots in reserved}
         assert rows == set(self.scheduler.host_holders()) - {
             slot for slots in reserved for slot in slots}

@@ -197,7 +197,11 @@ def test_a_hybrid_pause_takes_its_recurrent_state_to_host_and_back(prefix_reuse)
     loads = [c for plan in driver.schedules for c in plan.state_copies
              if isinstance(c, StateCopy) and c.kind == LOAD]
     assert len(loads) == counters.snapshot_restores
-    assert driver.host.num_used == 0 and not driver.runner.host_state
+    # What the host holds now is the prefix cache's (pages, checkpoint rows), nothing paused.
+    scheduler = driver.scheduler
+    assert driver.host.num_used == len(scheduler.host_holders())
+    assert set(driver.runner.host_state) == {row[0] for row in scheduler.host_state_rows()}
+    assert prefix_reuse or driver.host.num_used == 0
 
 
 def test_a_hybrid_state_takes_its_share_of_the_host_budget():
@@ -350,3 +354,88 @@ def test_copies_out_of_memory_fail_only_the_requests_that_needed_them():
         outcomes.append(type(end).__name__)
     assert any(faults) and "Failed" in outcomes and "Finished" in outcomes
     assert driver.request_pages() == 0
+
+
+def test_a_hybrid_conversation_evicted_to_host_resumes_from_its_host_checkpoint():
+    """Other traffic takes the system prompt's pages off the device and its checkpoint's
+    slot (one spare slot): both go to the host tier, and the next turn starts from them.
+    The fake state makes a lost, stale or misplaced state row change the tokens."""
+    system = prompt_of(24, salt=9)
+
+    def conversation(host_pages):
+        driver = Driver(num_pages=12, page_size=4, host_pages=host_pages, state_slots=2,
+                        max_concurrency=1)
+        hybrid_run(driver, system + [1, 2])
+        for salt in range(3):
+            hybrid_run(driver, prompt_of(30, salt=salt))
+        driver.schedules.clear()
+        return driver, hybrid_run(driver, system + [1, 2, 3, 4])
+
+    device_only, cold = conversation(0)
+    tiered, warm = conversation(64)
+    assert cold.usage.cached_tokens == 0
+    assert warm.usage.cached_tokens == 24  # the checkpoint at the first turn's boundary
+    assert list(warm.output_ids) == list(cold.output_ids)
+    checkpoints, cache = tiered.scheduler.checkpoints, tiered.scheduler.cache
+    assert checkpoints.spilled >= 1 and checkpoints.loaded == 1 and cache.loaded_pages == 6
+    [hit] = [p for p in tiered.schedules if p.chunk is not None]
+    [load] = [c for c in hit.state_copies if isinstance(c, StateCopy)]
+    assert (hit.chunk.start, load.kind, load.state_slot) == (24, LOAD, hit.chunk.state_slot)
+    assert load.ticket in tiered.runner.host_state  # the row stays: hits move state one way
+    assert (tiered.scheduler.counters.prefill_tokens
+            < device_only.scheduler.counters.prefill_tokens)
+
+
+def test_hybrid_host_occupancy_in_metrics_is_exact():
+    from ninfer_jax.engine.stats import build_stats
+    from ninfer_jax.serve.observability.metrics import ENGINE_GAUGES, _value
+
+    driver = Driver(num_pages=12, page_size=4, host_pages=40, state_slots=2,
+                    max_concurrency=1)
+    for salt in range(5):
+        hybrid_run(driver, prompt_of(30, salt=salt))
+    scheduler, units = driver.scheduler, driver.host.state_units
+    stats = build_stats(scheduler.counters, gauges=scheduler.gauges(), ready=True,
+                        healthy=True)
+    values = {name: _value(stats, field) for name, _, field in ENGINE_GAUGES}
+    page = driver.host.page_bytes
+    rows = scheduler.checkpoints.num_host_checkpoints
+    assert rows >= 1 and units == 2
+    assert values["ninfer_host_context_checkpoint_bytes"] == rows * units * page
+    assert values["ninfer_host_context_cached_bytes"] == len(scheduler.cache.host_slots()) * page
+    assert values["ninfer_host_context_used_bytes"] == driver.host.num_used * page == (
+        values["ninfer_host_context_cached_bytes"]
+        + values["ninfer_host_context_checkpoint_bytes"])
+
+
+def test_a_hybrid_hit_stops_at_the_deepest_checkpoint_whose_pages_came_back():
+    """Pages past the last checkpoint they reach are useless to a hybrid: when the device
+    pool takes back only some spilled pages, the hit keeps those up to a checkpoint."""
+    driver = Driver(num_pages=12, page_size=4, host_pages=64, state_slots=2,
+                    max_concurrency=1)
+    prompt = prompt_of(22, salt=5)
+    hybrid_run(driver, prompt, cache_breakpoints=(9,))  # checkpoints at 8 and 20
+    hybrid_run(driver, prompt_of(30, salt=1))
+    scheduler, cache = driver.scheduler, driver.scheduler.cache
+    cache.reclaim(driver.pool.capacity)  # every cached page to the host tier
+    ids = cache.chain(prompt, 5, host=True)
+    assert cache.chain(prompt, 5) == [] and scheduler.checkpoints.deepest(ids) == 5
+    squatter = driver.pool.alloc(driver.pool.num_free - 3)  # room for three pages only
+    handle = driver.submit(make_request(prompt, max_tokens=3))
+    seq = scheduler.waiting[0]
+    assert scheduler._reuse_cached(seq) == 8 and len(seq.pages) == 2
+    assert seq.state_source == scheduler.checkpoints.source(ids[1])
+    driver.pool.release(seq.pages + squatter)  # the planned hit is abandoned: run it again
+    seq.pages, seq.cache_cursor, seq.state_source = [], (0, 0), None
+    driver.run()
+    end = finished(handle)
+    assert end.usage.cached_tokens == 20
+    assert list(end.output_ids) == expected_output(prompt, 3, hybrid=True)
+
+
+def hybrid_run(driver, prompt, max_tokens=3, **fields):
+    handle = driver.submit(make_request(prompt, max_tokens=max_tokens, **fields))
+    driver.run()
+    end = finished(handle)
+    assert list(end.output_ids) == expected_output(prompt, max_tokens, hybrid=True)
+    return end

@@ -81,4 +81,27 @@ def test_pauses_by_snapshot_bring_their_recurrent_state_back_from_host(runner):
         assert counters.preemptions > 0 and counters.snapshot_restores > 0
         assert counters.replayed_tokens == 0
         assert outputs(results) == reference
-        assert scheduler.host.num_used == 0
+        # Nothing paused is left there: what is held is the prefix cache's.
+        assert scheduler.host.num_used == (len(scheduler.host_holders()) if reuse else 0)
+
+
+def test_a_conversation_evicted_to_host_resumes_from_its_host_checkpoint(runner):
+    """One spare slot and a small pool: other traffic pushes the first turn's pages and its
+    checkpoint's slot to the host tier; the next turn loads both and equals a cold run."""
+    system = prompt(24, salt=30)
+    turns = [system + [5, 6]] + [prompt(30, salt=31 + i) for i in range(3)] + [system + [7]]
+    cold, _ = generate(runner, turns[-1:], lanes=1, reuse=False)
+    units = -(-runner.state_bytes // runner.page_bytes)
+    results, scheduler = generate(runner, turns, lanes=1, slots=2, num_pages=16,
+                                  together=False, host_pages=48 + 4 * units)
+    cached, warm, _ = results[-1]
+    assert cached == 24 and warm == outputs(cold)[0]
+    checkpoints = scheduler.checkpoints
+    assert checkpoints.spilled >= 1 and checkpoints.loaded == 1
+    assert scheduler.cache.loaded_pages > 0
+    assert scheduler.host.num_used == len(scheduler.host_holders())
+    assert not checkpoints.copies  # every row the runner holds is a held checkpoint's
+    assert runner._page_store.num_state_rows == checkpoints.num_host_checkpoints
+    scheduler.pool.check(scheduler.page_holders())
+    scheduler.slots.check(scheduler.slot_holders())
+    scheduler.host.check(scheduler.host_holders())

@@ -54,13 +54,17 @@ ENGINE_GAUGES = (
      "checkpoints (hybrid models; 0 for dense ones).", "state_slots_used"),
     ("ninfer_device_state_capacity_slots", "Device state slots (hybrid models: "
      "--max-concurrency + --device-state-slots; 0 for dense ones).", "state_slots_capacity"),
-    ("ninfer_host_context_used_bytes", "Host tier in use: spilled prefix pages and pause "
-     "snapshots (--host-context-mib).", ("host_pages_used", "host_page_bytes")),
+    ("ninfer_host_context_used_bytes", "Host tier in use: spilled prefix pages, hybrid state "
+     "checkpoints and pause snapshots (--host-context-mib).",
+     ("host_pages_used", "host_page_bytes")),
     ("ninfer_host_context_cached_bytes", "Host tier held by prefix pages (spilled ones and "
      "clean copies of device pages).", ("host_pages_cached", "host_page_bytes")),
     ("ninfer_host_context_clean_bytes", "Host tier held by clean copies of prefix pages "
      "still on the device (evicting those moves no bytes).",
      ("host_pages_clean", "host_page_bytes")),
+    ("ninfer_host_context_checkpoint_bytes", "Host tier held by spilled state checkpoints "
+     "of prefix pages (hybrid models; 0 for dense ones).",
+     ("host_pages_checkpoints", "host_page_bytes")),
     ("ninfer_host_context_reserved_bytes", "Host context reservations (not built yet: "
      "always 0; copies are queued with their slot held and counted as used).", None),
     ("ninfer_host_context_capacity_bytes", "Host tier budget.",
