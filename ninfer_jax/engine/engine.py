@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 
+from ninfer_jax.engine import prompt_media
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.host_pages import HostPagePool
 from ninfer_jax.engine.pages import PagePool
@@ -141,6 +142,11 @@ class Engine:
             raise Unsupported("This engine has no vision encoder for the loaded model, so it "
                               "cannot generate from image or video input.",
                               param="messages", code="vision_disabled")
+        if request.media:
+            try:
+                prompt_media.build(request.media, num_prompt)
+            except ValueError as exc:  # serve/ built the spans; a mismatch is a caller's bug
+                raise InvalidRequest(f"the prompt's media placeholders: {exc}") from None
         # The prompt and its first sampled token must fit the KV pool on their own.
         needed = num_prompt + min(request.max_tokens, 1)
         if needed > self.pool_tokens:
