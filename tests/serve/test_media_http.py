@@ -6,7 +6,6 @@ media and the GenerationRequest's media field."""
 import base64
 import http.server
 import io
-import pathlib
 import socketserver
 import threading
 import time
@@ -27,7 +26,6 @@ from ninfer_jax.serve.media.preprocess import VisionProcessing
 from ninfer_jax.serve.openai.chat_messages import parse_messages
 from ninfer_jax.text.conversation import Conversation
 
-TEMPLATE = (pathlib.Path(__file__).parent / "templates" / "qwen3_5_vision.jinja").read_text()
 IMAGE_TOKENS = 70  # a 40x60 image -> 224x320 pixels -> 14x20 patches -> 70 merged tokens
 
 
@@ -107,7 +105,7 @@ def media_url():
 @pytest.fixture(scope="module")
 def vh(qwen35, tmp_path_factory):
     log = tmp_path_factory.mktemp("media-log") / "requests.jsonl"
-    h = build_harness(qwen35, template=TEMPLATE, max_context=1024, vision=True,
+    h = build_harness(qwen35, max_context=1024, vision=True,
                       request_log_jsonl=str(log), engine_options={"accepts_media": True})
     h.book.add("look", "Seen.\n</think>\n\nA picture.")
     yield h
