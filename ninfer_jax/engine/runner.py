@@ -149,6 +149,7 @@ def enable_persistent_cache() -> None:
 class _Launched:
     out: jax.Array  # int32 [1 + max_batch] on the device
     plan: StepPlan
+    vision: tuple[int, float] = (0, 0.0)  # (items encoded, seconds) for the chunk's sequence
 
 
 class JaxRunner:
@@ -301,7 +302,8 @@ class JaxRunner:
         self.vision = VisionRows(steps.cast_params(artifact.params["vision"], self.dtype),
                                  artifact.vision_config, hidden=self.config.hidden_size,
                                  dtype=self.dtype, max_patches=MAX_PATCHES,
-                                 max_sequences=4 * max_batch)
+                                 max_sequences=4 * max_batch,
+                                 wait_previous=lambda: self._prev_out.block_until_ready())
         self._media_jitted = jax.jit(steps.packed_media_step,
                                      static_argnames=("config", "page_size", "layout", "draws",
                                                       "mesh"),
@@ -658,7 +660,10 @@ class JaxRunner:
         specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
         ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
         executable = self._variant_executables(variant)[shape]
-        extra = (self.vision.step_rows(unit, rows, *shape),) if media else ()
+        extra, encoded = (), (0, 0.0)
+        if media:
+            extra = (self.vision.step_rows(unit, rows, *shape),)
+            encoded = self.vision.last_encode
         if not media and self.greedy_variants and all(
                 s is None or s.params.is_greedy for s in specs):
             greedy = self._greedy_executables.get(shape)
@@ -680,7 +685,7 @@ class JaxRunner:
         self._prev_out = out
         # With stable buffers `out` is donated to the next step, so the host reads a copy.
         host_view = self._snapshot(out, self._zero) if self.stable_buffers else out
-        return _Launched(out=host_view, plan=plan)
+        return _Launched(out=host_view, plan=plan, vision=encoded)
 
     def wait(self, launched: _Launched) -> None:
         launched.out.block_until_ready()
@@ -692,7 +697,8 @@ class JaxRunner:
         if plan.chunk is not None and plan.chunk.sample is not None:
             chunk_token = int(host[0])
         return StepResult(chunk_token=chunk_token,
-                          row_tokens=host[1:1 + len(plan.rows)].astype(np.int32))
+                          row_tokens=host[1:1 + len(plan.rows)].astype(np.int32),
+                          vision_items=launched.vision[0], vision_seconds=launched.vision[1])
 
     def _host_batch(self, unit: PrefillUnit | None, rows: Sequence[DecodeRow], chunk: int,
                     num_rows: int) -> dict:

@@ -102,6 +102,9 @@ class StepPlan:
 class StepResult:
     chunk_token: int | None  # the chunk's sample when it asked for one
     row_tokens: np.ndarray  # int32 [len(rows)]
+    # --vision: items of the chunk's sequence the step encoded, and the encode's seconds
+    vision_items: int = 0
+    vision_seconds: float = 0.0
 
 
 class StepRunner(Protocol):

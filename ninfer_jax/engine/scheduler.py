@@ -624,6 +624,12 @@ class Scheduler:
         if plan.chunk is not None:
             self.counters.prefill_seconds += seconds * prefill_share
             seq = live.get(plan.chunk.seq_id)
+            if result.vision_items:
+                self.counters.vision_items += result.vision_items
+                self.counters.vision_seconds += result.vision_seconds
+                if seq is not None:
+                    seq.counters["vision_items"] += result.vision_items
+                    seq.counters["vision_seconds"] += result.vision_seconds
             if seq is not None:
                 self._apply_chunk(seq, plan.chunk, result.chunk_token)
         if num_rows:

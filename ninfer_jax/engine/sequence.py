@@ -87,6 +87,7 @@ class Sequence:
         # speculative decoding (engine/stats.py's spec_* counters, for this request)
         "spec_rounds": 0, "spec_drafted": 0, "spec_accepted": 0, "spec_fallback_steps": 0,
         "spec_accepted_per_position": [],
+        "vision_items": 0, "vision_seconds": 0.0,  # --vision: encodes of this request's media
     })
     # The drafter's view of `tokens` (speculation.TokenHistory), made on first use.
     history: object = None

@@ -37,7 +37,8 @@ class _Encoded:
 
 class VisionRows:
     def __init__(self, params, config: VisionConfig, *, hidden: int, dtype, max_patches: int,
-                 max_sequences: int, smallest_patches: int = SMALLEST_PATCHES):
+                 max_sequences: int, wait_previous=lambda: None,
+                 smallest_patches: int = SMALLEST_PATCHES):
         self.config, self.hidden, self.dtype = config, hidden, dtype
         self.params = params
         self.num_deepstack = len(config.deepstack_layers)
@@ -53,8 +54,12 @@ class VisionRows:
         self._gather = jax.jit(_gather)
         self._features: collections.OrderedDict[int, _Encoded] = collections.OrderedDict()
         self._zeros: dict[int, tuple] = {}
-        self.encode_seconds = 0.0  # host time spent dispatching encodes (cumulative)
+        # Encodes are timed on the device: the steps launched before one finish first
+        # (wait_previous), then the encode is waited for. The host loses its one-step lead
+        # once per media request, and the request log gets the encode's own time.
+        self.wait_previous = wait_previous
         self.items_encoded = 0  # cumulative; items inside a reused prefix never count
+        self.last_encode = (0, 0.0)  # (items, seconds) of the latest step_rows call
 
     # ------------------------------------------------------------------ compiling
 
@@ -82,6 +87,7 @@ class VisionRows:
     def step_rows(self, unit, rows, chunk: int, num_rows: int) -> MediaRows:
         """The MediaRows of a step: the chunk's vision rows (encoding its items first when
         this sequence has none yet) and every row's MRoPE positions (padding rows at 0)."""
+        self.last_encode = (0, 0.0)
         positions = np.zeros((3, chunk + num_rows), np.int32)
         if unit is not None:
             num = len(unit.tokens)
@@ -132,10 +138,11 @@ class VisionRows:
             raise ValueError(f"{real} patches exceed the largest vision bucket "
                              f"{self.buckets[-1]}")
         pixels = np.concatenate([np.asarray(item.pixel_values, np.float32) for item in items])
+        inputs = grid.vision_inputs(pixels, grids, self.config, num_rows=bucket)
+        self.wait_previous()
         started = time.perf_counter()
-        embeds, deepstack = self._run_encode(
-            grid.vision_inputs(pixels, grids, self.config, num_rows=bucket))
-        self.encode_seconds += time.perf_counter() - started
+        embeds, deepstack = jax.block_until_ready(self._run_encode(inputs))
+        self.last_encode = (len(items), time.perf_counter() - started)
         return _Encoded(embeds=embeds, deepstack=deepstack, base=media.item_rows[needed[0]])
 
     def _empty(self, chunk: int):

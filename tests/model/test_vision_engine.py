@@ -98,7 +98,7 @@ def text_request(name, length=23, salt=50):
 
 
 def generate(runner, requests, *, together=True, reuse=True):
-    """(cache_n, output ids) per request, run through a fresh scheduler on `runner`."""
+    """(cache_n, output ids, counters) per request, run through a fresh scheduler on `runner`."""
     config = EngineConfig(max_concurrency=LANES, prefill_chunk=CHUNK, max_context=CONTEXT,
                           prefix_reuse=reuse)
     scheduler = Scheduler(config, PagePool(runner.num_pages), page_size=PAGE,
@@ -117,7 +117,7 @@ def generate(runner, requests, *, together=True, reuse=True):
         while (event := handle.next_event(timeout=0)) is not None:
             events.append(event)
         assert events[-1].reason == "length", events[-1]
-        results.append((events[0].cache_n, list(events[-1].output_ids)))
+        results.append((events[0].cache_n, list(events[-1].output_ids), events[-1].counters))
     return results
 
 
@@ -172,10 +172,11 @@ PREFILL = jax.jit(llama.prefill, static_argnames=("config", "page_size"))
 
 def test_greedy_media_text_equals_the_one_shot_forward(model):
     request = media_request("a", vision=model.vision)
-    (cache_n, output), = generate(model.runner, [request], reuse=False)
+    (cache_n, output, counters), = generate(model.runner, [request], reuse=False)
     assert output == reference_output(model, request)
+    assert counters["vision_items"] == 2 and counters["vision_seconds"] > 0
     other = media_request("b", image_seed=2, vision=model.vision)
-    (_, other_output), = generate(model.runner, [other], reuse=False)
+    (_, other_output, _), = generate(model.runner, [other], reuse=False)
     assert other_output != output  # the image decides the text: it is not ignored
 
 
@@ -187,12 +188,12 @@ def test_prefix_reuse_needs_the_same_media(model):
     alone = [generate(runner, [r], reuse=False)[0][1] for r in (first, other)]
     encoded = runner.vision.items_encoded
     results = generate(runner, [first, same, other], together=False)
-    (first_n, first_out), (same_n, same_out), (other_n, other_out) = results
+    (first_n, first_out, _), (same_n, same_out, same), (other_n, other_out, _) = results
     image_start = first.media[0].spans[0][0]
     assert first_n == 0 and same_n == (len(first.prompt_ids) - 1) // PAGE * PAGE
     assert same_out == first_out == alone[0]
     # The repeat encodes nothing: both its items lie in the reused pages.
-    assert runner.vision.items_encoded == encoded + 4
+    assert runner.vision.items_encoded == encoded + 4 and same["vision_items"] == 0
     # The other image has the same grid, hence the same pad tokens: only the pages before
     # its first placeholder may come from the cache.
     assert other_n == image_start // PAGE * PAGE
@@ -205,4 +206,4 @@ def test_batched_media_and_text_streams_equal_each_alone(model):
                 text_request("t")]
     alone = [generate(model.runner, [r], reuse=False)[0][1] for r in requests]
     together = generate(model.runner, requests, reuse=False)
-    assert [out for _, out in together] == alone
+    assert [out for _, out, _ in together] == alone
