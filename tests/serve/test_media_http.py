@@ -1,8 +1,8 @@
 """Media through every dialect over HTTP (--vision on the fake-model harness: the fake runner
 takes a request's media as its placeholder tokens; no vision tower). The real openai and
 anthropic SDKs talk to a threaded wsgiref server; media URLs come from a second local HTTP
-server (tests/media_samples.py). Each dialect's parsing, every media error code, token counting with
-media and the GenerationRequest's media field."""
+server (tests/media_samples.py). Each dialect's parsing, every media error code, token
+counting with media and the GenerationRequest's media field."""
 import base64
 import socketserver
 import threading
