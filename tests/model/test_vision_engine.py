@@ -1,5 +1,6 @@
 """Media through the real engine path: a tiny random Qwen3-VL-shaped model (MRoPE text body,
-a tower with deepstack taps) served by the JaxRunner with vision on, driven by the scheduler.
+a tower with deepstack taps; sharpened, tests/vision_models.py, so that its text depends on
+the image) served by the JaxRunner with vision on, driven by the scheduler.
 
 The greedy text of prompts holding images and a two-frame video, prefilled in chunks of 16
 that cut through the media spans and decoded with the MRoPE offset, must equal a one-shot
@@ -31,14 +32,12 @@ from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.step_loop import StepLoop
 from ninfer_jax.model import llama, multimodal
 from ninfer_jax.model.vision import grid, mrope, tower
+from vision_models import sharpen
 
 VOCAB, PAGE, CONTEXT, LANES, CHUNK = 512, 4, 128, 4, 16
 IMAGE, VIDEO, START, END = 500, 501, 502, 503  # placeholder and delimiter ids of this test
 GREEDY = SamplingParams(temperature=0.0)
 MAX_TOKENS = 6
-# Attention and MLP outputs scaled up: at the drawn scale the residual is the last token's
-# embedding and the tiny model repeats one token whatever the context (or the image) says.
-GAIN = 8.0
 IMAGE_GRID, VIDEO_GRID = (1, 4, 6), (2, 4, 4)  # 6 image tokens; 2 frames of 4 tokens
 
 
@@ -49,9 +48,7 @@ def model():
                                  max_position_embeddings=CONTEXT)
     vision = dataclasses.replace(preset.vision, image_token_id=IMAGE, video_token_id=VIDEO,
                                  vision_start_token_id=START, vision_end_token_id=END)
-    params = random_params(config, seed=5, dtype="f32")
-    for layer in params["layers"]:  # see the module docstring
-        layer["wo"], layer["w_down"] = layer["wo"] * GAIN, layer["w_down"] * GAIN
+    params = sharpen(random_params(config, seed=5, dtype="f32"))
     params["vision"] = random_vision_params(vision, seed=6, dtype="f32")
     artifact = types.SimpleNamespace(config=config, params=params, vision_config=vision)
     runner = JaxRunner(artifact, num_pages=96, page_size=PAGE, max_batch=LANES,
