@@ -41,6 +41,12 @@ MAX_TOKENS = 6
 IMAGE_GRID, VIDEO_GRID = (1, 4, 6), (2, 4, 4)  # 6 image tokens; 2 frames of 4 tokens
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _full_precision():
+    with jax.default_matmul_precision("highest"):  # no TF32 rounding when run on a GPU
+        yield
+
+
 @pytest.fixture(scope="module")
 def model():
     preset = PRESETS["qwen3-vl-tiny"]
@@ -53,7 +59,7 @@ def model():
     artifact = types.SimpleNamespace(config=config, params=params, vision_config=vision)
     runner = JaxRunner(artifact, num_pages=96, page_size=PAGE, max_batch=LANES,
                        max_context=CONTEXT, prefill_chunk=CHUNK, step_shapes="essential",
-                       vision=True)
+                       dtype=jnp.float32, vision=True)
     runner.warmup()
     return types.SimpleNamespace(runner=runner, config=config, vision=vision, params=params)
 
