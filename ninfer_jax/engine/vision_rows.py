@@ -33,6 +33,7 @@ class _Encoded:
     embeds: jax.Array  # [M, O] features of the items from `first_item` on, padding after
     deepstack: jax.Array  # [S, M, O]
     base: int  # the PromptMedia feature row of embeds[0]
+    media: PromptMedia  # whose items these are (a seq_id may come again from a new engine)
 
 
 class VisionRows:
@@ -107,11 +108,14 @@ class VisionRows:
     def _chunk_features(self, unit, chunk: int):
         media: PromptMedia = unit.media
         num = len(unit.tokens)
-        rows = media.feature_row[unit.start:unit.start + num]
+        rows = np.full(num, -1, np.int32)  # a replay's chunk may run past the prompt
+        inside = media.feature_row[unit.start:unit.start + num]
+        rows[:len(inside)] = inside
         if not (rows >= 0).any():  # text before or between items: no features yet
             return self._empty(chunk)
         encoded = self._features.get(unit.seq_id)
-        if encoded is None or not _covers(encoded, media, unit.start):
+        if encoded is None or encoded.media is not media or not _covers(encoded, media,
+                                                                        unit.start):
             encoded = self._encode_from(media, unit.start)
             self._features[unit.seq_id] = encoded
             while len(self._features) > self.max_sequences:
@@ -143,7 +147,8 @@ class VisionRows:
         started = time.perf_counter()
         embeds, deepstack = jax.block_until_ready(self._run_encode(inputs))
         self.last_encode = (len(items), time.perf_counter() - started)
-        return _Encoded(embeds=embeds, deepstack=deepstack, base=media.item_rows[needed[0]])
+        return _Encoded(embeds=embeds, deepstack=deepstack, base=media.item_rows[needed[0]],
+                        media=media)
 
     def _empty(self, chunk: int):
         if chunk not in self._zeros:

@@ -70,7 +70,7 @@ def pixels(grid_thw, seed, vision):
         np.float32)
 
 
-def media_request(name, *, image_seed=1, video=True, salt=0, vision):
+def media_request(name, *, image_seed=1, video=True, salt=0, vision, max_tokens=MAX_TOKENS):
     """text, an image, text, (a two-frame video with a timestamp before each frame,) text."""
     rng = np.random.default_rng(100 + salt)
     text = lambda n: rng.integers(1, 400, n).tolist()  # noqa: E731
@@ -92,7 +92,7 @@ def media_request(name, *, image_seed=1, video=True, salt=0, vision):
     if video:
         place("video", VIDEO_GRID, 7, [4, 4])
     ids.extend(text(4))
-    return GenerationRequest(name, ids, GREEDY, MAX_TOKENS, media=tuple(items))
+    return GenerationRequest(name, ids, GREEDY, max_tokens, media=tuple(items))
 
 
 def text_request(name, length=23, salt=50):
@@ -100,11 +100,12 @@ def text_request(name, length=23, salt=50):
     return GenerationRequest(name, ids, GREEDY, MAX_TOKENS)
 
 
-def generate(runner, requests, *, together=True, reuse=True):
-    """(cache_n, output ids, counters) per request, run through a fresh scheduler on `runner`."""
+def generate(runner, requests, *, together=True, reuse=True, num_pages=None, stats=None):
+    """(cache_n, output ids, counters) per request, run through a fresh scheduler on `runner`
+    (a pool of `num_pages`, default the runner's); `stats` gets the scheduler's counters."""
     config = EngineConfig(max_concurrency=LANES, prefill_chunk=CHUNK, max_context=CONTEXT,
                           prefix_reuse=reuse)
-    scheduler = Scheduler(config, PagePool(runner.num_pages), page_size=PAGE,
+    scheduler = Scheduler(config, PagePool(num_pages or runner.num_pages), page_size=PAGE,
                           max_batch=runner.max_batch)
     loop = StepLoop(scheduler, runner)
     handles = []
@@ -114,6 +115,8 @@ def generate(runner, requests, *, together=True, reuse=True):
         if not together:
             _run(scheduler, loop)
     _run(scheduler, loop)
+    if stats is not None:
+        stats.append(scheduler.counters)
     results = []
     for handle in handles:
         events = []
@@ -210,3 +213,16 @@ def test_batched_media_and_text_streams_equal_each_alone(model):
     alone = [generate(model.runner, [r], reuse=False)[0][1] for r in requests]
     together = generate(model.runner, requests, reuse=False)
     assert [out for _, out, _ in together] == alone
+
+
+def test_pauses_replay_media_prompts_without_changing_text(model):
+    """A pool too small for three media prompts decoding at once: paused sequences come back
+    by replay, whose chunks (past the prompt too) re-encode the items they hold."""
+    requests = [media_request(f"p{i}", image_seed=40 + i, salt=i, vision=model.vision,
+                              max_tokens=24) for i in range(3)]
+    alone = [generate(model.runner, [r], reuse=False)[0][1] for r in requests]
+    encoded, stats = model.runner.vision.items_encoded, []
+    squeezed = generate(model.runner, requests, reuse=False, num_pages=26, stats=stats)
+    assert stats[0].preemptions > 0 and stats[0].replayed_tokens > 0
+    assert model.runner.vision.items_encoded > encoded + 6  # the replays encoded again
+    assert [out for _, out, _ in squeezed] == alone
