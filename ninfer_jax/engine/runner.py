@@ -21,7 +21,9 @@ row buckets. `warmup()` compiles, in parallel, the few shapes that can serve any
 (the smallest and largest decode steps, the largest chunk step) before the server reports
 ready; the rest compile after, in a background thread on GPUs (all before ready on CPU, where
 compiles compete with serving for two cores). A step uses the cheapest compiled shape that
-holds it, so it never waits for a compile. With JAX_COMPILATION_CACHE_DIR set, executables go
+holds it, so it never waits for a compile. With `vision` every shape also gets a media
+variant (`steps.packed_media_step`, compiled alongside), which only steps of prompts with
+media and rows after them run (engine/vision_rows.py builds their MediaRows). With JAX_COMPILATION_CACHE_DIR set, executables go
 to JAX's persistent cache and later starts load them from disk.
 """
 from __future__ import annotations
@@ -558,6 +560,7 @@ class JaxRunner:
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
                 "width": self.width, "max_batch": self.max_batch,
                 "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
+                "vision": self.vision.config.to_dict() if self.vision is not None else None,
                 **({"state_slots": self.state_slot_capacity} if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], variant: str = "draws") -> None:

@@ -1,8 +1,9 @@
 """VisionRows: the runner's vision side (--vision): encodes a prompt's media with the tower and
 builds the MediaRows (model/multimodal.py) of every step that needs them.
 
-Threading: engine thread only (the runner calls it from `launch`). Encodes are dispatched
-like steps, so the tower runs on the device between the steps launched before and after it.
+Threading: engine thread only (the runner calls it from `launch`). An encode runs on the
+device between the steps launched before and after it; the host waits for both the earlier
+steps and the encode, so the encode's time is its own (the request log's vision time).
 Memory: the features of a sequence live from its first chunk with media to the chunk that
 passes its last placeholder (then nothing reads them), at most `max_sequences` at a time (a
 prefill cancelled half way leaves its entry behind until it is pushed out).
@@ -30,7 +31,7 @@ SMALLEST_PATCHES = 256
 
 @dataclasses.dataclass(frozen=True)
 class _Encoded:
-    embeds: jax.Array  # [M, O] features of the items from `first_item` on, padding after
+    embeds: jax.Array  # [M, O] features from PromptMedia feature row `base` on, padding after
     deepstack: jax.Array  # [S, M, O]
     base: int  # the PromptMedia feature row of embeds[0]
     media: PromptMedia  # whose items these are (a seq_id may come again from a new engine)
@@ -55,9 +56,7 @@ class VisionRows:
         self._gather = jax.jit(_gather)
         self._features: collections.OrderedDict[int, _Encoded] = collections.OrderedDict()
         self._zeros: dict[int, tuple] = {}
-        # Encodes are timed on the device: the steps launched before one finish first
-        # (wait_previous), then the encode is waited for. The host loses its one-step lead
-        # once per media request, and the request log gets the encode's own time.
+        # The host loses its one-step lead once per media request for that timing.
         self.wait_previous = wait_previous
         self.items_encoded = 0  # cumulative; items inside a reused prefix never count
         self.last_encode = (0, 0.0)  # (items, seconds) of the latest step_rows call
