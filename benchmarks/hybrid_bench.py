@@ -240,7 +240,7 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
     del params  # the runner holds the (cast) tree
     shapes = [(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches]
     shapes.append((runner.chunk_buckets[-1], runner.row_buckets[0]))
-    runner.compile_shapes(shapes)
+    runner.compile_shapes(shapes, media_shapes=shapes[-1:])  # images: the chunk step only
     header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context}
     emit({**header, "op": "setup", "param_bytes": hybrid_costs.tree_bytes(runner.params),
           "params_s": made - started, "compile_s": time.perf_counter() - made,

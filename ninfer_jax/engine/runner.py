@@ -524,18 +524,23 @@ class JaxRunner:
         finally:
             self.compile_done.set()
 
-    def compile_shapes(self, shapes) -> None:
+    def compile_shapes(self, shapes, media_shapes=None) -> None:
         """Compile these (chunk, rows) shapes now, in parallel, with their greedy variants
+        and, with vision, the media variants of `media_shapes` (default: all of them)
         (benchmarks pin exact shapes)."""
         shapes = list(shapes)
         greedy = set(self.greedy_shapes())
-        self._compile_all(shapes, [shape for shape in shapes if shape in greedy])
+        self._compile_all(shapes, [shape for shape in shapes if shape in greedy],
+                          media_shapes=media_shapes)
 
-    def _compile_all(self, shapes, greedy_shapes=(), threads: int | None = None) -> None:
-        """Compile the shapes, then the greedy variants of `greedy_shapes`, `threads` at a
-        time (default: compile_threads)."""
+    def _compile_all(self, shapes, greedy_shapes=(), threads: int | None = None,
+                     media_shapes=None) -> None:
+        """Compile the shapes, then the greedy variants of `greedy_shapes` and the media
+        variants of `media_shapes` (default: `shapes`, with vision), `threads` at a time
+        (default: compile_threads)."""
+        media = self._media_shapes(shapes if media_shapes is None else media_shapes)
         jobs = ([(shape, "draws") for shape in shapes] + [(s, "greedy") for s in greedy_shapes]
-                + [(s, "media") for s in self._media_shapes(shapes)])
+                + [(s, "media") for s in media])
         threads = threads or self.compile_threads
         if len(jobs) <= 1 or threads <= 1:
             for job in jobs:
