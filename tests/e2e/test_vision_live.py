@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures
-import json
 
 import anthropic
 import httpx
 import openai
 import pytest
 
-from conftest import FEW_SHAPES, start_server
+from conftest import FEW_SHAPES, log_records, start_server
 from media_samples import PNG_B64, PNG_URI, VIDEO_URI, media_url, png  # noqa: F401 (fixture)
 from ninfer_jax.artifact.format import save_artifact
 from ninfer_jax.artifact.random_init import init_random
@@ -66,9 +65,11 @@ def uri(data: bytes) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode()
 
 
-def log_records(server, event):
-    lines = server.request_log.read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["event"] == event]
+def logged(server, reply, event) -> dict:
+    """The request-log `event` line of a chat completion."""
+    found = log_records(server.request_log, reply.id.removeprefix("chatcmpl-"), event)
+    assert len(found) == 1, found
+    return found[0]
 
 
 def test_image_by_data_uri_and_by_url_generate_alike(vision_server, media_url):
@@ -110,7 +111,9 @@ def test_anthropic_image_and_both_count_endpoints(vision_server):
         "model": vision_server.model_id, "input": [{"role": "user", "content": [
             {"type": "input_image", "image_url": PNG_URI},
             {"type": "input_text", "text": "What is it?"}]}]}).json()
-    assert responses["input_tokens"] > IMAGE_TOKENS
+    chat_usage = chat(vision_server, [image(), {"type": "text", "text": "What is it?"}]).usage
+    assert responses["input_tokens"] == counted.input_tokens == chat_usage.prompt_tokens
+    assert counted.input_tokens > IMAGE_TOKENS
 
 
 @pytest.mark.parametrize("content,status,code", [
@@ -142,16 +145,15 @@ def test_repeated_image_reuses_its_prefix_and_another_image_does_not(vision_serv
     # tokens) only the text pages before it.
     assert repeat_cached >= again.usage.prompt_tokens - 16
     assert 0 < other_cached <= repeat_cached - IMAGE_TOKENS
-    done = log_records(vision_server, "request_done")[-3:]
+    done = [logged(vision_server, reply, "request_done") for reply in (first, again, other)]
     assert [r["media"]["items_encoded"] for r in done] == [1, 0, 1]  # the repeat: none
     assert done[0]["timings_seconds"]["vision"] > 0
 
 
 def test_request_log_shows_the_media_cache_hit(vision_server):
     data = uri(png(seed=21))
-    for _ in range(2):
-        chat(vision_server, [image(data)], max_tokens=1)
-    first, second = (r["media"] for r in log_records(vision_server, "request_start")[-2:])
+    replies = [chat(vision_server, [image(data)], max_tokens=1) for _ in range(2)]
+    first, second = (logged(vision_server, r, "request_start")["media"] for r in replies)
     assert (first["cache_misses"], first["cache_hits"]) == (1, 0)
     assert (second["cache_misses"], second["cache_hits"]) == (0, 1)
     metrics = httpx.get(vision_server.url + "/metrics").text
