@@ -9,6 +9,10 @@ passes its last placeholder (then nothing reads them), at most `max_sequences` a
 prefill cancelled half way leaves its entry behind until it is pushed out).
 Shapes: the tower compiles per patch-row bucket (powers of two from `smallest_patches`);
 the per-chunk gather of feature rows compiles per (feature bucket, chunk bucket).
+Memory: the tower's attention is dense over one call's rows (segment-masked to each frame),
+so a request's frames (an image is one, a video t) are packed into calls of at most
+`ENCODE_PATCHES` patch rows (a larger frame alone): frames never attend to each other, so
+the features equal one joint encode, and the scores stay bounded whatever the request holds.
 Shape letters: C chunk tokens, N = C + B step rows, M feature rows, O text hidden, S deepstack.
 """
 from __future__ import annotations
@@ -27,20 +31,31 @@ from ninfer_jax.model.vision import grid, tower
 from ninfer_jax.model.vision.config import VisionConfig
 
 SMALLEST_PATCHES = 256
+# Patch rows per tower call: 16 heads' f32 scores over 8,192 rows are 4.3 GB.
+ENCODE_PATCHES = 8192
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    """One tower call's output: feature rows [first, first + num) of the PromptMedia."""
+
+    embeds: jax.Array  # [M, O], padding rows after the num real ones
+    deepstack: jax.Array  # [S, M, O]
+    first: int
+    num: int
 
 
 @dataclasses.dataclass(frozen=True)
 class _Encoded:
-    embeds: jax.Array  # [M, O] features from PromptMedia feature row `base` on, padding after
-    deepstack: jax.Array  # [S, M, O]
-    base: int  # the PromptMedia feature row of embeds[0]
+    parts: tuple[_Part, ...]
+    base: int  # the first feature row encoded (items before it lie in reused KV)
     media: PromptMedia  # whose items these are (a seq_id may come again from a new engine)
 
 
 class VisionRows:
     def __init__(self, params, config: VisionConfig, *, hidden: int, dtype, max_patches: int,
                  max_sequences: int, wait_previous=lambda: None,
-                 smallest_patches: int = SMALLEST_PATCHES):
+                 smallest_patches: int = SMALLEST_PATCHES, encode_patches: int = ENCODE_PATCHES):
         self.config, self.hidden, self.dtype = config, hidden, dtype
         self.params = params
         self.num_deepstack = len(config.deepstack_layers)
@@ -52,6 +67,7 @@ class VisionRows:
         unit = config.merge_unit
         self.buckets = tuple(-(-s // unit) * unit for s in sizes + [max_patches])
         self.max_sequences = max_sequences
+        self.encode_patches = encode_patches
         self._encode = jax.jit(tower.encode, static_argnames="config")
         self._gather = jax.jit(_gather)
         self._features: collections.OrderedDict[int, _Encoded] = collections.OrderedDict()
@@ -107,9 +123,10 @@ class VisionRows:
     def _chunk_features(self, unit, chunk: int):
         media: PromptMedia = unit.media
         num = len(unit.tokens)
-        rows = np.full(num, -1, np.int32)  # a replay's chunk may run past the prompt
-        inside = media.feature_row[unit.start:unit.start + num]
-        rows[:len(inside)] = inside
+        # The feature row of each chunk row, -1 past the prompt (a replay's chunk may be).
+        rows = np.full(chunk, -1, np.int32)
+        prompt_rows = media.feature_row[unit.start:unit.start + num]
+        rows[:len(prompt_rows)] = prompt_rows
         if not (rows >= 0).any():  # text before or between items: no features yet
             return self._empty(chunk)
         encoded = self._features.get(unit.seq_id)
@@ -119,35 +136,66 @@ class VisionRows:
             self._features[unit.seq_id] = encoded
             while len(self._features) > self.max_sequences:
                 self._features.popitem(last=False)
-        index = np.zeros(chunk, np.int32)
-        is_media = np.zeros(chunk, bool)
-        is_media[:num] = rows >= 0
-        index[:num] = np.where(rows >= 0, rows - encoded.base, 0)
         if unit.start + num >= media.end:  # no later chunk reads them
             self._features.pop(unit.seq_id, None)
-        embeds, deepstack = self._gather(encoded.embeds, encoded.deepstack, index, is_media)
-        return embeds, is_media, deepstack
+        embeds, deepstack = self._gather_rows(encoded.parts, rows)
+        return embeds, rows >= 0, deepstack
+
+    def _gather_rows(self, parts, rows):
+        """Feature rows `rows` [C] (-1: none) as ([C, O], [S, C, O]): the sum of each part's
+        gather, zeros where a part does not hold the row."""
+        embeds = deepstack = None
+        for part in parts:
+            held = (rows >= part.first) & (rows < part.first + part.num)
+            if not held.any():
+                continue
+            got = self._gather(part.embeds, part.deepstack,
+                               np.where(held, rows - part.first, 0), held)
+            embeds, deepstack = got if embeds is None else (embeds + got[0],
+                                                            deepstack + got[1])
+        return embeds, deepstack
 
     def _encode_from(self, media: PromptMedia, start: int) -> _Encoded:
         """Encode the items that end after `start`: those before it are in the KV already
         (a prefix hit, or earlier chunks), so they are not encoded again."""
         needed = [i for i, end in enumerate(media.item_ends) if end > start]
-        items = [media.items[i] for i in needed]
-        self.items_encoded += len(items)
-        grids = [tuple(item.grid_thw) for item in items]
-        real = grid.num_patches(grids)
-        bucket = next((b for b in self.buckets if b >= real), None)
-        if bucket is None:
-            raise ValueError(f"{real} patches exceed the largest vision bucket "
-                             f"{self.buckets[-1]}")
-        pixels = np.concatenate([np.asarray(item.pixel_values, np.float32) for item in items])
-        inputs = grid.vision_inputs(pixels, grids, self.config, num_rows=bucket)
+        self.items_encoded += len(needed)
+        calls = self._pack_frames(media, needed)
         self.wait_previous()
         started = time.perf_counter()
-        embeds, deepstack = jax.block_until_ready(self._run_encode(inputs))
-        self.last_encode = (len(items), time.perf_counter() - started)
-        return _Encoded(embeds=embeds, deepstack=deepstack, base=media.item_rows[needed[0]],
-                        media=media)
+        parts = []
+        for frames in calls:
+            grids = [(1, h, w) for _, _, h, w in frames]
+            real = grid.num_patches(grids)
+            bucket = next((b for b in self.buckets if b >= real), None)
+            if bucket is None:
+                raise ValueError(f"{real} patches exceed the largest vision bucket "
+                                 f"{self.buckets[-1]}")
+            pixels = np.concatenate([rows for _, rows, _, _ in frames])
+            embeds, deepstack = self._run_encode(
+                grid.vision_inputs(pixels, grids, self.config, num_rows=bucket))
+            parts.append(_Part(embeds, deepstack, first=frames[0][0],
+                               num=real // self.config.merge_unit))
+        jax.block_until_ready([(part.embeds, part.deepstack) for part in parts])
+        self.last_encode = (len(needed), time.perf_counter() - started)
+        return _Encoded(parts=tuple(parts), base=media.item_rows[needed[0]], media=media)
+
+    def _pack_frames(self, media: PromptMedia, items) -> list[list[tuple]]:
+        """The items' frames (first feature row, pixel rows, h, w), in feature order, packed
+        into tower calls of at most encode_patches patch rows (a larger frame alone)."""
+        calls, current, size = [], [], 0
+        for index in items:
+            item = media.items[index]
+            t, h, w = item.grid_thw
+            pixels = np.asarray(item.pixel_values, np.float32)
+            for frame in range(t):
+                if current and size + h * w > self.encode_patches:
+                    calls.append(current)
+                    current, size = [], 0
+                first = media.item_rows[index] + frame * h * w // self.config.merge_unit
+                current.append((first, pixels[frame * h * w:(frame + 1) * h * w], h, w))
+                size += h * w
+        return calls + [current]
 
     def _empty(self, chunk: int):
         if chunk not in self._zeros:

@@ -226,3 +226,17 @@ def test_pauses_replay_media_prompts_without_changing_text(model):
     assert stats[0].preemptions > 0 and stats[0].replayed_tokens > 0
     assert model.runner.vision.items_encoded > encoded + 6  # the replays encoded again
     assert [out for _, out, _ in squeezed] == alone
+
+
+def test_frames_in_separate_tower_calls_give_the_same_text(model):
+    """With a 16-patch call budget the image (24 patches) and each video frame (16) encode
+    in calls of their own, and chunks gather across them: the text is unchanged."""
+    request = media_request("a", vision=model.vision)
+    joint = generate(model.runner, [request], reuse=False)[0][1]
+    vision = model.runner.vision
+    vision.encode_patches, default = 16, vision.encode_patches
+    try:
+        split = generate(model.runner, [request], reuse=False)[0][1]
+    finally:
+        vision.encode_patches = default
+    assert split == joint
