@@ -291,6 +291,7 @@ class JaxRunner:
         MediaRows (model/multimodal.py), used only by steps that hold media or rows after a
         prompt with media; text steps keep the plain executables."""
         self.accepts_media = vision
+        self.max_frame_patches = None  # with vision: vision_rows.MAX_FRAME_PATCHES
         self.vision = None
         if not vision:
             return
@@ -298,9 +299,10 @@ class JaxRunner:
             raise ValueError("vision needs an artifact loaded with its vision component")
         if self.mesh is not None:
             raise ValueError("the vision tower is not built for tensor parallelism")
-        from ninfer_jax.engine.vision_rows import VisionRows
+        from ninfer_jax.engine.vision_rows import MAX_FRAME_PATCHES, VisionRows
         from ninfer_jax.model.vision.grid import MAX_PATCHES
 
+        self.max_frame_patches = MAX_FRAME_PATCHES
         self.vision = VisionRows(steps.cast_params(artifact.params["vision"], self.dtype),
                                  artifact.vision_config, hidden=self.config.hidden_size,
                                  dtype=self.dtype, max_patches=MAX_PATCHES,

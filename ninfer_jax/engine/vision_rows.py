@@ -33,6 +33,9 @@ from ninfer_jax.model.vision.config import VisionConfig
 SMALLEST_PATCHES = 256
 # Patch rows per tower call: 16 heads' f32 scores over 8,192 rows are 4.3 GB.
 ENCODE_PATCHES = 8192
+# The largest frame the engine takes (a 2,048 x 2,048 image): alone in its call, its scores
+# are 17 GB; the processors' own limit (4,096 x 4,096, 65,536 patches) would need 275 GB.
+MAX_FRAME_PATCHES = 16384
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ import pytest
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params, random_vision_params
 from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.engine import Engine
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import (
     GenerationRequest, MediaInput, RequestHandle, SamplingParams,
@@ -30,6 +31,8 @@ from ninfer_jax.engine.request import (
 from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.step_loop import StepLoop
+from ninfer_jax.engine.vision_rows import MAX_FRAME_PATCHES
+from ninfer_jax.errors import MediaBudgetExceeded
 from ninfer_jax.model import llama, multimodal
 from ninfer_jax.model.vision import grid, mrope, tower
 from vision_models import sharpen
@@ -240,3 +243,14 @@ def test_frames_in_separate_tower_calls_give_the_same_text(model):
     finally:
         vision.encode_patches = default
     assert split == joint
+
+
+def test_frames_over_the_tower_limit_are_refused_at_submit(model):
+    """A frame past MAX_FRAME_PATCHES would need the dense attention's scores of more than
+    the device holds: media_budget_exceeded, before anything runs."""
+    engine = Engine(model.runner, EngineConfig(max_concurrency=LANES, max_context=CONTEXT))
+    request = media_request("big", video=False, vision=model.vision)
+    side = int(MAX_FRAME_PATCHES ** 0.5) + 2  # even, so the merge still divides it
+    huge = dataclasses.replace(request.media[0], grid_thw=(1, side, side))
+    with pytest.raises(MediaBudgetExceeded, match="patches per frame"):
+        engine.submit(dataclasses.replace(request, media=(huge,)))
