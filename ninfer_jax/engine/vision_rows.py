@@ -31,11 +31,16 @@ from ninfer_jax.model.vision import grid, tower
 from ninfer_jax.model.vision.config import VisionConfig
 
 SMALLEST_PATCHES = 256
-# Patch rows per tower call: 16 heads' f32 scores over 8,192 rows are 4.3 GB.
-ENCODE_PATCHES = 8192
-# The largest frame the engine takes (a 2,048 x 2,048 image): alone in its call, its scores
-# are 17 GB; the processors' own limit (4,096 x 4,096, 65,536 patches) would need 275 GB.
-MAX_FRAME_PATCHES = 16384
+# Patch rows per tower call: 16 heads' f32 scores over 8,192 rows are 4.3 GB. It is also
+# the largest frame the engine takes (about 1,448 x 1,448 pixels): the processors' own limit
+# (4,096 x 4,096, 65,536 patches) would need 275 GB of scores in one call.
+ENCODE_PATCHES = MAX_FRAME_PATCHES = 8192
+
+
+def encode_scratch_bytes(config: VisionConfig) -> int:
+    """Device memory one tower call may take beyond the weights: the f32 attention scores of
+    its largest call and their softmax (kept free of the KV pool, serve/kv_sizing.py)."""
+    return 2 * config.num_heads * ENCODE_PATCHES ** 2 * 4
 
 
 @dataclasses.dataclass(frozen=True)
