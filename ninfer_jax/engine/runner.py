@@ -300,13 +300,11 @@ class JaxRunner:
         if self.mesh is not None:
             raise ValueError("the vision tower is not built for tensor parallelism")
         from ninfer_jax.engine.vision_rows import MAX_FRAME_PATCHES, VisionRows
-        from ninfer_jax.model.vision.grid import MAX_PATCHES
 
         self.max_frame_patches = MAX_FRAME_PATCHES
         self.vision = VisionRows(steps.cast_params(artifact.params["vision"], self.dtype),
                                  artifact.vision_config, hidden=self.config.hidden_size,
-                                 dtype=self.dtype, max_patches=MAX_PATCHES,
-                                 max_sequences=4 * max_batch,
+                                 dtype=self.dtype, max_sequences=4 * max_batch,
                                  wait_previous=lambda: self._prev_out.block_until_ready())
         self._media_jitted = jax.jit(steps.packed_media_step,
                                      static_argnames=("config", "page_size", "layout", "draws",
@@ -450,8 +448,8 @@ class JaxRunner:
             self._run_padding(self._executables[shape], shape)
         for shape in self._media_shapes(essential):
             self._run_padding(self._media_executables[shape], shape, media=True)
-        if self.vision is not None:
-            self.vision.warm()
+        if self.vision is not None:  # "essential": the smallest encode bucket only
+            self.vision.warm(every_bucket=self.step_shape_set == "all")
         self.kv = self._placed(self._page_store.warm(self.kv))  # the host tier's first copies
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes

@@ -7,8 +7,10 @@ steps and the encode, so the encode's time is its own (the request log's vision 
 Memory: the features of a sequence live from its first chunk with media to the chunk that
 passes its last placeholder (then nothing reads them), at most `max_sequences` at a time (a
 prefill cancelled half way leaves its entry behind until it is pushed out).
-Shapes: the tower compiles per patch-row bucket (powers of two from `smallest_patches`);
-the per-chunk gather of feature rows compiles per (feature bucket, chunk bucket).
+Shapes: the tower compiles per patch-row bucket (powers of two from `smallest_patches` up to
+the largest call); `warm(every_bucket=True)` compiles them all before the server is ready,
+else only the smallest (the rest on first use). The per-chunk gather of feature rows compiles
+per (feature bucket, chunk bucket) on first use (a small gather).
 Memory: the tower's attention is dense over one call's rows (segment-masked to each frame),
 so a request's frames (an image is one, a video t) are packed into calls of at most
 `ENCODE_PATCHES` patch rows (a larger frame alone): frames never attend to each other, so
@@ -18,6 +20,7 @@ Shape letters: C chunk tokens, N = C + B step rows, M feature rows, O text hidde
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 import time
 
@@ -61,19 +64,20 @@ class _Encoded:
 
 
 class VisionRows:
-    def __init__(self, params, config: VisionConfig, *, hidden: int, dtype, max_patches: int,
-                 max_sequences: int, wait_previous=lambda: None,
-                 smallest_patches: int = SMALLEST_PATCHES, encode_patches: int = ENCODE_PATCHES):
+    def __init__(self, params, config: VisionConfig, *, hidden: int, dtype, max_sequences: int,
+                 wait_previous=lambda: None, smallest_patches: int = SMALLEST_PATCHES,
+                 encode_patches: int = ENCODE_PATCHES):
         self.config, self.hidden, self.dtype = config, hidden, dtype
         self.params = params
         self.num_deepstack = len(config.deepstack_layers)
-        smallest = min(smallest_patches, max_patches)
+        smallest = min(smallest_patches, encode_patches)
         sizes, size = [], smallest
-        while size < max_patches:
+        while size < encode_patches:
             sizes.append(size)
             size *= 2
         unit = config.merge_unit
-        self.buckets = tuple(-(-s // unit) * unit for s in sizes + [max_patches])
+        self.buckets = tuple(-(-s // unit) * unit for s in sizes + [encode_patches])
+        self._compiled: dict[int, object] = {}  # bucket -> executable compiled at warm-up
         self.max_sequences = max_sequences
         self.encode_patches = encode_patches
         self._encode = jax.jit(tower.encode, static_argnames="config")
@@ -87,9 +91,18 @@ class VisionRows:
 
     # ------------------------------------------------------------------ compiling
 
-    def warm(self) -> None:
-        """Compile and run the smallest encode bucket (others compile on first use)."""
-        self._run_encode(self._example(self.buckets[0]))
+    def warm(self, every_bucket: bool = True) -> None:
+        """Compile the encode buckets (all, or only the smallest) in parallel, then run the
+        smallest once."""
+        buckets = self.buckets if every_bucket else self.buckets[:1]
+
+        def compile_bucket(bucket):
+            return bucket, self._encode.lower(self.params, self._example(bucket),
+                                              config=self.config).compile()
+
+        with concurrent.futures.ThreadPoolExecutor(min(4, len(buckets))) as pool:
+            self._compiled.update(pool.map(compile_bucket, buckets))
+        jax.block_until_ready(self._run_encode(self._example(self.buckets[0])))
 
     def example_rows(self, chunk: int, rows: int) -> MediaRows:
         """A MediaRows of the step shape (chunk, rows) for lowering and padding runs."""
@@ -104,6 +117,9 @@ class VisionRows:
                                   grids, self.config)
 
     def _run_encode(self, inputs: grid.VisionInputs):
+        compiled = self._compiled.get(inputs.segment.shape[0])
+        if compiled is not None:
+            return compiled(self.params, inputs)
         return self._encode(self.params, inputs, config=self.config)
 
     # ------------------------------------------------------------------ steps

@@ -23,7 +23,6 @@ import numpy as np
 from ninfer_jax.model.vision.config import VisionConfig
 
 PAD_SEGMENT = -1  # the segment of padding rows: they never attend to a real patch
-MAX_PATCHES = 131072  # patch rows of one request's encode (the serving envelope, spec)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,7 +25,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ninfer_jax.errors import MediaBudgetExceeded, NinferError, QueueTimeout
-from ninfer_jax.model.vision import grid
 from ninfer_jax.serve.media import decode, preprocess, sources
 from ninfer_jax.serve.media.cache import Lease, PayloadCache
 from ninfer_jax.serve.media.preprocess import VisionProcessing
@@ -36,7 +35,7 @@ MIB = 1 << 20
 MAX_POOL_THREADS = 16  # --media-preprocess-threads 0: at most this many
 # The vision runtime's envelope per request (spec: 32,768 merged tokens, 131,072 patches).
 MAX_VISION_TOKENS = 32768
-MAX_RAW_PATCHES = grid.MAX_PATCHES  # the runner's largest encode bucket
+MAX_RAW_PATCHES = 131072
 MAX_DECODED_PIXELS = 1 << 28  # one item's decoded pixels (all sampled frames of a video)
 # The most prepared bytes one request can hold: the patch envelope in f32 rows of 1,536.
 MAX_REQUEST_PAYLOAD_BYTES = MAX_RAW_PATCHES * 1536 * 4
