@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from ninfer_jax.engine.prompt_media import PromptMedia
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 
@@ -42,6 +43,9 @@ class PrefillUnit:
     page_table: np.ndarray  # int32 [num pages covering start + T positions]
     sample: SampleSpec | None
     state_slot: int = DUMMY_STATE_SLOT  # hybrid models: holds the state after [0, start)
+    # The sequence's prompt media (prompt_media.py): MRoPE positions for every chunk, and
+    # the items a chunk's placeholders need, which the runner encodes and feeds.
+    media: PromptMedia | None = None
 
 
 class DecodeRow(NamedTuple):
@@ -59,6 +63,7 @@ class DecodeRow(NamedTuple):
     # (`CHUNK_SLOT` for its chunk, else that plan's row index). `token` is then ignored.
     from_previous: int | None = None
     state_slot: int = DUMMY_STATE_SLOT  # hybrid models: holds the state after [0, position)
+    rope_delta: int = 0  # after a prompt with media: its MRoPE offset (prompt_media.py)
 
 
 CHUNK_SLOT = -1  # DecodeRow.from_previous naming the previous step's chunk sample
@@ -97,6 +102,9 @@ class StepPlan:
 class StepResult:
     chunk_token: int | None  # the chunk's sample when it asked for one
     row_tokens: np.ndarray  # int32 [len(rows)]
+    # --vision: items of the chunk's sequence the step encoded, and the encode's seconds
+    vision_items: int = 0
+    vision_seconds: float = 0.0
 
 
 class PageCopyError(Exception):

@@ -68,6 +68,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ninfer_jax.engine import prompt_media
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE, HostPagePool, StateCopy
 from ninfer_jax.engine.lifecycle import Lifecycle, TokenPolicyError
@@ -147,6 +148,8 @@ class Scheduler:
         request = handle.request
         seq = Sequence(self._next_seq_id, handle, list(request.prompt_ids),
                        len(request.prompt_ids))
+        if request.media:  # checked by Engine.submit; text prompts skip this entirely
+            seq.media = prompt_media.build(request.media, seq.num_prompt, request.prompt_ids)
         # Pages up to the last explicit breakpoint are kept longest; `mode: explicit`
         # requests publish nothing past it (no automatic write).
         seq.keep_pages = max(request.cache_breakpoints, default=0) // self.page_size
@@ -314,17 +317,18 @@ class Scheduler:
             sample = self._sample_spec(seq)
         return PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
                            start=start, page_table=self._page_table(seq), sample=sample,
-                           state_slot=seq.state_slot)
+                           state_slot=seq.state_slot, media=seq.media)
 
     def _decode_row(self, seq: Sequence) -> DecodeRow:
         position = seq.num_total - 1
         if seq.pending_slots:
             return DecodeRow(seq_id=seq.seq_id, token=0, position=position,
                              page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                             from_previous=seq.pending_slots[-1], state_slot=seq.state_slot)
+                             from_previous=seq.pending_slots[-1], state_slot=seq.state_slot,
+                             rope_delta=seq.rope_delta)
         return DecodeRow(seq_id=seq.seq_id, token=seq.tokens[-1], position=position,
                          page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                         state_slot=seq.state_slot)
+                         state_slot=seq.state_slot, rope_delta=seq.rope_delta)
 
     @staticmethod
     def _page_table(seq: Sequence) -> np.ndarray:
@@ -581,7 +585,7 @@ class Scheduler:
         if self.cache is None:
             return 0
         if self.checkpoints is None:
-            pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq))
+            pages, last_node = self.cache.match(seq.cache_tokens, self._max_cached_pages(seq))
         else:
             pages, last_node = self._match_checkpointed(seq)
         seq.pages = pages
@@ -592,10 +596,10 @@ class Scheduler:
         """A hybrid's match: pages (spilled ones loaded back) only up to the deepest node
         with a checkpoint in either tier, whose state starts the sequence (`state_source`)."""
         limit = (len(seq.tokens) - 1) // self.page_size
-        depth = self.checkpoints.deepest(self.cache.chain(seq.tokens, limit, host=True))
-        pages, last_node = self.cache.match(seq.tokens, depth)
+        depth = self.checkpoints.deepest(self.cache.chain(seq.cache_tokens, limit, host=True))
+        pages, last_node = self.cache.match(seq.cache_tokens, depth)
         if len(pages) < depth:  # the device pool could not take every spilled page back
-            ids = self.cache.chain(seq.tokens, len(pages))
+            ids = self.cache.chain(seq.cache_tokens, len(pages))
             usable = self.checkpoints.deepest(ids)
             self.pool.release(pages[usable:])
             pages, last_node = pages[:usable], (ids[usable - 1] if usable else ROOT)
@@ -608,7 +612,7 @@ class Scheduler:
         limit = (len(seq.tokens) - 1) // self.page_size
         if self.checkpoints is None:
             return limit
-        return self.checkpoints.deepest(self.cache.chain(seq.tokens, limit))
+        return self.checkpoints.deepest(self.cache.chain(seq.cache_tokens, limit))
 
     def _fits(self, seq: Sequence, headroom: int = 0) -> bool:
         """Whether the pages `seq` needs up to its first sample (or, after a pause, up to and
@@ -622,7 +626,7 @@ class Scheduler:
         available = self.pool.num_free - promised
         if self.cache is not None and need > available:
             matched, matched_reclaimable = self.cache.count_cached(
-                seq.tokens, self._max_cached_pages(seq))
+                seq.cache_tokens, self._max_cached_pages(seq))
             # Its own cached pages are reused, so they are not also free for it.
             need -= matched
             available += self._num_cache_only_pages() - matched_reclaimable
@@ -660,6 +664,12 @@ class Scheduler:
         if plan.chunk is not None:
             self.counters.prefill_seconds += seconds * prefill_share
             seq = live.get(plan.chunk.seq_id)
+            if result.vision_items:
+                self.counters.vision_items += result.vision_items
+                self.counters.vision_seconds += result.vision_seconds
+                if seq is not None:
+                    seq.counters["vision_items"] += result.vision_items
+                    seq.counters["vision_seconds"] += result.vision_seconds
             if seq is not None:
                 self._apply_chunk(seq, plan.chunk, result.chunk_token)
         if num_rows:
@@ -719,7 +729,7 @@ class Scheduler:
             if seq.publish_limit is not None:
                 computed = min(computed, seq.publish_limit)
             if computed // self.page_size > seq.cache_cursor[0]:  # a page filled up since
-                seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages, computed,
+                seq.cache_cursor = self.cache.publish(seq.cache_tokens, seq.pages, computed,
                                                       seq.cache_cursor, seq.keep_pages)
 
     def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:

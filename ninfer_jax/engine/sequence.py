@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from ninfer_jax.engine.prompt_media import MediaKeyedTokens, PromptMedia
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 
@@ -87,9 +88,24 @@ class Sequence:
         # speculative decoding (engine/stats.py's spec_* counters, for this request)
         "spec_rounds": 0, "spec_drafted": 0, "spec_accepted": 0, "spec_fallback_steps": 0,
         "spec_accepted_per_position": [],
+        "vision_items": 0, "vision_seconds": 0.0,  # --vision: encodes of this request's media
     })
     # The drafter's view of `tokens` (speculation.TokenHistory), made on first use.
     history: object = None
+    # Prompts with images or video: MRoPE positions, feature rows, prefix-cache marks
+    # (engine/prompt_media.py); None for text.
+    media: PromptMedia | None = None
+
+    @property
+    def rope_delta(self) -> int:
+        """What decode rows add to their position on the three MRoPE axes (0: text)."""
+        return 0 if self.media is None else self.media.rope_delta
+
+    @property
+    def cache_tokens(self):
+        """`tokens` as the prefix cache keys them: media placeholders carry their digest."""
+        return self.tokens if self.media is None else MediaKeyedTokens(self.tokens,
+                                                                       self.media.marks)
 
     @property
     def request(self) -> GenerationRequest:

@@ -42,6 +42,9 @@ class EngineCounters:
     spec_accepted_tokens: int = 0
     spec_fallback_steps: int = 0
     prefill_seconds: float = 0.0  # time inside runner.prefill
+    # --vision: media items run through the vision tower and the device time of their encodes
+    vision_items: int = 0
+    vision_seconds: float = 0.0
     decode_seconds: float = 0.0  # time inside runner.decode
     requests: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     decode_batch_sizes: dict = dataclasses.field(default_factory=dict)  # size -> rounds
@@ -112,6 +115,8 @@ class EngineStats:
     spec_accepted_tokens: int
     spec_fallback_steps: int
     prefill_seconds: float
+    vision_items: int
+    vision_seconds: float
     decode_seconds: float
     requests: dict  # outcome -> count
     decode_batch_sizes: dict  # batch size -> rounds

@@ -20,6 +20,7 @@ from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FOR
 from ninfer_jax.model import (gemma, glm, hybrid, llama, nemotron_h, sampling,
                               tensor_parallel)
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
 
@@ -31,7 +32,8 @@ FAMILIES = {"llama": llama, "qwen3": llama,
 
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
-                config: ModelConfig, page_size: int, draws: bool = True, mesh=None):
+                config: ModelConfig, page_size: int, draws: bool = True, mesh=None,
+                media: MediaRows | None = None):
     """One ragged step (see llama.ragged); returns (out int32 [1 + max_rows], kv).
 
     prev_out: the previous step's `out` (int32 [1 + max_rows], any values before the first
@@ -39,15 +41,19 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     1 + B rows: the chunk, then the row tokens. out[0] is the token after the chunk's last real
     token (meaningless when C == 0), out[1 + i] the token after row token i, and entries past
     1 + B are zero. `draws=False` compiles greedy sampling only (sampling.sample). `mesh`:
-    the tensor-parallel mesh (model/tensor_parallel.py); sampling reads the gathered logits."""
+    the tensor-parallel mesh (model/tensor_parallel.py); sampling reads the gathered logits.
+    `media` (model/multimodal.py): vision rows and MRoPE positions of a step with media."""
     num_rows = batch.row_tokens.shape[0]
     if num_rows > prev_out.shape[0] - 1:
         raise ValueError(f"{num_rows} row tokens exceed max_rows={prev_out.shape[0] - 1}")
     family = FAMILIES[config.architecture]
     # the mesh only when there is one: a family (or a test's stub) without tensor
     # parallelism keeps the plain signature
+    extra = {} if mesh is None else {"mesh": mesh}
+    if media is not None:
+        extra["media"] = media
     logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size,
-                               **({} if mesh is None else {"mesh": mesh}))
+                               **extra)
     logits = tensor_parallel.replicated(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
@@ -61,6 +67,16 @@ def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig
     batch, sampling_batch = unpack(layout, ints, floats, bias)
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                        page_size=page_size, draws=draws, mesh=mesh)
+
+
+def packed_media_step(params, kv, prev_out, ints, floats, bias, media: MediaRows, *,
+                      config: ModelConfig, page_size: int, layout: PackedLayout,
+                      draws: bool = True, mesh=None):
+    """`packed_step` of a step that holds media rows or rows after a prompt with media: the
+    same inputs plus the step's MediaRows (compiled only when serving with --vision)."""
+    batch, sampling_batch = unpack(layout, ints, floats, bias)
+    return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
+                       page_size=page_size, draws=draws, mesh=mesh, media=media)
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

@@ -80,7 +80,8 @@ def build_engine(config: ServeConfig):
         # The device runtime starts (seconds on a GPU) while the weights are read.
         runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
         runtime.start()
-        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums)
+        artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
+                                 vision=config.vision)
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
@@ -100,6 +101,7 @@ def build_engine(config: ServeConfig):
                        prefill_chunk=config.prefill_chunk, kv_dtype=kv_dtype,
                        step_shapes=config.step_shapes,
                        tensor_parallel=1 if mesh is None else mesh.size,
+                       vision=config.vision,
                        state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.has_state),
                        **runner_rows(config.max_concurrency, speculative))

@@ -198,6 +198,16 @@ def place_weights(artifact, dtype, mesh=None):
     return dataclasses.replace(artifact, params=params)
 
 
+def vision_scratch_bytes(artifact) -> int:
+    """With the vision tower loaded (--vision), the memory its encodes need at run time."""
+    vision = getattr(artifact, "vision_config", None)
+    if vision is None or "vision" not in artifact.params:
+        return 0
+    from ninfer_jax.engine.vision_rows import encode_scratch_bytes
+
+    return encode_scratch_bytes(vision)
+
+
 def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
                        state_bytes: int = 0, mesh=None) -> KvSizing:
     """Measure and size pages of `kv_dtype`: call with the weights already placed
@@ -214,7 +224,8 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
                             bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype)
                             // size,
                             page_size=page_size, max_context=max_context,
-                            scratch_bytes=compile_scratch_bytes(artifact.params) // size,
+                            scratch_bytes=(compile_scratch_bytes(artifact.params)
+                                           + vision_scratch_bytes(artifact)) // size,
                             state_bytes=state_bytes)
     log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)",
              sizing.tokens, sizing.bytes_per_token / 1024, sizing.basis)

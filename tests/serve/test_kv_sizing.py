@@ -215,3 +215,17 @@ def test_hybrid_pools_count_attention_layers_and_leave_out_the_state_slots():
     cpu = kv_sizing.cpu_auto_kv_tokens(4 * GIB, per_token, page_size=16, max_context=GIB,
                                        state_bytes=GIB - 16 * per_token)
     assert cpu == 16
+
+
+def test_a_loaded_vision_tower_keeps_its_encode_scores_out_of_the_pool():
+    """--vision: the largest tower call's f32 scores and softmax (16 heads x 8,192^2 x 4 B,
+    twice) are kept free; without the tower loaded nothing is."""
+    import types
+
+    from ninfer_jax.artifact.presets import PRESETS
+
+    vision = PRESETS["qwen3.5-27b"].vision
+    with_tower = types.SimpleNamespace(vision_config=vision, params={"vision": {}})
+    assert kv_sizing.vision_scratch_bytes(with_tower) == 2 * 16 * 8192 ** 2 * 4
+    text_only = types.SimpleNamespace(vision_config=vision, params={})
+    assert kv_sizing.vision_scratch_bytes(text_only) == 0

@@ -97,6 +97,10 @@ ENGINE_COUNTERS = (
      "that ran without drafts (no proposal, no room, penalties or a token policy).",
      "spec_fallback_steps"),
     ("ninfer_prefill_units_total", "Prefill units run.", "prefill_units"),
+    ("ninfer_vision_items_encoded_total", "Images and videos run through the vision tower "
+     "(items inside a reused prefix are not).", "vision_items"),
+    ("ninfer_vision_encode_seconds_total", "Device time of vision encodes (each measured "
+     "after the steps queued before it).", "vision_seconds"),
     ("ninfer_decode_rounds_total", "Decode rounds run.", "decode_rounds"),
     ("ninfer_decode_rows_total", "Decode rows run (sum of batch sizes).", "decode_rows"),
     ("ninfer_device_wait_seconds_total", "Engine-thread wall time blocked on the device "
