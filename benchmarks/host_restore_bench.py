@@ -13,9 +13,12 @@ greedy, so a request's latency is its time to first token):
   evict     B cold: B's pages push A's out of the pool, into the host tier
   host      A again: A's pages come back from the host tier (usage says how many tokens were
             reused; /metrics how many bytes moved each way)
-The ratio cold / host is the figure. Standard library only (the server is a subprocess), so a
-stage cap is a kill; under --out: results.jsonl (one JSON object per request and a summary,
-each with its command) and server.log.
+The ratio cold / host is the figure, client-side and server-side (`server_ttft_s`: the ttft of
+the server log's line for the request, without the HTTP round trip). Each phase also records
+the /metrics deltas it caused: bytes moved each way, host tier use and its clean copies.
+Standard library only (the server is a subprocess), so a stage cap is a kill; under --out:
+results.jsonl (one JSON object per request and a summary, each with its command) and
+server.log.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import time
@@ -31,7 +35,9 @@ import urllib.request
 from proclib import REPO, Budget, Results, Server, free_port, http_get, parse_metrics, run_capped
 
 METRICS = ("ninfer_context_transfer_bytes_total:direction", "ninfer_host_context_used_bytes",
-           "ninfer_prefill_tokens_total", "ninfer_prompt_tokens_cached_total")
+           "ninfer_host_context_clean_bytes", "ninfer_prefill_tokens_total",
+           "ninfer_prompt_tokens_cached_total")
+DONE_LINE = re.compile(r" done .* ttft ([0-9.]+)s")
 PROFILES = {
     "gpu": dict(preset="qwen3-8b", work="/tmp/hrb", prompt_tokens=32768, max_context=33792,
                 kv_capacity=34816, host_context_mib=16384, prefill_chunk=2048, rounds=3,
@@ -55,6 +61,19 @@ def complete(url: str, model: str, ids: list[int], timeout: float) -> dict:
     return {"seconds": round(time.monotonic() - started, 4),
             "prompt_tokens": usage["prompt_tokens"],
             "cached_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}
+
+
+def server_ttft(log_path: str, offset: int, wait_s: float = 3.0) -> float | None:
+    """The ttft of the last request-done line written to the server log past `offset` (one
+    request at a time, so it is the one just answered; the line may trail the reply)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with open(log_path, encoding="utf-8", errors="replace") as log:
+            log.seek(offset)
+            found = DONE_LINE.findall(log.read())
+        if found or time.monotonic() > deadline:
+            return float(found[-1]) if found else None
+        time.sleep(0.05)
 
 
 def metrics(url: str) -> dict:
@@ -128,14 +147,14 @@ def main(argv=None) -> int:
     try:
         compiled = server.wait_compiled(budget.cap(args.start_cap) or 5.0)
         results.add("compiled", command, **compiled)
-        rows = run_rounds(args, url, budget, results)
+        rows = run_rounds(args, url, budget, results, server.log_path)
     finally:
         server.stop(10.0)
     summarize(rows, results, args)
     return 0 if rows else 1
 
 
-def run_rounds(args, url: str, budget: Budget, results: Results) -> list[dict]:
+def run_rounds(args, url: str, budget: Budget, results: Results, log_path: str) -> list[dict]:
     model = json.loads(http_get(url + "/v1/models", timeout=10)[1])["data"][0]["id"]
     rng = random.Random(0)
     rows = []
@@ -149,10 +168,14 @@ def run_rounds(args, url: str, budget: Budget, results: Results) -> list[dict]:
             cap = budget.cap(120.0)
             if cap is None:
                 return rows
-            before = metrics(url)
+            before, offset = metrics(url), os.path.getsize(log_path)
             reply = complete(url, model, ids, cap)
-            row[phase] = {**reply, **delta(metrics(url), before)}
+            row[phase] = {**reply, "server_ttft_s": server_ttft(log_path, offset),
+                          **delta(metrics(url), before)}
         row["cold_over_host"] = round(row["cold"]["seconds"] / row["host"]["seconds"], 2)
+        if row["cold"]["server_ttft_s"] and row["host"]["server_ttft_s"]:
+            row["server_cold_over_host"] = round(
+                row["cold"]["server_ttft_s"] / row["host"]["server_ttft_s"], 2)
         results.add("round", "see start", **row)
         if round_no >= 0:
             rows.append(row)
@@ -162,11 +185,21 @@ def run_rounds(args, url: str, budget: Budget, results: Results) -> list[dict]:
 def summarize(rows: list[dict], results: Results, args) -> None:
     if not rows:
         return
-    med = {phase: statistics.median(r[phase]["seconds"] for r in rows)
-           for phase in ("cold", "device", "evict", "host")}
+    phases = ("cold", "device", "evict", "host")
+    med = {phase: statistics.median(r[phase]["seconds"] for r in rows) for phase in phases}
+    server = {phase: [r[phase]["server_ttft_s"] for r in rows] for phase in phases}
+    server_med = {phase: statistics.median(v) for phase, v in server.items() if None not in v}
+    moved = {direction: [r["host"].get(f"ninfer_context_transfer_bytes_total:direction="
+                                       f"{direction}", 0.0) for r in rows]
+             for direction in ("device_to_host", "host_to_device")}
     results.add("summary", "see start", prompt_tokens=args.prompt_tokens, rounds=len(rows),
                 median_seconds=med, cold_over_host=round(med["cold"] / med["host"], 2),
                 cold_over_device=round(med["cold"] / med["device"], 2),
+                server_ttft_s=server, server_median_s=server_med,
+                server_cold_over_host=(round(server_med["cold"] / server_med["host"], 2)
+                                       if "cold" in server_med and "host" in server_med
+                                       else None),
+                host_hit_bytes=moved,
                 host_cached_tokens=[r["host"]["cached_tokens"] for r in rows])
 
 

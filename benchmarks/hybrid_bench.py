@@ -1,11 +1,15 @@
-"""Hybrid Qwen3.5 / 3.6 decode and prefill speed through JaxRunner, weights made on the device.
+"""Decode and prefill speed of a preset's shape through JaxRunner, weights made on the device.
 
-Issue 11's H200 measurement: random weights in the presets' shapes are generated in device
+Issue 11's H200 measurement of the hybrid Qwen3.5 / 3.6 shapes, and issue 19's of the other
+families (GLM MoE, Gemma 4): random weights in the presets' shapes are generated in device
 memory (a 27B or 35B bf16 artifact would not fit the device's disk), nothing is read or written.
+`--layers N` keeps the first N layers of every preset, for shapes whose bf16 weights outgrow
+one GPU (GLM-4.5-Air: ~200 GB); the fraction of the GEMV ceiling does not depend on the count.
 
     python benchmarks/hybrid_bench.py [--presets qwen3.5-27b,qwen3.6-35b-a3b]
         [--batches 1,8,64] [--context 1024] [--prompt 4096] [--steps 32]
-        [--prefill-chunk 1024] [--min-rows N] [--json] [--smoke]
+        [--prefill-chunk 1024] [--min-rows N] [--layers N] [--images N --image-size PX]
+        [--json] [--smoke]
 
 Per preset (one at a time; its params and runner are freed before the next): the params
 pytree the artifact loader would produce (config.expected_shapes, norms and Gated DeltaNet
@@ -15,11 +19,16 @@ compiled (one decode shape per batch, one prefill chunk shape). Decode is pipeli
 engine's step loop runs it (step n+1 launched before step n is collected, rows fed the token
 the previous step sampled on the device, greedy), every row at `--context` tokens on its own
 state slot; prefill is one `--prompt`-token sequence in `--prefill-chunk` chunks, waited for
-chunk by chunk. `gdn_prefill` times one Gated DeltaNet layer alone on a `--prompt`-token
+chunk by chunk. For hybrid presets, `gdn_prefill` times one Gated DeltaNet layer alone on a `--prompt`-token
 chunk (projections, conv, delta rule, gated norm) and its delta-rule kernel alone, with the
 chunk-to-chunk scan rolled (as served) and unrolled; `gdn_decode` the layer alone on the
 smallest and largest batch of decode rows, against its weights plus the rows' state
 (hybrid_gdn.py).
+--images N (issue 17): the runner also gets the preset's vision tower (random, host-drawn as
+vision_encode_bench.py draws it) and `prefill_images` times the same --prompt-token prefill
+with N images of PX x PX pixels at its start (their placeholder spans cut by the chunks as
+served): tok/s counts every prompt token, and the tower's own encode time is reported apart
+(the runner's request-log timing: the steps before it finish first, then it is waited for).
 Each figure comes with what it must move or compute (hybrid_costs.py) and the same process's
 ceilings (benchlib: bf16 GEMV bandwidth, copy bandwidth, bf16 matmul rate), measured first.
 --json prints one JSON object per measurement, flushed as it comes, so a run cut short by a
@@ -34,10 +43,13 @@ On the H200, one process per preset (each under its own cap, its memory gone wit
         > $OUT/hybrid-35b.jsonl 2> $OUT/hybrid-35b.log
     timeout 280 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --json \
         > $OUT/hybrid-27b.jsonl 2> $OUT/hybrid-27b.log
+    timeout 500 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --batches 1 \
+        --images 4 --image-size 448 --json > $OUT/vision-27b.jsonl 2> $OUT/vision-27b.log
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import gc
 import json
@@ -53,11 +65,14 @@ import benchlib
 import hybrid_costs
 import hybrid_gdn
 import runner_bench
+import vision_encode_bench
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.tensor_groups import is_norm, tensor_group
-from ninfer_jax.engine.request import SamplingParams
+from ninfer_jax.engine import prompt_media
+from ninfer_jax.engine.request import MediaInput, SamplingParams
 from ninfer_jax.engine.runner import JaxRunner, fit_bucket
 from ninfer_jax.engine.runner_api import PrefillUnit, SampleSpec
+from ninfer_jax.model.vision import grid
 
 GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
 DEFAULT_PRESETS = "qwen3.5-27b,qwen3.6-35b-a3b"
@@ -140,6 +155,49 @@ def time_prefill(runner, prompt_len: int, chunk: int, repeats: int = 2) -> float
     return (time.perf_counter() - started) / repeats
 
 
+def image_prompt(vision, prompt_len: int, num_images: int, size: int, seed: int = 0):
+    """(tokens int32 [prompt_len], MediaInput items): num_images size x size images at the
+    start, each <vision_start> pads <vision_end>, then text."""
+    side = size // vision.patch_size
+    grid_thw = (1, side, side)
+    per_image = grid.num_tokens(grid_thw, vision)
+    rng = np.random.default_rng(seed)
+    tokens, items = [], []
+    for index in range(num_images):
+        tokens.append(vision.vision_start_token_id)
+        spans = ((len(tokens), per_image),)
+        tokens += [vision.image_token_id] * per_image + [vision.vision_end_token_id]
+        pixels = rng.standard_normal((grid.num_patches([grid_thw]), vision.patch_dim),
+                                     dtype=np.float32)
+        items.append(MediaInput("image", f"bench-{index}", grid_thw, spans, pixels))
+    if len(tokens) >= prompt_len:
+        raise ValueError(f"{num_images} images of {size} px take {len(tokens)} tokens, not "
+                         f"fewer than --prompt {prompt_len}")
+    tokens += [100 + i % 1000 for i in range(prompt_len - len(tokens))]
+    return np.asarray(tokens, np.int32), tuple(items)
+
+
+def time_prefill_images(runner, tokens, items, chunk: int, repeats: int = 2):
+    """(seconds per prefill, encode seconds per prefill) of one prompt with media."""
+    media = prompt_media.build(items, len(tokens), tokens)
+    table = np.arange(1, 1 + math.ceil(len(tokens) / runner.page_size), dtype=np.int32)
+
+    def run():
+        encode = 0.0
+        for start in range(0, len(tokens), chunk):
+            piece = tokens[start:start + chunk]
+            end = start + len(piece)
+            runner.prefill(PrefillUnit(0, piece, start, table[:math.ceil(end / runner.page_size)],
+                                       GREEDY if end == len(tokens) else None, state_slot=1,
+                                       media=media))
+            encode += runner.vision.last_encode[1]
+        return encode
+    run()  # the encode bucket and the chunk gathers compile here
+    started = time.perf_counter()
+    encode = sum(run() for _ in range(repeats))
+    return (time.perf_counter() - started) / repeats, encode / repeats
+
+
 # ---------------------------------------------------------------------------- one preset
 
 def ceilings(smoke: bool) -> dict:
@@ -155,15 +213,30 @@ def ceilings(smoke: bool) -> dict:
             "matmul_flops_per_s": benchlib.matmul_rate(256 if smoke else 8192)}
 
 
-def build_runner(config, params, args, batches):
+def truncated(config, layers: int):
+    """The first `layers` layers of a config (its per-layer lists cut to match)."""
+    cut = {"num_layers": layers}
+    if config.layer_types:
+        cut["layer_types"] = tuple(config.layer_types[:layers])
+    return dataclasses.replace(config, **cut)
+
+
+def build_runner(config, params, args, batches, vision=None):
+    """A runner over `params`; with `vision` (a VisionConfig) also a random tower of it."""
     max_context = 2 ** math.ceil(math.log2(max(args.context + args.steps + 2, args.prompt)))
     page = 16
     pages = (max(batches) * math.ceil((args.context + args.steps + 2) / page)
              + math.ceil(args.prompt / page) + 1)
-    runner = JaxRunner(types.SimpleNamespace(config=config, params=params), num_pages=pages,
+    if vision is not None:
+        params = {**params, "vision": vision_encode_bench.random_tower(
+            vision, jnp.dtype(params["embed"].dtype))}
+    artifact = types.SimpleNamespace(config=config, params=params, vision_config=vision)
+    runner = JaxRunner(artifact, num_pages=pages,
                        page_size=page, max_batch=max(batches), max_context=max_context,
                        prefill_chunk=args.prefill_chunk, min_rows=args.min_rows,
-                       background_compile=False, state_slot_capacity=max(batches))
+                       background_compile=False,
+                       state_slot_capacity=max(batches) if config.has_state else 0,
+                       vision=vision is not None)
     return runner, max_context
 
 
@@ -171,17 +244,21 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
     """Every measurement of one preset, emitted as it comes; its memory freed at the end."""
     preset = PRESETS[name]
     config = preset.config
+    if args.layers and args.layers < config.num_layers:
+        config = truncated(config, args.layers)
     batches = [int(b) for b in args.batches.split(",")]
     started = time.perf_counter()
     params = jax.block_until_ready(
         device_params(config, jnp.bfloat16 if preset.dtype == "bf16" else jnp.float32))
     made = time.perf_counter()
-    runner, max_context = build_runner(config, params, args, batches)
+    runner, max_context = build_runner(config, params, args, batches,
+                                       preset.vision if args.images else None)
     del params  # the runner holds the (cast) tree
     shapes = [(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches]
     shapes.append((runner.chunk_buckets[-1], runner.row_buckets[0]))
-    runner.compile_shapes(shapes)
-    header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context}
+    runner.compile_shapes(shapes, media_shapes=shapes[-1:])  # images: the chunk step only
+    header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context,
+              "num_layers": config.num_layers}
     emit({**header, "op": "setup", "param_bytes": hybrid_costs.tree_bytes(runner.params),
           "params_s": made - started, "compile_s": time.perf_counter() - made,
           "shapes": [list(s) for s in shapes], **limits})
@@ -189,8 +266,11 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
         emit({**header, **_decode_record(runner, config, batch, args, limits)})
         if position == 0:
             emit({**header, **_prefill_record(runner, config, args, limits)})
-    for record in _gdn_records(runner, config, batches, args, limits):
-        emit({**header, **record})
+            if args.images:
+                emit({**header, **_image_prefill_record(runner, preset.vision, args)})
+    if "linear_attention" in (config.layer_types or ()):
+        for record in _gdn_records(runner, config, batches, args, limits):
+            emit({**header, **record})
     # Executables take no params (they are arguments), so dropping the references frees
     # the device memory; jit caches stay (the next preset reuses the leaf generators).
     del runner
@@ -225,6 +305,17 @@ def _prefill_record(runner, config, args, limits: dict) -> dict:
             "matmul_flops_per_s": rate}
 
 
+def _image_prefill_record(runner, vision, args) -> dict:
+    tokens, items = image_prompt(vision, args.prompt, args.images, args.image_size)
+    seconds, encode = time_prefill_images(runner, tokens, items, args.prefill_chunk)
+    image_tokens = sum(item.num_tokens for item in items)
+    return {"op": "prefill_images", "prompt": args.prompt, "chunk": args.prefill_chunk,
+            "images": args.images, "image_size": args.image_size,
+            "image_tokens": image_tokens, "patches": image_tokens * vision.merge_unit,
+            "tok_per_s": args.prompt / seconds, "ms": 1e3 * seconds,
+            "encode_ms": 1e3 * encode, "text_model_ms": 1e3 * (seconds - encode)}
+
+
 def _gdn_records(runner, config, batches, args, limits: dict):
     """The first Gated DeltaNet layer alone: a --prompt chunk, and the extreme batches."""
     layer = hybrid_gdn.gdn_leaves(runner.params["layers"][config.layer_types.index(
@@ -257,6 +348,13 @@ def parse_args(argv=None):
     parser.add_argument("--min-rows", type=int, default=None,
                         help="the runner's smallest row bucket (default: its own choice, 2 "
                              "on the GPU: a lone row runs padded with a dummy row)")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="keep each preset's first N layers (shapes too big for one GPU)")
+    parser.add_argument("--images", type=int, default=0,
+                        help="also time the --prompt prefill with N images at its start "
+                             "(the preset's vision tower, random); default 0")
+    parser.add_argument("--image-size", type=int, default=448,
+                        help="pixels per side of each image (default 448: 196 tokens)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check: the tiny presets at tiny sizes")
@@ -282,6 +380,10 @@ def _print_text(record: dict) -> None:
     elif op == "prefill":
         print(f"  prefill {record['prompt']}: {record['tok_per_s']:.0f} tok/s, "
               f"{record['fraction_of_matmul_rate']:.0%} of the matmul rate", flush=True)
+    elif op == "prefill_images":
+        print(f"  prefill {record['prompt']} with {record['images']} images of "
+              f"{record['image_size']} px: {record['tok_per_s']:.0f} tok/s, encode "
+              f"{record['encode_ms']:.1f} ms of {record['ms']:.1f} ms", flush=True)
     elif op == "gdn_prefill":
         print(f"  GDN layer at {record['tokens']} tokens: {record['layer_ms']:.2f} ms "
               f"({record['layer_fraction_of_matmul_rate']:.0%} of the matmul rate), delta rule "

@@ -1,8 +1,8 @@
-"""What a hybrid (Qwen3.5 / 3.6) step must move and compute, for benchmarks/hybrid_bench.py.
+"""What a step of a preset's shape must move and compute, for benchmarks/hybrid_bench.py.
 
 Decode bytes: every weight byte the step needs, read once (projections, norms, the LM head,
 B embedding rows), for MoE layers only the experts the rows select, plus the KV the attention
-layers read and write and the Gated DeltaNet state they read and write. Experts touched by B
+layers read and write (a sliding layer only its window) and the Gated DeltaNet state they read and write. Experts touched by B
 rows are estimated as the expected count under uniform routing, E * (1 - (1 - k/E)^B): exactly
 k at B = 1, which is what random weights give on average (the router sees random hidden
 states). Prefill FLOPs: 2 per weight multiply-add for every token (MoE: the k routed experts
@@ -53,9 +53,12 @@ def decode_bytes(config, params, *, rows: int, context: int, kv_itemsize: int,
     embed_rows = 0 if config.tie_word_embeddings else rows * H * embed_itemsize
     weights = layers + head + embed_rows + tree_bytes(params["final_norm"])
     kinds = config.layer_types or ("full_attention",) * config.num_layers
-    num_attention = sum(kind == "full_attention" for kind in kinds)
-    per_token_kv = 2 * config.num_kv_heads * config.head_dim * kv_itemsize  # k and v
-    kv = num_attention * rows * per_token_kv * (context + 2)  # read context + 1, write 1
+    num_attention = sum(kind != "linear_attention" for kind in kinds)
+    kv = 0
+    for i in config.cache_layers():  # each its own heads and dims (Gemma's full layers)
+        per_token = 2 * config.layer_kv_heads(i) * config.layer_head_dim(i) * kv_itemsize
+        read = min(context, config.sliding_window) if config.is_sliding_layer(i) else context
+        kv += rows * per_token * (read + 2)  # read context + 1, write 1
     state = 0
     if config.is_hybrid:
         shapes = config.state_shapes()
@@ -104,7 +107,7 @@ def gdn_projection_params(config) -> int:
 def prefill_flops(config, params, num_tokens: int, num_chunks: int) -> dict:
     """FLOPs of prefilling `num_tokens` tokens from position 0 in `num_chunks` chunks."""
     kinds = config.layer_types or ("full_attention",) * config.num_layers
-    num_attention = sum(kind == "full_attention" for kind in kinds)
+    num_attention = sum(kind != "linear_attention" for kind in kinds)
     weights = 2.0 * num_tokens * active_matmul_params(config, params)
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     weights += 2.0 * num_chunks * int(np.prod(head.shape))  # one sampled row per chunk

@@ -2,15 +2,20 @@
 
 `save_artifact` records one digest per file of weights/ (and mtp/), tokenizer.json and
 chat_template.jinja after writing them; `load_artifact(..., verify=True)` recomputes them
-when it reads the weights, so a damaged or half-copied file is an ArtifactError naming the
+while it reads the weights, so a damaged or half-copied file is an ArtifactError naming the
 file instead of a server that talks garbage. Hashing reads every byte once (about 1 s per
-GB); huge artifacts can skip it (`ninfer serve --no-verify-checksums`). Artifacts written
+GB a core); the files are hashed in parallel and beside the weights' restore
+(`verify_in_background`), so on a machine with cores to spare verifying adds little to
+start-up. Huge artifacts can skip it (`ninfer serve --no-verify-checksums`). Artifacts written
 before checksums existed have none and load unverified.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
+import os
 import pathlib
+from typing import Callable
 
 from ninfer_jax.errors import ArtifactError
 
@@ -40,17 +45,31 @@ def compute(directory: pathlib.Path, names: tuple[str, ...]) -> dict:
     return {ALGORITHM: {rel: digest(directory / rel) for rel in data_files(directory, names)}}
 
 
-def verify(directory: pathlib.Path, checksums: dict | None, display: pathlib.Path) -> None:
-    """ArtifactError for the first listed file that is missing or differs."""
+def verify_in_background(directory: pathlib.Path, checksums: dict | None,
+                         display: pathlib.Path) -> Callable[[], None]:
+    """Start hashing every listed file (a thread per file, up to the cores; hashlib drops
+    the GIL while it hashes) and return the wait: it raises an ArtifactError for the first
+    listed file that is missing or differs."""
     if not checksums:
-        return
+        return lambda: None
     recorded = checksums.get(ALGORITHM)
     if not isinstance(recorded, dict):
         raise ArtifactError(display / "metadata.json", f"checksums must hold {ALGORITHM!r}")
-    for rel, expected in recorded.items():
-        path = directory / rel
-        if not path.is_file():
-            raise ArtifactError(display / rel, "missing (listed in checksums)")
-        if digest(path) != expected:
-            raise ArtifactError(display / rel, "checksum mismatch: the file is damaged or was "
-                                "changed after conversion (copy or convert it again)")
+    workers = max(1, min(len(recorded), os.cpu_count() or 1, 16))
+    pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="ninfer-sha")
+    digests = {rel: pool.submit(_digest_if_file, directory / rel) for rel in recorded}
+    pool.shutdown(wait=False)
+
+    def wait() -> None:
+        for rel, expected in recorded.items():  # listed order: the first bad file is named
+            found = digests[rel].result()
+            if found is None:
+                raise ArtifactError(display / rel, "missing (listed in checksums)")
+            if found != expected:
+                raise ArtifactError(display / rel, "checksum mismatch: the file is damaged or "
+                                    "was changed after conversion (copy or convert it again)")
+    return wait
+
+
+def _digest_if_file(path: pathlib.Path) -> str | None:
+    return digest(path) if path.is_file() else None

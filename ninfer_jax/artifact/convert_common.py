@@ -22,7 +22,7 @@ WEIGHT_CHOICES = DTYPES + QUANTIZED + (GGUF_STORED,)
 # rest stays in the float dtype: routers and gates (tiny, decide routing), the conv taps, the
 # per-head in_b / in_a, and the stacked experts (kernels/quant_matmul has no [E, in, out] layout).
 QUANTIZED_LAYER_LEAVES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "in_qkv", "in_z",
-                          "out", "shared_w_gate", "shared_w_up", "shared_w_down")
+                          "out", "shared_w_gate", "shared_w_up", "shared_w_down", "in_proj")
 # Control spellings recorded under special_tokens.named when the vocabulary has them.
 NAMED_CONTROLS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
                   "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>",
@@ -129,6 +129,8 @@ def detect_chat_format(template: str, tokenizer: Tokenizer) -> dict:
     """What the output parsers need to know, guessed from the template's own markup."""
     if "<|tool_call>" in template:
         tool_format = "gemma4"
+    elif "<TOOLCALL>" in template:
+        tool_format = "nemotron"
     elif "<arg_key>" in template:
         tool_format = "glm_xml"
     elif "<function=" in template:

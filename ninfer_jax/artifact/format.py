@@ -43,7 +43,7 @@ WEIGHTS_DIR = "weights"
 COMPONENTS = ("text", "mtp", "dflash", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4", "q8_0", "q4_0", "q4_1")  # q*: GGUF blocks
-TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml", "gemma4")
+TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml", "gemma4", "nemotron")
 CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, VISION_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
 
 
@@ -213,20 +213,35 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
     template = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
     params = None
     if weights:
-        if verify:
-            checksums.verify(directory, metadata.get("checksums"), display)
-        formats = metadata["weight_formats"]
-        params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR,
-                               config.expected_shapes(), formats, shardings=shardings)
-        if mtp:
-            params["mtp"] = _read_weights(directory / MTP_DIR, display / MTP_DIR,
-                                          mtp_expected_shapes(config), formats, prefix="mtp")
-        if vision:
-            params["vision"] = _read_weights(
-                directory / VISION_DIR, display / VISION_DIR,
-                vision_expected_shapes(vision_config_of(metadata)), formats, prefix="vision")
+        # Hashing runs beside the restore (both read every byte; the second read comes from
+        # the page cache) and is waited for before the params are returned, so a damaged file
+        # is still an error naming it, also when the restore itself failed on it first.
+        verified = (checksums.verify_in_background(directory, metadata.get("checksums"), display)
+                    if verify else lambda: None)
+        try:
+            params = _read_params(directory, display, metadata, config, mtp=mtp, vision=vision,
+                                  shardings=shardings)
+        except Exception:
+            verified()
+            raise
+        verified()
     return Artifact(path=directory, metadata=metadata, config=config, params=params,
                     chat_template=template, tokenizer_path=directory / TOKENIZER_FILE)
+
+
+def _read_params(directory: pathlib.Path, display: pathlib.Path, metadata: dict, config,
+                 *, mtp: bool, vision: bool, shardings) -> dict:
+    formats = metadata["weight_formats"]
+    params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR,
+                           config.expected_shapes(), formats, shardings=shardings)
+    if mtp:
+        params["mtp"] = _read_weights(directory / MTP_DIR, display / MTP_DIR,
+                                      mtp_expected_shapes(config), formats, prefix="mtp")
+    if vision:
+        params["vision"] = _read_weights(
+            directory / VISION_DIR, display / VISION_DIR,
+            vision_expected_shapes(vision_config_of(metadata)), formats, prefix="vision")
+    return params
 
 
 def read_metadata(file: pathlib.Path, display: pathlib.Path | None = None) -> dict[str, Any]:

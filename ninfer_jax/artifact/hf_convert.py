@@ -8,8 +8,9 @@ Dense `LlamaForCausalLM`, `Qwen3ForCausalLM` and the language model of
 here; the hybrid Qwen3.5 / 3.6 / Qwen3-Next classes by hf_hybrid_config.py (config) and
 hf_hybrid.py (tensors, MTP head); GLM MoE (`Glm4MoeForCausalLM`) by hf_glm.py (config) and
 hf_hybrid.py (tensors); Gemma 4 (`Gemma4ForCausalLM`,
-`Gemma4ForConditionalGeneration`'s text model) by hf_gemma.py. A checkpoint with a `vision_config` (Qwen3-VL, Qwen3.5) also gets the
-vision component, its tensors `model.visual.*` mapped by hf_vision.py.
+`Gemma4ForConditionalGeneration`'s text model) by hf_gemma.py; Nemotron-H
+(`NemotronHForCausalLM`) by hf_nemotron.py. A checkpoint with a `vision_config` (Qwen3-VL,
+Qwen3.5) also gets the vision component, its tensors `model.visual.*` mapped by hf_vision.py.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
-from ninfer_jax.artifact import hf_gemma, hf_hybrid, hf_vision
+from ninfer_jax.artifact import hf_gemma, hf_hybrid, hf_nemotron, hf_vision
 from ninfer_jax.artifact.components import (VISION_PREFIX, add_vision_tensor,
                                             vision_expected_shapes)
 from ninfer_jax.artifact.hf_glm import GLM_ARCHITECTURES, glm_model_config
@@ -116,10 +117,12 @@ def model_config(hf: dict[str, Any], path: pathlib.Path, mtp_layers: int = 0) ->
         return glm_model_config(hf, path)
     if any(a in hf_gemma.GEMMA_ARCHITECTURES for a in architectures):
         return hf_gemma.gemma_model_config(hf, path)
+    if any(a in hf_nemotron.NEMOTRON_ARCHITECTURES for a in architectures):
+        return hf_nemotron.nemotron_model_config(hf, path)
     known = [ARCHITECTURES[a] for a in architectures if a in ARCHITECTURES]
     if not known:
         supported = [*ARCHITECTURES, *HYBRID_ARCHITECTURES, *GLM_ARCHITECTURES,
-                     *hf_gemma.GEMMA_ARCHITECTURES]
+                     *hf_gemma.GEMMA_ARCHITECTURES, *hf_nemotron.NEMOTRON_ARCHITECTURES]
         raise ArtifactError(path, f"architectures {architectures} not supported "
                                   f"(supported: {', '.join(supported)})")
     wrapper, hf = hf, text_config(hf)
@@ -162,6 +165,8 @@ def _params(directory: pathlib.Path, sources: list, config: ModelConfig, dtype: 
         params = hf_hybrid.hybrid_params(sources, config, dtype, progress)
     elif config.is_gemma:
         params = hf_gemma.gemma_params(sources, config, dtype, progress)
+    elif config.is_nemotron:
+        params = hf_nemotron.nemotron_params(sources, config, dtype, progress)
     else:
         params = _dense_params(sources, config, dtype, progress)
     try:

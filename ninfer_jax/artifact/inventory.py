@@ -15,6 +15,7 @@ from ninfer_jax.artifact.components import (MTP_DIR, MTP_PREFIX, VISION_DIR, VIS
                                             mtp_expected_shapes, vision_expected_shapes)
 from ninfer_jax.artifact.format import WEIGHTS_DIR, load_artifact
 from ninfer_jax.artifact.gemma_report import format_gemma, gemma_summary
+from ninfer_jax.artifact.nemotron_report import format_nemotron, nemotron_summary
 from ninfer_jax.artifact.hybrid_report import (format_hybrid, format_moe, hybrid_summary,
                                                moe_summary)
 from ninfer_jax.artifact.tensor_groups import FLOAT_FORMATS, tensor_group
@@ -52,6 +53,8 @@ def describe_artifact(path: str | pathlib.Path) -> dict[str, Any]:
         report["moe"] = moe_summary(config, artifact.weight_formats)
     elif config.is_gemma:
         report["gemma"] = gemma_summary(config, artifact.weight_formats)
+    elif config.is_nemotron:
+        report["nemotron"] = nemotron_summary(config, artifact.weight_formats)
     return report
 
 
@@ -86,6 +89,7 @@ def format_report(report: dict[str, Any]) -> str:
         *(format_hybrid(report["hybrid"]) if "hybrid" in report else ()),
         *(format_moe(report["moe"]) if "moe" in report else ()),
         *(format_gemma(report["gemma"]) if "gemma" in report else ()),
+        *(format_nemotron(report["nemotron"]) if "nemotron" in report else ()),
         *([_vision_line(report["vision"])] if "vision" in report else ()),
         "weights       " + ", ".join(f"{k}={v}" for k, v in metadata["weight_formats"].items()),
         "components    " + ", ".join(k for k, on in metadata["components"].items() if on),

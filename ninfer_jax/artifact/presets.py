@@ -22,6 +22,14 @@ quarter), FFN 21504, soft cap 30, vocab 262144) and `gemma4-tiny` (its tiny_conf
 per-layer inputs added, on the Gemma-layout stand-in vocabulary). Their replies end at <turn|>
 or, after a tool call, at <|tool_response>; thoughts use the <|channel>thought ... <channel|>
 channel.
+Nemotron-H: `nemotron-h-8b` (Nemotron-H-8B's shape from memory of its published config, to be
+checked against the real config.json before a benchmark relies on it: hidden 4096, 52 layers
+in the pattern M-M-M-M*-M-M-M-M-M*-... (24 Mamba-2, 4 attention, 24 relu2 MLP layers of 21504),
+Mamba-2 128 heads of 64 with 8 groups of state 128, attention 32 / 8 heads of 128, vocab 131072,
+8192 positions, untied) and `nemotron-h-tiny` (its tiny_config: one Mamba-2, one attention and
+one MLP layer, tied embeddings). Turns open with <SPECIAL_10>System / <SPECIAL_11>User /
+<SPECIAL_11>Assistant, a reply ends at <SPECIAL_12>; tool calls are <TOOLCALL>[JSON]</TOOLCALL>
+and thoughts <think> ... </think>.
 """
 from __future__ import annotations
 
@@ -53,6 +61,12 @@ TINY_GEMMA = {"layer_types": ("sliding_attention", "full_attention"), "sliding_w
 GEMMA4_VOCAB = 151658  # the stand-in: 151,643 ranks + 15 control tokens
 GEMMA_EOS = ("<turn|>", "<|tool_response>", "<eos>")
 THINK_MARKERS = ("<think>", "</think>")
+NEMOTRON_VOCAB = 131072
+NEMOTRON_EOS = ("<SPECIAL_12>", "<SPECIAL_2>")
+# Nemotron-H at tiny size: one block of each kind, Mamba-2 with 4 heads of 16 in 2 groups.
+TINY_NEMOTRON = {"layer_types": ("mamba", "attention", "mlp"), "num_layers": 3,
+                 "mamba_num_heads": 4, "mamba_head_dim": 16, "mamba_state_size": 16,
+                 "mamba_num_groups": 2}
 GEMMA_MARKERS = ("<|channel>thought", "<channel|>")
 
 
@@ -112,6 +126,8 @@ def tiny_config(config: ModelConfig) -> ModelConfig:
                       if config.global_num_kv_heads else 0,
                       hidden_size_per_layer_input=8 if config.hidden_size_per_layer_input
                       else 0)
+    if config.is_nemotron:
+        fields.update(TINY_NEMOTRON)
     tiny = dataclasses.replace(config, **fields, mrope_section=())
     return dataclasses.replace(tiny, mrope_section=_mrope_for(tiny) if config.mrope_section
                                else ())
@@ -168,6 +184,14 @@ GEMMA4_31B = ModelConfig(
                       for i in range(60)),
     sliding_window=1024, global_head_dim=512, global_num_kv_heads=4, global_rope_theta=1e6,
     partial_rotary_factor=0.25, attention_k_eq_v=True, final_logit_softcapping=30.0)
+NEMOTRON_H_8B = ModelConfig(
+    architecture="nemotron_h", vocab_size=NEMOTRON_VOCAB, hidden_size=4096,
+    intermediate_size=21504, num_layers=52, num_heads=32, num_kv_heads=8, head_dim=128,
+    rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=8192,
+    layer_types=tuple({"M": "mamba", "*": "attention", "-": "mlp"}[c] for c in
+                      "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
+    mamba_num_heads=128, mamba_head_dim=64, mamba_state_size=128, mamba_num_groups=8,
+    mamba_conv_kernel=4)
 QWEN3_5_27B = _qwen3_5("qwen3_5", 5120, 17408, 64, 24, 4, 48)
 QWEN3_6_35B_A3B = _qwen3_5("qwen3_5_moe", 2048, 0, 40, 16, 2, 32, num_experts=256,
                            num_experts_per_tok=8, moe_intermediate_size=512,
@@ -193,6 +217,10 @@ _GEMMA_NOTES = ("random weights; a Gemma-4-layout stand-in vocabulary (Qwen's 15
                 "plus Gemma 4's chat control tokens after them, since Google's vocabulary is "
                 "not available offline) and a Gemma-4-style template written for ninfer-jax, "
                 "with Gemma's <|tool_call>call:NAME{...} tool calls")
+_NEMOTRON_NOTES = ("random weights; a Nemotron-H-layout stand-in vocabulary (Qwen's first 131,058 "
+                   "BPE ranks plus Nemotron-style control tokens after them, since NVIDIA's "
+                   "vocabulary is not available offline) and a Nemotron-style template written "
+                   "for ninfer-jax, with <TOOLCALL>[...]</TOOLCALL> JSON tool calls")
 _QWEN3_5_NOTES = "random weights; Qwen3.5 tokenizer and template written for ninfer-jax"
 PRESETS = {
     "qwen3-tiny": Preset(
@@ -249,6 +277,15 @@ PRESETS = {
         GEMMA4_31B, "gemma4", "gemma4", "gemma4", "bf16",
         _GEMMA_NOTES + "; Gemma 4 31B shapes, for benchmarks", eos=GEMMA_EOS, pad="<pad>",
         bos="<bos>", markers=GEMMA_MARKERS),
+    "nemotron-h-tiny": Preset(
+        dataclasses.replace(tiny_config(NEMOTRON_H_8B), tie_word_embeddings=True),
+        "nemotron", "nemotron_h", "nemotron", "f32",
+        _NEMOTRON_NOTES + "; Nemotron-H at tiny size (a Mamba-2, an attention and a relu2 MLP "
+                          "layer)", eos=NEMOTRON_EOS, pad="<SPECIAL_0>"),
+    "nemotron-h-8b": Preset(
+        NEMOTRON_H_8B, "nemotron", "nemotron_h", "nemotron", "bf16",
+        _NEMOTRON_NOTES + "; Nemotron-H-8B shapes (check them against the published config), "
+                          "for benchmarks", eos=NEMOTRON_EOS, pad="<SPECIAL_0>"),
     "llama3-8b": Preset(
         _dense("llama", LLAMA3_VOCAB, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
         "llama3", "llama3", "hermes", "bf16",

@@ -22,6 +22,14 @@
            <channel|>, <|think|> and the string quote <|"|>). Unlike Google's vocabulary
            (262,144 entries, controls at low ids) both text and control ids differ; the
            spellings the template and parsers rely on do not.
+  nemotron a Nemotron-H-layout stand-in (NVIDIA's vocabulary does not ship offline): the first
+           131,058 ranks of qwen.tiktoken + 14 control tokens after them (<SPECIAL_0..2> standing
+           for unk, bos and eos (Qwen's ranks already hold "<unk>" and "<s>" as text), the
+           turn openers <SPECIAL_10> <SPECIAL_11>, the end of turn <SPECIAL_12>, <think>
+           </think>, <TOOLCALL> </TOOLCALL>, <AVAILABLE_TOOLS> </AVAILABLE_TOOLS>,
+           <TOOL_RESPONSE> </TOOL_RESPONSE>), 131,072 entries as Nemotron-H's; a Llama-3-style
+           regex. NVIDIA's controls sit at low ids: text and control ids both differ, the size
+           and the spellings the template and parser rely on do not.
 
 Building a tokenizer from ranks takes seconds, so the resulting tokenizer.json is cached under
 $NINFER_CACHE_DIR (default: <repository>/.cache/ninfer) when that directory is writable.
@@ -36,7 +44,7 @@ import pathlib
 
 from ninfer_jax.artifact.tokenizer_build import AddedSpec, tokenizer_from_tiktoken
 
-KINDS = ("qwen3", "qwen3_5", "llama3", "glm4", "gemma4")
+KINDS = ("qwen3", "qwen3_5", "llama3", "glm4", "gemma4", "nemotron")
 _BUILD_REVISION = "1"  # bump when the construction below changes, to invalidate caches
 _QWEN3_LAST_CONTROL = "</think>"
 LLAMA3_NUM_RANKS = 128000
@@ -60,6 +68,11 @@ GEMMA4_CONTROLS = (
     "<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|tool_call>", "<tool_call|>",
     "<|tool_response>", "<tool_response|>", "<|tool>", "<tool|>", "<|channel>", "<channel|>",
     "<|think|>", '<|"|>')
+NEMOTRON_CONTROLS = (
+    "<SPECIAL_0>", "<SPECIAL_1>", "<SPECIAL_2>", "<SPECIAL_10>", "<SPECIAL_11>", "<SPECIAL_12>",
+    "<think>", "</think>", "<TOOLCALL>", "</TOOLCALL>", "<AVAILABLE_TOOLS>", "</AVAILABLE_TOOLS>",
+    "<TOOL_RESPONSE>", "</TOOL_RESPONSE>")
+NEMOTRON_NUM_RANKS = 131072 - len(NEMOTRON_CONTROLS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,6 +121,11 @@ def recipe(kind: str) -> Recipe:
     if kind == "gemma4":
         added = [AddedSpec(name, GEMMA4_NUM_RANKS + i) for i, name in enumerate(GEMMA4_CONTROLS)]
         return Recipe(resources / "qwen.tiktoken", "qwen2", added, num_ranks=GEMMA4_NUM_RANKS)
+    if kind == "nemotron":
+        added = [AddedSpec(name, NEMOTRON_NUM_RANKS + i)
+                 for i, name in enumerate(NEMOTRON_CONTROLS)]
+        return Recipe(resources / "qwen.tiktoken", "llama3", added,
+                      num_ranks=NEMOTRON_NUM_RANKS, nfc=False)
     raise ValueError(f"unknown vocabulary {kind!r}; expected one of {KINDS}")
 
 

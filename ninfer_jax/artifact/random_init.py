@@ -2,8 +2,8 @@
 own chat templates, for protocol tests (tiny presets) and GPU benchmarks (8B shapes).
 
 Each preset (presets.py) fixes the architecture, the vocabulary (artifact/qwen_vocab.py: Qwen3,
-Qwen3.5, or a Llama-3-, GLM-4.5- or Gemma-4-layout stand-in), the special tokens, the chat
-template and format.
+Qwen3.5, or a Llama-3-, GLM-4.5-, Gemma-4- or Nemotron-H-layout stand-in), the special tokens,
+the chat template and format.
 `tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
 presets also get their MTP head (the artifact's mtp component), and presets with a vision tower
@@ -96,7 +96,7 @@ def _draw(config: ModelConfig, seed: int, name: str, shape: tuple[int, ...],
     if leaf == "A_log":
         rng = _stream(seed, name)
         return np.log(rng.uniform(1.0, 16.0, shape)).astype(np.float32)
-    if leaf == "layer_scalar":  # Gemma's per-layer residual scale
+    if leaf in ("layer_scalar", "D"):  # Gemma's residual scale, Mamba-2's skip (as at init)
         return np.ones(shape, np.float32)
     if leaf in ("dt_bias", "router_bias"):
         return random_tensor(seed, name, shape, 0.1, "f32")

@@ -2,8 +2,8 @@
 
 Groups: `embed`, `lm_head`, `layers` (every other layer tensor), `mtp` (the MTP head's
 tensors, named `mtp.*`) and `norms`: every RMSNorm weight (names ending in `norm`, and the MTP
-head's `pre_fc_norm_*`) plus the Gated DeltaNet per-head `dt_bias` and `A_log` and the GLM
-router's `router_bias` and Gemma's per-layer `layer_scalar`, always f32.
+head's `pre_fc_norm_*`) plus the Gated DeltaNet / Mamba-2 per-head `dt_bias` and `A_log` (and
+Mamba-2's skip `D`), the GLM router's `router_bias` and Gemma's per-layer `layer_scalar`, always f32.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ FLOAT_FORMATS = {"f32": "float32", "bf16": "bfloat16"}
 # Vectors kept in f32 with the norms: the Gated DeltaNet decay is exp(-exp(A_log)), and the
 # router bias is added to scores in [0, 1] whose small differences pick the experts; Gemma's
 # layer_scalar (one value per layer) scales the whole residual.
-F32_VECTORS = ("dt_bias", "A_log", "router_bias", "layer_scalar")
+F32_VECTORS = ("dt_bias", "A_log", "D", "router_bias", "layer_scalar")
 MTP_NORMS = ("pre_fc_norm_embedding", "pre_fc_norm_hidden")  # norms not named *norm
 
 

@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 
+from ninfer_jax.engine import prompt_media
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.host_pages import HostPagePool
 from ninfer_jax.engine.pages import PagePool
@@ -27,7 +28,8 @@ from ninfer_jax.engine.state_slots import StateSlotPool
 from ninfer_jax.engine.step_loop import StepLoop
 from ninfer_jax.engine.stats import EngineStats, build_stats
 from ninfer_jax.errors import (
-    ContextLengthExceeded, EngineUnavailable, InvalidRequest, Overloaded, Unsupported,
+    ContextLengthExceeded, EngineUnavailable, InvalidRequest, MediaBudgetExceeded, Overloaded,
+    Unsupported,
 )
 
 log = logging.getLogger("ninfer_jax.engine")
@@ -142,12 +144,28 @@ class Engine:
             raise Unsupported("This engine has no vision encoder for the loaded model, so it "
                               "cannot generate from image or video input.",
                               param="messages", code="vision_disabled")
+        if request.media:
+            self._validate_media(request)
         # The prompt and its first sampled token must fit the KV pool on their own.
         needed = num_prompt + min(request.max_tokens, 1)
         if needed > self.pool_tokens:
             raise ContextLengthExceeded(needed, self.pool_tokens, message=(
                 f"This request needs {needed} tokens of KV cache, but the server's KV pool "
                 f"holds {self.pool_tokens} tokens."))
+
+    def _validate_media(self, request: GenerationRequest) -> None:
+        # The tower's attention is dense within a frame: a larger one would exhaust the
+        # device and fail the engine for everyone.
+        limit = getattr(self.runner, "max_frame_patches", None)
+        largest = max(h * w for _, h, w in (item.grid_thw for item in request.media))
+        if limit is not None and largest > limit:
+            raise MediaBudgetExceeded(
+                f"an image or video frame of {largest} patches exceeds the {limit} patches "
+                "per frame this server's vision encoder takes", param="messages")
+        try:
+            prompt_media.build(request.media, len(request.prompt_ids))
+        except ValueError as exc:  # serve/ built the spans; a mismatch is a caller's bug
+            raise InvalidRequest(f"the prompt's media placeholders: {exc}") from None
 
     def _on_control(self, handle: RequestHandle) -> None:
         with self._cond:

@@ -20,7 +20,8 @@ slot's state to the formula above:
     hybrid:   next = (formula + state(t_0..t_p)) mod vocab_size
 where state(...) is `state_of(tokens)`. A plan's `state_copies` copy slot states, in order,
 before its step runs (state checkpoints; among them a StateCopy saves a slot's state to
-`host_state` or loads it back: pause by snapshot); its `page_copies` (host tier) save pages
+`host_state` or loads it back, keeping it until a drop: pause by snapshot, spilled
+checkpoints); its `page_copies` (host tier) save pages
 to and load them from `host_kv` before that. As on the real model the state is not a function of
 the KV pages, so a sequence that runs on a wrong or stale slot, shares one, or continues
 mid-prompt on a fresh slot (a replay that skips position 0) produces different tokens.
@@ -31,9 +32,14 @@ returns at once; the device runs steps strictly in launch order (sleeping `prefi
 row that names the previous step's output (`from_previous`) reads it there, on the device
 side, exactly as the compiled step does. `async_dispatch=False` runs each step inside
 `launch` instead (same results, for tests that want the step on their own thread).
+
+`copy_fault(copy) -> bool` makes page copies run out of memory at launch, as the JaxRunner's
+do at dispatch (page_store.py): the step is not run, the plan's other copies are, and launch
+raises PageCopyError; a load from a slot whose save failed fails too.
 """
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 import time
@@ -41,10 +47,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ninfer_jax.engine.host_pages import StateCopy
+from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE, PageCopy, StateCopy
 from ninfer_jax.engine.pages import DUMMY_PAGE
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
 
 NextToken = Callable[[np.ndarray, SampleSpec], int]
@@ -87,8 +93,9 @@ def scripted(script: Sequence[int], end_token: int) -> NextToken:
 class _Launched:
     """A step queued on the fake device; `done` is set once its samples exist."""
 
-    def __init__(self, plan: StepPlan):
+    def __init__(self, plan: StepPlan, copies_only: bool = False):
         self.plan = plan
+        self.copies_only = copies_only  # a failed launch's copies: no step, no samples
         self.done = threading.Event()
         self.result: StepResult | None = None
         self.error: BaseException | None = None
@@ -101,6 +108,7 @@ class FakeRunner:
                  warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None,
                  async_dispatch: bool = True, state_slot_capacity: int = 0,
                  max_chunk_rows: int | None = None, accepts_media: bool = False,
+                 copy_fault: Callable[[PageCopy], bool] | None = None,
                  chained_rows: bool = False):
         self.page_size = page_size
         # Speculation on a hybrid: consecutive rows on one slot chain, as JaxRunner's do.
@@ -120,9 +128,12 @@ class FakeRunner:
         self.warmup_gate = warmup_gate  # a threading.Event warm-up waits for (tests)
         self.fail_at_step = fail_at_step  # raise once `steps` holds this many records
         self.async_dispatch = async_dispatch
+        self.copy_fault = copy_fault
+        self._lost_slots: set[int] = set()  # failed saves, until their slot is dropped
+        self._copy_error: BaseException | None = None  # of a failed launch's copies
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
-        # The host tier: slot -> a saved copy of one page; a load consumes it (the slot is
-        # free afterwards), so a stale or missing copy fails loudly.
+        # The host tier: slot -> a saved copy of one page, kept through loads until a drop;
+        # a missing copy, or a save into a held slot, fails loudly.
         self.host_kv: dict[int, np.ndarray] = {}
         self.page_bytes = 8 * page_size  # one int64 token id per slot
         # Usable state slots (0: a dense model); `state[s]` is slot s's state on the device.
@@ -156,6 +167,7 @@ class FakeRunner:
 
     def clear_host_pages(self) -> None:
         self.host_kv.clear()
+        self._lost_slots.clear()
         self.host_state.clear()
 
     def _host_state(self, copy: StateCopy) -> None:
@@ -164,9 +176,9 @@ class FakeRunner:
             if copy.ticket in self.host_state:
                 raise AssertionError(f"state ticket {copy.ticket} saved while held")
             self.host_state[copy.ticket] = int(self.state[copy.state_slot])
-        elif copy.kind == "load":
+        elif copy.kind == "load":  # the row stays until its drop, as a page's does
             self._check_slot(copy.state_slot)
-            self.state[copy.state_slot] = self.host_state.pop(copy.ticket)
+            self.state[copy.state_slot] = self.host_state[copy.ticket]
         else:
             del self.host_state[copy.ticket]
 
@@ -176,8 +188,14 @@ class FakeRunner:
         if plan.chunk is not None and len(plan.rows) > self.max_chunk_rows:
             raise ValueError(f"chunk step of {len(plan.rows)} rows "
                              f"(max {self.max_chunk_rows})")
+        plan, error = self._screen_copies(plan)
+        if error is not None:
+            self._dispatch(_Launched(plan, copies_only=True))
+            raise error
         self.plans.append(plan)
-        launched = _Launched(plan)
+        return self._dispatch(_Launched(plan))
+
+    def _dispatch(self, launched: _Launched) -> _Launched:
         if not self.async_dispatch:
             self._execute(launched)
             return launched
@@ -188,11 +206,40 @@ class FakeRunner:
         self._queue.put(launched)
         return launched
 
+    def _screen_copies(self, plan: StepPlan) -> tuple[StepPlan, PageCopyError | None]:
+        """The plan without the page copies that run out of memory (`copy_fault`), and the
+        error they raise; drops of slots whose save failed have no bytes to drop."""
+        if self.copy_fault is None and not self._lost_slots:
+            return plan, None
+        kept, lost, failed = [], set(), set()
+        for copy in plan.page_copies:
+            if copy.host_slot in self._lost_slots:
+                if copy.kind == DROP:
+                    self._lost_slots.discard(copy.host_slot)
+                    continue
+                if copy.kind == LOAD:
+                    failed.add(copy.device_page)
+                    continue
+            if copy.kind != DROP and self.copy_fault is not None and self.copy_fault(copy):
+                if copy.kind == SAVE:
+                    lost.add(copy.host_slot)
+                else:
+                    failed.add(copy.device_page)
+                continue
+            kept.append(copy)
+        self._lost_slots |= lost
+        plan = dataclasses.replace(plan, page_copies=tuple(kept))
+        if not (lost or failed):
+            return plan, None
+        return plan, PageCopyError(frozenset(lost), frozenset(failed), "fake out of memory")
+
     def wait(self, launched: _Launched) -> None:
         launched.done.wait()
 
     def collect(self, launched: _Launched) -> StepResult:
         launched.done.wait()
+        if self._copy_error is not None:  # nobody collects a failed launch: report it here
+            raise self._copy_error
         if launched.error is not None:
             raise launched.error
         return launched.result
@@ -203,9 +250,14 @@ class FakeRunner:
 
     def _execute(self, launched: _Launched) -> None:
         try:
-            launched.result = self._run(launched.plan)
+            if launched.copies_only:
+                self._apply_copies(launched.plan)
+            else:
+                launched.result = self._run(launched.plan)
         except BaseException as exc:  # surfaces in collect, as a device error would
             launched.error = exc
+            if launched.copies_only:
+                self._copy_error = exc
         launched.done.set()
 
     def _run(self, plan: StepPlan) -> StepResult:
@@ -214,23 +266,7 @@ class FakeRunner:
         sleep = self.prefill_sleep if plan.chunk is not None else self.decode_sleep
         if sleep:
             time.sleep(sleep)
-        for copy in plan.page_copies:  # as HostPageStore: a slot holds one page or nothing
-            if copy.kind == "save":
-                if copy.host_slot in self.host_kv:
-                    raise AssertionError(f"host slot {copy.host_slot} saved while held")
-                self.host_kv[copy.host_slot] = self.kv[copy.device_page].copy()
-            elif copy.kind == "load":
-                self.kv[copy.device_page] = self.host_kv.pop(copy.host_slot)
-            else:
-                del self.host_kv[copy.host_slot]
-        for copy in plan.state_copies:
-            if isinstance(copy, StateCopy):
-                self._host_state(copy)
-                continue
-            src, dst = copy
-            self._check_slot(src)
-            self._check_slot(dst)
-            self.state[dst] = self.state[src]
+        self._apply_copies(plan)
         chunk_token = None
         if plan.chunk is not None:
             chunk_token = self._prefill(plan.chunk)
@@ -270,6 +306,25 @@ class FakeRunner:
                 final[row.state_slot] = i
         for slot, i in final.items():
             self.state[slot] = states[i]
+
+    def _apply_copies(self, plan: StepPlan) -> None:
+        for copy in plan.page_copies:  # as HostPageStore: a slot holds one page or nothing
+            if copy.kind == SAVE:
+                if copy.host_slot in self.host_kv:
+                    raise AssertionError(f"host slot {copy.host_slot} saved while held")
+                self.host_kv[copy.host_slot] = self.kv[copy.device_page].copy()
+            elif copy.kind == LOAD:
+                self.kv[copy.device_page] = self.host_kv[copy.host_slot]
+            else:
+                del self.host_kv[copy.host_slot]
+        for copy in plan.state_copies:
+            if isinstance(copy, StateCopy):
+                self._host_state(copy)
+                continue
+            src, dst = copy
+            self._check_slot(src)
+            self._check_slot(dst)
+            self.state[dst] = self.state[src]
 
     def _row_token(self, row: DecodeRow) -> int:
         if row.from_previous is None:

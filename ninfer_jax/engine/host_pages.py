@@ -10,7 +10,9 @@ Copies are device work, so they ride in the next StepPlan (`page_copies`) as an 
 of `PageCopy`: the runner applies them in order before the step. Order is the whole
 correctness argument: a save reads a device page before any later step (or load) can
 overwrite it, and a host slot freed after a queued load (or drop) may be saved into again
-only by a copy queued after it. Engine thread only.
+only by a copy queued after it. A load leaves the slot's bytes in place: the holder keeps
+them as a clean copy of the page it loaded (prefix_cache.py) or releases the slot.
+Engine thread only.
 """
 from __future__ import annotations
 
@@ -21,19 +23,20 @@ SAVE, LOAD, DROP = "save", "load", "drop"
 
 
 class PageCopy(NamedTuple):
-    # SAVE: device page -> host slot; LOAD: host slot -> device page, then the slot is free;
-    # DROP: the slot is free without a load (device_page unused): the runner forgets its bytes.
+    # SAVE: device page -> host slot; LOAD: host slot -> device page (the slot keeps its
+    # bytes); DROP: the slot is free (device_page unused): the runner forgets its bytes.
     kind: str
     device_page: int
     host_slot: int
 
 
 class StateCopy(NamedTuple):
-    """A hybrid sequence's recurrent state to or from the host tier (pause by snapshot). It
-    rides in StepPlan.state_copies, in order with the state-slot copies there, because both
-    read and write state slots. The bytes are one row the runner keeps under `ticket`, apart
-    from page rows; the budget for it is `state_units` slots held by `reserve`."""
-    kind: str  # SAVE: state slot -> row; LOAD: row -> state slot, then forgotten; DROP
+    """A hybrid state to or from the host tier (a pause snapshot, a spilled state
+    checkpoint). It rides in StepPlan.state_copies, in order with the state-slot copies
+    there, because both read and write state slots. The bytes are one row the runner keeps
+    under `ticket`, apart from page rows; the budget for it is `state_units` slots held by
+    `reserve`."""
+    kind: str  # SAVE: state slot -> row; LOAD: row -> state slot (the row stays); DROP
     state_slot: int  # unused by DROP
     ticket: int
 
@@ -95,11 +98,10 @@ class HostPagePool:
         return slot
 
     def load(self, slot: int, device_page: int) -> None:
-        """Queue a copy of `slot` into `device_page`, then free the slot (see the module
-        docstring: a later save into it is queued after this load)."""
+        """Queue a copy of `slot` into `device_page`; the slot stays held (release it when
+        its bytes are not worth keeping: a later save into it is queued after the load)."""
         self.copies.append(PageCopy(LOAD, device_page, slot))
         self.bytes_loaded += self.page_bytes
-        self._free(slot)
 
     def release(self, slot: int) -> None:
         """Free `slot` without loading it; the runner drops its bytes in order."""

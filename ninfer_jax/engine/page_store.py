@@ -7,15 +7,23 @@ and packs them in one compiled call whose outputs are one row per page; on a GPU
 are then put in `pinned_host` memory (a JAX memory kind), an asynchronous DMA that overlaps
 the steps after it; on the CPU the device memory already is RAM and the rows stay where they
 are. A load puts the wanted rows back on the device (a no-op on the CPU) and one compiled
-call unpacks them into fresh pages. A drop (a slot freed without a load) forgets its row.
+call unpacks them into fresh pages; the rows stay (the prefix cache keeps them as clean
+copies). A drop (a freed slot) forgets its row.
 
 One row per slot is what keeps the host tier's real memory equal to its accounting:
 slots * page_bytes, never more. (Keeping a gathered batch alive while any of its slots was
 held let pinned use grow far past --host-context-mib: run 24 ran out of host memory.)
 Run lengths are padded with DUMMY_PAGE to MIN_RUN_PAGES or a power of two so few shapes
 compile; padding rows exist on the device only for the call. Hybrid state layers are not
-paged: page copies pass them through untouched; a hybrid pause snapshot's state slot is one
-row of its own (`apply_state`, kept by ticket apart from page rows). Engine thread only.
+paged: page copies pass them through untouched; a hybrid pause snapshot's or spilled state
+checkpoint's state slot is one row of its own (`apply_state`, kept by ticket apart from page
+rows until its drop).
+
+Out of memory (device rows of a gather, pinned host rows, device rows of a load: run 24's
+host pool raised RESOURCE_EXHAUSTED in a save's put) fails only the run of copies it hit:
+its slots are `lost` (no row; a later drop of them is expected) or its pages `failed`, the
+other copies run, and `take_failures` hands both to the runner, which fails the step's launch
+with PageCopyError so the scheduler can drop what relied on them. Engine thread only.
 """
 from __future__ import annotations
 
@@ -140,9 +148,15 @@ def _padded(values, fill: int) -> np.ndarray:
     return out
 
 
+def _is_out_of_memory(error: Exception) -> bool:
+    return isinstance(error, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" in str(error)
+
+
 class HostPageStore:
     def __init__(self, mesh=None):
         self._rows: dict[int, object] = {}  # host slot -> its packed page
+        self._lost: set[int] = set()  # slots whose save ran out of memory, until dropped
+        self._failures: tuple[set, set, list] = (set(), set(), [])  # lost, failed, causes
         self._states: dict[int, object] = {}  # ticket -> a state slot's packed row
         self._pack = jax.jit(pack_pages)
         self._unpack = jax.jit(unpack_pages, donate_argnames=("kv",))
@@ -155,12 +169,27 @@ class HostPageStore:
         """Host slots holding bytes here (equals the pool's used slots once copies apply)."""
         return len(self._rows)
 
+    @property
+    def num_state_rows(self) -> int:
+        """State rows held here (snapshots' and spilled checkpoints', until their drop)."""
+        return len(self._states)
+
     def clear(self) -> None:
         self._rows.clear()
+        self._lost.clear()
         self._states.clear()
 
+    def take_failures(self) -> tuple[frozenset, frozenset, str] | None:
+        """(slots lost, pages failed, the first error) since the last call, or None."""
+        lost, failed, causes = self._failures
+        if not causes:
+            return None
+        self._failures = (set(), set(), [])
+        return frozenset(lost), frozenset(failed), causes[0]
+
     def apply_state(self, kv, copy):
-        """`kv` after one StateCopy (a hybrid pause snapshot's state, saved or loaded)."""
+        """`kv` after one StateCopy (a hybrid pause snapshot's or spilled checkpoint's
+        state, saved, loaded or dropped)."""
         if copy.kind == DROP:
             del self._states[copy.ticket]
             return kv
@@ -173,7 +202,7 @@ class HostPageStore:
                                          else jax.device_put(row, self._host))
             return kv
         assert copy.kind == LOAD, copy.kind
-        row = self._states.pop(copy.ticket)
+        row = self._states[copy.ticket]  # kept until its DROP (a spilled checkpoint's home)
         if self._device is not None:
             row = jax.device_put(row, self._device)
         return self._unpack_state(kv, slot, row)
@@ -200,25 +229,53 @@ class HostPageStore:
         kind = run[0].kind
         if kind == DROP:
             for copy in run:
-                del self._rows[copy.host_slot]
+                if copy.host_slot in self._lost:
+                    self._lost.discard(copy.host_slot)
+                else:
+                    del self._rows[copy.host_slot]
             return kv
         if kind == SAVE:
-            rows = self._pack(kv, _padded([c.device_page for c in run], DUMMY_PAGE))
-            rows = rows[:len(run)]
-            if self._host is not None:
-                rows = jax.device_put(rows, self._host)  # asynchronous device -> host
+            try:
+                rows = self._pack(kv, _padded([c.device_page for c in run], DUMMY_PAGE))
+                rows = rows[:len(run)]
+                if self._host is not None:
+                    rows = jax.device_put(rows, self._host)  # asynchronous device -> host
+            except Exception as error:  # noqa: BLE001 - only out of memory is survivable
+                self._fail(error, lost=[copy.host_slot for copy in run])
+                return kv
             for copy, row in zip(run, rows):
                 if copy.host_slot in self._rows:
                     raise AssertionError(f"host slot {copy.host_slot} saved while held")
                 self._rows[copy.host_slot] = row
             return kv
         assert kind == LOAD, kind
-        rows = [self._rows.pop(copy.host_slot) for copy in run]
+        unreadable = [copy for copy in run if copy.host_slot in self._lost]
+        if unreadable:  # their save ran out of memory: the pages get nothing
+            self._failures[1].update(copy.device_page for copy in unreadable)
+            self._failures[2].append("a load read a slot whose save ran out of memory")
+            run = [copy for copy in run if copy.host_slot not in self._lost]
+            if not run:
+                return kv
+        rows = [self._rows[copy.host_slot] for copy in run]  # kept: a clean copy
         if self._device is not None:
-            rows = jax.device_put(rows, self._device)
+            try:
+                rows = jax.device_put(rows, self._device)
+            except Exception as error:  # noqa: BLE001 - only out of memory is survivable
+                self._fail(error, failed=[copy.device_page for copy in run])
+                return kv
         pages = _padded([c.device_page for c in run], DUMMY_PAGE)
         rows = tuple(rows) + (rows[0],) * (len(pages) - len(rows))  # padding -> DUMMY_PAGE
         return self._unpack(kv, pages, rows)
+
+    def _fail(self, error: Exception, lost=(), failed=()) -> None:
+        if not _is_out_of_memory(error):
+            raise error
+        log.error("host tier copies ran out of memory (%d saves, %d loads): %s",
+                  len(lost), len(failed), error)
+        self._lost.update(lost)
+        self._failures[0].update(lost)
+        self._failures[1].update(failed)
+        self._failures[2].append(str(error))
 
 
 @functools.cache

@@ -10,8 +10,9 @@ Only the engine thread touches a pool; it has no locks.
 """
 from __future__ import annotations
 
-import collections
 from typing import Iterable
+
+from ninfer_jax.engine.numbered_pool import NumberedPool
 
 # The page every padding row writes to and every padded page-table entry names. It must equal
 # kernels.paged_attention.DUMMY_PAGE (a test checks); defined here so the host-side engine
@@ -28,27 +29,13 @@ def pages_for(num_positions: int, page_size: int) -> int:
     return -(-num_positions // page_size)
 
 
-class PagePool:
+class PagePool(NumberedPool):
     def __init__(self, num_pages: int):
         if num_pages < 2:
             raise ValueError("a pool needs the dummy page plus at least one usable page")
+        super().__init__(num_pages - 1)
         self.num_pages = num_pages
         self._refs = [0] * num_pages
-        # FIFO reuse: a freed page goes to the back, so stale contents stay unread longest.
-        self._free = collections.deque(p for p in range(num_pages) if p != DUMMY_PAGE)
-
-    @property
-    def capacity(self) -> int:
-        """Usable pages (the dummy page excluded)."""
-        return self.num_pages - 1
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self.capacity - len(self._free)
 
     def refcount(self, page: int) -> int:
         return self._refs[page]

@@ -21,7 +21,9 @@ row buckets. `warmup()` compiles, in parallel, the few shapes that can serve any
 (the smallest and largest decode steps, the largest chunk step) before the server reports
 ready; the rest compile after, in a background thread on GPUs (all before ready on CPU, where
 compiles compete with serving for two cores). A step uses the cheapest compiled shape that
-holds it, so it never waits for a compile. With JAX_COMPILATION_CACHE_DIR set, executables go
+holds it, so it never waits for a compile. With `vision` every shape also gets a media
+variant (`steps.packed_media_step`, compiled alongside), which only steps of prompts with
+media and rows after them run (engine/vision_rows.py builds their MediaRows). With JAX_COMPILATION_CACHE_DIR set, executables go
 to JAX's persistent cache and later starts load them from disk.
 """
 from __future__ import annotations
@@ -45,7 +47,7 @@ from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine import page_store
 from ninfer_jax.engine.host_pages import StateCopy
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
@@ -149,6 +151,7 @@ def enable_persistent_cache() -> None:
 class _Launched:
     out: jax.Array  # int32 [1 + max_batch] on the device
     plan: StepPlan
+    vision: tuple[int, float] = (0, 0.0)  # (items encoded, seconds) for the chunk's sequence
 
 
 class JaxRunner:
@@ -161,7 +164,7 @@ class JaxRunner:
                  greedy_variants: bool | None = None, state_slot_capacity: int | None = None,
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
                  fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
-                 step_shapes: str = "all", tensor_parallel: int = 1,
+                 step_shapes: str = "all", tensor_parallel: int = 1, vision: bool = False,
                  speculative: bool = False, mtp_drafts: int = 0):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
@@ -183,7 +186,8 @@ class JaxRunner:
             self.mesh = tp.make_mesh(tensor_parallel)
         # q|k|v and gate|up joined on the host, before the put (on by default: on the CPU no
         # slower, measured with runner_bench; fused leaves given are kept either way)
-        self.params = place_params(artifact.params, self.config, self.dtype, self.mesh,
+        text_params = {k: v for k, v in artifact.params.items() if k != "vision"}
+        self.params = place_params(text_params, self.config, self.dtype, self.mesh,
                                    fuse=fuse_projections is None or fuse_projections)
         if expand_quantized is None:  # without the quantized kernels, dense weights are faster
             expand_quantized = not kernels
@@ -197,6 +201,9 @@ class JaxRunner:
         # Speculation on a hybrid family: verify rows of one sequence share its state slot
         # and chain (ragged_batch.chain_depths); dense families need nothing.
         self.chained_rows = self.has_state and speculative
+        if self.chained_rows and not self.config.is_hybrid:  # Mamba-2 states do not chain
+            raise ValueError("speculative decoding on state models is built for Gated "
+                             f"DeltaNet only, not for {self.config.architecture}")
         if self.chained_rows and self.mesh is not None:
             raise ValueError("speculative decoding on hybrid models is not built for "
                              "--tensor-parallel")
@@ -269,15 +276,17 @@ class JaxRunner:
         # top-k is a sort of the vocabulary there, and the CPU's run-time skip would stall the
         # launch). Chunk steps keep one variant: their chunk dwarfs the sort.
         self.greedy_variants = kernels if greedy_variants is None else greedy_variants
+        self._init_vision(artifact, vision, max_batch)
         self._copy_slot = jax.jit(copy_state_slot, donate_argnames=("kv",),
                                   **({} if self.mesh is None
                                      else {"out_shardings": self._kv_shardings}))
         self._packer = packed_inputs.HostPacker()
         self._executables: dict[tuple[int, int], object] = {}
         self._greedy_executables: dict[tuple[int, int], object] = {}
-        # (shape, draws) of executables compiled but never run, in compile order (a dict:
+        self._media_executables: dict[tuple[int, int], object] = {}
+        # (shape, variant) of executables compiled but never run, in compile order (a dict:
         # compile threads add, the engine thread removes; each operation is atomic)
-        self._unprimed: dict[tuple[tuple[int, int], bool], None] = {}
+        self._unprimed: dict[tuple[tuple[int, int], str], None] = {}
         self._compile_lock = threading.Lock()
         self._prev_out = self._replicated(np.zeros(self._out_size, np.int32))
         self._zero_bias: dict[int, jax.Array] = {}
@@ -293,6 +302,39 @@ class JaxRunner:
         self._store = (ExecutableStore.from_environment(self._fingerprint())
                        if store_executables else None)
 
+    def _init_vision(self, artifact, vision: bool, max_batch: int) -> None:
+        """--vision: the tower's params and a second set of step executables that take
+        MediaRows (model/multimodal.py), used only by steps that hold media or rows after a
+        prompt with media; text steps keep the plain executables."""
+        self.accepts_media = vision
+        self.max_frame_patches = None  # with vision: vision_rows.MAX_FRAME_PATCHES
+        self.vision = None
+        if not vision:
+            return
+        if artifact.vision_config is None or "vision" not in artifact.params:
+            raise ValueError("vision needs an artifact loaded with its vision component")
+        if self.mesh is not None:
+            raise ValueError("the vision tower is not built for tensor parallelism")
+        from ninfer_jax.engine.vision_rows import MAX_FRAME_PATCHES, VisionRows
+
+        self.max_frame_patches = MAX_FRAME_PATCHES
+        self.vision = VisionRows(steps.cast_params(artifact.params["vision"], self.dtype),
+                                 artifact.vision_config, hidden=self.config.hidden_size,
+                                 dtype=self.dtype, max_sequences=4 * max_batch,
+                                 wait_previous=lambda: self._prev_out.block_until_ready())
+        self._media_jitted = jax.jit(steps.packed_media_step,
+                                     static_argnames=("config", "page_size", "layout", "draws",
+                                                      "mesh"),
+                                     donate_argnames=("kv", "prev_out") if self.stable_buffers
+                                     else ("kv",))
+
+    def _variant_executables(self, variant: str) -> dict:
+        return {"draws": self._executables, "greedy": self._greedy_executables,
+                "media": self._media_executables}[variant]
+
+    def _media_shapes(self, shapes) -> list[tuple[int, int]]:
+        return list(shapes) if self.vision is not None else []
+
     # the pre-v2 names, still read by tests and tools
     @property
     def batch_buckets(self) -> tuple[int, ...]:
@@ -301,7 +343,7 @@ class JaxRunner:
     def _init_state_slots(self, capacity: int | None) -> None:
         """Hybrid families: one state slot per lane unless told (the engine passes
         --max-concurrency + --device-state-slots); dense ones have none."""
-        self.has_state = self.config.is_hybrid
+        self.has_state = self.config.has_state
         if not self.has_state:
             capacity = 0
         self.state_slot_capacity = self.max_batch if capacity is None else capacity
@@ -399,9 +441,11 @@ class JaxRunner:
         """(executables ready, executables planned), for /health and the logs: every step
         shape plus the greedy variants; ready means compiled and run once (prime_one), so
         none of them would stall a request with its first-run set-up."""
-        compiled = len(self._executables) + len(self._greedy_executables)
+        compiled = (len(self._executables) + len(self._greedy_executables)
+                    + len(self._media_executables))
+        shapes = self.step_shapes()
         return (compiled - len(self._unprimed),
-                len(self.step_shapes()) + len(self.greedy_shapes()))
+                len(shapes) + len(self.greedy_shapes()) + len(self._media_shapes(shapes)))
 
     def warmup(self) -> None:
         """Compile the essential shapes (in parallel), run each once on padding inputs (they
@@ -419,13 +463,18 @@ class JaxRunner:
         compiled = time.perf_counter()
         for shape in essential:
             self._run_padding(self._executables[shape], shape)
+        for shape in self._media_shapes(essential):
+            self._run_padding(self._media_executables[shape], shape, media=True)
+        if self.vision is not None:  # "essential": the smallest encode bucket only
+            self.vision.warm(every_bucket=self.step_shape_set == "all")
         self.kv = self._placed(self._page_store.warm(self.kv))  # the host tier's first copies
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
             self.kv = self._copy_slot(self.kv, dummy, dummy)
         jax.block_until_ready(self.kv)
         for shape in essential:
-            self._unprimed.pop((shape, True), None)
+            self._unprimed.pop((shape, "draws"), None)
+            self._unprimed.pop((shape, "media"), None)
         self.is_warm = True
         log.info("compiled %d step shapes in %.1f s, first runs %.1f s%s", len(essential),
                  compiled - started, time.perf_counter() - compiled,
@@ -446,19 +495,21 @@ class JaxRunner:
         key = next(iter(self._unprimed), None)
         if key is None:
             return False
-        shape, draws = key
+        shape, variant = key
         self._unprimed.pop(key, None)
-        executables = self._executables if draws else self._greedy_executables
-        self._run_padding(executables[shape], shape)
+        self._run_padding(self._variant_executables(variant)[shape], shape,
+                          media=variant == "media")
         jax.block_until_ready(self.kv)
         return True
 
-    def _run_padding(self, executable, shape) -> None:
+    def _run_padding(self, executable, shape, media: bool = False) -> None:
         ints, floats, bias = self._example_inputs(*shape)
         if self.stable_buffers:
             ints, floats = self._staged(shape, ints, floats)
+        extra = (self.vision.example_rows(*shape),) if media else ()
         # The previous step's output is kept: a padding run's own rows are all padding.
-        out, self.kv = executable(self.params, self.kv, self._prev_out, ints, floats, bias)
+        out, self.kv = executable(self.params, self.kv, self._prev_out, ints, floats, bias,
+                                  *extra)
         if self.stable_buffers:  # prev_out was donated: `out` is its buffer, same values
             self._prev_out = out
 
@@ -495,17 +546,23 @@ class JaxRunner:
         finally:
             self.compile_done.set()
 
-    def compile_shapes(self, shapes) -> None:
+    def compile_shapes(self, shapes, media_shapes=None) -> None:
         """Compile these (chunk, rows) shapes now, in parallel, with their greedy variants
+        and, with vision, the media variants of `media_shapes` (default: all of them)
         (benchmarks pin exact shapes)."""
         shapes = list(shapes)
         greedy = set(self.greedy_shapes())
-        self._compile_all(shapes, [shape for shape in shapes if shape in greedy])
+        self._compile_all(shapes, [shape for shape in shapes if shape in greedy],
+                          media_shapes=media_shapes)
 
-    def _compile_all(self, shapes, greedy_shapes=(), threads: int | None = None) -> None:
-        """Compile the shapes, then the greedy variants of `greedy_shapes`, `threads` at a
-        time (default: compile_threads)."""
-        jobs = [(shape, True) for shape in shapes] + [(s, False) for s in greedy_shapes]
+    def _compile_all(self, shapes, greedy_shapes=(), threads: int | None = None,
+                     media_shapes=None) -> None:
+        """Compile the shapes, then the greedy variants of `greedy_shapes` and the media
+        variants of `media_shapes` (default: `shapes`, with vision), `threads` at a time
+        (default: compile_threads)."""
+        media = self._media_shapes(shapes if media_shapes is None else media_shapes)
+        jobs = ([(shape, "draws") for shape in shapes] + [(s, "greedy") for s in greedy_shapes]
+                + [(s, "media") for s in media])
         threads = threads or self.compile_threads
         if len(jobs) <= 1 or threads <= 1:
             for job in jobs:
@@ -530,52 +587,61 @@ class JaxRunner:
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
                 "width": self.width, "max_batch": self.max_batch,
                 "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
+                "vision": self.vision.config.to_dict() if self.vision is not None else None,
                 **({"state_slots": self.state_slot_capacity,
                     "chained_rows": self.chained_rows, "mtp_drafts": self.num_drafts}
                    if self.has_state else {})}
 
-    def _compile(self, shape: tuple[int, int], draws: bool = True) -> None:
-        executables = self._executables if draws else self._greedy_executables
+    def _compile(self, shape: tuple[int, int], variant: str = "draws") -> None:
+        """Compile one shape's executable: "draws" (the full sampler), "greedy" (no draws)
+        or "media" (the full sampler plus MediaRows, --vision only)."""
+        executables = self._variant_executables(variant)
         if shape in executables:
             return
-        key = shape if draws else (*shape, "greedy")
+        key = shape if variant == "draws" else (*shape, variant)
         stored = self._store.load(key) if self._store is not None else None
         if stored is not None:
             executables[shape] = stored
-            self._unprimed[(shape, draws)] = None
+            self._unprimed[(shape, variant)] = None
             if self.on_compiled is not None:
                 self.on_compiled()
             return
         example = self._example_inputs(*shape)
+        jitted = self._jitted
+        if variant == "media":
+            jitted = self._media_jitted
+            example = (*example, self.vision.example_rows(*shape))
         with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
             # Abstract caches: the engine thread donates the real ones while this traces.
-            lowered = self._jitted.lower(self.params, self._kv_spec, self._prev_out_spec(),
-                                         *map(self._abstract, example),
-                                         config=self.config, page_size=self.page_size,
-                                         layout=self._layout(*shape), draws=draws,
-                                         mesh=self.mesh)
+            lowered = jitted.lower(self.params, self._kv_spec, self._prev_out_spec(),
+                                   *map(self._abstract, example),
+                                   config=self.config, page_size=self.page_size,
+                                   layout=self._layout(*shape), draws=variant != "greedy",
+                                   mesh=self.mesh)
         compiled = lowered.compile()
         executables[shape] = compiled
-        self._unprimed[(shape, draws)] = None
+        self._unprimed[(shape, variant)] = None
         if self._store is not None:
             self._store.save(key, compiled)
         if self.on_compiled is not None:
             self.on_compiled()
 
-    def _shape_for(self, num_chunk: int, num_rows: int) -> tuple[int, int]:
+    def _shape_for(self, num_chunk: int, num_rows: int,
+                   variant: str = "draws") -> tuple[int, int]:
         """The cheapest compiled shape holding the step (fewest padded tokens)."""
         chunk = 0 if num_chunk == 0 else fit_bucket(self.chunk_buckets, num_chunk,
                                                     "prefill chunk")
         rows = fit_bucket(self.row_buckets, num_rows, "row count")
-        if (chunk, rows) in self._executables:
+        executables = self._variant_executables(variant)
+        if (chunk, rows) in executables:
             return chunk, rows
-        fitting = [s for s in list(self._executables) if s[0] >= chunk and s[1] >= rows
+        fitting = [s for s in list(executables) if s[0] >= chunk and s[1] >= rows
                    and (chunk == 0 or s[0] > 0)]
         if not fitting:
             if self.is_warm:
-                log.warning("compiling step shape %s after warm-up", (chunk, rows))
+                log.warning("compiling %s step shape %s after warm-up", variant, (chunk, rows))
             shape = (chunk, rows) if num_chunk else (0, rows)
-            self._compile(shape)
+            self._compile(shape, variant)
             return shape
         return min(fitting, key=lambda s: (s[0] + s[1], s))
 
@@ -617,16 +683,26 @@ class JaxRunner:
         if len(rows) > self.max_batch:
             raise ValueError(f"step of {len(rows)} rows (max {self.max_batch})")
         unit = plan.chunk
-        shape = self._shape_for(len(unit.tokens) if unit is not None else 0, max(1, len(rows)))
+        # Steps with media rows, or rows after a prompt with media (their MRoPE positions
+        # are offset), run the media executables; text steps never pay for them.
+        media = self.vision is not None and (
+            (unit is not None and unit.media is not None) or any(r.rope_delta for r in rows))
+        variant = "media" if media else "draws"
+        shape = self._shape_for(len(unit.tokens) if unit is not None else 0, max(1, len(rows)),
+                                variant)
         layout = self._layout(*shape)
         specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
         ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
-        executable, draws = self._executables[shape], True
-        if self.greedy_variants and all(s is None or s.params.is_greedy for s in specs):
+        executable = self._variant_executables(variant)[shape]
+        extra, encoded = (), (0, 0.0)
+        if media:
+            extra = (self.vision.step_rows(unit, rows, *shape),)
+            encoded = self.vision.last_encode
+        if not media and self.greedy_variants and all(
+                s is None or s.params.is_greedy for s in specs):
             greedy = self._greedy_executables.get(shape)
             if greedy is not None:
-                executable, draws = greedy, False
-        self._unprimed.pop((shape, draws), None)  # this is its first run if it never ran
+                executable, variant = greedy, "greedy"
         if plan.page_copies:  # host tier saves and loads, in order, before the step
             self.kv = self._placed(self._page_store.apply(self.kv, plan.page_copies))
         for copy in plan.state_copies:  # in order, before the step (checkpoints, snapshots)
@@ -634,15 +710,19 @@ class JaxRunner:
                 self.kv = self._placed(self._page_store.apply_state(self.kv, copy))
             else:
                 self.kv = self._copy_slot(self.kv, np.int32(copy[0]), np.int32(copy[1]))
+        failures = self._page_store.take_failures()
+        if failures is not None:  # the scheduler drops what relied on them, then re-plans
+            raise PageCopyError(*failures)
+        self._unprimed.pop((shape, variant), None)  # this is its first run if it never ran
         if self.stable_buffers:
             ints, floats = self._staged(shape, ints, floats)
         out, self.kv = executable(
             self.params, self.kv, self._prev_out, ints, floats,
-            self._bias(specs, layout.sampled))
+            self._bias(specs, layout.sampled), *extra)
         self._prev_out = out
         # With stable buffers `out` is donated to the next step, so the host reads a copy.
         host_view = self._snapshot(out, self._zero) if self.stable_buffers else out
-        return _Launched(out=host_view, plan=plan)
+        return _Launched(out=host_view, plan=plan, vision=encoded)
 
     def wait(self, launched: _Launched) -> None:
         launched.out.block_until_ready()
@@ -660,7 +740,9 @@ class JaxRunner:
             drafts = dict(chunk_draft=after[0].astype(np.int32),
                           row_drafts=after[1:1 + num_rows].astype(np.int32))
         return StepResult(chunk_token=chunk_token,
-                          row_tokens=host[1:1 + num_rows].astype(np.int32), **drafts)
+                          row_tokens=host[1:1 + num_rows].astype(np.int32),
+                          vision_items=launched.vision[0], vision_seconds=launched.vision[1],
+                          **drafts)
 
     def _host_batch(self, unit: PrefillUnit | None, rows: Sequence[DecodeRow], chunk: int,
                     num_rows: int) -> dict:

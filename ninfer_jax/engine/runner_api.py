@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol, Sequence
 
 import numpy as np
 
+from ninfer_jax.engine.prompt_media import PromptMedia
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 
@@ -45,6 +46,9 @@ class PrefillUnit:
     # The token after the chunk when the sequence already has it (a prompt that continues):
     # the MTP head's K/V at the chunk's last position needs it (model/mtp.py).
     next_token: int | None = None
+    # The sequence's prompt media (prompt_media.py): MRoPE positions for every chunk, and
+    # the items a chunk's placeholders need, which the runner encodes and feeds.
+    media: PromptMedia | None = None
 
 
 class DecodeRow(NamedTuple):
@@ -62,6 +66,7 @@ class DecodeRow(NamedTuple):
     # (`CHUNK_SLOT` for its chunk, else that plan's row index). `token` is then ignored.
     from_previous: int | None = None
     state_slot: int = DUMMY_STATE_SLOT  # hybrid models: holds the state after [0, position)
+    rope_delta: int = 0  # after a prompt with media: its MRoPE offset (prompt_media.py)
 
 
 CHUNK_SLOT = -1  # DecodeRow.from_previous naming the previous step's chunk sample
@@ -104,6 +109,21 @@ class StepResult:
     # chunk's and [len(rows), K] after the rows'; None without one.
     chunk_draft: np.ndarray | None = None
     row_drafts: np.ndarray | None = None
+    # --vision: items of the chunk's sequence the step encoded, and the encode's seconds
+    vision_items: int = 0
+    vision_seconds: float = 0.0
+
+
+class PageCopyError(Exception):
+    """A plan's page copies ran out of device or host memory. `launch` raises it instead of
+    dispatching the step; every other copy of the plan (and its state copies) ran. Host
+    slots in `lost_slots` hold nothing (their save failed); device pages in `failed_pages`
+    hold garbage (their load failed, or read a lost slot)."""
+
+    def __init__(self, lost_slots: frozenset, failed_pages: frozenset, cause: str):
+        super().__init__(f"page copies failed ({len(lost_slots)} saves, "
+                         f"{len(failed_pages)} loads): {cause}")
+        self.lost_slots, self.failed_pages = lost_slots, failed_pages
 
 
 class StepRunner(Protocol):
@@ -133,7 +153,8 @@ class StepRunner(Protocol):
     def launch(self, plan: StepPlan) -> object:
         """Dispatch one step and return at once (a handle for `collect`). Steps run on the
         device in launch order, so a plan may name the previous step's samples
-        (`from_previous`) before they reach the host."""
+        (`from_previous`) before they reach the host. Raises PageCopyError, with the step
+        not dispatched, when its page copies run out of memory."""
 
     def wait(self, handle: object) -> None:
         """Block until a launched step has finished on the device."""

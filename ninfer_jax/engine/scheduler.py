@@ -54,7 +54,8 @@ Policies (see also sequence.py for the prefill/decode rule):
   to evict). Cached KV pages cannot rebuild a recurrent state, so a hybrid prefix hit only
   reaches the deepest cached node with a state checkpoint (engine/state_checkpoints.py),
   whose copy starts the sequence's slot; without one a sequence (a restored one too)
-  starts from position 0. Chunks end at a sequence's checkpoint marks, where it leaves them.
+  starts from position 0. With a host tier, evicted checkpoints and pages spill there and
+  a hit loads both back. Chunks end at a sequence's checkpoint marks, where it leaves them.
 """
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from ninfer_jax.engine import prompt_media
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE, HostPagePool, StateCopy
 from ninfer_jax.engine.lifecycle import Lifecycle, TokenPolicyError
@@ -74,7 +76,8 @@ from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PrefillUnit, SampleSpec, StepPlan, StepResult, VerifySpan,
+    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    VerifySpan,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import num_accepted
@@ -122,14 +125,14 @@ class Scheduler:
         self.paused: list[Sequence] = []  # sorted by seq_id: restore order
         # The host tier (--host-context-mib): spilled prefix pages and pause snapshots.
         self.host = host if host is not None else HostPagePool(0)
-        # Hybrid models do not spill: a spilled page could not come back without a state
-        # checkpoint on the device, and their pauses replay.
-        self.cache = (PrefixCache(pool, page_size, None if self.slots.is_enabled else self.host)
-                      if config.prefix_reuse else None)
+        self.cache = PrefixCache(pool, page_size, self.host) if config.prefix_reuse else None
         self.checkpoints = None  # hybrid models with prefix reuse: their state checkpoints
         self._state_copies: list[StateCopy] = []  # state snapshot copies, without checkpoints
         if self.cache is not None and self.slots.is_enabled:
-            self.checkpoints = StateCheckpoints(self.slots)
+            # A hybrid's spilled pages are worth keeping only below a checkpoint, so its
+            # checkpoints spill into the same budget, ranked as their nodes.
+            self.checkpoints = StateCheckpoints(self.slots, self.cache.host,
+                                                self.cache.free_host_for)
             self.cache.on_remove = self.checkpoints.forget
         self.life = Lifecycle(pool, clock, eos_ids, config.max_context, self.slots)
         self.counters = self.life.counters
@@ -145,6 +148,8 @@ class Scheduler:
         request = handle.request
         seq = Sequence(self._next_seq_id, handle, list(request.prompt_ids),
                        len(request.prompt_ids))
+        if request.media:  # checked by Engine.submit; text prompts skip this entirely
+            seq.media = prompt_media.build(request.media, seq.num_prompt, request.prompt_ids)
         # Pages up to the last explicit breakpoint are kept longest; `mode: explicit`
         # requests publish nothing past it (no automatic write).
         seq.keep_pages = max(request.cache_breakpoints, default=0) // self.page_size
@@ -263,6 +268,29 @@ class Scheduler:
             self._state_copies = []
         return plan
 
+    def copies_failed(self, error: PageCopyError) -> None:
+        """The plan was not launched: some of its page copies ran out of memory (the others
+        ran). The cache and paused requests forget slots that hold nothing, and a request
+        that attached a page whose load failed fails; the rest is planned again. (A slot or
+        page reused within that plan after the failed copy is forgotten too: it costs a
+        cache entry, never a wrong page.)"""
+        log.error("a step's host tier copies failed, its requests are planned again: %s",
+                  error)
+        lost, failed = error.lost_slots, error.failed_pages
+        if self.cache is not None:
+            self.cache.forget(lost, failed)
+        for seq in list(self.paused):
+            if seq.snapshot is not None and lost.intersection(seq.snapshot[1]):
+                self._drop_snapshot(seq)
+                self.life.snapshot_revoked(seq)
+        for seq in list(self.resident):
+            if failed.intersection(seq.pages):
+                log.error("request_id=%s fails: a page of its context did not come back "
+                          "from the host tier", seq.request_id)
+                self._detach(seq)
+                self.life.fail(seq, InternalError("the request's cached context could "
+                                                  "not be restored (out of memory)"))
+
     def _queue_state_copy(self, copy: StateCopy) -> None:
         """State snapshots travel in order with the checkpoint copies (both touch slots)."""
         queue = self.checkpoints.copies if self.checkpoints is not None else self._state_copies
@@ -289,7 +317,7 @@ class Scheduler:
             sample = self._sample_spec(seq)
         return PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
                            start=start, page_table=self._page_table(seq), sample=sample,
-                           state_slot=seq.state_slot,
+                           state_slot=seq.state_slot, media=seq.media,
                            next_token=seq.tokens[end] if end < len(seq.tokens) else None)
 
     def _decode_row(self, seq: Sequence) -> DecodeRow:
@@ -297,10 +325,11 @@ class Scheduler:
         if seq.pending_slots:
             return DecodeRow(seq_id=seq.seq_id, token=0, position=position,
                              page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                             from_previous=seq.pending_slots[-1], state_slot=seq.state_slot)
+                             from_previous=seq.pending_slots[-1], state_slot=seq.state_slot,
+                             rope_delta=seq.rope_delta)
         return DecodeRow(seq_id=seq.seq_id, token=seq.tokens[-1], position=position,
                          page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                         state_slot=seq.state_slot)
+                         state_slot=seq.state_slot, rope_delta=seq.rope_delta)
 
     @staticmethod
     def _page_table(seq: Sequence) -> np.ndarray:
@@ -440,8 +469,8 @@ class Scheduler:
         pages = self.pool.alloc(missing)
         for slot, page in zip(slots[first:], pages):
             self.host.load(slot, page)
-        for slot in slots[:first]:
-            self.host.release(slot)  # the cache had those pages already
+        for slot in slots:  # (the cache had the first pages already)
+            self.host.release(slot)
         seq.pages = seq.pages + pages
         seq.snapshot = None
         if state is not None:  # the state at `frontier` comes back from host, not a checkpoint
@@ -544,6 +573,7 @@ class Scheduler:
     def _start_state(self, seq: Sequence) -> None:
         if seq.host_state is not None:  # a snapshot restore: the state row into its slot
             self._queue_state_copy(StateCopy(LOAD, seq.state_slot, seq.host_state[0]))
+            self._queue_state_copy(StateCopy(DROP, DUMMY_STATE_SLOT, seq.host_state[0]))
             self.host.unreserve(seq.host_state)
             seq.host_state = None
         elif seq.state_source is not None:
@@ -556,21 +586,35 @@ class Scheduler:
         Hybrid models: only as far as the deepest checkpoint (`state_source`)."""
         if self.cache is None:
             return 0
-        # Hybrid models reuse only as deep as a device checkpoint: no host loads there.
-        pages, last_node = self.cache.match(seq.tokens, self._max_cached_pages(seq),
-                                            load=self.checkpoints is None)
-        if self.checkpoints is not None and pages:
-            seq.state_source = self.checkpoints.slot_at(last_node)
+        if self.checkpoints is None:
+            pages, last_node = self.cache.match(seq.cache_tokens, self._max_cached_pages(seq))
+        else:
+            pages, last_node = self._match_checkpointed(seq)
         seq.pages = pages
         seq.cache_cursor = (len(pages), last_node)
         return len(pages) * self.page_size
+
+    def _match_checkpointed(self, seq: Sequence) -> tuple[list[int], int]:
+        """A hybrid's match: pages (spilled ones loaded back) only up to the deepest node
+        with a checkpoint in either tier, whose state starts the sequence (`state_source`)."""
+        limit = (len(seq.tokens) - 1) // self.page_size
+        depth = self.checkpoints.deepest(self.cache.chain(seq.cache_tokens, limit, host=True))
+        pages, last_node = self.cache.match(seq.cache_tokens, depth)
+        if len(pages) < depth:  # the device pool could not take every spilled page back
+            ids = self.cache.chain(seq.cache_tokens, len(pages))
+            usable = self.checkpoints.deepest(ids)
+            self.pool.release(pages[usable:])
+            pages, last_node = pages[:usable], (ids[usable - 1] if usable else ROOT)
+        if pages:
+            seq.state_source = self.checkpoints.source(last_node)
+        return pages, last_node
 
     def _max_cached_pages(self, seq: Sequence) -> int:
         """Leading pages `seq` may reuse; hybrid models: up to the deepest checkpoint."""
         limit = (len(seq.tokens) - 1) // self.page_size
         if self.checkpoints is None:
             return limit
-        return self.checkpoints.deepest(self.cache.chain(seq.tokens, limit))
+        return self.checkpoints.deepest(self.cache.chain(seq.cache_tokens, limit))
 
     def _fits(self, seq: Sequence, headroom: int = 0) -> bool:
         """Whether the pages `seq` needs up to its first sample (or, after a pause, up to and
@@ -584,7 +628,7 @@ class Scheduler:
         available = self.pool.num_free - promised
         if self.cache is not None and need > available:
             matched, matched_reclaimable = self.cache.count_cached(
-                seq.tokens, self._max_cached_pages(seq))
+                seq.cache_tokens, self._max_cached_pages(seq))
             # Its own cached pages are reused, so they are not also free for it.
             need -= matched
             available += self._num_cache_only_pages() - matched_reclaimable
@@ -622,6 +666,12 @@ class Scheduler:
         if plan.chunk is not None:
             self.counters.prefill_seconds += seconds * prefill_share
             seq = live.get(plan.chunk.seq_id)
+            if result.vision_items:
+                self.counters.vision_items += result.vision_items
+                self.counters.vision_seconds += result.vision_seconds
+                if seq is not None:
+                    seq.counters["vision_items"] += result.vision_items
+                    seq.counters["vision_seconds"] += result.vision_seconds
             if seq is not None:
                 self._apply_chunk(seq, plan.chunk, result.chunk_token)
                 if plan.chunk.sample is not None and result.chunk_draft is not None:
@@ -690,7 +740,7 @@ class Scheduler:
             if seq.publish_limit is not None:
                 computed = min(computed, seq.publish_limit)
             if computed // self.page_size > seq.cache_cursor[0]:  # a page filled up since
-                seq.cache_cursor = self.cache.publish(seq.tokens, seq.pages, computed,
+                seq.cache_cursor = self.cache.publish(seq.cache_tokens, seq.pages, computed,
                                                       seq.cache_cursor, seq.keep_pages)
 
     def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
@@ -743,7 +793,11 @@ class Scheduler:
             "state_slots_capacity": self.slots.capacity,
             "host_pages_used": self.host.num_used,
             "host_pages_capacity": self.host.capacity,
-            "host_pages_cached": self.cache.num_host_pages if self.cache is not None else 0,
+            "host_pages_cached": (self.cache.num_host_pages + self.cache.num_clean_pages
+                                  if self.cache is not None else 0),
+            "host_pages_clean": self.cache.num_clean_pages if self.cache is not None else 0,
+            "host_pages_checkpoints": (self.checkpoints.num_host_units
+                                       if self.checkpoints is not None else 0),
             "host_pages_peak": self.host.peak_used,
             "host_page_bytes": self.host.page_bytes,
             "kv_bytes_to_host": self.host.bytes_saved,
@@ -759,11 +813,16 @@ class Scheduler:
 
     def host_holders(self) -> list[int]:
         """Every held host slot (for HostPagePool.check)."""
-        holders = [slot for s in self.paused if s.snapshot is not None
-                   for slot in s.snapshot[1] + (s.snapshot[2] or [])]
+        holders = [slot for s in self.paused if s.snapshot is not None for slot in s.snapshot[1]]
         if self.cache is not None:
             holders += self.cache.host_slots()
-        return holders
+        return holders + [slot for row in self.host_state_rows() for slot in row]
+
+    def host_state_rows(self) -> list[list[int]]:
+        """The host slots of every state row: paused snapshots' (in host_holders too) and
+        spilled checkpoints'; each row's [0] is its ticket."""
+        rows = [s.snapshot[2] for s in self.paused if s.snapshot is not None and s.snapshot[2]]
+        return rows + (self.checkpoints.host_rows() if self.checkpoints is not None else [])
 
     def page_holders(self) -> list[list[int]]:
         """Every page list that holds references (for PagePool.check)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 
+from ninfer_jax.engine.prompt_media import MediaKeyedTokens, PromptMedia
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 
@@ -49,9 +50,10 @@ class Sequence:
     # Hybrid models: the state slot holding the state after tokens [0, num_computed); held
     # while resident, DUMMY_STATE_SLOT otherwise (and always for dense models).
     state_slot: int = DUMMY_STATE_SLOT
-    # A checkpoint slot to start the state from, set when a prefix hit is planned and
-    # cleared once its copy is queued (engine/state_checkpoints.py).
-    state_source: int | None = None
+    # The checkpoint to start the state from, ("slot", device slot) or ("row", host ticket),
+    # set when a prefix hit is planned and cleared once its copy is queued
+    # (engine/state_checkpoints.py).
+    state_source: tuple[str, int] | None = None
     # A snapshot restore's state row in the host tier (its reserved slots; [0] the ticket),
     # set when the restore is planned and cleared once its StateCopy is queued.
     host_state: list[int] | None = None
@@ -86,12 +88,27 @@ class Sequence:
         # speculative decoding (engine/stats.py's spec_* counters, for this request)
         "spec_rounds": 0, "spec_drafted": 0, "spec_accepted": 0, "spec_fallback_steps": 0,
         "spec_accepted_per_position": [],
+        "vision_items": 0, "vision_seconds": 0.0,  # --vision: encodes of this request's media
     })
     # The drafter's view of `tokens` (speculation.TokenHistory), made on first use.
     history: object = None
     # --spec mtp: (number of tokens it follows, int32 [K]) drafted by the step that
     # committed the last token; stale once more tokens commit.
     device_draft: tuple | None = None
+    # Prompts with images or video: MRoPE positions, feature rows, prefix-cache marks
+    # (engine/prompt_media.py); None for text.
+    media: PromptMedia | None = None
+
+    @property
+    def rope_delta(self) -> int:
+        """What decode rows add to their position on the three MRoPE axes (0: text)."""
+        return 0 if self.media is None else self.media.rope_delta
+
+    @property
+    def cache_tokens(self):
+        """`tokens` as the prefix cache keys them: media placeholders carry their digest."""
+        return self.tokens if self.media is None else MediaKeyedTokens(self.tokens,
+                                                                       self.media.marks)
 
     @property
     def request(self) -> GenerationRequest:

@@ -33,7 +33,8 @@ Hybrid families (Gated DeltaNet state slots): the K + 1 rows share the sequence'
 slot and chain inside the step, each row continuing its predecessor's recurrent state; the
 slot receives, after sampling, the state after the last committed token but one, chosen on
 the device by this same rule (model/hybrid.py `settle_rows`), so the scheduler's slot
-invariant holds when it commits the round.
+invariant holds when it commits the round. Nemotron-H (Mamba-2 state slots) has no such
+chain and is refused whatever the backend.
 
 Backends: `ngram` (prompt lookup, host side, below). `mtp`, `dflash`, `dflash2` are named
 by the serving contract with their draft ranges but not implemented: they need drafter
@@ -52,6 +53,10 @@ DRAFT_RANGES = {"ngram": (1, 15, 4), "mtp": (1, 5, 3), "dflash": (1, 15, 7),
                 "dflash2": (1, 15, 7)}
 BACKENDS = tuple(DRAFT_RANGES)
 IMPLEMENTED = ("ngram", "mtp")
+# State families whose verify rows cannot chain (only Gated DeltaNet's do: model/hybrid.py).
+STATE_REFUSAL = ("speculative decoding needs chained verify rows over the recurrent state, "
+                 "built for Gated DeltaNet only, not for {architecture} (Mamba-2); serve it "
+                 "without --spec")
 # Speculation widens the runner's row capacity to lanes x (K + 1), at most this many rows
 # (never fewer than the lanes): rows are compiled in doubling buckets, so a larger capacity
 # means more step shapes to compile at start-up.
@@ -98,6 +103,8 @@ class SpeculativeConfig:
         if self.backend not in IMPLEMENTED:
             raise ValueError(f"--spec {self.backend} is not implemented yet (available: "
                              f"{', '.join(IMPLEMENTED)})")
+        if model_config.has_state and not model_config.is_hybrid:
+            raise ValueError(STATE_REFUSAL.format(architecture=model_config.architecture))
         if self.backend == "mtp" and not (model_config.is_hybrid
                                           and model_config.mtp_num_layers):
             raise ValueError(f"--spec mtp needs a model with an MTP head; "

@@ -95,7 +95,7 @@ class SpeculativeRounds:
         tokens = [seq.tokens[-1], *draft.tokens.tolist()]
         return [DecodeRow(seq_id=seq.seq_id, token=token, position=position + i,
                           page_table=page_table, sample=SampleSpec(params, num_output + i),
-                          state_slot=seq.state_slot)
+                          state_slot=seq.state_slot, rope_delta=seq.rope_delta)
                 for i, token in enumerate(tokens)]
 
     def count_launched(self, plan: StepPlan, seqs: dict[int, Sequence]) -> None:

@@ -19,8 +19,9 @@ ever allocated. Only the engine thread touches a pool; it has no locks.
 """
 from __future__ import annotations
 
-import collections
 from typing import Iterable
+
+from ninfer_jax.engine.numbered_pool import NumberedPool
 
 # Must equal model.ragged_batch.DUMMY_STATE_SLOT (a test checks); defined here so the
 # host-side engine never imports JAX.
@@ -43,14 +44,12 @@ def state_slot_capacity(*, has_state: bool, max_concurrency: int, extra_slots: i
     return max_concurrency + extra_slots if has_state else 0
 
 
-class StateSlotPool:
+class StateSlotPool(NumberedPool):
     def __init__(self, capacity: int):
         if capacity < 0:
             raise ValueError("a state slot pool cannot have a negative capacity")
-        self.capacity = capacity  # usable slots, the dummy slot excluded
+        super().__init__(capacity)
         self._held = [False] * (capacity + 1)
-        # FIFO reuse, as for pages: a freed slot is handed out again last.
-        self._free = collections.deque(range(1, capacity + 1))
 
     @property
     def is_enabled(self) -> bool:
@@ -61,14 +60,6 @@ class StateSlotPool:
     def num_slots(self) -> int:
         """Slots on the device, the dummy slot included (0 when disabled)."""
         return self.capacity + 1 if self.is_enabled else 0
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
-    def num_used(self) -> int:
-        return self.capacity - len(self._free)
 
     def alloc(self) -> int:
         if not self._free:

@@ -42,6 +42,9 @@ class EngineCounters:
     spec_accepted_tokens: int = 0
     spec_fallback_steps: int = 0
     prefill_seconds: float = 0.0  # time inside runner.prefill
+    # --vision: media items run through the vision tower and the device time of their encodes
+    vision_items: int = 0
+    vision_seconds: float = 0.0
     decode_seconds: float = 0.0  # time inside runner.decode
     requests: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
     decode_batch_sizes: dict = dataclasses.field(default_factory=dict)  # size -> rounds
@@ -72,11 +75,15 @@ class EngineStats:
     kv_pages_used: int
     kv_pages_capacity: int
     kv_pages_cached: int  # pages the prefix cache retains (also counted in kv_pages_used)
-    # host tier (--host-context-mib): slots of one device page each, cached ones (spilled
-    # prefix pages) and snapshot ones (paused requests) making up the used; cumulative bytes
+    # host tier (--host-context-mib): slots of one device page each, cached ones (prefix
+    # pages: spilled, or clean copies of device pages), checkpoint ones (hybrid models'
+    # spilled state checkpoints) and snapshot ones (paused requests) making up the used;
+    # cumulative bytes
     host_pages_used: int
     host_pages_capacity: int
     host_pages_cached: int
+    host_pages_clean: int  # of the cached, copies of pages still on the device
+    host_pages_checkpoints: int
     host_pages_peak: int
     host_page_bytes: int
     kv_bytes_to_host: int
@@ -108,6 +115,8 @@ class EngineStats:
     spec_accepted_tokens: int
     spec_fallback_steps: int
     prefill_seconds: float
+    vision_items: int
+    vision_seconds: float
     decode_seconds: float
     requests: dict  # outcome -> count
     decode_batch_sizes: dict  # batch size -> rounds
@@ -129,7 +138,8 @@ class EngineStats:
 
 
 HOST_GAUGES_ZERO = dict.fromkeys((
-    "host_pages_used", "host_pages_capacity", "host_pages_cached", "host_pages_peak",
+    "host_pages_used", "host_pages_capacity", "host_pages_cached", "host_pages_clean",
+    "host_pages_checkpoints", "host_pages_peak",
     "host_page_bytes", "kv_bytes_to_host", "kv_bytes_to_device"), 0)
 _COUNTER_NAMES = tuple(f.name for f in dataclasses.fields(EngineCounters))
 

@@ -5,7 +5,8 @@ step already in flight; the runner's steps run on the device in launch order, so
 step's rows can read the tokens the previous one sampled (`DecodeRow.from_previous`) before
 the host has seen them. At most one step is in flight when planning starts. When the
 scheduler cannot plan ahead (a sequence in flight would have to be paused, or nothing else
-can run until its tokens arrive) the loop collects first.
+can run until its tokens arrive) the loop collects first. A launch whose page copies ran out
+of memory dispatched nothing: the scheduler repairs what relied on them and plans again.
 
 Step time for the metrics: a step's device time is taken as the span from the later of its
 launch and the previous collect to its own collect, which is what the device spent on it
@@ -17,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from ninfer_jax.engine.runner_api import StepPlan, StepRunner
+from ninfer_jax.engine.runner_api import PageCopyError, StepPlan, StepRunner
 from ninfer_jax.engine.scheduler import NEEDS_SYNC, Scheduler
 
 
@@ -46,7 +47,12 @@ class StepLoop:
                 return False
             self._collect()
             return True
-        handle = self.runner.launch(plan)
+        try:
+            handle = self.runner.launch(plan)
+        except PageCopyError as error:
+            self.scheduler.copies_failed(error)
+            self._host("program_submit", started)
+            return True
         self.scheduler.launched(plan)
         if self.on_step is not None:
             self.on_step(plan)

@@ -1,9 +1,9 @@
 """Model configuration: the architecture hyper-parameters stored in an artifact's metadata.
 
 One dataclass for every family: the dense `llama` and `qwen3`, the hybrid `qwen3_5`
-(dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE), and the GLM MoE `glm4_moe`, whose extra
-fields default to "absent" so dense configs are unchanged. `to_dict`/`from_dict` are the
-metadata.json representation.
+(dense MLP), `qwen3_5_moe` and `qwen3_next` (MoE), the GLM MoE `glm4_moe`, Gemma 4 `gemma4` and
+Nemotron-H `nemotron_h`, whose extra fields default to "absent" so dense configs are
+unchanged. `to_dict`/`from_dict` are the metadata.json representation.
 
 Params pytree (weights stored as [in, out] so a projection is `x @ w`):
     embed        [V, H]
@@ -57,6 +57,16 @@ kv heads (each defaults to the sliding layers' D, NK). Norm weights are plain (x
         ple_gate [H, P]  ple_proj [P, H]  ple_norm [H]   with per-layer inputs (P > 0)
     global, with per-layer inputs (P = hidden_size_per_layer_input):
         ple_embed [Vp, L*P]  ple_model_proj [H, L*P]  ple_proj_norm [P]
+Nemotron-H family `nemotron_h` (model/nemotron_h.py): layer_types[i] is "mamba", "attention"
+or "mlp", each a single pre-normed residual block; norm weights are plain (x * w). Mamba-2
+layers have Hm heads of dim P (I = Hm*P), G groups of B/C with state size N, K conv taps,
+conv_dim = I + 2*G*N:
+    every layer:  norm [H]
+    "mamba":      in_proj [H, I + conv_dim + Hm]  (z | x B C | dt columns, HF's layout)
+                  conv [K, conv_dim]  conv_bias [conv_dim]  dt_bias [Hm]  A_log [Hm]  D [Hm]
+                  mamba_norm [I]  (gated RMSNorm in G groups)  out [I, H]
+    "attention":  wq [H, NH*D]  wk [H, NK*D]  wv [H, NK*D]  wo [NH*D, H]   (no RoPE)
+    "mlp":        w_up [H, F]  w_down [F, H]   (squared-ReLU, no gate)
 The MTP head is a separate artifact component (params["mtp"] when loaded):
     fc [2H, H]  pre_fc_norm_embedding [H]  pre_fc_norm_hidden [H]  norm [H]
     layers: list of mtp_num_layers dicts shaped like a "full_attention" layer (with its MLP)
@@ -67,10 +77,11 @@ import dataclasses
 from typing import Any
 
 ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4_moe",
-                 "gemma4")
+                 "gemma4", "nemotron_h")
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
 GEMMA_LAYER_TYPES = ("full_attention", "sliding_attention")
+NEMOTRON_LAYER_TYPES = ("mamba", "attention", "mlp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +137,14 @@ class ModelConfig:
     vocab_size_per_layer_input: int = 0  # Vp: rows of the per-layer embedding table
     num_kv_shared_layers: int = 0  # the last layers reuse an earlier layer's KV cache
     use_double_wide_mlp: bool = False  # KV-shared layers' MLP width is 2F
+    # Nemotron-H only (layer_types from NEMOTRON_LAYER_TYPES; intermediate_size is the MLP's).
+    mamba_num_heads: int = 0  # Hm
+    mamba_head_dim: int = 0  # P
+    mamba_state_size: int = 0  # N
+    mamba_num_groups: int = 0  # G: B and C are shared by Hm / G heads; the gated norm's groups
+    mamba_conv_kernel: int = 0  # K, causal depthwise conv taps over x B C
+    mamba_dt_min: float = 0.0  # softplus(dt + dt_bias) clamped to [min, max] ...
+    mamba_dt_max: float = 0.0  # ... max 0: no upper bound (HF's time_step_limit (0, inf))
 
     def __post_init__(self):
         if self.architecture not in ARCHITECTURES:
@@ -151,6 +170,8 @@ class ModelConfig:
                                  "linear_num_key_heads")
         elif self.is_gemma:
             self._check_gemma()
+        elif self.is_nemotron:
+            self._check_nemotron()
         elif self.layer_types is not None:
             raise ValueError(f"{self.architecture} has no layer_types")
         elif self.num_experts and not self.is_glm:
@@ -169,6 +190,25 @@ class ModelConfig:
     @property
     def is_gemma(self) -> bool:
         return self.architecture == "gemma4"
+
+    @property
+    def is_nemotron(self) -> bool:
+        return self.architecture == "nemotron_h"
+
+    @property
+    def has_state(self) -> bool:
+        """Whether sequences carry recurrent state in state slots (engine/state_slots.py)."""
+        return self.is_hybrid or self.is_nemotron
+
+    def _check_nemotron(self) -> None:
+        if self.layer_types is None or len(self.layer_types) != self.num_layers:
+            raise ValueError("a nemotron_h config needs one layer_types entry per layer")
+        if set(self.layer_types) - set(NEMOTRON_LAYER_TYPES):
+            raise ValueError(f"nemotron_h layer_types must be among {NEMOTRON_LAYER_TYPES}")
+        if self.num_experts:
+            raise ValueError("nemotron_h MoE layers are not supported")
+        if self.mamba_num_heads % max(self.mamba_num_groups, 1):
+            raise ValueError("mamba_num_heads must be a multiple of mamba_num_groups")
 
     def _check_gemma(self) -> None:
         if self.layer_types is None or len(self.layer_types) != self.num_layers:
@@ -216,7 +256,17 @@ class ModelConfig:
         """Layers holding a paged KV cache of their own, in order (attention layers only)."""
         if self.is_hybrid:
             return [i for i, t in enumerate(self.layer_types) if t == "full_attention"]
+        if self.is_nemotron:
+            return [i for i, t in enumerate(self.layer_types) if t == "attention"]
         return [i for i in range(self.num_layers) if self.kv_source_layer(i) == i]
+
+    def state_layers(self) -> list[int]:
+        """Layers holding a recurrent state per sequence (Gated DeltaNet, Mamba-2)."""
+        if self.is_hybrid:
+            return [i for i, t in enumerate(self.layer_types) if t == "linear_attention"]
+        if self.is_nemotron:
+            return [i for i, t in enumerate(self.layer_types) if t == "mamba"]
+        return []
 
     def is_moe_layer(self, i: int) -> bool:
         return self.num_experts > 0 and i not in self.mlp_only_layers
@@ -227,9 +277,20 @@ class ModelConfig:
         return (2 * self.linear_num_key_heads * self.linear_key_head_dim
                 + self.linear_num_value_heads * self.linear_value_head_dim)
 
+    @property
+    def mamba_conv_dim(self) -> int:
+        """Channels of a Mamba-2 layer's conv (x | B | C)."""
+        return (self.mamba_num_heads * self.mamba_head_dim
+                + 2 * self.mamba_num_groups * self.mamba_state_size)
+
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
-        """Per-sequence recurrent state of one Gated DeltaNet layer: the conv state (the
-        last K - 1 conv inputs, compute dtype) and the delta-rule state (float32)."""
+        """Per-sequence recurrent state of one Gated DeltaNet or Mamba-2 layer: the conv
+        state (the last K - 1 conv inputs, compute dtype) and the delta-rule or SSM state
+        (float32)."""
+        if self.is_nemotron:
+            return {"conv": (self.mamba_conv_kernel - 1, self.mamba_conv_dim),
+                    "recurrent": (self.mamba_num_heads, self.mamba_head_dim,
+                                  self.mamba_state_size)}
         return {"conv": (self.linear_conv_kernel_dim - 1, self.linear_conv_dim),
                 "recurrent": (self.linear_num_value_heads, self.linear_key_head_dim,
                               self.linear_value_head_dim)}
@@ -264,6 +325,10 @@ class ModelConfig:
             return shapes
         if self.is_gemma:
             return self._gemma_shapes(shapes)
+        if self.is_nemotron:
+            for i in range(self.num_layers):
+                shapes.update(self._nemotron_layer_shapes(i, f"layers.{i}."))
+            return shapes
         for i in range(self.num_layers):
             p = f"layers.{i}."
             shapes.update({
@@ -300,6 +365,23 @@ class ModelConfig:
                 shapes.update({p + "ple_gate": (H, P), p + "ple_proj": (P, H),
                                p + "ple_norm": (H,)})
         return shapes
+
+    def _nemotron_layer_shapes(self, i: int, p: str) -> dict[str, tuple[int, ...]]:
+        H, NH, NK, D, F = (self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim,
+                           self.intermediate_size)
+        kind = self.layer_types[i]
+        if kind == "attention":
+            layer = {"wq": (H, NH * D), "wk": (H, NK * D), "wv": (H, NK * D),
+                     "wo": (NH * D, H)}
+        elif kind == "mlp":
+            layer = {"w_up": (H, F), "w_down": (F, H)}
+        else:
+            Hm, inner, conv = self.mamba_num_heads, self.mamba_num_heads * self.mamba_head_dim, \
+                self.mamba_conv_dim
+            layer = {"in_proj": (H, inner + conv + Hm), "conv": (self.mamba_conv_kernel, conv),
+                     "conv_bias": (conv,), "dt_bias": (Hm,), "A_log": (Hm,), "D": (Hm,),
+                     "mamba_norm": (inner,), "out": (inner, H)}
+        return {p + "norm": (H,), **{p + name: shape for name, shape in layer.items()}}
 
     def _hybrid_layer_shapes(self, i: int, p: str) -> dict[str, tuple[int, ...]]:
         H, NH, NK, D = self.hidden_size, self.num_heads, self.num_kv_heads, self.head_dim

@@ -17,22 +17,23 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
-from ninfer_jax.model import (gemma, glm, hybrid, llama, mtp, ragged_batch, sampling,
-                              spec_verify, tensor_parallel)
+from ninfer_jax.model import (gemma, glm, hybrid, llama, mtp, nemotron_h, ragged_batch,
+                              sampling, spec_verify, tensor_parallel)
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
 from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch  # noqa: F401 (the step's API)
 
 # architecture -> module providing ragged/prefill/decode and init_caches/cache_shapes with the
-# llama.py signatures (hybrid prefill/decode also take the state slot(s))
+# llama.py signatures (hybrid and nemotron_h prefill/decode also take the state slot(s))
 FAMILIES = {"llama": llama, "qwen3": llama,
             "qwen3_5": hybrid, "qwen3_5_moe": hybrid, "qwen3_next": hybrid, "glm4_moe": glm,
-            "gemma4": gemma}
+            "gemma4": gemma, "nemotron_h": nemotron_h}
 
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
                 config: ModelConfig, page_size: int, draws: bool = True, mesh=None,
-                num_drafts: int = 0):
+                num_drafts: int = 0, media: MediaRows | None = None):
     """One ragged step (see llama.ragged); returns (out int32, kv).
 
     prev_out: the previous step's `out` (int32 [(1 + max_rows) x (1 + num_drafts)], any values
@@ -44,7 +45,8 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     reads the gathered logits. `num_drafts` K > 0 (hybrid families with the MTP head, whose
     cache and draft store are kv's last two entries): out[1 + max_rows:] holds
     [1 + max_rows, K] drafts, K after each sampled row (model/mtp.py), and rows that feed a
-    sampled draft commit by rejection sampling against its q (model/spec_verify.py)."""
+    sampled draft commit by rejection sampling against its q (model/spec_verify.py).
+    `media` (model/multimodal.py): vision rows and MRoPE positions of a step with media."""
     num_rows = batch.row_tokens.shape[0]
     max_rows = prev_out.shape[0] // (1 + num_drafts) - 1
     if num_rows > max_rows:
@@ -53,6 +55,8 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     # the mesh only when there is one: a family (or a test's stub) without tensor
     # parallelism keeps the plain signature
     extra = {} if mesh is None else {"mesh": mesh}
+    if media is not None:
+        extra["media"] = media
     if num_drafts:  # the MTP head's cache and draft store follow the model's layers
         logits, kv_text, hidden = family.ragged(params, kv[:-2], batch, prev_out,
                                                 config=config, page_size=page_size,
@@ -98,6 +102,17 @@ def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                        page_size=page_size, draws=draws, mesh=mesh,
                        num_drafts=layout.mtp_drafts)
+
+
+def packed_media_step(params, kv, prev_out, ints, floats, bias, media: MediaRows, *,
+                      config: ModelConfig, page_size: int, layout: PackedLayout,
+                      draws: bool = True, mesh=None):
+    """`packed_step` of a step that holds media rows or rows after a prompt with media: the
+    same inputs plus the step's MediaRows (compiled only when serving with --vision)."""
+    batch, sampling_batch = unpack(layout, ints, floats, bias)
+    return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
+                       page_size=page_size, draws=draws, mesh=mesh,
+                       num_drafts=layout.mtp_drafts, media=media)
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

@@ -69,6 +69,9 @@ def num_groups(mesh: Mesh | None) -> int:
 
 def check_divides(config: ModelConfig, size: int) -> None:
     """ValueError, one line, when a mesh of `size` devices cannot split the heads."""
+    if config.is_nemotron and size > 1:
+        raise ValueError("--tensor-parallel is not built for nemotron_h (its Mamba-2 layers "
+                         "are not split per shard)")
     counts = {"attention heads": config.num_heads, "kv heads": config.num_kv_heads}
     if config.is_hybrid:
         counts.update({"linear key heads": config.linear_num_key_heads,

@@ -81,7 +81,7 @@ def build_engine(config: ServeConfig):
         runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
         runtime.start()
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
-                                 mtp=config.spec == "mtp")
+                                 mtp=config.spec == "mtp", vision=config.vision)
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
@@ -101,8 +101,9 @@ def build_engine(config: ServeConfig):
                        prefill_chunk=config.prefill_chunk, kv_dtype=kv_dtype,
                        step_shapes=config.step_shapes,
                        tensor_parallel=1 if mesh is None else mesh.size,
+                       vision=config.vision,
                        state_slot_capacity=engine_config.state_slot_capacity(
-                           artifact.config.is_hybrid),
+                           artifact.config.has_state),
                        **runner_rows(config.max_concurrency, speculative))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     log.info("weights read (and the device runtime started) in %.1f s, placed on the device "
@@ -151,7 +152,8 @@ def _weight_shardings(structure, *, mesh):
 
 def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:
     """--spec for this model, or ValueError (an unimplemented backend, mtp without a head,
-    a hybrid family under tensor parallelism, whose chained verify rows are not split)."""
+    a hybrid family under tensor parallelism, whose chained verify rows are not split, or
+    with --vision)."""
     speculative = SpeculativeConfig.from_options(config.spec, config.draft_tokens)
     if speculative is not None:
         speculative.check_servable(model_config)
@@ -160,6 +162,11 @@ def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | 
                 int(config.tensor_parallel) > 1:
             raise ValueError(f"--spec on a hybrid model ({model_config.architecture}) is not "
                              "built for --tensor-parallel; serve it on one device")
+        # chained verify rows and MTP drafts are not tested with MRoPE positions and media
+        # rows (dense families speculate with media: their verify rows carry rope_delta)
+        if model_config.is_hybrid and config.vision:
+            raise ValueError(f"--spec on a hybrid model ({model_config.architecture}) is not "
+                             "built for --vision; serve media without --spec")
     return speculative
 
 
@@ -190,7 +197,7 @@ def log_state_slots(config: ServeConfig, model_config) -> str | None:
     """Say what the state slots are for (hybrid models: lanes, then prefix checkpoints in
     the spare ones), or that --device-state-slots has no effect on a dense model."""
     spare = extra_slots(config.device_state_slots, config.max_concurrency)
-    if model_config.is_hybrid:
+    if model_config.has_state:
         message = (f"state slots: {config.max_concurrency} lanes + {spare}"
                    " spare (prefix reuse keeps state checkpoints in free slots)")
     elif config.device_state_slots:

@@ -47,9 +47,10 @@ class KvSizing:
 
 
 def attention_layers(model_config) -> int:
-    """Layers with paged KV: all of a dense model's, a hybrid's full-attention ones, Gemma's
-    layers that are not KV-shared."""
-    if model_config.is_gemma:  # KV-shared layers read another layer's pages
+    """Layers with paged KV: all of a dense model's, a hybrid's (and Nemotron-H's) attention
+    ones, Gemma's layers that are not KV-shared."""
+    if model_config.is_gemma or model_config.is_nemotron:  # Gemma: KV-shared layers read
+        # another layer's pages; Nemotron-H: its MLP layers have no cache
         return len(model_config.cache_layers())
     if not model_config.is_hybrid:
         return model_config.num_layers
@@ -57,20 +58,20 @@ def attention_layers(model_config) -> int:
 
 
 def state_bytes_of(model_config, compute_dtype, num_slots: int) -> int:
-    """Device bytes of `num_slots` state slots: per Gated DeltaNet layer the conv state in
-    the compute dtype and the recurrent state in float32 (model/config.py state_shapes)."""
-    if not model_config.is_hybrid or num_slots == 0:
+    """Device bytes of `num_slots` state slots: per Gated DeltaNet or Mamba-2 layer the conv
+    state in the compute dtype and the recurrent state in float32 (model/config.py
+    state_shapes)."""
+    if not model_config.has_state or num_slots == 0:
         return 0
     shapes = model_config.state_shapes()
     per_layer = (int(np.prod(shapes["conv"])) * np.dtype(compute_dtype).itemsize
                  + int(np.prod(shapes["recurrent"])) * 4)
-    num_linear = model_config.num_layers - attention_layers(model_config)
-    return num_slots * num_linear * per_layer
+    return num_slots * len(model_config.state_layers()) * per_layer
 
 
 def device_state_slots_of(config, model_config) -> int:
     """Slots the runner allocates for a ServeConfig: the usable ones plus the dummy slot."""
-    usable = state_slot_capacity(has_state=model_config.is_hybrid,
+    usable = state_slot_capacity(has_state=model_config.has_state,
                                  max_concurrency=config.max_concurrency,
                                  extra_slots=extra_slots(config.device_state_slots,
                                                          config.max_concurrency))
@@ -198,6 +199,16 @@ def place_weights(artifact, dtype, mesh=None):
     return dataclasses.replace(artifact, params=params)
 
 
+def vision_scratch_bytes(artifact) -> int:
+    """With the vision tower loaded (--vision), the memory its encodes need at run time."""
+    vision = getattr(artifact, "vision_config", None)
+    if vision is None or "vision" not in artifact.params:
+        return 0
+    from ninfer_jax.engine.vision_rows import encode_scratch_bytes
+
+    return encode_scratch_bytes(vision)
+
+
 def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
                        state_bytes: int = 0, mesh=None) -> KvSizing:
     """Measure and size pages of `kv_dtype`: call with the weights already placed
@@ -214,7 +225,8 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
                             bytes_per_token=bytes_per_token_of(
                                 artifact.config, kv_dtype, mtp="mtp" in artifact.params) // size,
                             page_size=page_size, max_context=max_context,
-                            scratch_bytes=compile_scratch_bytes(artifact.params) // size,
+                            scratch_bytes=(compile_scratch_bytes(artifact.params)
+                                           + vision_scratch_bytes(artifact)) // size,
                             state_bytes=state_bytes)
     log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)",
              sizing.tokens, sizing.bytes_per_token / 1024, sizing.basis)

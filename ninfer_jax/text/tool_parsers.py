@@ -7,6 +7,8 @@
   \\n...</tool_call>`, values typed by the schema as for qwen_xml.
 - gemma4 (Gemma 4): `<|tool_call>call:NAME{key:<|"|>text<|"|>,n:5}<tool_call|>`, the object
   read by text/gemma_values.py (values carry their own types).
+- nemotron (Nemotron-H / Nemotron Nano 2): `<TOOLCALL>[{"name": ..., "arguments": {...}},
+  ...]</TOOLCALL>`, one opener holding a JSON list of calls (a scan returns them all).
 
 `scan_call(text, pos, final)` reads the call that starts at `text[pos]` (the opener) and says
 whether it is complete (with its end offset and the parsed call), still incomplete (more text
@@ -59,6 +61,11 @@ class Scan:
     end: int = 0
     call: ParsedCall | None = None
     reason: str | None = None
+    more: tuple[ParsedCall, ...] = ()  # further calls under the same opener (nemotron)
+
+    @property
+    def calls(self) -> list[ParsedCall]:
+        return [self.call, *self.more] if self.call is not None else []
 
 
 _INCOMPLETE = Scan(INCOMPLETE)
@@ -123,9 +130,9 @@ def _object_hook(pairs):
     return obj
 
 
-def _json_value_end(text: str, pos: int) -> int | None:
-    """End of the JSON object starting at text[pos] ('{'), None if not closed yet.
-    Raises ValueError when a tool-call closer appears outside a string before it closes."""
+def _json_value_end(text: str, pos: int, closer: str = CLOSER) -> int | None:
+    """End of the JSON object or list starting at text[pos], None if not closed yet.
+    Raises ValueError when the tool-call `closer` appears outside a string before it closes."""
     depth, in_string, escaped = 0, False, False
     for index in range(pos, len(text)):
         char = text[index]
@@ -144,8 +151,8 @@ def _json_value_end(text: str, pos: int) -> int | None:
             depth -= 1
             if depth == 0:
                 return index + 1
-        elif text.startswith(CLOSER, index):
-            raise ValueError("closer inside the JSON object")
+        elif text.startswith(closer, index):
+            raise ValueError("closer inside the JSON value")
     return None
 
 
@@ -401,6 +408,47 @@ class GemmaFormat(_Format):
         return Scan(COMPLETE, after, ParsedCall(name, json.dumps(arguments, ensure_ascii=False)))
 
 
+# ----------------------------------------------------------------------------- Nemotron
+
+NEMOTRON_OPENER, NEMOTRON_CLOSER = "<TOOLCALL>", "</TOOLCALL>"
+
+
+class NemotronFormat(_Format):
+    opener = NEMOTRON_OPENER
+    call_prefix = NEMOTRON_OPENER + '[{"name": "'
+    name_terminator = '"'
+
+    def scan_call(self, text: str, pos: int, final: bool) -> Scan:
+        """Every call of the JSON list after the opener; each is read as a hermes object."""
+        start = skip_ws(text, pos + len(NEMOTRON_OPENER))
+        if start >= len(text):
+            return _invalid() if final else _INCOMPLETE
+        if text[start] != "[":
+            return _invalid()
+        try:
+            end = _json_value_end(text, start, NEMOTRON_CLOSER)
+            items = None if end is None else json.loads(text[start:end],
+                                                        object_pairs_hook=_object_hook)
+        except ValueError:
+            return _invalid()
+        if end is None:
+            return _invalid() if final else _INCOMPLETE
+        if not items or not all(isinstance(item, dict) for item in items):
+            return _invalid()
+        calls = [HermesFormat._call_from(item) for item in items]
+        failed = next((c for c in calls if isinstance(c, Scan)), None)
+        if failed is not None:
+            return failed
+        after = _expect(text, skip_ws(text, end), NEMOTRON_CLOSER, final)
+        if isinstance(after, Scan):
+            return after
+        problem = next(filter(None, (_identity_problem(c.name, self.tools) for c in calls)),
+                       None)
+        if problem:
+            return _invalid(problem)
+        return Scan(COMPLETE, after, calls[0], more=tuple(calls[1:]))
+
+
 def _has_duplicates(value) -> bool:
     if isinstance(value, dict):
         return getattr(value, "has_duplicates", False) or any(map(_has_duplicates,
@@ -409,7 +457,7 @@ def _has_duplicates(value) -> bool:
 
 
 FORMATS = {"hermes": HermesFormat, "qwen_xml": QwenXmlFormat, "glm_xml": GlmXmlFormat,
-           "gemma4": GemmaFormat}
+           "gemma4": GemmaFormat, "nemotron": NemotronFormat}
 
 
 def tool_format(name: str, tools: list[ToolSpec]) -> _Format:

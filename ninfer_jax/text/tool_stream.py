@@ -91,7 +91,7 @@ class ToolCallStream:
                 return [], []
             if scan.status != COMPLETE:
                 return self._release_region(scan.reason), []
-            calls.append(scan.call)
+            calls.extend(scan.calls)
             pos = skip_ws(region, scan.end)
             rest = region[pos:]
             if rest.startswith(opener):

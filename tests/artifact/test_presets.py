@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from ninfer_jax.artifact.format import load_artifact
+from ninfer_jax.artifact.presets import TINY_NEMOTRON
 from ninfer_jax.artifact.random_init import PRESETS, TINY_DIMS
 from ninfer_jax.cli.main import main
 from ninfer_jax.engine.config import EngineConfig
@@ -26,7 +27,8 @@ LOOKUP = ToolSpec("lookup", "Find a fact", {"type": "object", "properties": {}})
 # None, how often a system + user prompt holds that end token). ChatML and Llama-3 close each
 # turn with it (system and user: 2); GLM never closes a turn, a reply ends at the next role
 # token, so the prompt holds <|user|> once, opening the user turn. Gemma closes each turn with
-# <turn|> (system and user: 2) after <bos>.
+# <turn|> (system and user: 2) after <bos>. Nemotron ends only assistant turns with
+# <SPECIAL_12>, so a system + user prompt holds none.
 _CHATML_TURNS = ("<|im_end|>", None, 2)
 _GLM_TURNS = ("<|user|>", None, 1)
 TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3-vl-tiny": _CHATML_TURNS,
@@ -36,6 +38,8 @@ TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3-vl-tiny": _CHATML_TURNS,
                "qwen3.6-35b-a3b": _CHATML_TURNS, "glm4.5-tiny": _GLM_TURNS,
                "glm4.5-air": _GLM_TURNS, "gemma4-tiny": ("<turn|>", "<bos>", 2),
                "gemma4-31b": ("<turn|>", "<bos>", 2),
+               "nemotron-h-tiny": ("<SPECIAL_12>", None, 0),
+               "nemotron-h-8b": ("<SPECIAL_12>", None, 0),
                "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>", 2)}
 # GLM MoE fields --tiny keeps.
 GLM_KEPT = ("partial_rotary_factor", "attention_bias", "mlp_only_layers", "num_expert_groups",
@@ -71,6 +75,8 @@ def test_tiny_keeps_everything_but_the_dimensions(tiny):
     name, artifact = tiny
     full, config = PRESETS[name].config, artifact.config
     for field, value in TINY_DIMS.items():
+        if field == "num_layers" and full.is_nemotron:  # one block of each of three kinds
+            value = len(TINY_NEMOTRON["layer_types"])
         assert getattr(config, field) == value, field
     kept = ("architecture", "vocab_size", "rms_norm_eps", "rope_theta", "rope_scaling",
             "tie_word_embeddings", "qk_norm", "max_position_embeddings")
@@ -97,6 +103,9 @@ def test_tiny_keeps_everything_but_the_dimensions(tiny):
             f: getattr(full, f) for f in GEMMA_KEPT}
         assert config.layer_types == ("sliding_attention", "full_attention")
         assert config.global_head_dim == 32 and config.sliding_window <= full.sliding_window
+    if full.is_nemotron:
+        assert config.layer_types == ("mamba", "attention", "mlp")
+        assert config.mamba_conv_kernel == full.mamba_conv_kernel
 
 
 def test_hybrid_presets_carry_their_mtp_head(tiny):
@@ -141,7 +150,7 @@ def engine(tiny):
     runner = JaxRunner(artifact, num_pages=config.num_pages(PAGE_SIZE), page_size=PAGE_SIZE,
                        max_batch=1, max_context=MAX_CONTEXT, prefill_chunk=CHUNK,
                        state_slot_capacity=config.state_slot_capacity(
-                           artifact.config.is_hybrid),
+                           artifact.config.has_state),
                        step_shapes="essential")
     engine = Engine(runner, config, eos_ids=artifact.eos_ids)
     engine.start()

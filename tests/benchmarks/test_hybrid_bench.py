@@ -1,5 +1,6 @@
 """benchmarks/hybrid_bench.py: the device-made params mirror what the artifact path builds,
-the byte/FLOP model on hand-checkable cases, and the --smoke run's JSON lines (CPU)."""
+the byte/FLOP model on hand-checkable cases, and the --smoke run's JSON lines (CPU; with two
+images, so the vision prefill path runs too)."""
 from __future__ import annotations
 
 import dataclasses
@@ -56,7 +57,7 @@ def test_decode_bytes_count_each_weight_once_and_only_selected_experts():
 
 
 def test_smoke_run_prints_sane_json_lines(capsys):
-    records = hybrid_bench.main(["--smoke", "--json"])
+    records = hybrid_bench.main(["--smoke", "--json", "--images", "2", "--image-size", "64"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()
              if line.startswith("{")]
     assert lines == records
@@ -64,7 +65,8 @@ def test_smoke_run_prints_sane_json_lines(capsys):
         mine = {(r["op"], r.get("batch", r.get("rows"))): r for r in records
                 if r["preset"] == preset}
         assert set(mine) == {("setup", None), ("decode", 1), ("decode", 2), ("prefill", None),
-                             ("gdn_prefill", None), ("gdn_decode", 1), ("gdn_decode", 2)}
+                             ("prefill_images", None), ("gdn_prefill", None),
+                             ("gdn_decode", 1), ("gdn_decode", 2)}
         assert mine["setup", None]["gemv_bytes_per_s"] > 0
         assert mine["setup", None]["matmul_flops_per_s"] > 0
         for batch in (1, 2):
@@ -77,6 +79,10 @@ def test_smoke_run_prints_sane_json_lines(capsys):
         assert prefill["tok_per_s"] > 0 and prefill["prompt"] == 48
         assert prefill["flops"] > prefill["weight_flops"] > 0 and prefill["gdn_flops"] > 0
         assert 0 < prefill["fraction_of_matmul_rate"]
+        images = mine["prefill_images", None]
+        # two 4 x 4-patch images of 4 tokens each inside the 48-token prompt
+        assert (images["image_tokens"], images["patches"], images["prompt"]) == (8, 32, 48)
+        assert images["tok_per_s"] > 0 and 0 < images["encode_ms"] < images["ms"]
         gdn = mine["gdn_prefill", None]
         assert gdn["layer_ms"] > 0 and gdn["kernel_ms"] > 0
         assert gdn["layer_flops"] > gdn["kernel_flops"] > 0 and gdn["kernel_unrolled_ms"] > 0

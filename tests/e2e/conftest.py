@@ -10,6 +10,7 @@ load their executables instead of compiling them. All servers stop at the end of
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import signal
@@ -114,6 +115,21 @@ def start_server(artifact, *flags, api_key: str | None = None,
         server.stop()
         raise
     return server
+
+
+def log_records(path, request_id, event, wait_s=10.0) -> list[dict]:
+    """The `event` lines of one request in the request log at `path`. The log is written by
+    a background thread after the reply is sent, so wait (up to `wait_s`) for at least one
+    to land; an absence check passes wait_s=0 after a line that the server writes later has
+    been seen."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+        found = [r for r in map(json.loads, text.splitlines())
+                 if r.get("request_id") == request_id and r["event"] == event]
+        if found or time.monotonic() >= deadline:
+            return found
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import API_KEY, BASE_FLAGS, FEW_SHAPES, NINFER, free_port
+from conftest import API_KEY, BASE_FLAGS, FEW_SHAPES, NINFER, free_port, log_records
 
 MODEL = "smollm2-135m-instruct"
 SECRET_PROMPT = "Describe the violet heron of Quillmere in two words."
@@ -42,16 +42,8 @@ def log_lines(server) -> list[dict]:
 
 
 def records(server, request_id, event, wait_s=10.0):
-    """This request's `event` lines. The log is written by a background thread after the
-    reply is sent, so wait (up to `wait_s`) for at least one to land; an absence check
-    passes wait_s=0 after a line that the server writes later has been seen."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        found = [r for r in log_lines(server) if r.get("request_id") == request_id
-                 and r["event"] == event]
-        if found or time.monotonic() >= deadline:
-            return found
-        time.sleep(0.05)
+    """This request's `event` lines (conftest.log_records)."""
+    return log_records(server.folder / "requests.jsonl", request_id, event, wait_s)
 
 
 def scrape(server) -> dict:

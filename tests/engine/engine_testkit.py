@@ -62,12 +62,12 @@ class Driver:
 
     def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), overlap=True,
                  async_dispatch=True, state_slots=0, max_batch=8, max_chunk_rows=None,
-                 next_token=None, host_pages=0, **config):
+                 next_token=None, host_pages=0, copy_fault=None, **config):
         # state_slots: usable state slots of a hybrid-like fake model (0: dense)
         self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB,
                                  async_dispatch=async_dispatch, state_slot_capacity=state_slots,
                                  max_batch=max_batch, max_chunk_rows=max_chunk_rows,
-                                 next_token=next_token)
+                                 next_token=next_token, copy_fault=copy_fault)
         self.config = EngineConfig(**config)
         self.pool = PagePool(num_pages)
         self.slots = StateSlotPool(state_slots)
@@ -120,7 +120,7 @@ class Driver:
         for copy in self.host.copies:
             if copy.kind == "save":
                 rows.add(copy.host_slot)
-            else:
+            elif copy.kind == "drop":  # a load keeps its row
                 rows.discard(copy.host_slot)
         states = set(self.runner.host_state)  # state snapshots (hybrid), by ticket
         queued = self.scheduler._state_copies + (
@@ -128,8 +128,7 @@ class Driver:
         for copy in queued:
             if isinstance(copy, StateCopy):
                 (states.add if copy.kind == "save" else states.discard)(copy.ticket)
-        reserved = [s.snapshot[2] for s in self.scheduler.paused
-                    if s.snapshot is not None and s.snapshot[2]]
+        reserved = self.scheduler.host_state_rows()  # snapshots' and checkpoints'
         assert states == {slots[0] for slots in reserved}
         assert rows == set(self.scheduler.host_holders()) - {
             slot for slots in reserved for slot in slots}

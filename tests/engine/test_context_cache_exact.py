@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -97,9 +98,40 @@ def test_host_tier_hit_snapshot_and_replay_equal_a_cold_run(runner):
                                   max_tokens=3)
     assert outputs == [output[:3] for output in cold]
     assert scheduler.cache.loaded_pages > 0 and scheduler.counters.cached_tokens == 12
+    assert scheduler.cache.free_evictions > 0  # the hit read copies written through
     # All at once in a pool too small for both lanes: pauses by snapshot, then by replay.
     for host_pages, route in ((64, "snapshot_restores"), (0, "replay_restores")):
         outputs, scheduler = generate(runner, turns, num_pages=9, host_pages=host_pages,
                                       concurrent=True, max_tokens=8)
         assert outputs == cold, route
         assert getattr(scheduler.counters, route) > 0 and scheduler.counters.preemptions > 0
+
+
+def test_saves_out_of_host_memory_cost_only_cache(runner, request):
+    """The JaxRunner's store loses the first saves to RESOURCE_EXHAUSTED: launch raises
+    PageCopyError, the scheduler forgets those copies, and every output is still a cold
+    run's (a lost save only makes a later hit shorter)."""
+    if request.node.callspec.params["runner"] != "tiny":
+        pytest.skip("one runner is enough for the recovery path")
+    runner, vocab = runner
+    store, failures = runner._page_store, []
+    pack = store._pack
+
+    def pack_or_fail(*args):
+        if len(failures) < 2:
+            failures.append(1)
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of host memory")
+        return pack(*args)
+
+    system = prompt_of(12, vocab, salt=9)
+    turns = [system + [7, 8], prompt_of(22, vocab, 1), system + [7, 8, 9, 10]]
+    cold, _ = generate(runner, turns, num_pages=32, host_pages=0, concurrent=True,
+                       max_tokens=3, prefix_reuse=False)
+    store._pack = pack_or_fail
+    try:
+        outputs, scheduler = generate(runner, turns, num_pages=9, host_pages=64,
+                                      concurrent=False, max_tokens=3)
+    finally:
+        store._pack = pack
+    assert outputs == cold and len(failures) == 2
+    assert scheduler.counters.requests.get("failed", 0) == 0

@@ -54,7 +54,7 @@ def test_pages_come_back_bit_exact_into_other_pages():
     kv = store.apply(kv, host.pop_copies())
     for page, target in targets.items():
         assert same(page_of(kv, target), saved[page])
-    assert store.num_rows == 0 and host.num_used == 0
+    assert store.num_rows == len(slots) == host.num_used  # loaded rows stay: clean copies
     assert float(kv[1]["conv"][0, 0]) != 0.0  # state layers pass through untouched
 
 
@@ -66,6 +66,7 @@ def test_the_store_holds_one_page_per_held_slot_and_drops_freed_ones():
     for slot in slots[::3]:
         host.release(slot)
     host.load(slots[1], 5)
+    host.release(slots[1])  # a load, then the drop of the row it read
     kv = store.apply(kv, host.pop_copies())
     held = [s for i, s in enumerate(slots) if i % 3 and i != 1]
     assert store.num_rows == len(held) == host.num_used
@@ -96,7 +97,7 @@ def random_copies(rng, host, steps=300):
         if action < 0.45 and host.num_free:
             held.append(host.save(int(rng.integers(1, NUM_PAGES))))
         elif action < 0.8 and held:
-            host.load(held.pop(int(rng.integers(len(held)))), int(rng.integers(1, NUM_PAGES)))
+            host.load(held[int(rng.integers(len(held)))], int(rng.integers(1, NUM_PAGES)))
         elif held:
             host.release(held.pop(int(rng.integers(len(held)))))
     return host.pop_copies()
@@ -119,8 +120,9 @@ def test_copies_applied_in_waves_equal_copies_applied_one_by_one(seed):
 
 
 def test_a_restore_from_host_moves_its_pages_in_few_waves():
-    """Another prompt fills the device; a spilled one comes back: its match reclaims the
-    pages it needs at once, so the copies run as one wave of saves and one of loads."""
+    """Another prompt fills the device; an evicted one comes back: its match reclaims the
+    pages it needs at once and they have clean copies (written through at publish), so the
+    copies are one wave of loads and nothing goes to the host."""
     pool, host = PagePool(41), HostPagePool(600)
     cache = PrefixCache(pool, page_size=2, host=host)
     first, second = list(range(100, 180)), list(range(200, 280))
@@ -135,4 +137,31 @@ def test_a_restore_from_host_moves_its_pages_in_few_waves():
     matched, _ = cache.match(first, 39)
     assert len(matched) == 39
     kinds = [sorted({c.kind for c in wave}) for wave in waves(host.pop_copies())]
-    assert kinds == [[SAVE], [LOAD]]
+    assert kinds == [[LOAD]]
+
+
+def test_a_save_out_of_memory_loses_only_its_slots_and_the_loads_that_read_them():
+    kv, store, host = random_kv(), HostPageStore(), HostPagePool(8)
+    held = host.save(1)
+    kv = store.apply(kv, host.pop_copies())
+    pack = store._pack
+
+    def out_of_memory(*args):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of host memory")
+
+    store._pack = out_of_memory
+    lost = host.save(2)
+    host.load(lost, 5)
+    host.load(held, 6)
+    kv = store.apply(kv, host.pop_copies())
+    store._pack = pack
+    slots, pages, cause = store.take_failures()
+    assert (slots, pages) == ({lost}, {5}) and "RESOURCE_EXHAUSTED" in cause
+    assert same(page_of(kv, 6), page_of(kv, 1))  # the copies it did not hit ran
+    host.release(lost)  # the scheduler forgets the slot: its drop has no row to drop
+    kv = store.apply(kv, host.pop_copies())
+    assert store.num_rows == 1 and store.take_failures() is None
+    store._pack = lambda *args: 1 / 0  # anything but memory still ends the engine
+    host.save(3)
+    with pytest.raises(ZeroDivisionError):
+        store.apply(kv, host.pop_copies())

@@ -3,7 +3,9 @@ order. After every round the page refcounts must equal the page tables (Driver c
 the end no page is held, every handle got exactly one terminal event, and every output is
 the fake model's exact output (a prefix of it when cut short). The hybrid variant runs the
 fake with state slots (sometimes fewer than lanes) and background requests: a slot bug
-changes tokens there, and every slot must be back at the end."""
+changes tokens there, and every slot must be back at the end. A host tier of a few slots to
+plenty takes spills, write-through copies and snapshots: the Driver checks its slots and the
+fake runner's rows every round."""
 import random
 
 import pytest
@@ -48,7 +50,9 @@ def test_random_workload_keeps_pages_and_outputs_exact(seed, hybrid):
     driver = Driver(num_pages=num_pages, page_size=page_size, state_slots=slots,
                     max_concurrency=lanes, prefill_chunk=rng.randint(1, 8),
                     decode_share=rng.choice([0.0, 0.25, 1.0]), max_bypass=rng.randint(0, 3),
-                    max_context=64, prefix_reuse=seed % 3 != 0)
+                    max_context=64, prefix_reuse=seed % 3 != 0,
+                    # (its own draw, so the workloads stay those of the seeds before it)
+                    host_pages=random.Random(-seed).choice([0, 3, 8, 64]))
     pool_tokens = (num_pages - 1) * page_size
     seen: dict = {}  # handle -> events so far
     history: list = []  # prompts submitted so far

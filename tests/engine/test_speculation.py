@@ -125,10 +125,13 @@ def test_config_validates_ranges_and_backends():
 
 def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
     class Dense:
-        is_hybrid, architecture, mtp_num_layers = False, "llama", 0
+        has_state, is_hybrid, architecture, mtp_num_layers = False, False, "llama", 0
 
     class Hybrid:
-        is_hybrid, architecture, mtp_num_layers = True, "qwen3_5", 1
+        has_state, is_hybrid, architecture, mtp_num_layers = True, True, "qwen3_5", 1
+
+    class Mamba:  # recurrent state the verify rows cannot chain
+        has_state, is_hybrid, architecture, mtp_num_layers = True, False, "nemotron_h", 0
 
     NGRAM.check_servable(Dense())
     NGRAM.check_servable(Hybrid())
@@ -139,6 +142,9 @@ def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
     with pytest.raises(ValueError, match="MTP head"):
         SpeculativeConfig("mtp", 3).check_servable(Dense())
     assert SpeculativeConfig("mtp", 5).mtp_drafts == 5 and NGRAM.mtp_drafts == 0
+    for config in (NGRAM, SpeculativeConfig("mtp", 3)):
+        with pytest.raises(ValueError, match="nemotron_h"):
+            config.check_servable(Mamba())
 
 
 # ----------------------------------------------------------------------------- engine

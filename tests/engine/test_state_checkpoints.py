@@ -4,6 +4,7 @@ resident needs the slot, and checkpoints dropped with their prefix cache node. T
 per-slot state makes a hit from a wrong or missing state produce different tokens."""
 import pytest
 
+from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE, HostPagePool, StateCopy
 from ninfer_jax.engine.state_checkpoints import StateCheckpoints, boundary
 from ninfer_jax.engine.state_slots import StateSlotPool
 
@@ -39,6 +40,23 @@ def test_checkpoint_book_keeping_takes_evicts_and_forgets():
     book.forget(9)
     pool.check(book.held_slots())
     assert book.pop_copies() == ((1, 1), (1, 2), (2, 2)) and book.copies == []
+
+
+def test_an_evicted_checkpoint_spills_to_a_host_row_that_leaves_with_its_node():
+    host = HostPagePool(8, page_bytes=8, state_bytes=16)  # a row takes two slots
+    asked = []
+    book = StateCheckpoints(StateSlotPool(1), host,
+                            lambda units, node: asked.append((units, node)) or node == 7)
+    assert book.take(node_id=7, src_slot=1) and book.take(node_id=8, src_slot=1)
+    assert asked == [(2, 7)] and book.source(7) == ("row", 0) and book.source(8) == ("slot", 1)
+    assert book.deepest([7]) == 1 and book.num_host_units == host.num_used == 2
+    book.restore(book.source(7), 1)  # a hit: the row loads into the sequence's slot
+    assert book.take(node_id=9, src_slot=1)  # no room for 8's row: it is dropped
+    assert book.deepest([8]) == 0
+    book.forget(7)
+    assert host.num_used == 0 and book.num_host_checkpoints == 0
+    assert book.pop_copies() == ((1, 1), StateCopy(SAVE, 1, 0), (1, 1),
+                                 StateCopy(LOAD, 1, 0), (1, 1), StateCopy(DROP, 0, 0))
 
 
 def test_a_repeated_prompt_starts_from_the_checkpoint():

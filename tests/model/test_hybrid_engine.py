@@ -15,20 +15,13 @@ import types
 import numpy as np
 import pytest
 
+from engine_drive import CONTEXT, PAGE, VOCAB, generate, outputs, prompt
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
-from ninfer_jax.engine.config import EngineConfig
-from ninfer_jax.engine.host_pages import HostPagePool
-from ninfer_jax.engine.pages import PagePool
-from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from ninfer_jax.engine.runner import JaxRunner
-from ninfer_jax.engine.scheduler import Scheduler
-from ninfer_jax.engine.state_slots import StateSlotPool
-from ninfer_jax.engine.step_loop import StepLoop
 
-VOCAB, PAGE, CONTEXT, LANES, SLOTS = 256, 4, 64, 4, 6
+LANES, SLOTS = 4, 6
 STATE_GAIN = 16.0
-GREEDY = SamplingParams(temperature=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -45,53 +38,6 @@ def runner():
                        step_shapes="essential")
     runner.warmup()
     return runner
-
-
-def prompt(length: int, salt: int) -> list[int]:
-    rng = np.random.default_rng(salt)
-    return rng.integers(1, VOCAB, length).tolist()
-
-
-def generate(runner, prompts, *, lanes=LANES, num_pages=64, slots=SLOTS, reuse=True,
-             max_tokens=8, together=True, host_pages=0):
-    """Run `prompts` (all submitted at once, or one after another) through a fresh
-    scheduler on `runner`; returns (per request (cache_n, output ids), scheduler)."""
-    config = EngineConfig(max_concurrency=lanes, prefill_chunk=16, max_context=CONTEXT,
-                          prefix_reuse=reuse)
-    host = HostPagePool(host_pages, runner.page_bytes, runner.state_bytes)
-    runner.clear_host_pages()
-    scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE,
-                          max_batch=runner.max_batch, slots=StateSlotPool(slots), host=host)
-    loop = StepLoop(scheduler, runner)
-    handles = []
-    for index, ids in enumerate(prompts):
-        handle = RequestHandle(GenerationRequest(f"r{index}", list(ids), GREEDY, max_tokens))
-        scheduler.add(handle)
-        handles.append(handle)
-        if not together:
-            _run(scheduler, loop)
-    _run(scheduler, loop)
-    results = []
-    for handle in handles:
-        events = []
-        while (event := handle.next_event(timeout=0)) is not None:
-            events.append(event)
-        assert events[-1].reason == "length", events[-1]
-        results.append((events[0].cache_n, list(events[-1].output_ids), events[-1].counters))
-    return results, scheduler
-
-
-def _run(scheduler, loop) -> None:
-    for _ in range(10_000):
-        scheduler.apply_controls()
-        if not loop.advance() and not scheduler.has_work():
-            loop.drain()
-            return
-    raise AssertionError("the scheduler did not finish")
-
-
-def outputs(results):
-    return [ids for _, ids, _ in results]
 
 
 def test_batched_streams_equal_each_alone(runner):
@@ -135,4 +81,27 @@ def test_pauses_by_snapshot_bring_their_recurrent_state_back_from_host(runner):
         assert counters.preemptions > 0 and counters.snapshot_restores > 0
         assert counters.replayed_tokens == 0
         assert outputs(results) == reference
-        assert scheduler.host.num_used == 0
+        # Nothing paused is left there: what is held is the prefix cache's.
+        assert scheduler.host.num_used == (len(scheduler.host_holders()) if reuse else 0)
+
+
+def test_a_conversation_evicted_to_host_resumes_from_its_host_checkpoint(runner):
+    """One spare slot and a small pool: other traffic pushes the first turn's pages and its
+    checkpoint's slot to the host tier; the next turn loads both and equals a cold run."""
+    system = prompt(24, salt=30)
+    turns = [system + [5, 6]] + [prompt(30, salt=31 + i) for i in range(3)] + [system + [7]]
+    cold, _ = generate(runner, turns[-1:], lanes=1, reuse=False)
+    units = -(-runner.state_bytes // runner.page_bytes)
+    results, scheduler = generate(runner, turns, lanes=1, slots=2, num_pages=16,
+                                  together=False, host_pages=48 + 4 * units)
+    cached, warm, _ = results[-1]
+    assert cached == 24 and warm == outputs(cold)[0]
+    checkpoints = scheduler.checkpoints
+    assert checkpoints.spilled >= 1 and checkpoints.loaded == 1
+    assert scheduler.cache.loaded_pages > 0
+    assert scheduler.host.num_used == len(scheduler.host_holders())
+    assert not checkpoints.copies  # every row the runner holds is a held checkpoint's
+    assert runner._page_store.num_state_rows == checkpoints.num_host_checkpoints
+    scheduler.pool.check(scheduler.page_holders())
+    scheduler.slots.check(scheduler.slot_holders())
+    scheduler.host.check(scheduler.host_holders())

@@ -111,7 +111,7 @@ def engine_gauges(url: str) -> dict[str, float]:
 
 def is_idle(url: str) -> bool:
     """Nothing running, waiting or paused, and no KV page or host-tier slot held beyond what
-    the prefix cache keeps (device pages and spilled host pages)."""
+    the prefix cache keeps (device pages, spilled host pages and hybrid checkpoint rows)."""
     gauges = engine_gauges(url)
     return (gauges.get("ninfer_requests_running", 0) == 0
             and gauges.get("ninfer_requests_waiting", 0) == 0
@@ -119,7 +119,8 @@ def is_idle(url: str) -> bool:
             and gauges.get("ninfer_device_kv_used_pages", 0)
             == gauges.get("ninfer_device_kv_cached_pages", 0)
             and gauges.get("ninfer_host_context_used_bytes", 0)
-            == gauges.get("ninfer_host_context_cached_bytes", 0))
+            == gauges.get("ninfer_host_context_cached_bytes", 0)
+            + gauges.get("ninfer_host_context_checkpoint_bytes", 0))
 
 
 def rss_bytes(pid: int) -> int:

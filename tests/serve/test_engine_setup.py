@@ -107,7 +107,7 @@ def test_device_state_slots_default_to_one_spare_per_lane():
         config(max_concurrency=3, device_state_slots=0)).state_slot_capacity(True) == 3
 
 
-def test_speculation_on_a_hybrid_is_refused_under_tensor_parallelism_only():
+def test_speculation_on_a_hybrid_is_refused_under_tensor_parallelism_and_with_vision():
     from ninfer_jax.model.config import ModelConfig
     from ninfer_jax.serve.engine_setup import check_speculation
 
@@ -119,3 +119,5 @@ def test_speculation_on_a_hybrid_is_refused_under_tensor_parallelism_only():
         check_speculation(config(spec="ngram", tensor_parallel=2), hybrid)
     with pytest.raises(ValueError, match="MTP head"):
         check_speculation(config(spec="mtp"), hybrid)  # mtp_num_layers 0: no head
+    with pytest.raises(ValueError, match="--vision"):
+        check_speculation(config(spec="ngram", vision=True), hybrid)

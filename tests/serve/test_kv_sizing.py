@@ -12,7 +12,8 @@ GIB = 1 << 30
 # SmolLM2-135M: 30 layers, 3 KV heads of 64 -> 2 * 30 * 3 * 64 = 11520 values per token.
 SMOLLM2 = dataclasses.make_dataclass(
     "Cfg", ["num_layers", "num_kv_heads", "head_dim", ("is_hybrid", bool, False),
-            ("is_gemma", bool, False), ("architecture", str, "llama")])(30, 3, 64)
+            ("is_gemma", bool, False), ("is_nemotron", bool, False), ("has_state", bool, False),
+            ("architecture", str, "llama")])(30, 3, 64)
 
 
 def test_gemma_bytes_per_token_sum_each_cache_layers_own_shape():
@@ -27,6 +28,18 @@ def test_gemma_bytes_per_token_sum_each_cache_layers_own_shape():
     assert kv_sizing.attention_layers(shared) == 48
     assert kv_sizing.bytes_per_token_of(shared, jnp.bfloat16) == (
         40 * 2 * 16 * 256 + 8 * 2 * 4 * 512) * 2
+
+
+def test_nemotron_pools_count_attention_layers_and_state_bytes_per_mamba_layer():
+    from ninfer_jax.artifact.presets import PRESETS
+
+    config = PRESETS["nemotron-h-8b"].config  # 24 Mamba-2, 4 attention, 24 MLP layers
+    assert kv_sizing.attention_layers(config) == 4
+    assert kv_sizing.bytes_per_token_of(config, jnp.bfloat16) == 4 * 2 * 8 * 128 * 2
+    conv, ssm = 3 * (128 * 64 + 2 * 8 * 128) * 2, 128 * 64 * 128 * 4  # bf16 conv, f32 SSM
+    assert kv_sizing.state_bytes_of(config, jnp.bfloat16, 3) == 3 * 24 * (conv + ssm)
+    serve = ServeConfig(artifact="x", max_concurrency=2, device_state_slots=2)
+    assert kv_sizing.device_state_slots_of(serve, config) == 5  # 2 lanes + 2 extra + dummy
 
 
 def test_bytes_per_token_follows_the_kv_dtype():
@@ -211,3 +224,17 @@ def test_hybrid_pools_count_attention_layers_and_leave_out_the_state_slots():
     cpu = kv_sizing.cpu_auto_kv_tokens(4 * GIB, per_token, page_size=16, max_context=GIB,
                                        state_bytes=GIB - 16 * per_token)
     assert cpu == 16
+
+
+def test_a_loaded_vision_tower_keeps_its_encode_scores_out_of_the_pool():
+    """--vision: the largest tower call's f32 scores and softmax (16 heads x 8,192^2 x 4 B,
+    twice) are kept free; without the tower loaded nothing is."""
+    import types
+
+    from ninfer_jax.artifact.presets import PRESETS
+
+    vision = PRESETS["qwen3.5-27b"].vision
+    with_tower = types.SimpleNamespace(vision_config=vision, params={"vision": {}})
+    assert kv_sizing.vision_scratch_bytes(with_tower) == 2 * 16 * 8192 ** 2 * 4
+    text_only = types.SimpleNamespace(vision_config=vision, params={})
+    assert kv_sizing.vision_scratch_bytes(text_only) == 0

@@ -1,25 +1,20 @@
 """Media through every dialect over HTTP (--vision on the fake-model harness: the fake runner
 takes a request's media as its placeholder tokens; no vision tower). The real openai and
 anthropic SDKs talk to a threaded wsgiref server; media URLs come from a second local HTTP
-server started here. Each dialect's parsing, every media error code, token counting with
-media and the GenerationRequest's media field."""
+server (tests/media_samples.py). Each dialect's parsing, every media error code, token
+counting with media and the GenerationRequest's media field."""
 import base64
-import http.server
-import io
-import pathlib
 import socketserver
 import threading
-import time
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anthropic
-import numpy as np
 import openai
 import pytest
 from falcon import testing
-from PIL import Image
 
 from harness import build_harness, by_id, read_log
+from media_samples import PNG_B64, PNG_URI, VIDEO_URI, media_url, png  # noqa: F401 (fixture)
 from ninfer_jax.serve.core import generation
 from ninfer_jax.serve.media import sources
 from ninfer_jax.serve.media.intake import MediaIntake
@@ -27,59 +22,7 @@ from ninfer_jax.serve.media.preprocess import VisionProcessing
 from ninfer_jax.serve.openai.chat_messages import parse_messages
 from ninfer_jax.text.conversation import Conversation
 
-TEMPLATE = (pathlib.Path(__file__).parent / "templates" / "qwen3_5_vision.jinja").read_text()
 IMAGE_TOKENS = 70  # a 40x60 image -> 224x320 pixels -> 14x20 patches -> 70 merged tokens
-
-
-def png(height=40, width=60, seed=0, solid=False) -> bytes:
-    shape = (height, width, 3)
-    pixels = (np.full(shape, 90, np.uint8) if solid else
-              np.random.default_rng(seed).integers(0, 256, shape, np.uint8))
-    buffer = io.BytesIO()
-    Image.fromarray(pixels).save(buffer, "PNG")
-    return buffer.getvalue()
-
-
-def mp4(num_frames=10, rate=4) -> bytes:
-    import av
-
-    out = io.BytesIO()
-    with av.open(out, "w", format="mp4") as container:
-        stream = container.add_stream("mpeg4", rate=rate)
-        stream.width, stream.height, stream.pix_fmt = 64, 48, "yuv420p"
-        for n in range(num_frames):
-            frame = av.VideoFrame.from_ndarray(np.full((48, 64, 3), n * 20, np.uint8),
-                                               format="rgb24")
-            for packet in stream.encode(frame):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return out.getvalue()
-
-
-PNG = png()
-PNG_B64 = base64.b64encode(PNG).decode()
-PNG_URI = f"data:image/png;base64,{PNG_B64}"
-VIDEO_URI = f"data:video/mp4;base64,{base64.b64encode(mp4()).decode()}"
-
-
-class _Media(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/slow.png":
-            time.sleep(1.0)
-        if self.path not in ("/image.png", "/slow.png"):
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PNG)))
-        self.end_headers()
-        try:
-            self.wfile.write(PNG)
-        except OSError:
-            pass
-
-    def log_message(self, *args):
-        pass
 
 
 class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
@@ -97,17 +40,9 @@ def _serve(server):
 
 
 @pytest.fixture(scope="module")
-def media_url():
-    server = _serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Media))
-    server.daemon_threads = True
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-
-
-@pytest.fixture(scope="module")
 def vh(qwen35, tmp_path_factory):
     log = tmp_path_factory.mktemp("media-log") / "requests.jsonl"
-    h = build_harness(qwen35, template=TEMPLATE, max_context=1024, vision=True,
+    h = build_harness(qwen35, max_context=1024, vision=True,
                       request_log_jsonl=str(log), engine_options={"accepts_media": True})
     h.book.add("look", "Seen.\n</think>\n\nA picture.")
     yield h

@@ -1,48 +1,22 @@
 #!/bin/bash
-# Run 29: speculation on the hybrid Qwen3.5-27B shape (issue 12). The verify step's cost at
-# K = 1, 3, 7, 15 drafts against a plain decode step at batch 1 and 8 (verify rows chain their
-# Gated DeltaNet state: model/gated_deltanet.py), then the same with the MTP head drafting
-# K = 3 in every step, and MTP's acceptance on random weights (meaningless: it proves the
-# head runs). From the repository root, carry [".whl"]:
-#   bash benchmarks/results/run29/device_run29.sh [PRESET] [STAGES]
-# PRESET defaults to qwen3.5-27b (qwen3.5-tiny checks the script in a minute); STAGES is any
-# of "artifact verify mtp" (default all three; each fits one 10-minute device call on the 27B
-# shape, the artifact stays in /tmp/a while the machine is warm).
+# Run 29 (2026-12-04): issue 10's live 8B server against its bare step on main as it stands
+# (tensor parallelism's runner changes landed after run 19/20: mesh=None must keep the one-device
+# path), cold and warm start; then issue 19's Gemma 4 31B shape through JaxRunner (batch 1/8
+# decode against the same process's GEMV ceiling, 4k prefill).
+# From the repository root, carry [".whl"]: bash benchmarks/results/run29/device_run29.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-PRESET=${1:-qwen3.5-27b}; STAGES=${2:-artifact verify mtp}
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONUNBUFFERED=1
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
-[ -d /tmp/site/falcon ] || python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
-ART=/tmp/a/$PRESET.ninfer
-BENCH="benchmarks/runner_bench.py $ART --batches 1,8 --context 384 --prompt 256 --steps 8 --modes sync --json"
-for stage in $STAGES; do
-  stamp "$stage"
-  case $stage in
-    artifact) timeout 540 python3 -m ninfer_jax.cli.main init-random --preset "$PRESET" "$ART" \
-                --force --quiet;;
-    verify) timeout 560 python3 $BENCH --verify 1,3,7,15 > "$OUT/verify.jsonl" 2> "$OUT/verify.err";;
-    mtp) timeout 560 python3 $BENCH --verify 3 --mtp 3 --mtp-acceptance 64 \
-           > "$OUT/mtp.jsonl" 2> "$OUT/mtp.err";;
-  esac
-  stamp "$stage rc=$?"
-done
-python3 - "$OUT"/verify.jsonl "$OUT"/mtp.jsonl <<'PY' 2>/dev/null | tee -a "$OUT/stages.log"
-import json, sys
-for path in sys.argv[1:]:
-    try:
-        lines = open(path).read().splitlines()
-    except OSError:
-        continue
-    for d in map(json.loads, lines):
-        tag = f"{path.rsplit('/', 1)[-1]} mtp={d['mtp_drafts']}"
-        if d["op"] == "decode":
-            print(tag, "decode batch", d["batch"], round(d["ms_per_step"], 3), "ms")
-        elif d["op"] == "verify":
-            print(tag, "verify batch", d["batch"], "K", d["draft_tokens"],
-                  round(d["ms_per_step"], 3), "ms", round(d["relative"], 2), "x")
-        elif d["op"] == "mtp_acceptance":
-            print(tag, "acceptance", d["accepted"], "/", d["drafted"], "in", d["rounds"],
-                  "rounds,", d["tokens"], "tokens,", round(d["seconds"], 1), "s")
-PY
+stamp serve-bench
+timeout 390 python3 benchmarks/gpu_serve_bench.py --out "$OUT/gsb" --total 380 \
+  --stages install,artifact,step,cold,warm,load --levels 1,8,64,256 \
+  --caps "install=60,artifact=120,step=100,cold=110,compiled=100,warm=60,level=45" \
+  > "$OUT/gsb.out" 2>&1
+stamp "serve-bench rc=$?"; sed -n '/^stage  /,$p' "$OUT/gsb.out" | tee -a "$OUT/stages.log"
+rm -rf /tmp/gsb  # the 8B artifact: room on the device's disk
+export PYTHONPATH=.:benchmarks:/tmp/site XLA_PYTHON_CLIENT_PREALLOCATE=false
+stamp gemma
+timeout $(( 585 - ($(date +%s) - t0) )) python3 benchmarks/hybrid_bench.py --presets gemma4-31b \
+  --batches 1,8 --json > "$OUT/gemma-31b.jsonl" 2> "$OUT/gemma-31b.log"
+stamp "gemma rc=$? $(wc -l < "$OUT/gemma-31b.jsonl") records"
+stamp done

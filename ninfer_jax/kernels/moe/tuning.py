@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ninfer_jax.kernels.tiling import fit_tile
+
 GEMV_TARGET_PROGRAMS = 1056  # 8 per SM on an H200 (132 SMs)
 GEMV_TILE = (64, 128)  # (block_k, block_n)
 MIN_BLOCKS_PER_SPLIT = 2
@@ -44,24 +46,14 @@ class GroupedTiles:
     num_stages: int = 3
 
 
-def _fit(size: int, preferred: int, smallest: int) -> int | None:
-    """The largest power of two in [smallest, preferred] that divides size."""
-    tile = preferred
-    while tile >= smallest:
-        if size % tile == 0:
-            return tile
-        tile //= 2
-    return None
-
-
 def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
 def gemv_tiles(*, assignments: int, k: int, n: int) -> GemvTiles | None:
     """Tiles for `assignments` rows, each times its own expert's [k, n] weight."""
-    block_k = _fit(k, GEMV_TILE[0], MIN_DOT)
-    block_n = _fit(n, GEMV_TILE[1], MIN_DOT)
+    block_k = fit_tile(k, GEMV_TILE[0], MIN_DOT)
+    block_n = fit_tile(n, GEMV_TILE[1], MIN_DOT)
     if block_k is None or block_n is None:
         return None
     num_blocks = k // block_k
@@ -76,10 +68,10 @@ def grouped_tiles(*, assignments: int, experts: int, hidden: int,
     """Tiles for `assignments` (token, expert) rows through experts of hidden x width."""
     smallest, largest = GROUPED_BLOCK_M
     block_m = min(largest, max(smallest, _next_power_of_2(-(-assignments // experts))))
-    block_k_up = _fit(hidden, GROUPED_BLOCK_K, MIN_DOT)
-    block_k_down = _fit(width, GROUPED_BLOCK_K, MIN_DOT)
-    block_n_up = _fit(width, GROUPED_BLOCK_N["gate_up"], MIN_DOT)
-    block_n_down = _fit(hidden, GROUPED_BLOCK_N["down"], MIN_DOT)
+    block_k_up = fit_tile(hidden, GROUPED_BLOCK_K, MIN_DOT)
+    block_k_down = fit_tile(width, GROUPED_BLOCK_K, MIN_DOT)
+    block_n_up = fit_tile(width, GROUPED_BLOCK_N["gate_up"], MIN_DOT)
+    block_n_down = fit_tile(hidden, GROUPED_BLOCK_N["down"], MIN_DOT)
     if None in (block_k_up, block_k_down, block_n_up, block_n_down):
         return None
     # Each expert's rows round up to whole tiles: at most one partial tile per used expert.

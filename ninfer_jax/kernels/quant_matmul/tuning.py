@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from ninfer_jax.kernels.tiling import fit_tile
+
 TARGET_PROGRAMS = 528  # 4 per SM on an H200 (132 SMs)
 GEMV_TARGET_PROGRAMS = 1056  # the one-row kernel has less in flight per program
 # One-row kernel tiles per format (block_k, block_n): float32 partial sums of 8192 values.
@@ -31,7 +33,7 @@ class MatmulTuning:
     use_dot: bool = True  # tensor-core tiles; False = the one-row FMA kernel (gemv.py)
 
 
-def _stages_that_fit(stages: int, rows: int, block_k: int, block_n: int, fmt: str) -> int:
+def _stages_thatfit_tile(stages: int, rows: int, block_k: int, block_n: int, fmt: str) -> int:
     """Fewer pipeline stages when x tile + weight tile per stage would overflow shared memory
     (the dequantized float16 tile handed to the tensor cores needs room too)."""
     padded_rows = max(16, 1 << max(0, rows - 1).bit_length())
@@ -39,16 +41,6 @@ def _stages_that_fit(stages: int, rows: int, block_k: int, block_n: int, fmt: st
     per_stage = padded_rows * block_k * 2 + weight_bytes
     room = SHARED_MEMORY_BUDGET - block_k * block_n * 2
     return max(1, min(stages, room // per_stage))
-
-
-def _fit(size: int, preferred: int, smallest: int) -> int | None:
-    """The largest power of two <= preferred, >= smallest, that divides size."""
-    tile = preferred
-    while tile >= smallest:
-        if size % tile == 0:
-            return tile
-        tile //= 2
-    return None
 
 
 def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = None,
@@ -59,16 +51,16 @@ def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = 
     group = GROUP_SIZE[fmt]
     use_dot = rows > 1 if use_dot is None else (use_dot or rows > 1)
     preferred_k, preferred_n = (256, 128) if use_dot else GEMV_TILES[fmt]
-    block_k = block_k or _fit(k, preferred_k, max(group, 16))
-    block_n = block_n or _fit(n, preferred_n, 32)
+    block_k = block_k or fit_tile(k, preferred_k, max(group, 16))
+    block_n = block_n or fit_tile(n, preferred_n, 32)
     if block_n is None or block_k is None or n % block_n or k % block_k or block_k % group:
         return None
     if use_dot:
         num_stages = num_stages or 4
-        while (_stages_that_fit(num_stages, rows, block_k, block_n, fmt) < 3
+        while (_stages_thatfit_tile(num_stages, rows, block_k, block_n, fmt) < 3
                and block_k // 2 >= max(group, 32)):
             block_k //= 2  # more rows of x per stage: trade K depth for pipeline stages
-        num_stages = _stages_that_fit(num_stages, rows, block_k, block_n, fmt)
+        num_stages = _stages_thatfit_tile(num_stages, rows, block_k, block_n, fmt)
     else:
         num_stages = num_stages or 1  # measured: pipelining one-row loads costs occupancy
     num_blocks = k // block_k

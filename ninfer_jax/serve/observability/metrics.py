@@ -54,10 +54,17 @@ ENGINE_GAUGES = (
      "checkpoints (hybrid models; 0 for dense ones).", "state_slots_used"),
     ("ninfer_device_state_capacity_slots", "Device state slots (hybrid models: "
      "--max-concurrency + --device-state-slots; 0 for dense ones).", "state_slots_capacity"),
-    ("ninfer_host_context_used_bytes", "Host tier in use: spilled prefix pages and pause "
-     "snapshots (--host-context-mib).", ("host_pages_used", "host_page_bytes")),
-    ("ninfer_host_context_cached_bytes", "Host tier held by spilled prefix pages.",
-     ("host_pages_cached", "host_page_bytes")),
+    ("ninfer_host_context_used_bytes", "Host tier in use: spilled prefix pages, hybrid state "
+     "checkpoints and pause snapshots (--host-context-mib).",
+     ("host_pages_used", "host_page_bytes")),
+    ("ninfer_host_context_cached_bytes", "Host tier held by prefix pages (spilled ones and "
+     "clean copies of device pages).", ("host_pages_cached", "host_page_bytes")),
+    ("ninfer_host_context_clean_bytes", "Host tier held by clean copies of prefix pages "
+     "still on the device (evicting those moves no bytes).",
+     ("host_pages_clean", "host_page_bytes")),
+    ("ninfer_host_context_checkpoint_bytes", "Host tier held by spilled state checkpoints "
+     "of prefix pages (hybrid models; 0 for dense ones).",
+     ("host_pages_checkpoints", "host_page_bytes")),
     ("ninfer_host_context_reserved_bytes", "Host context reservations (not built yet: "
      "always 0; copies are queued with their slot held and counted as used).", None),
     ("ninfer_host_context_capacity_bytes", "Host tier budget.",
@@ -90,6 +97,10 @@ ENGINE_COUNTERS = (
      "that ran without drafts (no proposal, no room, penalties or a token policy).",
      "spec_fallback_steps"),
     ("ninfer_prefill_units_total", "Prefill units run.", "prefill_units"),
+    ("ninfer_vision_items_encoded_total", "Images and videos run through the vision tower "
+     "(items inside a reused prefix are not).", "vision_items"),
+    ("ninfer_vision_encode_seconds_total", "Device time of vision encodes (each measured "
+     "after the steps queued before it).", "vision_seconds"),
     ("ninfer_decode_rounds_total", "Decode rounds run.", "decode_rounds"),
     ("ninfer_decode_rows_total", "Decode rows run (sum of batch sizes).", "decode_rows"),
     ("ninfer_device_wait_seconds_total", "Engine-thread wall time blocked on the device "

@@ -155,7 +155,8 @@ def done(trace, finished, result) -> dict:
             "prepare": trace.submitted_at - trace.began_at,
             "queue": engine_t.get("queue", 0.0),
             "ttft": None if first is None else first - trace.began_at,
-            "vision": 0.0, "prefill": engine_t.get("prefill", 0.0),
+            "vision": counters.get("vision_seconds", 0.0),
+            "prefill": engine_t.get("prefill", 0.0),
             "decode": engine_t.get("decode", 0.0), "total": finished.time - trace.began_at,
             "speculative": _speculative(trace, counters),
         },
@@ -170,6 +171,10 @@ def done(trace, finished, result) -> dict:
                             "decode_rounds": counters.get("decode_rounds", 0)},
         "thinking": {"enabled": prepared.thinking, "budget": prepared.thinking_budget,
                      "budget_applied": _budget_applied(prepared)},
+        "media": None if getattr(prepared, "media", None) is None else {
+            # items inside a reused prefix are not encoded again
+            "items_encoded": counters.get("vision_items", 0),
+            "encode_seconds": counters.get("vision_seconds", 0.0)},
     }
 
 

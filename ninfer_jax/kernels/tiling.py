@@ -1,0 +1,16 @@
+"""Tile fitting shared by the Triton-lowered kernels' tunings (quant_matmul, moe).
+
+A tile must be a power of two (Triton) and divide the weight's side exactly: the kernels read
+weights in place and never pad them (padding would copy them).
+"""
+from __future__ import annotations
+
+
+def fit_tile(size: int, preferred: int, smallest: int) -> int | None:
+    """The largest power of two in [smallest, preferred] that divides size, or None."""
+    tile = preferred
+    while tile >= smallest:
+        if size % tile == 0:
+            return tile
+        tile //= 2
+    return None

@@ -1,0 +1,128 @@
+"""`ninfer convert` of a Nemotron-H checkpoint (NemotronHForCausalLM saved by transformers, then
+rewritten in the published layout: `backbone.` tensor names, hybrid_override_pattern,
+attention_head_dim and the mamba_* config aliases): config fields, every leaf equal to its
+transformed HF tensor (the conv [C, 1, K] as [K, C]), the per-head vectors kept in f32 under
+bf16 storage, the <TOOLCALL> format detected from the template, MoE layers refused; and
+inspect-artifact's Nemotron lines (the nemotron-h-8b figures, a tiny int8 artifact)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ninfer_jax.artifact.convert import convert
+from ninfer_jax.artifact.format import load_artifact
+from ninfer_jax.artifact.nemotron_report import nemotron_summary
+from ninfer_jax.artifact.presets import PRESETS
+from ninfer_jax.artifact.safetensors_io import write_safetensors
+from ninfer_jax.cli.main import main
+from test_hf_convert import write_tokenizer_files
+
+TEMPLATE = ("{% for m in messages %}<SPECIAL_11>{{ m.role }}\n{{ m.content }}\n{% endfor %}"
+            "{# calls: <TOOLCALL>[{\"name\": ..., \"arguments\": ...}]</TOOLCALL> #}")
+PATTERN = "M*-M"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import torch
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+        vocab_size=264, hidden_size=32, hybrid_override_pattern=PATTERN,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+        mamba_num_heads=4, mamba_head_dim=6, ssm_state_size=10, n_groups=2, conv_kernel=3,
+        eos_token_id=262))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    directory = tmp_path_factory.mktemp("Nemotron-H-Tiny")
+    model.save_pretrained(directory)
+    state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    # the published layout: backbone.* names and the original config spellings
+    for path in directory.glob("*.safetensors"):
+        path.unlink()
+    write_safetensors(directory / "model.safetensors", {
+        ("backbone." + k.removeprefix("model.")) if k.startswith("model.") else k: v
+        for k, v in state.items()})
+    hf = json.loads((directory / "config.json").read_text())
+    for ours in ("layers_block_type", "layer_types", "head_dim", "n_groups", "conv_kernel"):
+        hf.pop(ours, None)
+    hf.update(hybrid_override_pattern=PATTERN, attention_head_dim=8, mamba_n_groups=2,
+              mamba_d_conv=3, time_step_limit=[0.0, float("inf")])
+    (directory / "config.json").write_text(json.dumps(hf))
+    write_tokenizer_files(directory, template=TEMPLATE)
+    return directory, state
+
+
+def test_nemotron_checkpoint_converts_leaf_by_leaf(checkpoint, tmp_path):
+    directory, state = checkpoint
+    artifact = load_artifact(convert(directory, tmp_path / "nemotron.ninfer"))
+    config, params = artifact.config, artifact.params
+    assert (config.architecture, config.layer_types, config.head_dim) == (
+        "nemotron_h", ("mamba", "attention", "mlp", "mamba"), 8)
+    assert (config.mamba_num_groups, config.mamba_conv_kernel, config.mamba_state_size,
+            config.mamba_dt_max, config.tie_word_embeddings) == (2, 3, 10, 0.0, False)
+    assert artifact.chat_format["tool_call_format"] == "nemotron"
+    mamba, attention, mlp, _ = params["layers"]
+    p = "model.layers.0."
+    np.testing.assert_array_equal(mamba["in_proj"], state[p + "mixer.in_proj.weight"].T)
+    np.testing.assert_array_equal(mamba["conv"], state[p + "mixer.conv1d.weight"][:, 0].T)
+    np.testing.assert_array_equal(mamba["conv_bias"], state[p + "mixer.conv1d.bias"])
+    np.testing.assert_array_equal(mamba["mamba_norm"], state[p + "mixer.norm.weight"])
+    np.testing.assert_array_equal(mamba["D"], state[p + "mixer.D"])
+    np.testing.assert_array_equal(mamba["norm"], state[p + "norm.weight"])
+    np.testing.assert_array_equal(attention["wk"], state["model.layers.1.mixer.k_proj.weight"].T)
+    np.testing.assert_array_equal(mlp["w_down"], state["model.layers.2.mixer.down_proj.weight"].T)
+    np.testing.assert_array_equal(params["final_norm"], state["model.norm_f.weight"])
+    np.testing.assert_array_equal(params["lm_head"], state["lm_head.weight"].T)
+    assert set(mlp) == {"norm", "w_up", "w_down"}
+
+
+def test_bf16_storage_keeps_the_per_head_vectors_in_f32(checkpoint, tmp_path):
+    directory, _ = checkpoint
+    mamba = load_artifact(convert(directory, tmp_path / "n16.ninfer", dtype="bf16")).params[
+        "layers"][0]
+    assert all(mamba[k].dtype == np.float32 for k in ("A_log", "dt_bias", "D", "mamba_norm"))
+    assert mamba["in_proj"].dtype.name == "bfloat16"
+
+
+def test_moe_layers_are_refused(checkpoint, tmp_path):
+    directory, _ = checkpoint
+    broken = tmp_path / "moe"
+    broken.mkdir()
+    for f in directory.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    hf = json.loads((broken / "config.json").read_text())
+    hf["hybrid_override_pattern"] = "M*EM"
+    (broken / "config.json").write_text(json.dumps(hf))
+    with pytest.raises(Exception, match="MoE is not"):
+        convert(broken, tmp_path / "moe.ninfer")
+
+
+def test_nemotron_h_8b_state_and_kv_sizes():
+    summary = nemotron_summary(PRESETS["nemotron-h-8b"].config, {"embed": "bf16"})
+    assert summary["layers"] == {"mamba": 24, "attention": 4, "mlp": 24}
+    conv = 3 * (128 * 64 + 2 * 8 * 128) * 2  # K-1 taps of x|B|C, bf16
+    ssm = 128 * 64 * 128 * 4
+    assert summary["state_bytes_per_sequence"] == {"conv_per_layer": conv, "ssm_per_layer": ssm,
+                                                   "total": 24 * (conv + ssm)}
+    assert summary["kv_bytes_per_token"] == 4 * 2 * 8 * 128 * 2
+
+
+def test_inspect_a_tiny_int8_nemotron_artifact(tmp_path):
+    out = tmp_path / "nemotron.ninfer"
+    result = CliRunner().invoke(main, ["init-random", "--preset", "nemotron-h-tiny", str(out),
+                                       "--weights", "int8", "--quiet"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    report = json.loads(CliRunner().invoke(main, ["inspect-artifact", str(out), "--json"]).output)
+    rows = {r["name"]: r for r in report["tensors"]}
+    assert rows["layers.0.in_proj.int8"]["format"] == "int8"
+    assert rows["layers.0.A_log"]["dtype"] == "float32"
+    assert report["nemotron"]["pattern"] == "M*-"
+    text = CliRunner().invoke(main, ["inspect-artifact", str(out)]).output
+    assert "1 mamba, 1 attention, 1 mlp: M*-" in text
+    assert "mamba-2       4 heads of 16, 2 groups of state 16, conv 4 taps" in text

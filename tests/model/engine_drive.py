@@ -1,0 +1,66 @@
+"""Drive a real JaxRunner through a fresh Scheduler + StepLoop, synchronously, for the engine
+tests of the families with recurrent state (test_hybrid_engine, test_nemotron_h_engine)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.host_pages import HostPagePool
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.state_slots import StateSlotPool
+from ninfer_jax.engine.step_loop import StepLoop
+
+VOCAB, PAGE, CONTEXT = 256, 4, 64  # the runners these tests build use these
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def prompt(length: int, salt: int) -> list[int]:
+    rng = np.random.default_rng(salt)
+    return rng.integers(1, VOCAB, length).tolist()
+
+
+def generate(runner, prompts, *, lanes=None, num_pages=64, slots=None, reuse=True,
+             max_tokens=8, together=True, host_pages=0):
+    """Run `prompts` (all submitted at once, or one after another) through a fresh
+    scheduler on `runner` (lanes and state slots: the runner's unless told); returns (per
+    request (cache_n, output ids, counters), scheduler)."""
+    lanes = runner.max_batch if lanes is None else lanes
+    slots = runner.state_slot_capacity if slots is None else slots
+    config = EngineConfig(max_concurrency=lanes, prefill_chunk=16, max_context=CONTEXT,
+                          prefix_reuse=reuse)
+    host = HostPagePool(host_pages, runner.page_bytes, runner.state_bytes)
+    runner.clear_host_pages()
+    scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE,
+                          max_batch=runner.max_batch, slots=StateSlotPool(slots), host=host)
+    loop = StepLoop(scheduler, runner)
+    handles = []
+    for index, ids in enumerate(prompts):
+        handle = RequestHandle(GenerationRequest(f"r{index}", list(ids), GREEDY, max_tokens))
+        scheduler.add(handle)
+        handles.append(handle)
+        if not together:
+            _run(scheduler, loop)
+    _run(scheduler, loop)
+    results = []
+    for handle in handles:
+        events = []
+        while (event := handle.next_event(timeout=0)) is not None:
+            events.append(event)
+        assert events[-1].reason == "length", events[-1]
+        results.append((events[0].cache_n, list(events[-1].output_ids), events[-1].counters))
+    return results, scheduler
+
+
+def _run(scheduler, loop) -> None:
+    for _ in range(10_000):
+        scheduler.apply_controls()
+        if not loop.advance() and not scheduler.has_work():
+            loop.drain()
+            return
+    raise AssertionError("the scheduler did not finish")
+
+
+def outputs(results):
+    return [ids for _, ids, _ in results]
