@@ -18,7 +18,6 @@ import json
 import pathlib
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common

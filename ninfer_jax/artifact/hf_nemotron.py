@@ -17,7 +17,6 @@ import math
 import pathlib
 from typing import Any
 
-import numpy as np
 
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.errors import ArtifactError
