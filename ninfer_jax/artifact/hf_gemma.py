@@ -17,7 +17,6 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.artifact.hf_hybrid_config import text_config
 from ninfer_jax.errors import ArtifactError

@@ -17,7 +17,6 @@ import math
 import pathlib
 from typing import Any
 
-
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.config import ModelConfig
