@@ -48,9 +48,9 @@ def model(name: str):
         config = dataclasses.replace(config, tie_word_embeddings=True)
     if name == "llama":  # an odd vocabulary: embed and lm_head replicated
         config = dataclasses.replace(config, vocab_size=4001)
-    if name in ("hybrid", "moe"):
-        config = dataclasses.replace(config, vocab_size=4001 if name == "hybrid" else 4096,
-                                     linear_num_key_heads=4, linear_num_value_heads=8)
+    if name in ("hybrid", "moe"):  # an odd vocabulary too: embed (and head) replicated
+        config = dataclasses.replace(config, vocab_size=4001, linear_num_key_heads=4,
+                                     linear_num_value_heads=8)
     params = random_params(config, seed=3, dtype="f32")
     if config.tie_word_embeddings:  # a unit-variance table as the head saturates the logits
         params["embed"] = params["embed"] * np.float32(0.05)

@@ -25,11 +25,13 @@ import numpy as np
 import pytest
 
 CHILD = pathlib.Path(__file__).with_name("tensor_parallel_child.py")
-# qwen3: qk-norm, tied vocabulary-parallel head; hybrid: an odd vocabulary (replicated
-# head). The child also runs "llama" (untied, odd vocabulary); CI time keeps it out.
-PLAN = {"qwen3": ("1", "2", "4"), "hybrid": ("1", "2"), "moe": ("1", "2ep"),
-        "glm": ("1", "2ep")}
-NUM_LAYERS = 2  # the child's tiny models (the hybrid: one Gated DeltaNet, one attention)
+# qwen3: qk-norm, tied vocabulary-parallel head; moe (qwen3.6-tiny-moe shapes): a hybrid
+# with an odd vocabulary (replicated head), experts split ("2ep": TP 2 + --expert-parallel);
+# glm (glm4.5-tiny shapes): a dense first layer, the grouped sigmoid router, experts split.
+# The child also runs "llama" (untied, odd vocabulary) and "hybrid" (the dense-MLP
+# Qwen3.5, odd vocabulary: moe covers its Gated DeltaNet layers); CI time keeps them out.
+PLAN = {"qwen3": ("1", "2", "4"), "moe": ("1", "2ep"), "glm": ("1", "2ep")}
+NUM_LAYERS = 2  # the child's tiny models (the hybrids: one Gated DeltaNet, one attention)
 
 
 @pytest.fixture(scope="module")
