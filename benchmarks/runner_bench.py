@@ -4,6 +4,7 @@
         [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--stable-buffers]
         [--no-fuse] [--json] [--profile DIR] [--modes pipelined,sync]
         [--kv-dtype auto|bf16|fp8|int8] [--decode-split-tokens N] [--merge-min-splits N]
+        [--tensor-parallel N [--expert-parallel]]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
 (greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
@@ -15,6 +16,9 @@ executables across runs). --json prints one JSON object per measurement. --profi
 traces each batch's pipelined decode once more under jax.profiler and prints where the
 device's time went per step (benchmarks/trace_summary.py). --decode-split-tokens and
 --merge-min-splits set the paged decode kernel's split and merge thresholds for A/B runs.
+--tensor-parallel N splits the model over N devices; with --expert-parallel a MoE model's
+routed experts are split by expert index instead of replicated (the A/B of issue 20's
+"expert parallelism where it beats tensor parallelism": run both on the same artifact).
 """
 from __future__ import annotations
 
@@ -125,6 +129,9 @@ def main():
                              "them at load by default: model/fused_projections.py)")
     parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                         help="split the model over N devices (model/tensor_parallel.py)")
+    parser.add_argument("--expert-parallel", action="store_true",
+                        help="with --tensor-parallel N: a MoE model's routed experts split by "
+                             "expert index over the N devices instead of replicated")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--modes", default="pipelined,sync",
                         help="decode timing modes, comma separated (pipelined, sync)")
@@ -156,7 +163,8 @@ def main():
                        stable_buffers=args.stable_buffers,
                        fuse_projections=False if args.no_fuse else None,
                        kv_dtype=kv_dtype_for(args.kv_dtype),
-                       tensor_parallel=args.tensor_parallel)
+                       tensor_parallel=args.tensor_parallel,
+                       expert_parallel=args.expert_parallel)
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.
     prefill_chunk = runner.chunk_buckets[-1]
@@ -186,6 +194,8 @@ def main():
               "fused": "wqkv" in runner.params["layers"][0],
               "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "kv_dtype": runner.kv_dtype.name,
+              "tensor_parallel": runner.tensor_parallel,
+              "expert_parallel": runner.expert_parallel,
               "decode_split_tokens": attention_tuning.MIN_SPLIT_TOKENS,
               "merge_min_splits": attention_kernel.MERGE_KERNEL_MIN_SPLITS}
     if args.json:
@@ -193,7 +203,8 @@ def main():
             print(json.dumps({**header, **record}), flush=True)
         return
     print(f"{artifact.name}: dtype {header['dtype']}, rows {runner.row_buckets}, "
-          f"chunks {runner.chunk_buckets}")
+          f"chunks {runner.chunk_buckets}, tensor parallel {runner.tensor_parallel}"
+          f"{' (experts split)' if runner.expert_parallel else ''}")
     for record in records:
         if record["op"] == "profile":
             print(json.dumps(record))

@@ -54,7 +54,7 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
         extra["media"] = media
     logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size,
                                **extra)
-    logits = tensor_parallel.replicated(logits, mesh)
+    logits = tensor_parallel.gathered_logits(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
     return out, kv
