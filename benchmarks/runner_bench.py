@@ -5,6 +5,7 @@
         [--no-fuse] [--json] [--profile DIR] [--modes pipelined,sync]
         [--kv-dtype auto|bf16|fp8|int8] [--decode-split-tokens N] [--merge-min-splits N]
         [--verify 1,3,7,15] [--mtp K] [--mtp-acceptance TOKENS]
+        [--tensor-parallel N [--expert-parallel]]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
 (greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
@@ -25,6 +26,10 @@ the scheduler runs rounds) against the plain decode step of B rows on the same r
 verify and decode figures then include the drafting); --mtp-acceptance N also generates N
 greedy tokens of one stream through the scheduler with --spec mtp and reports how many
 drafts were accepted (random weights: meaningless, but it proves the head runs).
+
+--tensor-parallel N splits the model over N devices; with --expert-parallel a MoE model's
+routed experts are split by expert index instead of replicated (the A/B of issue 20's
+"expert parallelism where it beats tensor parallelism": run both on the same artifact).
 """
 from __future__ import annotations
 
@@ -183,6 +188,9 @@ def main():
                              "them at load by default: model/fused_projections.py)")
     parser.add_argument("--tensor-parallel", type=int, default=1, metavar="N",
                         help="split the model over N devices (model/tensor_parallel.py)")
+    parser.add_argument("--expert-parallel", action="store_true",
+                        help="with --tensor-parallel N: a MoE model's routed experts split by "
+                             "expert index over the N devices instead of replicated")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--modes", default="pipelined,sync",
                         help="decode timing modes, comma separated (pipelined, sync)")
@@ -225,7 +233,8 @@ def main():
                        stable_buffers=args.stable_buffers,
                        fuse_projections=False if args.no_fuse else None,
                        kv_dtype=kv_dtype_for(args.kv_dtype),
-                       tensor_parallel=args.tensor_parallel, speculative=speculative,
+                       tensor_parallel=args.tensor_parallel,
+                       expert_parallel=args.expert_parallel, speculative=speculative,
                        mtp_drafts=args.mtp, state_slot_capacity=max(batches))
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.
@@ -269,6 +278,8 @@ def main():
               "fused": "wqkv" in runner.params["layers"][0],
               "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "kv_dtype": runner.kv_dtype.name,
+              "tensor_parallel": runner.tensor_parallel,
+              "expert_parallel": runner.expert_parallel,
               "decode_split_tokens": attention_tuning.MIN_SPLIT_TOKENS,
               "merge_min_splits": attention_kernel.MERGE_KERNEL_MIN_SPLITS}
     if args.json:
@@ -276,7 +287,8 @@ def main():
             print(json.dumps({**header, **record}), flush=True)
         return
     print(f"{artifact.name}: dtype {header['dtype']}, rows {runner.row_buckets}, "
-          f"chunks {runner.chunk_buckets}")
+          f"chunks {runner.chunk_buckets}, tensor parallel {runner.tensor_parallel}"
+          f"{' (experts split)' if runner.expert_parallel else ''}")
     for record in records:
         if record["op"] == "profile":
             print(json.dumps(record))

@@ -4,7 +4,7 @@ template, placing tensors in the params tree, and progress reporting."""
 from __future__ import annotations
 
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -159,6 +159,25 @@ def add_to_params(params: dict, name: str, array: np.ndarray, num_layers: int = 
         layers[int(index)][leaf] = array
     else:
         params[name] = array
+
+
+def collect_params(sources: list, config: ModelConfig, dtype: str,
+                   progress: ProgressFn | None,
+                   name_of: Callable[[Any, str], str | None],
+                   layout: Callable[[str, np.ndarray], np.ndarray]) -> dict:
+    """The params tree from (SafetensorsFile, hf_name) pairs read one at a time:
+    `name_of(file, hf_name)` names a tensor (None: not used), `layout(name, array)` turns the
+    float32 array into the layout model/config.py stores (e.g. a transpose)."""
+    params: dict = {}
+    for index, (file, hf_name) in enumerate(sources, start=1):
+        if progress:
+            progress(index, len(sources), hf_name)
+        name = name_of(file, hf_name)
+        if name is None:
+            continue
+        array = layout(name, np.asarray(file.get(hf_name), dtype=np.float32))
+        add_to_params(params, name, store(name, array, dtype), config.num_layers)
+    return params
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -18,7 +18,6 @@ import json
 import pathlib
 from typing import Any
 
-import numpy as np
 from tokenizers import Tokenizer
 
 from ninfer_jax.artifact import convert_common as common
@@ -178,20 +177,14 @@ def _params(directory: pathlib.Path, sources: list, config: ModelConfig, dtype: 
 
 def _dense_params(sources: list, config: ModelConfig, dtype: str,
                   progress: common.ProgressFn | None) -> dict:
-    params: dict = {}
-    for index, (file, hf_name) in enumerate(sources, start=1):
-        if progress:
-            progress(index, len(sources), hf_name)
+    def name_of(file, hf_name):
         if hf_vision.is_vision_tensor(hf_name):
-            continue  # the vision component (_vision_params)
+            return None  # the vision component (_vision_params)
         name = _params_name(file.path, hf_name)
-        if name is None or (name == "lm_head" and config.tie_word_embeddings):
-            continue
-        array = np.asarray(file.get(hf_name), dtype=np.float32)
-        if array.ndim == 2 and name != "embed":
-            array = array.T
-        common.add_to_params(params, name, common.store(name, array, dtype), config.num_layers)
-    return params
+        return None if name == "lm_head" and config.tie_word_embeddings else name
+
+    return common.collect_params(sources, config, dtype, progress, name_of,
+                                 lambda name, a: a.T if a.ndim == 2 and name != "embed" else a)
 
 
 def _params_name(path: pathlib.Path, hf_name: str) -> str | None:

@@ -17,8 +17,6 @@ from __future__ import annotations
 import pathlib
 from typing import Any
 
-import numpy as np
-
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.artifact.hf_hybrid_config import text_config
 from ninfer_jax.errors import ArtifactError
@@ -107,18 +105,13 @@ def _full_layer_shape(text: dict, types: list, head_dim: int, kv_heads: int) -> 
 def gemma_params(sources: list, config: ModelConfig, dtype: str,
                  progress: common.ProgressFn | None) -> dict:
     """The params tree (model/config.py) of a checkpoint's text model."""
-    params: dict = {}
-    for index, (file, hf_name) in enumerate(sources, start=1):
-        if progress:
-            progress(index, len(sources), hf_name)
-        name = params_name(file.path, hf_name, config)
-        if name is None:
-            continue
-        array = np.asarray(file.get(hf_name), dtype=np.float32)
-        if array.ndim == 2 and name.rsplit(".", 1)[-1] not in UNTRANSPOSED:
-            array = array.T
-        common.add_to_params(params, name, common.store(name, array, dtype), config.num_layers)
-    return params
+    def layout(name, array):
+        transposed = array.ndim == 2 and name.rsplit(".", 1)[-1] not in UNTRANSPOSED
+        return array.T if transposed else array
+
+    return common.collect_params(sources, config, dtype, progress,
+                                 lambda file, hf_name: params_name(file.path, hf_name, config),
+                                 layout)
 
 
 def params_name(path: pathlib.Path, hf_name: str, config: ModelConfig) -> str | None:

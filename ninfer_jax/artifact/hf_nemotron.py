@@ -17,8 +17,6 @@ import math
 import pathlib
 from typing import Any
 
-import numpy as np
-
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model.config import ModelConfig
@@ -96,20 +94,14 @@ def _refuse_unsupported(hf: dict, path: pathlib.Path) -> None:
 def nemotron_params(sources: list, config: ModelConfig, dtype: str,
                     progress: common.ProgressFn | None) -> dict:
     """The params tree (model/config.py) of a NemotronHForCausalLM checkpoint."""
-    params: dict = {}
-    for index, (file, hf_name) in enumerate(sources, start=1):
-        if progress:
-            progress(index, len(sources), hf_name)
-        name = params_name(file.path, hf_name, config)
-        if name is None:
-            continue
-        array = np.asarray(file.get(hf_name), dtype=np.float32)
+    def layout(name, array):
         if name.endswith(".conv"):
-            array = array.reshape(array.shape[0], -1).T  # [conv_dim, 1, K] -> [K, conv_dim]
-        elif array.ndim == 2 and name != "embed":
-            array = array.T
-        common.add_to_params(params, name, common.store(name, array, dtype), config.num_layers)
-    return params
+            return array.reshape(array.shape[0], -1).T  # [conv_dim, 1, K] -> [K, conv_dim]
+        return array.T if array.ndim == 2 and name != "embed" else array
+
+    return common.collect_params(sources, config, dtype, progress,
+                                 lambda file, hf_name: params_name(file.path, hf_name, config),
+                                 layout)
 
 
 def params_name(path: pathlib.Path, hf_name: str, config: ModelConfig) -> str | None:

@@ -165,7 +165,8 @@ class JaxRunner:
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
                  fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
                  step_shapes: str = "all", tensor_parallel: int = 1, vision: bool = False,
-                 speculative: bool = False, mtp_drafts: int = 0):
+                 speculative: bool = False, mtp_drafts: int = 0,
+                 expert_parallel: bool = False):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         if step_shapes not in STEP_SHAPE_SETS:
@@ -180,15 +181,18 @@ class JaxRunner:
         kernels = use_kernels()
         # Tensor parallelism: None on one device, else a mesh the params and caches are
         # split over (model/tensor_parallel.py); it is a static argument of every step.
+        # `expert_parallel`: the routed experts split by expert index over that mesh.
         self.mesh = None
-        if tensor_parallel > 1:
-            tp.check_divides(self.config, tensor_parallel)
+        if tensor_parallel > 1 or expert_parallel:
+            tp.check_divides(self.config, tensor_parallel, expert_parallel)
             self.mesh = tp.make_mesh(tensor_parallel)
+        self.expert_parallel = expert_parallel
         # q|k|v and gate|up joined on the host, before the put (on by default: on the CPU no
         # slower, measured with runner_bench; fused leaves given are kept either way)
         text_params = {k: v for k, v in artifact.params.items() if k != "vision"}
         self.params = place_params(text_params, self.config, self.dtype, self.mesh,
-                                   fuse=fuse_projections is None or fuse_projections)
+                                   fuse=fuse_projections is None or fuse_projections,
+                                   expert_parallel=expert_parallel)
         if expand_quantized is None:  # without the quantized kernels, dense weights are faster
             expand_quantized = not kernels
         if expand_quantized and has_quantized_projections(self.params):
@@ -386,6 +390,7 @@ class JaxRunner:
         """The mesh for /metrics and the request log: axis size and device names."""
         devices = self.mesh.devices.tolist() if self.mesh is not None else jax.devices()[:1]
         return {"tensor_parallel": self.tensor_parallel, "axis": tp.AXIS,
+                "expert_parallel": self.expert_parallel,
                 "devices": [str(device) for device in devices]}
 
     def _step_shardings(self) -> dict:
@@ -588,6 +593,7 @@ class JaxRunner:
                 "width": self.width, "max_batch": self.max_batch,
                 "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
                 "vision": self.vision.config.to_dict() if self.vision is not None else None,
+                "expert_parallel": self.expert_parallel,
                 **({"state_slots": self.state_slot_capacity,
                     "chained_rows": self.chained_rows, "mtp_drafts": self.num_drafts}
                    if self.has_state else {})}
@@ -798,13 +804,15 @@ class JaxRunner:
         return self.collect(self.launch(StepPlan(chunk=None, rows=tuple(rows)))).row_tokens
 
 
-def place_params(params, config, dtype, mesh=None, *, fuse: bool = True):
+def place_params(params, config, dtype, mesh=None, *, fuse: bool = True,
+                 expert_parallel: bool = False):
     """The params on the device(s) in the compute dtype, q|k|v and gate|up fused (`fuse`).
     One device: fused on the host, one device_put (steps.cast_params). A mesh: split as
-    model/tensor_parallel.py says; a host (numpy) tree is fused and cast on the host and each
-    device receives only its shards; a tree already on the mesh (restored into its shards by
-    the artifact loader) is fused and cast there one layer at a time, each layer's parts
-    donated so the device never holds both layouts of more than one layer."""
+    model/tensor_parallel.py says (`expert_parallel`: the routed experts by expert index); a
+    host (numpy) tree is fused and cast on the host and each device receives only its
+    shards; a tree already on the mesh (restored into its shards by the artifact loader) is
+    fused and cast there one layer at a time, each layer's parts donated so the device never
+    holds both layouts of more than one layer."""
     if mesh is None:
         if fuse:
             params = fused_projections.fuse_projections(params, config)
@@ -812,8 +820,9 @@ def place_params(params, config, dtype, mesh=None, *, fuse: bool = True):
     tp.check_plain(params)
     size = tp.num_groups(mesh)
     if config.num_experts:
-        log.info("tensor parallel: the routed experts are replicated on each of the %d "
-                 "devices (expert parallelism is not built)", size)
+        log.info("tensor parallel: the routed experts are %s", f"split by expert index, "
+                 f"{config.num_experts // size} per device" if expert_parallel else
+                 f"replicated on each of the {size} devices (--expert-parallel splits them)")
     cast = functools.partial(_cast_floats, dtype=dtype)
 
     def prepare(tree):  # a whole tree or one layer dict
@@ -823,6 +832,10 @@ def place_params(params, config, dtype, mesh=None, *, fuse: bool = True):
         if config.is_hybrid:  # GDN channels per shard
             tree = (tp.group_deltanet_layer(tree, config, size) if "layers" not in tree
                     else {**tree, "layers": [tp.group_deltanet_layer(layer, config, size)
+                                             for layer in tree["layers"]]})
+        if expert_parallel:
+            tree = (tp.split_experts(tree) if "layers" not in tree
+                    else {**tree, "layers": [tp.split_experts(layer)
                                              for layer in tree["layers"]]})
         return jax.tree.map(cast, tree)
 

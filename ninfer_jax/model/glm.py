@@ -71,7 +71,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
         attn_out, cache = _attention(h, layer, cache, rope, slots, attend, config)
         x = x + attn_out
         h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i)
+        x = x + (moe_mlp(h, layer, config, mesh) if config.is_moe_layer(i)
                  else swiglu_mlp(h, layer, groups))
         new_kv.append(cache)
     return x, new_kv

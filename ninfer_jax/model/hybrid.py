@@ -155,7 +155,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
             mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
         x = x + mixed
         h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + (moe_mlp(h, layer, config) if config.is_moe_layer(i)
+        x = x + (moe_mlp(h, layer, config, mesh) if config.is_moe_layer(i)
                  else swiglu_mlp(h, layer, groups))
         if deepstack is not None and i < deepstack.shape[0]:
             x = x + deepstack[i].astype(x.dtype)

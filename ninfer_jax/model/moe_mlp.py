@@ -8,6 +8,8 @@ num_expert_groups groups (a group scores the sum of its two best experts); the c
 are the chosen experts' unbiased scores (renormalised when norm_topk_prob) times
 routed_scaling_factor, and the shared experts are added ungated.
 Leaves: see model/config.py (router, router_bias, experts_gate_up, experts_down, shared_*).
+Under expert parallelism the routed experts are experts_gate_up_ep / experts_down_ep, split by
+expert index over the tensor-parallel mesh (model/tensor_parallel.py, `expert_parallel`).
 """
 from __future__ import annotations
 
@@ -15,18 +17,25 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import moe
+from ninfer_jax.model import tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear, swiglu_mlp
 
 
-def moe_mlp(x, layer, config: ModelConfig):
-    """x [N, H] -> [N, H]."""
+def moe_mlp(x, layer, config: ModelConfig, mesh=None):
+    """x [N, H] -> [N, H]. `mesh`: the tensor-parallel mesh, needed when the layer's experts
+    are split by expert index (the `_ep` leaves)."""
     if config.is_glm:
         expert_ids, expert_weights = route_grouped_sigmoid(x, layer, config)
     else:
         expert_ids, expert_weights = route(x, layer["router"], config)
-    out = moe.routed_experts(x, expert_ids, expert_weights.astype(x.dtype),
-                             layer["experts_gate_up"], layer["experts_down"])
+    if "experts_gate_up_ep" in layer:
+        routed = tensor_parallel.expert_parallel(moe.routed_experts, mesh)
+        experts = layer["experts_gate_up_ep"], layer["experts_down_ep"]
+    else:
+        routed = moe.routed_experts
+        experts = layer["experts_gate_up"], layer["experts_down"]
+    out = routed(x, expert_ids, expert_weights.astype(x.dtype), *experts)
     if "shared_w_gate" in layer:
         shared = swiglu_mlp(x, {"w_gate": layer["shared_w_gate"], "w_up": layer["shared_w_up"],
                                 "w_down": layer["shared_w_down"]})

@@ -65,7 +65,7 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     else:
         logits, kv = family.ragged(params, kv, batch, prev_out, config=config,
                                    page_size=page_size, **extra)
-    logits = tensor_parallel.replicated(logits, mesh)
+    logits = tensor_parallel.gathered_logits(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     rows = ragged_batch.step_tokens(batch, prev_out)[ragged_batch.num_chunk_tokens(batch):]
     if num_drafts and draws:  # sampled MTP drafts: rejection sampling against their q

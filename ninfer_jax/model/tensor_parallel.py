@@ -10,6 +10,13 @@ splits every product by them (Megatron layout, one all-reduce after each attenti
     row parallel (input axis split): wo w_down out shared_w_down, embed (its vocabulary rows)
     replicated: norms, routers, the routed experts, and any leaf whose split axis the mesh
         does not divide (a tiny artifact's odd vocabulary)
+    expert parallel (`--expert-parallel`, split by expert index instead of replicated): the
+        routed experts, renamed experts_gate_up_ep / experts_down_ep (EXPERT_LEAVES) so the
+        model code sees the layout in the tree; each device runs its E/N experts for every
+        token (the others weighted zero) and a psum adds the partial outputs
+        (`expert_parallel`). The tokens are replicated over the mesh already, so no
+        dispatch is needed: the only collective is that psum, the all-reduce a
+        row-parallel MLP has anyway.
 
 Fused projections (model/fused_projections.py) are laid out per shard: wqkv holds, for each
 of the G = N groups, that group's q heads, then its k heads, then its v heads, so a column
@@ -42,6 +49,8 @@ COLUMN_LEAVES = ("wq", "wk", "wv", "wqkv", "w_gate", "w_up", "w_gate_up", "in_qk
 GROUPED_CHANNELS = {"in_qkv": "in_qkv_grouped", "conv": "conv_grouped"}
 ROW_LEAVES = ("wo", "w_down", "out", "shared_w_down", "embed")
 HEAD_VECTORS = ("bq", "bk", "bv", "dt_bias", "A_log")  # one entry per head (or head column)
+# the routed experts as stored -> their name once split by expert index over the mesh
+EXPERT_LEAVES = {"experts_gate_up": "experts_gate_up_ep", "experts_down": "experts_down_ep"}
 
 
 def shard_map(fn, *, mesh: Mesh, in_specs, out_specs):
@@ -67,11 +76,22 @@ def num_groups(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape[AXIS]
 
 
-def check_divides(config: ModelConfig, size: int) -> None:
-    """ValueError, one line, when a mesh of `size` devices cannot split the heads."""
+def check_divides(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
+    """ValueError, one line, when a mesh of `size` devices cannot split the heads (or, with
+    `expert_parallel`, the routed experts)."""
     if config.is_nemotron and size > 1:
         raise ValueError("--tensor-parallel is not built for nemotron_h (its Mamba-2 layers "
                          "are not split per shard)")
+    if expert_parallel:
+        if size < 2:
+            raise ValueError("--expert-parallel needs --tensor-parallel 2 or more (it splits "
+                             "the experts over the tensor-parallel devices)")
+        if not config.num_experts:
+            raise ValueError(f"--expert-parallel needs a MoE model; {config.architecture} has "
+                             "no routed experts")
+        if config.num_experts % size:
+            raise ValueError(f"--expert-parallel: --tensor-parallel {size} does not divide the "
+                             f"model's {config.num_experts} routed experts")
     counts = {"attention heads": config.num_heads, "kv heads": config.num_kv_heads}
     if config.is_hybrid:
         counts.update({"linear key heads": config.linear_num_key_heads,
@@ -85,10 +105,15 @@ def check_divides(config: ModelConfig, size: int) -> None:
 # ----------------------------------------------------------------------------- placement
 
 
-def leaf_spec(name: str, shape: tuple[int, ...], size: int) -> P:
+def leaf_spec(name: str, shape: tuple[int, ...], size: int,
+              expert_parallel: bool = False) -> P:
     """The PartitionSpec of a plain weight leaf named `name` (its last dotted part) of this
-    shape on a mesh of `size` devices (module docstring); replicated when not divisible."""
-    if name in COLUMN_LEAVES and len(shape) == 2:
+    shape on a mesh of `size` devices (module docstring); replicated when not divisible.
+    `expert_parallel`: the routed experts under their stored names split too (a checkpoint
+    restored straight into expert shards, before the runner renames them)."""
+    if name in EXPERT_LEAVES.values() or expert_parallel and name in EXPERT_LEAVES:
+        axis = 0
+    elif name in COLUMN_LEAVES and len(shape) == 2:
         axis = 1
     elif name in ROW_LEAVES and len(shape) == 2:
         axis = 0
@@ -101,7 +126,7 @@ def leaf_spec(name: str, shape: tuple[int, ...], size: int) -> P:
     return P(*([None] * axis), AXIS)
 
 
-def param_specs(params, size: int):
+def param_specs(params, size: int, expert_parallel: bool = False):
     """The PartitionSpec tree of a params tree (plain leaves; a quantized leaf's dict gets
     P() for each array: such weights are refused with a mesh, see check_plain)."""
     def walk(node, name):
@@ -109,8 +134,14 @@ def param_specs(params, size: int):
             return {key: walk(value, key) for key, value in node.items()}
         if isinstance(node, (list, tuple)):
             return type(node)(walk(value, name) for value in node)
-        return leaf_spec(name, tuple(node.shape), size)
+        return leaf_spec(name, tuple(node.shape), size, expert_parallel)
     return walk(params, "")
+
+
+def split_experts(layer: dict) -> dict:
+    """A layer with its routed experts renamed to their expert-parallel names (EXPERT_LEAVES);
+    the arrays are unchanged, only their placement differs."""
+    return {EXPERT_LEAVES.get(name, name): leaf for name, leaf in layer.items()}
 
 
 def check_plain(params) -> None:
@@ -187,6 +218,39 @@ def replicated(x, mesh: Mesh | None):
     if mesh is None:
         return x
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P()))
+
+
+def gathered_logits(logits, mesh: Mesh | None):
+    """The logits [R, V] replicated for sampling, computed vocabulary-parallel first when the
+    mesh divides V: without that hint XLA (on CPU, seen in the TP test's HLO) all-gathers the
+    column-split head [H, V] in every step and multiplies on each device, instead of
+    gathering the R rows of logits."""
+    if mesh is not None and logits.shape[-1] % num_groups(mesh) == 0:
+        logits = jax.lax.with_sharding_constraint(logits, NamedSharding(mesh, P(None, AXIS)))
+    return replicated(logits, mesh)
+
+
+# ----------------------------------------------------------------------------- experts
+
+
+def expert_parallel(routed_experts, mesh: Mesh):
+    """`routed_experts(x, expert_ids, expert_weights, gate_up, down)` (kernels/moe) over
+    experts split by index: each device runs the step's assignments through its own E/N
+    experts, those routed elsewhere clamped to a local expert and weighted zero, and a psum
+    adds the partial [N, H] outputs. Exact (each assignment counted on one device) and free
+    of any dispatch, but every device computes all N*k assignments: the saving is the
+    expert weights' memory and, in decode, their reads, not prefill FLOPs."""
+    def local(x, expert_ids, expert_weights, gate_up, down):
+        num_local = gate_up.shape[0]
+        local_ids = expert_ids - jax.lax.axis_index(AXIS) * num_local
+        is_local = (local_ids >= 0) & (local_ids < num_local)
+        out = routed_experts(x, jnp.where(is_local, local_ids, 0),
+                             jnp.where(is_local, expert_weights, 0), gate_up, down)
+        return jax.lax.psum(out, AXIS)
+
+    experts = P(AXIS)
+    return shard_map(local, mesh=mesh, in_specs=(P(), P(), P(), experts, experts),
+                     out_specs=P())
 
 
 # ----------------------------------------------------------------------------- attention

@@ -172,6 +172,12 @@ class ServeConfig:
         "the vocabulary): N, or 'auto' for every visible device. N must divide the "
         "attention heads and kv heads (and a hybrid model's linear-attention heads).",
         type=str)
+    # model/tensor_parallel.py, `expert_parallel`
+    expert_parallel: bool = option(
+        False, "MoE models with --tensor-parallel N (N >= 2): split the routed experts by "
+        "expert index over the N devices (each holds E/N of them) instead of replicating "
+        "them on every device; attention, dense MLPs and shared experts stay tensor-parallel. "
+        "N must divide the routed experts.", is_flag=True)
     no_cuda_graph: bool = option(  # XLA command buffers (CUDA graphs) off
         False, "Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
         "On CPU: accepted, no effect beyond the core's environment.", is_flag=True)

@@ -85,7 +85,9 @@ def build_engine(config: ServeConfig):
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
-                                 shardings=functools.partial(_weight_shardings, mesh=mesh))
+                                 shardings=functools.partial(
+                                     _weight_shardings, mesh=mesh,
+                                     expert_parallel=config.expert_parallel))
     read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
     kv_dtype = kv_dtype_for(config.kv_dtype)
@@ -102,6 +104,7 @@ def build_engine(config: ServeConfig):
                        step_shapes=config.step_shapes,
                        tensor_parallel=1 if mesh is None else mesh.size,
                        vision=config.vision,
+                       expert_parallel=config.expert_parallel,
                        state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.has_state),
                        **runner_rows(config.max_concurrency, speculative))
@@ -124,7 +127,8 @@ def build_engine(config: ServeConfig):
 def tensor_parallel_mesh(config: ServeConfig):
     """The mesh --tensor-parallel asks for (None: one device), checked against the model
     before any weight is read: ValueError, one line, when the device count is more than
-    the visible devices or does not divide the heads."""
+    the visible devices or does not divide the heads (or, with --expert-parallel, the
+    routed experts)."""
     import jax
 
     from ninfer_jax.artifact.format import load_artifact
@@ -135,19 +139,21 @@ def tensor_parallel_mesh(config: ServeConfig):
     if size > visible:
         raise ValueError(f"--tensor-parallel {size}: only {visible} device(s) visible")
     model_config = load_artifact(config.artifact, weights=False).config
-    tensor_parallel.check_divides(model_config, size)
+    tensor_parallel.check_divides(model_config, size, config.expert_parallel)
     if size == 1:
         return None
     mesh = tensor_parallel.make_mesh(size)
-    log.info("tensor parallel over %d devices: %s", size,
+    log.info("tensor parallel%s over %d devices: %s",
+             " (experts split by index)" if config.expert_parallel else "", size,
              ", ".join(str(device) for device in mesh.devices.flat))
     return mesh
 
 
-def _weight_shardings(structure, *, mesh):
+def _weight_shardings(structure, *, mesh, expert_parallel: bool):
     from ninfer_jax.model import tensor_parallel
 
-    return tensor_parallel.shardings(tensor_parallel.param_specs(structure, mesh.size), mesh)
+    return tensor_parallel.shardings(
+        tensor_parallel.param_specs(structure, mesh.size, expert_parallel), mesh)
 
 
 def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:

@@ -172,7 +172,8 @@ def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
         return artifact, config.kv_capacity
     if config.kv_capacity is None and config.max_concurrency == 1:
         return artifact, None  # one lane: one context, nothing to measure
-    artifact = place_weights(artifact, compute_dtype, mesh)
+    artifact = place_weights(artifact, compute_dtype, mesh,
+                             expert_parallel=config.expert_parallel)
     state_bytes = state_bytes_of(artifact.config, compute_dtype,
                                  device_state_slots_of(config, artifact.config))
     size = 1 if mesh is None else mesh.size
@@ -185,7 +186,7 @@ def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
                                        bound=bound, page_size=page_size)
 
 
-def place_weights(artifact, dtype, mesh=None):
+def place_weights(artifact, dtype, mesh=None, *, expert_parallel: bool = False):
     """The artifact with its params fused (on the host) and cast to `dtype` on the default
     device (or split over `mesh`), as the runner does by default (it keeps fused leaves and
     placed trees as given), so that free memory can be measured with the weights resident,
@@ -194,7 +195,8 @@ def place_weights(artifact, dtype, mesh=None):
 
     from ninfer_jax.engine.runner import place_params
 
-    params = place_params(artifact.params, artifact.config, dtype, mesh)
+    params = place_params(artifact.params, artifact.config, dtype, mesh,
+                          expert_parallel=expert_parallel)
     jax.block_until_ready(params)
     return dataclasses.replace(artifact, params=params)
 

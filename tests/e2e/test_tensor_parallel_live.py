@@ -3,8 +3,8 @@ server's environment only), with a tiny random qwen3 artifact (4 heads, 2 kv hea
 
 Through the openai SDK: a chat, a stream whose text equals the same greedy request's, and 4
 concurrent greedy requests each equal to it alone; /metrics and the request log's
-server_start show the 2-device mesh. Start-up refuses a size that does not divide the heads
-with one line."""
+server_start show the 2-device mesh. Start-up refuses a size that does not divide the heads,
+and --expert-parallel on a model without routed experts, with one line."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -76,11 +76,15 @@ def test_metrics_and_server_start_show_the_mesh(tp_server):
     assert mesh["tensor_parallel"] == 2 and len(mesh["devices"]) == 2
 
 
-def test_refuses_a_size_that_does_not_divide_the_heads(tiny_artifact):
+@pytest.mark.parametrize("options,error", [
+    (["--tensor-parallel", "4"], "--tensor-parallel 4 does not divide the model's 2 kv heads"),
+    (["--tensor-parallel", "2", "--expert-parallel"],
+     "--expert-parallel needs a MoE model; qwen3 has no routed experts")])
+def test_refuses_what_it_cannot_split(tiny_artifact, options, error):
     done = subprocess.run([str(NINFER), "serve", str(tiny_artifact), "--port",
-                           str(free_port()), "--tensor-parallel", "4"],
+                           str(free_port()), *options],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ,
                                "XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert done.returncode != 0
-    assert "--tensor-parallel 4 does not divide the model's 2 kv heads" in done.stderr + done.stdout
+    assert error in done.stderr + done.stdout

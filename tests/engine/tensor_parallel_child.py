@@ -3,7 +3,8 @@
 
 For each tiny random model and each tensor-parallel size it drives the real JaxRunner: two
 prompts prefilled, then decode steps of both rows, greedy; then the logits of one more
-decode step of the family's forward over the runner's own params and caches. Prints one
+decode step of the family's forward over the runner's own params and caches. A size written
+"2ep" is TP 2 with the routed experts split by expert index (--expert-parallel). Prints one
 JSON object: per model and size the tokens, the logits, and the shardings seen.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ninfer_jax.engine.request import SamplingParams  # noqa: E402
 from ninfer_jax.engine.runner import JaxRunner  # noqa: E402
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec  # noqa: E402
 from ninfer_jax.model import steps  # noqa: E402
+from ninfer_jax.model import tensor_parallel as tp  # noqa: E402
 
 PAGE_SIZE = 8
 DECODE_STEPS = 4
@@ -34,8 +36,11 @@ PROMPTS = ([5, 17, 300, 42, 9, 1000, 77, 3, 12, 600, 8, 250, 31], [900, 4, 4, 61
 
 
 def model(name: str):
-    """(config, numpy params) of a tiny model with heads 8 / kv heads 4 (TP 4 divides)."""
-    preset = {"llama": "llama3-8b", "qwen3": "qwen3-8b", "hybrid": "qwen3.5-27b"}[name]
+    """(config, numpy params) of a tiny model with heads 8 / kv heads 4 (TP 4 divides).
+    moe and glm: the qwen3.6-tiny-moe and glm4.5-tiny presets (8 experts, top 2, a shared
+    expert; glm's first layer dense), same head counts."""
+    preset = {"llama": "llama3-8b", "qwen3": "qwen3-8b", "hybrid": "qwen3.5-27b",
+              "moe": "qwen3.6-tiny-moe", "glm": "glm4.5-tiny"}[name]
     config = dataclasses.replace(tiny_config(PRESETS[preset].config), num_heads=8,
                                  num_kv_heads=4, head_dim=8, mtp_num_layers=0,
                                  vocab_size=4096, mrope_section=())  # text only
@@ -43,7 +48,7 @@ def model(name: str):
         config = dataclasses.replace(config, tie_word_embeddings=True)
     if name == "llama":  # an odd vocabulary: embed and lm_head replicated
         config = dataclasses.replace(config, vocab_size=4001)
-    if name == "hybrid":
+    if name in ("hybrid", "moe"):  # an odd vocabulary too: embed (and head) replicated
         config = dataclasses.replace(config, vocab_size=4001, linear_num_key_heads=4,
                                      linear_num_value_heads=8)
     params = random_params(config, seed=3, dtype="f32")
@@ -57,10 +62,11 @@ class Loaded:
         self.config, self.params = config, params
 
 
-def run(config, params, size: int) -> dict:
+def run(config, params, size: str) -> dict:
     runner = JaxRunner(Loaded(config, params), num_pages=12, page_size=PAGE_SIZE, max_batch=2,
                        max_context=64, prefill_chunk=16, step_shapes="essential",
-                       tensor_parallel=size)
+                       tensor_parallel=int(size.removesuffix("ep")),
+                       expert_parallel=size.endswith("ep"))
     runner.compile_shapes([(16, 2)])  # one executable serves the prefills and the decodes
     greedy = SamplingParams(temperature=0.0)
     tables = [np.array([1, 2, 3, 4], np.int32), np.array([5, 6, 7, 8], np.int32)]
@@ -83,12 +89,25 @@ def run(config, params, size: int) -> dict:
     leaves = jax.tree.leaves(runner.kv)
     kv_leaf = leaves[0]
     hlo = runner._executables[(16, 2)].as_text()
+    experts = [leaf for layer in runner.params["layers"] for name, leaf in layer.items()
+               if name in tp.EXPERT_LEAVES or name in tp.EXPERT_LEAVES.values()]
     return {"tokens": tokens, "logits": np.asarray(logits).tolist(),
+            "expert_bytes": [sum(leaf.nbytes for leaf in experts),
+                             sum(leaf.addressable_shards[0].data.nbytes for leaf in experts)],
+            "expert_shapes": [list(leaf.shape) for leaf in experts],
+            "gathered_shapes": [gathered_shape(line) for line in hlo.splitlines()
+                                if " all-gather(" in line],
             "cache_shapes": [[list(leaf.shape), list(leaf.addressable_shards[0].data.shape)]
                              for leaf in leaves],
             "devices": len(kv_leaf.sharding.device_set),
             "collectives": {op: hlo.count(f" {op}(") for op in
                             ("all-reduce", "all-gather", "all-to-all", "collective-permute")}}
+
+
+def gathered_shape(line: str) -> list[int]:
+    """The result dims of an HLO all-gather line (`%x = f32[64,4096]{1,0} all-gather(...`)."""
+    dims = line.split("= ", 1)[1].split("[", 1)[1].split("]", 1)[0]
+    return [int(d) for d in dims.split(",") if d]
 
 
 def next_logits(runner, config, tokens, tables, slots):
@@ -104,40 +123,52 @@ def next_logits(runner, config, tokens, tables, slots):
     return logits
 
 
-def restore(config, params, size: int) -> dict:
+def restore(config, params, size: int, expert_parallel: bool = False) -> dict:
     """The params saved as an orbax checkpoint and restored straight into their shards
-    (weights_io.restore_weights with target shardings, as `serve --tensor-parallel` loads)."""
+    (weights_io.restore_weights with the target shardings `serve --tensor-parallel` loads
+    with), then placed by the runner's place_params as the runner does."""
+    import functools
     import tempfile
 
     from ninfer_jax.artifact import weights_io
-    from ninfer_jax.model import tensor_parallel as tp
+    from ninfer_jax.engine.runner import place_params
+    from ninfer_jax.serve.engine_setup import _weight_shardings
 
     mesh = tp.make_mesh(size)
     with tempfile.TemporaryDirectory() as folder:
         directory = os.path.join(folder, "weights")
         weights_io.save_weights(directory, params)
-        restored = weights_io.restore_weights(
-            directory, shardings=lambda tree: tp.shardings(tp.param_specs(tree, size), mesh))
-    wq = restored["layers"][0]["wq"]
-    return {"is_device_array": all(isinstance(leaf, jax.Array)
-                                   for leaf in jax.tree.leaves(restored)),
-            "wq_shape": list(wq.shape),
-            "wq_shard_shape": list(wq.addressable_shards[0].data.shape),
-            "equal": all(np.array_equal(np.asarray(a), b) for a, b in
-                         zip(jax.tree.leaves(restored), jax.tree.leaves(params)))}
+        restored = weights_io.restore_weights(directory, shardings=functools.partial(
+            _weight_shardings, mesh=mesh, expert_parallel=expert_parallel))
+
+    def shapes(leaf):
+        return [list(leaf.shape), list(leaf.addressable_shards[0].data.shape)]
+
+    found = {"is_device_array": all(isinstance(leaf, jax.Array)
+                                    for leaf in jax.tree.leaves(restored)),
+             "equal": all(np.array_equal(np.asarray(a), b) for a, b in
+                          zip(jax.tree.leaves(restored), jax.tree.leaves(params))),
+             "wq": shapes(restored["layers"][0]["wq"])}
+    if expert_parallel:  # place_params donates the restored layers: shapes first
+        found["experts"] = shapes(restored["layers"][-1]["experts_down"])
+        placed = place_params(restored, config, jnp.float32, mesh, expert_parallel=True)
+        found["placed_experts"] = shapes(placed["layers"][-1]["experts_down_ep"])
+    return found
 
 
 def main(plan: list[str]) -> None:
-    """plan: NAME=SIZE,SIZE,... per model, e.g. llama=1,2,4 qwen3=1,2; restore=SIZE checks
-    a sharded restore of the qwen3 model's weights"""
+    """plan: NAME=SIZE,SIZE,... per model, e.g. llama=1,2,4 qwen3=1,2ep (SIZE "2ep": TP 2
+    with --expert-parallel); restore=SIZE checks a sharded restore of the qwen3 model's
+    weights, restore_ep=SIZE one of the glm model's with its experts split by index"""
     results = {}
     for entry in plan:
         name, sizes = entry.split("=")
-        if name == "restore":
-            results[name] = restore(*model("qwen3"), int(sizes))
+        if name in ("restore", "restore_ep"):
+            results[name] = restore(*model("qwen3" if name == "restore" else "glm"),
+                                    int(sizes), expert_parallel=name == "restore_ep")
             continue
         config, params = model(name)
-        results[name] = {size: run(config, params, int(size)) for size in sizes.split(",")}
+        results[name] = {size: run(config, params, size) for size in sizes.split(",")}
     json.dump(results, sys.stdout)
 
 

@@ -7,8 +7,11 @@ the real runner, then the logits of one more step of the family's forward over t
 sharded params and caches. Greedy tokens must be equal and logits within 1e-5 (f32); the
 caches must hold only their heads on each device, and the compiled step must communicate by
 one all-reduce per attention (or Gated DeltaNet) and per MLP (plus the vocabulary-parallel
-embedding's) and at most one all-gather (the logits for sampling): no weight is gathered.
-The weights saved as an orbax checkpoint restore straight into device shards.
+embedding's) and at most one all-gather, of the logits: no weight is gathered. The MoE
+models (qwen3.6-tiny-moe, glm4.5-tiny shapes) run with expert parallelism ("2ep"): each
+device holds half of the routed experts, none is gathered, and the experts' psum adds no
+collective (XLA merges it with the shared expert's all-reduce). The weights saved as an orbax checkpoint restore straight into device shards,
+the routed experts into expert shards under expert parallelism.
 """
 from __future__ import annotations
 
@@ -22,10 +25,13 @@ import numpy as np
 import pytest
 
 CHILD = pathlib.Path(__file__).with_name("tensor_parallel_child.py")
-# qwen3: qk-norm, tied vocabulary-parallel head; hybrid: an odd vocabulary (replicated
-# head). The child also runs "llama" (untied, odd vocabulary); CI time keeps it out.
-PLAN = {"qwen3": (1, 2, 4), "hybrid": (1, 2)}
-NUM_LAYERS = 2  # the child's tiny models (the hybrid: one Gated DeltaNet, one attention)
+# qwen3: qk-norm, tied vocabulary-parallel head; moe (qwen3.6-tiny-moe shapes): a hybrid
+# with an odd vocabulary (replicated head), experts split ("2ep": TP 2 + --expert-parallel);
+# glm (glm4.5-tiny shapes): a dense first layer, the grouped sigmoid router, experts split.
+# The child also runs "llama" (untied, odd vocabulary) and "hybrid" (the dense-MLP
+# Qwen3.5, odd vocabulary: moe covers its Gated DeltaNet layers); CI time keeps them out.
+PLAN = {"qwen3": ("1", "2", "4"), "moe": ("1", "2ep"), "glm": ("1", "2ep")}
+NUM_LAYERS = 2  # the child's tiny models (the hybrids: one Gated DeltaNet, one attention)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +39,8 @@ def results():
     root = pathlib.Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    args = [f"{name}={','.join(map(str, sizes))}" for name, sizes in PLAN.items()]
-    args.append("restore=2")
+    args = [f"{name}={','.join(sizes)}" for name, sizes in PLAN.items()]
+    args += ["restore=2", "restore_ep=2"]
     done = subprocess.run([sys.executable, str(CHILD), *args], capture_output=True,
                           text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -42,13 +48,14 @@ def results():
 
 
 @pytest.mark.parametrize("name,size", [(n, s) for n, sizes in PLAN.items()
-                                       for s in sizes if s > 1])
+                                       for s in sizes if s != "1"])
 def test_tensor_parallel_equals_one_device(results, name, size):
-    one, split = results[name]["1"], results[name][str(size)]
+    one, split = results[name]["1"], results[name][size]
     assert split["tokens"] == one["tokens"]
     assert len(set(one["tokens"][0] + one["tokens"][1])) > 2  # the model is not degenerate
     diff = np.abs(np.asarray(split["logits"]) - np.asarray(one["logits"]))
     assert diff.max() <= 1e-5, diff.max()
+    size = int(size.removesuffix("ep"))
     assert split["devices"] == size
     # every cache (KV pages by kv head, GDN state by channel / head) split, nothing copied
     for whole, shard in split["cache_shapes"]:
@@ -57,13 +64,31 @@ def test_tensor_parallel_equals_one_device(results, name, size):
     assert collectives["all-reduce"] in (2 * NUM_LAYERS, 2 * NUM_LAYERS + 1), collectives
     assert collectives["all-gather"] <= 1, collectives
     assert collectives["all-to-all"] == collectives["collective-permute"] == 0, collectives
+    # what is gathered is the step's logits (the chunk's row and 2 decode rows), no weight
+    assert all(shape[0] == 3 for shape in split["gathered_shapes"]), split["gathered_shapes"]
 
 
-def test_weights_restore_straight_into_their_shards(results):
-    restored = results["restore"]
+@pytest.mark.parametrize("name", ["moe", "glm"])
+def test_expert_parallel_splits_the_routed_experts(results, name):
+    one, split = results[name]["1"], results[name]["2ep"]
+    whole, per_device = split["expert_bytes"]
+    assert whole == one["expert_bytes"][0] > 0
+    assert per_device * 2 == whole  # each device: its 4 of the 8 experts, every layer
+    # no expert weight is gathered back
+    gathered = {tuple(shape) for shape in split["gathered_shapes"]}
+    assert not gathered & {tuple(shape) for shape in split["expert_shapes"]}
+
+
+@pytest.mark.parametrize("name", ["restore", "restore_ep"])
+def test_weights_restore_straight_into_their_shards(results, name):
+    restored = results[name]
     assert restored["is_device_array"] and restored["equal"]
-    rows, columns = restored["wq_shape"]
-    assert restored["wq_shard_shape"] == [rows, columns // 2]  # column-parallel wq
+    (rows, columns), shard = restored["wq"]
+    assert shard == [rows, columns // 2]  # column-parallel wq
+    if name == "restore_ep":  # experts split by index as read, and as the runner keeps them
+        (experts, *rest), shard = restored["experts"]
+        assert shard == [experts // 2, *rest]
+        assert restored["placed_experts"] == restored["experts"]
 
 
 def test_one_device_has_no_collectives(results):
