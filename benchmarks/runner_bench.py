@@ -4,6 +4,7 @@
         [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--stable-buffers]
         [--no-fuse] [--json] [--profile DIR] [--modes pipelined,sync]
         [--kv-dtype auto|bf16|fp8|int8] [--decode-split-tokens N] [--merge-min-splits N]
+        [--verify 1,3,7,15] [--mtp K] [--mtp-acceptance TOKENS]
         [--tensor-parallel N [--expert-parallel]]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
@@ -16,6 +17,16 @@ executables across runs). --json prints one JSON object per measurement. --profi
 traces each batch's pipelined decode once more under jax.profiler and prints where the
 device's time went per step (benchmarks/trace_summary.py). --decode-split-tokens and
 --merge-min-splits set the paged decode kernel's split and merge thresholds for A/B runs.
+
+Speculation: --verify K,... builds the runner as `--spec` does (rows for every batch x
+(K + 1); on hybrid models the verify rows chain their recurrent state) and times, per batch
+B and K, a verify step (B sequences of K + 1 rows at consecutive positions, synchronous, as
+the scheduler runs rounds) against the plain decode step of B rows on the same runner.
+--mtp K loads the artifact's MTP head and makes every step draft K tokens with it (the
+verify and decode figures then include the drafting); --mtp-acceptance N also generates N
+greedy tokens of one stream through the scheduler with --spec mtp and reports how many
+drafts were accepted (random weights: meaningless, but it proves the head runs).
+
 --tensor-parallel N splits the model over N devices; with --expert-parallel a MoE model's
 routed experts are split by expert index instead of replicated (the A/B of issue 20's
 "expert parallelism where it beats tensor parallelism": run both on the same artifact).
@@ -52,7 +63,8 @@ def time_prefill(runner, prompt_len: int, repeats: int = 3) -> float:
             last = start + len(piece) == prompt_len
             runner.prefill(PrefillUnit(0, piece, start,
                                        table[:math.ceil((start + len(piece)) / runner.page_size)],
-                                       GREEDY if last else None))
+                                       GREEDY if last else None,
+                                       state_slot=1 if runner.has_state else 0))
     run()
     started = time.perf_counter()
     for _ in range(repeats):
@@ -107,6 +119,53 @@ def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool
     return rate, launch_ms
 
 
+def time_verify(runner, batch: int, drafts: int, context: int, steps: int) -> float:
+    """Seconds per verify step of `batch` sequences x (drafts + 1) rows, synchronous."""
+    rows_per_seq = drafts + 1
+    pages_per_seq = math.ceil((context + rows_per_seq + 1) / runner.page_size)
+    rows = tuple(
+        DecodeRow(r, 100 + i, context + i,
+                  np.arange(1 + r * pages_per_seq, 1 + (r + 1) * pages_per_seq, dtype=np.int32),
+                  SampleSpec(GREEDY.params, i), **({"state_slot": 1 + r} if runner.has_state
+                                                   else {}))
+        for r in range(batch) for i in range(rows_per_seq))
+    plan = StepPlan(chunk=None, rows=rows)
+    runner.collect(runner.launch(plan))
+    started = time.perf_counter()
+    for _ in range(steps):
+        runner.collect(runner.launch(plan))
+    return (time.perf_counter() - started) / steps
+
+
+def mtp_acceptance(runner, num_tokens: int, drafts: int) -> dict:
+    """One greedy stream through the scheduler with --spec mtp: its speculative counters."""
+    from ninfer_jax.engine.config import EngineConfig
+    from ninfer_jax.engine.pages import PagePool
+    from ninfer_jax.engine.request import GenerationRequest, RequestHandle
+    from ninfer_jax.engine.scheduler import Scheduler
+    from ninfer_jax.engine.speculation import SpeculativeConfig
+    from ninfer_jax.engine.state_slots import StateSlotPool
+    from ninfer_jax.engine.step_loop import StepLoop
+
+    config = EngineConfig(max_concurrency=1, prefill_chunk=runner.chunk_buckets[-1],
+                          max_context=runner.max_context, prefix_reuse=False,
+                          speculative=SpeculativeConfig("mtp", drafts))
+    scheduler = Scheduler(config, PagePool(runner.num_pages), page_size=runner.page_size,
+                          max_batch=runner.max_batch,
+                          slots=StateSlotPool(runner.state_slot_capacity))
+    loop = StepLoop(scheduler, runner)
+    prompt = (np.arange(64) % 1000 + 100).tolist()
+    scheduler.add(RequestHandle(GenerationRequest("mtp", prompt, GREEDY.params, num_tokens)))
+    started = time.perf_counter()
+    while scheduler.has_work() or loop.in_flight:
+        scheduler.apply_controls()
+        loop.advance()
+    counters = scheduler.counters
+    return {"op": "mtp_acceptance", "draft_tokens": drafts, "tokens": num_tokens,
+            "seconds": time.perf_counter() - started, "rounds": counters.spec_rounds,
+            "drafted": counters.spec_draft_tokens, "accepted": counters.spec_accepted_tokens}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", nargs="?")
@@ -144,6 +203,13 @@ def main():
     parser.add_argument("--merge-min-splits", type=int, metavar="N",
                         help="A/B: splits from which the merge kernel replaces the XLA merge "
                              "(kernels/paged_attention/kernel.py MERGE_KERNEL_MIN_SPLITS)")
+    parser.add_argument("--verify", default="", metavar="K,...",
+                        help="also time verify steps of K drafts per sequence at each batch")
+    parser.add_argument("--mtp", type=int, default=0, metavar="K",
+                        help="every step drafts K tokens with the artifact's MTP head")
+    parser.add_argument("--mtp-acceptance", type=int, default=0, metavar="TOKENS",
+                        help="with --mtp: generate TOKENS greedy tokens with --spec mtp and "
+                             "report the drafts accepted")
     parser.add_argument("--profile", metavar="DIR",
                         help="trace each batch's pipelined decode under DIR/batchN and print "
                              "the device time per step by kernel")
@@ -152,23 +218,32 @@ def main():
         attention_tuning.MIN_SPLIT_TOKENS = args.decode_split_tokens
     if args.merge_min_splits is not None:
         attention_kernel.MERGE_KERNEL_MIN_SPLITS = args.merge_min_splits
-    artifact = load_artifact(args.artifact or ensure_default_artifact())
+    artifact = load_artifact(args.artifact or ensure_default_artifact(), mtp=args.mtp > 0)
     batches = [int(b) for b in args.batches.split(",")]
+    verify = [int(k) for k in args.verify.split(",") if k]
+    speculative = bool(verify) or args.mtp > 0
     max_context = args.max_context or 2 ** math.ceil(
-        math.log2(max(args.context + args.steps + 1, args.prompt)))
+        math.log2(max(args.context + args.steps + max(verify, default=0) + 1, args.prompt,
+                      64 + args.mtp_acceptance + args.mtp + 1)))
     pages = max(batches) * math.ceil(max_context / 16) + 2
-    runner = JaxRunner(artifact, num_pages=pages, max_batch=max(batches), max_context=max_context,
+    max_rows = max(batches) * (1 + max(verify + [args.mtp]))
+    runner = JaxRunner(artifact, num_pages=pages, max_batch=max_rows, max_context=max_context,
                        prefill_chunk=args.prefill_chunk,
                        expand_quantized=False if args.keep_quantized else None,
                        stable_buffers=args.stable_buffers,
                        fuse_projections=False if args.no_fuse else None,
                        kv_dtype=kv_dtype_for(args.kv_dtype),
                        tensor_parallel=args.tensor_parallel,
-                       expert_parallel=args.expert_parallel)
+                       expert_parallel=args.expert_parallel, speculative=speculative,
+                       mtp_drafts=args.mtp, state_slot_capacity=max(batches))
     # Exactly the shapes measured (no warm-up of the serving set, no background compiles
     # competing with the timed steps); each is run once before it is timed.
     prefill_chunk = runner.chunk_buckets[-1]
-    runner.compile_shapes([(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches]
+    row_counts = {b * (1 + k) for b in batches for k in [0, *verify]}
+    if args.mtp_acceptance:
+        row_counts |= set(range(1, 2 + args.mtp))
+    runner.compile_shapes(sorted({(0, fit_bucket(runner.row_buckets, n, "rows"))
+                                  for n in row_counts})
                           + [(prefill_chunk, runner.row_buckets[0])])
     records = []
     prefill_rate = time_prefill(runner, args.prompt)
@@ -188,7 +263,16 @@ def main():
 
                 for summary in summarize(trace_dir, args.steps):
                     records.append({"op": "profile", "batch": batch, **summary})
-    header = {"artifact": artifact.name, "dtype": np.dtype(runner.dtype).name,
+    for batch in batches:
+        plain = time_verify(runner, batch, 0, args.context, args.steps) if verify else None
+        for drafts in verify:
+            seconds = time_verify(runner, batch, drafts, args.context, args.steps)
+            records.append({"op": "verify", "batch": batch, "draft_tokens": drafts,
+                            "rows": batch * (drafts + 1), "ms_per_step": 1e3 * seconds,
+                            "plain_ms_per_step": 1e3 * plain, "relative": seconds / plain})
+    if args.mtp_acceptance:
+        records.append(mtp_acceptance(runner, args.mtp_acceptance, args.mtp))
+    header = {"artifact": artifact.name, "mtp_drafts": args.mtp, "dtype": np.dtype(runner.dtype).name,
               "row_buckets": runner.row_buckets, "chunk_buckets": runner.chunk_buckets,
               "max_context": max_context, "stable_buffers": runner.stable_buffers,
               "fused": "wqkv" in runner.params["layers"][0],
@@ -208,6 +292,13 @@ def main():
     for record in records:
         if record["op"] == "profile":
             print(json.dumps(record))
+        elif record["op"] == "verify":
+            print(f"verify batch {record['batch']}, K {record['draft_tokens']} "
+                  f"({record['rows']} rows): {record['ms_per_step']:.2f} ms/step, "
+                  f"{record['relative']:.2f}x the plain step")
+        elif record["op"] == "mtp_acceptance":
+            print(f"mtp K {record['draft_tokens']}: {record['accepted']}/{record['drafted']} "
+                  f"drafts accepted in {record['rounds']} rounds, {record['tokens']} tokens")
         elif record["op"] == "prefill":
             print(f"prefill {args.prompt} tokens: {record['tok_per_s']:.0f} tok/s")
         else:

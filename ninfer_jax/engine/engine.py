@@ -42,9 +42,10 @@ class Engine:
         if config.max_concurrency > runner.max_batch:
             raise ValueError(f"max_concurrency {config.max_concurrency} exceeds the runner's "
                              f"largest decode batch {runner.max_batch}")
-        if config.speculative is not None and getattr(runner, "state_slot_capacity", 0):
-            raise ValueError("speculative decoding needs per-position recurrent-state "
-                             "snapshots on hybrid models, which are not built")
+        if (config.speculative is not None and getattr(runner, "state_slot_capacity", 0)
+                and not getattr(runner, "chained_rows", False)):
+            raise ValueError("speculative decoding on a hybrid model needs a runner whose "
+                             "verify rows chain their state (JaxRunner(speculative=True))")
         self.runner = runner
         self.config = config
         self.pool = PagePool(runner.num_pages)

@@ -108,8 +108,11 @@ class FakeRunner:
                  warmup_sleep: float = 0.0, warmup_gate=None, fail_at_step: int | None = None,
                  async_dispatch: bool = True, state_slot_capacity: int = 0,
                  max_chunk_rows: int | None = None, accepts_media: bool = False,
-                 copy_fault: Callable[[PageCopy], bool] | None = None):
+                 copy_fault: Callable[[PageCopy], bool] | None = None,
+                 chained_rows: bool = False):
         self.page_size = page_size
+        # Speculation on a hybrid: consecutive rows on one slot chain, as JaxRunner's do.
+        self.chained_rows = chained_rows and bool(state_slot_capacity)
         # True: a request's media (GenerationRequest.media) is taken and its placeholder
         # tokens run as plain tokens (serve tests of media intake; no vision tower here).
         self.accepts_media = accepts_media
@@ -274,13 +277,35 @@ class FakeRunner:
         tokens = [self._row_token(row) for row in plan.rows]
         for row, token in zip(plan.rows, tokens):
             self._write(row.page_table, row.position, token)
-            self._feed(row.state_slot, [token])
-        for i, row in enumerate(plan.rows):
-            rows[i] = self._next(self._read(row.page_table, row.position + 1), row.sample,
-                                 row.state_slot)
+        if self.chained_rows:
+            self._chained_rows(plan.rows, tokens, rows)
+        else:
+            for row, token in zip(plan.rows, tokens):
+                self._feed(row.state_slot, [token])
+            for i, row in enumerate(plan.rows):
+                rows[i] = self._next(self._read(row.page_table, row.position + 1),
+                                     row.sample, row.state_slot)
         result = StepResult(chunk_token=chunk_token, row_tokens=rows)
         self._previous = result
         return result
+
+    def _chained_rows(self, plan_rows, tokens, rows) -> None:
+        """Rows on the same slot as the row before them continue its state; each slot then
+        keeps the state after its chain's last row whose fed draft was accepted and whose
+        sample was not (model/hybrid.py `settle_rows`)."""
+        states, final = [], {}
+        for i, (row, token) in enumerate(zip(plan_rows, tokens)):
+            self._check_slot(row.state_slot)
+            chained = i > 0 and plan_rows[i - 1].state_slot == row.state_slot
+            start = states[-1] if chained else int(self.state[row.state_slot])
+            states.append(fold_state(start, token))
+            rows[i] = (self.next_token(self._read(row.page_table, row.position + 1),
+                                       row.sample) + states[-1]) % self.vocab_size
+            if not chained or final.get(row.state_slot) == i - 1 and \
+                    rows[i - 1] == token:
+                final[row.state_slot] = i
+        for slot, i in final.items():
+            self.state[slot] = states[i]
 
     def _apply_copies(self, plan: StepPlan) -> None:
         for copy in plan.page_copies:  # as HostPageStore: a slot holds one page or nothing

@@ -165,6 +165,7 @@ class JaxRunner:
                  store_executables: bool | None = None, stable_buffers: bool | None = None,
                  fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
                  step_shapes: str = "all", tensor_parallel: int = 1, vision: bool = False,
+                 speculative: bool = False, mtp_drafts: int = 0,
                  expert_parallel: bool = False):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
@@ -201,6 +202,21 @@ class JaxRunner:
         # and the pool takes nearly all the memory that is free then).
         self._kv = None
         self._init_state_slots(state_slot_capacity)
+        # Speculation on a hybrid family: verify rows of one sequence share its state slot
+        # and chain (ragged_batch.chain_depths); dense families need nothing.
+        self.chained_rows = self.has_state and speculative
+        if self.chained_rows and not self.config.is_hybrid:  # Mamba-2 states do not chain
+            raise ValueError("speculative decoding on state models is built for Gated "
+                             f"DeltaNet only, not for {self.config.architecture}")
+        if self.chained_rows and self.mesh is not None:
+            raise ValueError("speculative decoding on hybrid models is not built for "
+                             "--tensor-parallel")
+        # --spec mtp: every step also drafts K tokens after each sample with the artifact's
+        # MTP head (model/mtp.py), whose KV is one more cache entry in the same pages.
+        self.num_drafts = mtp_drafts
+        if mtp_drafts and not (self.chained_rows and "mtp" in self.params):
+            raise ValueError("MTP drafts need a hybrid model loaded with its MTP head "
+                             "(load_artifact(..., mtp=True)) and speculative=True")
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
         self._kv_shardings = None
         if self.mesh is not None:  # the caches split on their head axes, per device
@@ -276,7 +292,7 @@ class JaxRunner:
         # compile threads add, the engine thread removes; each operation is atomic)
         self._unprimed: dict[tuple[tuple[int, int], str], None] = {}
         self._compile_lock = threading.Lock()
-        self._prev_out = self._replicated(np.zeros(1 + max_batch, np.int32))
+        self._prev_out = self._replicated(np.zeros(self._out_size, np.int32))
         self._zero_bias: dict[int, jax.Array] = {}
         self.is_warm = False
         self.compile_done = threading.Event()  # every shape compiled (background included)
@@ -341,6 +357,7 @@ class JaxRunner:
         """The keyword arguments of the family's init_caches / cache_shapes."""
         slots = self.state_slot_capacity + 1 if self.has_state else 0  # + the dummy slot
         return dict(num_pages=self.num_pages, page_size=self.page_size, num_state_slots=slots,
+                    **({"mtp_drafts": self.num_drafts} if self.num_drafts else {}),
                     dtype=self.dtype, kv_dtype=self.kv_dtype)
 
     @property
@@ -503,7 +520,12 @@ class JaxRunner:
 
     def _prev_out_spec(self) -> jax.ShapeDtypeStruct:
         # Abstract: the engine thread may donate the real one while a compile thread traces.
-        return self._abstract(jax.ShapeDtypeStruct((1 + self.max_batch,), jnp.int32))
+        return self._abstract(jax.ShapeDtypeStruct((self._out_size,), jnp.int32))
+
+    @property
+    def _out_size(self) -> int:
+        """A step's output: 1 + max_batch samples, then K drafts after each (steps.py)."""
+        return (1 + self.max_batch) * (1 + self.num_drafts)
 
     def _staged(self, shape, ints: np.ndarray, floats: np.ndarray):
         """The shape's staging buffers, now holding `ints` and `floats` (same addresses as
@@ -572,7 +594,9 @@ class JaxRunner:
                 "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
                 "vision": self.vision.config.to_dict() if self.vision is not None else None,
                 "expert_parallel": self.expert_parallel,
-                **({"state_slots": self.state_slot_capacity} if self.has_state else {})}
+                **({"state_slots": self.state_slot_capacity,
+                    "chained_rows": self.chained_rows, "mtp_drafts": self.num_drafts}
+                   if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], variant: str = "draws") -> None:
         """Compile one shape's executable: "draws" (the full sampler), "greedy" (no draws)
@@ -629,7 +653,9 @@ class JaxRunner:
 
     def _layout(self, chunk: int, rows: int) -> packed_inputs.PackedLayout:
         return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width,
-                                          state_slots=self.has_state)
+                                          state_slots=self.has_state,
+                                          chained_rows=self.chained_rows,
+                                          mtp_drafts=self.num_drafts)
 
     def _example_inputs(self, chunk: int, rows: int):
         layout = self._layout(chunk, rows)
@@ -713,9 +739,16 @@ class JaxRunner:
         chunk_token = None
         if plan.chunk is not None and plan.chunk.sample is not None:
             chunk_token = int(host[0])
+        num_rows = len(plan.rows)
+        drafts = {}
+        if self.num_drafts:
+            after = host[1 + self.max_batch:].reshape(1 + self.max_batch, self.num_drafts)
+            drafts = dict(chunk_draft=after[0].astype(np.int32),
+                          row_drafts=after[1:1 + num_rows].astype(np.int32))
         return StepResult(chunk_token=chunk_token,
-                          row_tokens=host[1:1 + len(plan.rows)].astype(np.int32),
-                          vision_items=launched.vision[0], vision_seconds=launched.vision[1])
+                          row_tokens=host[1:1 + num_rows].astype(np.int32),
+                          vision_items=launched.vision[0], vision_seconds=launched.vision[1],
+                          **drafts)
 
     def _host_batch(self, unit: PrefillUnit | None, rows: Sequence[DecodeRow], chunk: int,
                     num_rows: int) -> dict:
@@ -753,6 +786,9 @@ class JaxRunner:
                       row_positions=positions, row_tables=tables)
         if self.has_state:
             fields.update(_state_fields(unit, rows, num_rows, self.state_slot_capacity))
+        if self.num_drafts:
+            next_token = unit.next_token if unit is not None else None
+            fields["chunk_next"] = -1 if next_token is None else next_token
         return fields
 
     # ------------------------------------------------------------------ one step, synchronously

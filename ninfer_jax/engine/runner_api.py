@@ -43,6 +43,9 @@ class PrefillUnit:
     page_table: np.ndarray  # int32 [num pages covering start + T positions]
     sample: SampleSpec | None
     state_slot: int = DUMMY_STATE_SLOT  # hybrid models: holds the state after [0, start)
+    # The token after the chunk when the sequence already has it (a prompt that continues):
+    # the MTP head's K/V at the chunk's last position needs it (model/mtp.py).
+    next_token: int | None = None
     # The sequence's prompt media (prompt_media.py): MRoPE positions for every chunk, and
     # the items a chunk's placeholders need, which the runner encodes and feeds.
     media: PromptMedia | None = None
@@ -102,6 +105,10 @@ class StepPlan:
 class StepResult:
     chunk_token: int | None  # the chunk's sample when it asked for one
     row_tokens: np.ndarray  # int32 [len(rows)]
+    # Device drafters (--spec mtp): K drafts to follow each sample, int32 [K] after the
+    # chunk's and [len(rows), K] after the rows'; None without one.
+    chunk_draft: np.ndarray | None = None
+    row_drafts: np.ndarray | None = None
     # --vision: items of the chunk's sequence the step encoded, and the encode's seconds
     vision_items: int = 0
     vision_seconds: float = 0.0

@@ -317,7 +317,8 @@ class Scheduler:
             sample = self._sample_spec(seq)
         return PrefillUnit(seq_id=seq.seq_id, tokens=np.asarray(seq.tokens[start:end], np.int32),
                            start=start, page_table=self._page_table(seq), sample=sample,
-                           state_slot=seq.state_slot, media=seq.media)
+                           state_slot=seq.state_slot, media=seq.media,
+                           next_token=seq.tokens[end] if end < len(seq.tokens) else None)
 
     def _decode_row(self, seq: Sequence) -> DecodeRow:
         position = seq.num_total - 1
@@ -422,6 +423,7 @@ class Scheduler:
         self.life.pause(seq, self._take_snapshot(seq))
         self._paused_now.add(seq.seq_id)
         seq.cache_cursor = (0, ROOT)
+        seq.device_draft = None  # its slot's draft store will not survive a restore
         bisect.insort(self.paused, seq, key=lambda s: s.seq_id)
 
     def _take_snapshot(self, seq: Sequence) -> str:
@@ -672,6 +674,8 @@ class Scheduler:
                     seq.counters["vision_seconds"] += result.vision_seconds
             if seq is not None:
                 self._apply_chunk(seq, plan.chunk, result.chunk_token)
+                if plan.chunk.sample is not None and result.chunk_draft is not None:
+                    self.spec.keep_device_draft(seq, result.chunk_draft)
         if num_rows:
             self.counters.record_decode(num_rows, seconds * (1.0 - prefill_share))
         rounds = {span.first_row: span for span in plan.verify}
@@ -681,20 +685,26 @@ class Scheduler:
             if seq is None or seq.status is not Status.RESIDENT or index in drafted:
                 continue  # ended while the step ran: its extra token is dropped
             span = rounds.get(index)
+            drafts = result.row_drafts
             if span is not None:
                 num = len(span.draft.tokens)
-                self._apply_round(seq, span, row.position,
-                                  result.row_tokens[index:index + num + 1])
+                accepted = self._apply_round(seq, span, row.position,
+                                             result.row_tokens[index:index + num + 1])
+                if drafts is not None:
+                    self.spec.keep_device_draft(seq, drafts[index + accepted])
                 continue
             self.life.computed(seq, row.position, row.position + 1, is_prefill=False)
             seq.pending_slots.pop(0)
             self._commit(seq, int(token), from_decode=True)
             self._publish_prefix(seq)
+            if drafts is not None:
+                self.spec.keep_device_draft(seq, drafts[index])
 
     def _apply_round(self, seq: Sequence, span: VerifySpan, position: int,
-                     produced: np.ndarray) -> None:
+                     produced: np.ndarray) -> int:
         """Commit a speculative round (its first row at `position`): the accepted drafts and
-        the correction (or bonus) token, up to the first that ends the request."""
+        the correction (or bonus) token, up to the first that ends the request. Returns the
+        number of drafts accepted."""
         accepted = num_accepted(span.draft, produced)
         seq.pending_slots.pop(0)
         self.life.computed(seq, position, position + accepted + 1, is_prefill=False)
@@ -702,9 +712,10 @@ class Scheduler:
         self.spec.count_accepted(seq, min(accepted, committed))
         if finish is not None:
             self._end(seq, *finish)
-            return
+            return accepted
         seq.num_computed = len(seq.tokens) - 1  # the rejected rows' KV is stale
         self._publish_prefix(seq)
+        return accepted
 
     def _apply_chunk(self, seq: Sequence, unit: PrefillUnit, token) -> None:
         self.life.computed(seq, unit.start, unit.start + len(unit.tokens), is_prefill=True)

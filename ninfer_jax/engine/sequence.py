@@ -92,6 +92,9 @@ class Sequence:
     })
     # The drafter's view of `tokens` (speculation.TokenHistory), made on first use.
     history: object = None
+    # --spec mtp: (number of tokens it follows, int32 [K]) drafted by the step that
+    # committed the last token; stale once more tokens commit.
+    device_draft: tuple | None = None
     # Prompts with images or video: MRoPE positions, feature rows, prefix-cache marks
     # (engine/prompt_media.py); None for text.
     media: PromptMedia | None = None

@@ -20,16 +20,25 @@ mismatch (t_m is the correction), or t_0..t_K when every draft matched (t_K the 
   as long as the drafts matched, row i's context is the one plain decoding would have had,
   with the same key, so the committed tokens are token for token those of plain sampling
   with the same seed.
-- A drafter whose q is not one-hot (MTP, DFlash: `Draft.probs`) needs the target's p(d_i)
-  and a residual draw from max(0, p - q) on the device: the verify step would return, per
-  row, u < p(d)/q(d) and the residual sample. That is the one place this host rule changes;
-  it is not built (no such drafter exists yet), and `num_accepted` refuses such drafts.
+- A drafter whose q is not one-hot (sampled MTP drafts) needs the target's p(d_i) and a
+  residual draw from max(0, p - q): the verify step does that on the device for rows that
+  feed a sampled MTP draft (model/spec_verify.py, q kept on the device per state slot), so
+  row i's token is the draft when accepted and a residual draw otherwise, which never
+  equals the draft. This host rule is then unchanged, and the committed tokens follow the
+  target's distribution (no longer plain sampling's tokens for the same seed, since they
+  depend on the drafts, but reproducible: every key is the row's own). Host drafters with
+  a q would set `Draft.probs`, which `num_accepted` refuses (none exists).
+
+Hybrid families (Gated DeltaNet state slots): the K + 1 rows share the sequence's state
+slot and chain inside the step, each row continuing its predecessor's recurrent state; the
+slot receives, after sampling, the state after the last committed token but one, chosen on
+the device by this same rule (model/hybrid.py `settle_rows`), so the scheduler's slot
+invariant holds when it commits the round. Nemotron-H (Mamba-2 state slots) has no such
+chain and is refused whatever the backend.
 
 Backends: `ngram` (prompt lookup, host side, below). `mtp`, `dflash`, `dflash2` are named
 by the serving contract with their draft ranges but not implemented: they need drafter
-forwards on the device (hidden states from the verify step) and, on hybrid models,
-per-position recurrent-state snapshots. Hybrid families are refused whatever the backend:
-their recurrent state cannot take K + 1 rows of one sequence in one step.
+forwards on the device (hidden states from the verify step).
 """
 from __future__ import annotations
 
@@ -43,11 +52,11 @@ import numpy as np
 DRAFT_RANGES = {"ngram": (1, 15, 4), "mtp": (1, 5, 3), "dflash": (1, 15, 7),
                 "dflash2": (1, 15, 7)}
 BACKENDS = tuple(DRAFT_RANGES)
-IMPLEMENTED = ("ngram",)
-# Families whose recurrent state cannot verify K + 1 tokens of one sequence in one step.
-HYBRID_REFUSAL = ("speculative decoding needs per-position recurrent-state snapshots on "
-                  "hybrid models ({architecture}), which are not built; serve it without "
-                  "--spec")
+IMPLEMENTED = ("ngram", "mtp")
+# State families whose verify rows cannot chain (only Gated DeltaNet's do: model/hybrid.py).
+STATE_REFUSAL = ("speculative decoding needs chained verify rows over the recurrent state, "
+                 "built for Gated DeltaNet only, not for {architecture} (Mamba-2); serve it "
+                 "without --spec")
 # Speculation widens the runner's row capacity to lanes x (K + 1), at most this many rows
 # (never fewer than the lanes): rows are compiled in doubling buckets, so a larger capacity
 # means more step shapes to compile at start-up.
@@ -94,8 +103,17 @@ class SpeculativeConfig:
         if self.backend not in IMPLEMENTED:
             raise ValueError(f"--spec {self.backend} is not implemented yet (available: "
                              f"{', '.join(IMPLEMENTED)})")
-        if model_config.has_state:
-            raise ValueError(HYBRID_REFUSAL.format(architecture=model_config.architecture))
+        if model_config.has_state and not model_config.is_hybrid:
+            raise ValueError(STATE_REFUSAL.format(architecture=model_config.architecture))
+        if self.backend == "mtp" and not (model_config.is_hybrid
+                                          and model_config.mtp_num_layers):
+            raise ValueError(f"--spec mtp needs a model with an MTP head; "
+                             f"{model_config.architecture} artifact has none")
+
+    @property
+    def mtp_drafts(self) -> int:
+        """Drafts the compiled step makes with the MTP head (0 for host-side drafters)."""
+        return self.draft_tokens if self.backend == "mtp" else 0
 
 
 class Draft(NamedTuple):
@@ -112,6 +130,7 @@ class Drafter(Protocol):
     compiled step instead, from the verify step's hidden states, and fill `Draft.probs`."""
 
     name: str
+    on_device: bool  # drafts come with the step results (MtpDrafter), not from propose
 
     def propose(self, tokens: np.ndarray, k: int) -> Draft:
         """Up to k tokens likely to follow `tokens` (prompt + committed output)."""
@@ -125,6 +144,7 @@ class NgramDrafter:
     `lookback` tokens, however long the context."""
 
     name = "ngram"
+    on_device = False
 
     def __init__(self, min_n: int = NGRAM_MIN, max_n: int = NGRAM_MAX,
                  lookback: int = NGRAM_LOOKBACK):
@@ -157,7 +177,19 @@ class NgramDrafter:
         return Draft(window[found + 1:found + 1 + k].astype(np.int32))
 
 
-DRAFTERS = {"ngram": NgramDrafter}
+class MtpDrafter:
+    """The MTP head (model/mtp.py) drafts inside every compiled step, K tokens after each
+    sample (the argmax for greedy requests, draws from its q for sampled ones); the scheduler
+    keeps a sequence's drafts (Sequence.device_draft) and proposes them next round."""
+
+    name = "mtp"
+    on_device = True
+
+    def propose(self, tokens: np.ndarray, k: int) -> Draft:
+        raise TypeError("MTP drafts come from the device (SpeculativeRounds)")
+
+
+DRAFTERS = {"ngram": NgramDrafter, "mtp": MtpDrafter}
 
 
 def make_drafter(config: SpeculativeConfig) -> Drafter:

@@ -11,8 +11,8 @@ from __future__ import annotations
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.runner_api import DecodeRow, SampleSpec, StepPlan
-from ninfer_jax.engine.sequence import Sequence
-from ninfer_jax.engine.speculation import Draft, TokenHistory, make_drafter
+from ninfer_jax.engine.sequence import Sequence, Status
+from ninfer_jax.engine.speculation import EMPTY_DRAFT, Draft, TokenHistory, make_drafter
 from ninfer_jax.engine.stats import EngineCounters
 
 
@@ -56,9 +56,12 @@ class SpeculativeRounds:
                     self.max_context - num_tokens - 1, free_positions - num_tokens)
             if k <= 0:
                 continue
-            if seq.history is None:
-                seq.history = TokenHistory()
-            draft = self.drafter.propose(seq.history.view(seq.tokens), k)
+            if self.drafter.on_device:
+                draft = self._device_draft(seq, k)
+            else:
+                if seq.history is None:
+                    seq.history = TokenHistory()
+                draft = self.drafter.propose(seq.history.view(seq.tokens), k)
             if not len(draft.tokens):
                 continue
             missing = pages_for(num_tokens + len(draft.tokens), self.page_size) - len(seq.pages)
@@ -67,6 +70,21 @@ class SpeculativeRounds:
             drafts[seq.seq_id] = draft
             room -= len(draft.tokens)
         return drafts
+
+    @staticmethod
+    def _device_draft(seq: Sequence, k: int) -> Draft:
+        """The drafts the step that committed seq's last token made (none when that step
+        did not draft for it: after a pause, a full prefix hit, a request that ended)."""
+        kept = seq.device_draft
+        if kept is None or kept[0] != len(seq.tokens):
+            return Draft(EMPTY_DRAFT)
+        return Draft(kept[1][:k])
+
+    def keep_device_draft(self, seq: Sequence, drafts) -> None:
+        """A collected step's drafts after seq's (new) last token (`Draft` for next round)."""
+        if self.drafter is not None and self.drafter.on_device and \
+                seq.status is Status.RESIDENT:
+            seq.device_draft = (len(seq.tokens), drafts)
 
     @staticmethod
     def rows(seq: Sequence, draft: Draft, page_table) -> list[DecodeRow]:

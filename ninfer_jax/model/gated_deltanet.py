@@ -11,8 +11,11 @@ State (one layer's entry of the cache list, S state slots, slot 0 = DUMMY_STATE_
     recurrent  [S, Hv, dk, dv]     the delta-rule state (float32)
 The chunk region (one sequence) reads slot `chunk_state_slot` (or a zero state when
 chunk_start == 0) and writes back the state after its last real token; each row token reads
-and writes `row_state_slots[i]`. Rows are independent sequences: several rows of one sequence
-(a verify row) would each start from the same slot, which this layer does not support.
+and writes `row_state_slots[i]`. With `batch.chained_rows` (speculative verify on a hybrid
+model) consecutive rows on the same slot are consecutive tokens of one sequence: each row
+continues the state its predecessor left, the slot is not written, and the layer returns
+every row's state as `row_conv` / `row_recurrent` for the step to write the accepted one
+(hybrid.settle_rows) once the rows' tokens are sampled.
 Shape letters: N = C + B rows, C chunk tokens, B row tokens, H hidden, D_c conv channels.
 """
 from __future__ import annotations
@@ -49,38 +52,46 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
     slots = {"chunk_state_slot": batch.chunk_state_slot, "chunk_start": batch.chunk_start,
              "chunk_len": batch.chunk_len, "row_state_slots": batch.row_state_slots}
     core_fn = functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
-                                config=config)
+                                config=config, chained=batch.chained_rows)
     if mesh is not None:
+        if batch.chained_rows:
+            raise NotImplementedError("chained verify rows are not built for tensor "
+                                      "parallelism")
         size = tensor_parallel.num_groups(mesh)
         local = dataclasses.replace(config, linear_num_key_heads=config.linear_num_key_heads
                                     // size, linear_num_value_heads=Hv // size)
         core_fn = tensor_parallel.per_shard_deltanet(
             functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
                               config=local), mesh)
-    core, conv, recurrent = core_fn(mixed, g, beta, conv_weight, state["conv"],
-                                    state["recurrent"], slots)
+    core, *new_state = core_fn(mixed, g, beta, conv_weight, state["conv"],
+                               state["recurrent"], slots)
     z = linear(h, layer["in_z"]).reshape(N, Hv, dv)
     normed = gated_rms_norm(core, z, layer["gdn_norm"], config.rms_norm_eps).astype(h.dtype)
-    return linear(normed.reshape(N, Hv * dv), layer["out"]), {"conv": conv,
-                                                              "recurrent": recurrent}
+    names = ("conv", "recurrent", "row_conv", "row_recurrent")
+    return linear(normed.reshape(N, Hv * dv), layer["out"]), dict(zip(names, new_state))
 
 
 def _core(mixed, g, beta, conv_weight, conv, recurrent, slots: dict, *, num_chunk: int,
-          config: ModelConfig):
+          config: ModelConfig, chained: bool = False):
     """The conv and the delta rule of the chunk region, then of the rows: the outputs
-    [N, Hv, dv] f32 and the updated conv and recurrent states."""
+    [N, Hv, dv] f32 and the updated conv and recurrent states (`chained`: the rows' states
+    are not written but returned, [B, K-1, D_c] and [B, Hv, dk, dv])."""
     C, N = num_chunk, mixed.shape[0]
     batch = types.SimpleNamespace(**slots)
-    outputs = []
+    outputs, pending = [], ()
     if C:
         out, conv, recurrent = _chunk(mixed[:C], g[:C], beta[:C], conv_weight, conv,
                                       recurrent, batch, config)
         outputs.append(out)
-    if N > C:
+    if N > C and chained:
+        out, *pending = _chained_rows(mixed[C:], g[C:], beta[C:], conv_weight, conv,
+                                      recurrent, batch.row_state_slots, config)
+        outputs.append(out)
+    elif N > C:
         out, conv, recurrent = _rows(mixed[C:], g[C:], beta[C:], conv_weight, conv,
                                      recurrent, batch.row_state_slots, config)
         outputs.append(out)
-    return jnp.concatenate(outputs), conv, recurrent
+    return jnp.concatenate(outputs), conv, recurrent, *pending
 
 
 def gated_rms_norm(x, z, weight, eps: float):
@@ -120,6 +131,42 @@ def _rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConf
     # Padding rows all write slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant.
     conv = conv.at[slots].set(window[:, 1:].astype(conv.dtype))
     return out, conv, recurrent.at[slots].set(new_states)
+
+
+def _chained_rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
+    """B row tokens where a row on the same slot as the row before it is the next token of
+    that sequence (ragged_batch.chain_depths): every row starts from the state after its
+    predecessor, the first of a chain from its slot. Returns the outputs and each row's
+    conv window and recurrent state after it; the slots are left as they were.
+
+    The conv window is gathered directly (a row's last K-1 inputs are its chain's rows and
+    then its slot's history). The delta rule is sequential along a chain, so it runs
+    depth + 1 times over all rows, each pass feeding every chained row the state its
+    predecessor reached in the pass before: after pass d rows at depth <= d are exact.
+    A step without chains takes one pass."""
+    B, taps = mixed.shape[0], conv_weight.shape[0]
+    depth = ragged_batch.chain_depths(slots)  # [B]
+    back = taps - 1 - jnp.arange(taps)  # window column j holds the input `back[j]` rows ago
+    from_rows = back[None, :] <= depth[:, None]  # [B, taps]
+    row_index = jnp.clip(jnp.arange(B)[:, None] - back[None, :], 0, B - 1)
+    history = conv[slots].astype(mixed.dtype)  # [B, K-1, D_c], oldest first
+    history_index = jnp.clip(taps - 1 - back[None, :] + depth[:, None], 0, taps - 2)
+    window = jnp.where(from_rows[..., None], mixed[row_index],
+                       jnp.take_along_axis(history, history_index[..., None], axis=1))
+    conv_out = jnp.einsum("bkc,kc->bc", window.astype(jnp.float32),
+                          conv_weight.astype(jnp.float32))
+    q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
+    start = recurrent[slots]
+    is_chained = (depth > 0)[:, None, None, None]
+
+    def one_pass(_, carry):
+        _, after = carry
+        return gated_delta.gated_delta_step(
+            q, k, v, g, beta, jnp.where(is_chained, jnp.roll(after, 1, axis=0), start))
+
+    first = gated_delta.gated_delta_step(q, k, v, g, beta, start)
+    out, after = jax.lax.fori_loop(0, jnp.max(depth), one_pass, first)
+    return out, window[:, 1:].astype(conv.dtype), after
 
 
 def _heads(x, config: ModelConfig):

@@ -41,16 +41,21 @@ from ninfer_jax.model.moe_mlp import moe_mlp
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int, mesh=None, media: MediaRows | None = None):
+           page_size: int, mesh=None, media: MediaRows | None = None, hidden: bool = False):
     """One ragged step (see llama.ragged, `mesh` and `media` included): returns the f32 logits
     of the 1 + B sampled rows (row 0 after the chunk's last real token, meaningless when
-    C == 0) and the caches."""
+    C == 0) and the caches; `hidden` adds the final-normed states of all C + B rows (the
+    MTP head's input, model/mtp.py)."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
                      page_size, mesh, media)
     if ragged_batch.num_chunk_tokens(batch) == 0:
         logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
-        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
-    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
+        logits = jnp.concatenate([jnp.zeros_like(logits[:1]), logits])
+    else:
+        logits = _logits(params, ragged_batch.sampled_rows(x, batch), config)
+    if hidden:
+        return logits, kv, final_norm(params, x, config)
+    return logits, kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
@@ -76,24 +81,48 @@ def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
     return _logits(params, x, config), kv
 
 
+def settle_rows(kv, batch: ragged_batch.RaggedBatch, row_tokens, row_samples):
+    """After a step with `chained_rows`: write each chain's accepted row state into its slot
+    and drop the per-row states. row_tokens [B] the rows' tokens, row_samples [B] the token
+    sampled after each. Row i+1's token is a draft, accepted when row i sampled it; the
+    chain's state is the one after its last row whose own draft (if any) was accepted and
+    whose sample is a correction or the bonus: the state after the last committed token
+    but one, as the scheduler's invariant wants (engine/state_slots.py). Plain rows are
+    chains of one and are written as they are (ragged_batch.last_accepted_rows)."""
+    slots = batch.row_state_slots
+    is_final = ragged_batch.last_accepted_rows(slots, row_tokens, row_samples)
+    target = jnp.where(is_final, slots, ragged_batch.DUMMY_STATE_SLOT)
+    settled = []
+    for layer in kv:
+        if isinstance(layer, dict) and "row_conv" in layer:
+            layer = {"conv": layer["conv"].at[target].set(layer["row_conv"]),
+                     "recurrent": layer["recurrent"].at[target].set(layer["row_recurrent"])}
+        settled.append(layer)
+    return settled
+
+
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                 dtype, kv_dtype):
-    """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring)."""
+                 dtype, kv_dtype, mtp_drafts: int = 0):
+    """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring); `mtp_drafts`
+    K > 0 appends the MTP head's (k, v) and its draft store (model/mtp.py)."""
     kv_spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
                                          config.head_dim, kv_dtype)
     state = config.state_shapes()
     linear_spec = {
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
         "recurrent": jax.ShapeDtypeStruct((num_state_slots, *state["recurrent"]), jnp.float32)}
+    store = {"draft_q": jax.ShapeDtypeStruct((num_state_slots, mtp_drafts, config.vocab_size),
+                                             jnp.float32)}
     return [(kv_spec, kv_spec) if kind == "full_attention" else dict(linear_spec)
-            for kind in config.layer_types]
+            for kind in config.layer_types] + ([(kv_spec, kv_spec), store] if mtp_drafts else [])
 
 
 def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                dtype, kv_dtype):
+                dtype, kv_dtype, mtp_drafts: int = 0):
     """Zero caches: every state slot starts empty, slot 0 included."""
     specs = cache_shapes(config, num_pages=num_pages, page_size=page_size,
-                         num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype)
+                         num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype,
+                         mtp_drafts=mtp_drafts)
     return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
 
 
@@ -121,7 +150,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     for i, (layer, cache) in enumerate(zip(params["layers"], kv)):
         h = zero_centred_rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         if config.layer_types[i] == "full_attention":
-            mixed, cache = _gated_attention(h, layer, cache, rope, slots, attend, config)
+            mixed, cache = gated_attention(h, layer, cache, rope, slots, attend, config)
         else:
             mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
         x = x + mixed
@@ -134,7 +163,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     return x, new_kv
 
 
-def _gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
+def gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
     """GQA attention of rows h [N, H] with zero-centred q/k norms, partial RoPE and (when
     config.attn_output_gate) the sigmoid output gate; K/V stored at `slots` first."""
     N, D, NH = h.shape[0], config.head_dim, config.num_heads
@@ -150,8 +179,12 @@ def _gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
     return linear(out.reshape(N, NH * D), layer["wo"]), cache
 
 
+def final_norm(params, x, config: ModelConfig):
+    return zero_centred_rms_norm(x, params["final_norm"], config.rms_norm_eps)
+
+
 def _logits(params, x, config: ModelConfig):
     """Zero-centred final norm and the (tied or untied) output projection, in f32."""
-    h = zero_centred_rms_norm(x, params["final_norm"], config.rms_norm_eps)
+    h = final_norm(params, x, config)
     head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     return linear(h, head, out_dtype=jnp.float32).astype(jnp.float32)

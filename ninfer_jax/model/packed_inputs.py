@@ -11,6 +11,7 @@ int32 buffer, in order (R = 1 + B sampled rows: the chunk's, then each row token
     chunk_tokens [C], chunk_start [1], chunk_len [1], chunk_table [W],
     row_tokens [B], row_src [B], row_positions [B], row_tables [B * W],
     chunk_state_slot [1], row_state_slots [B]   (hybrid families only: `state_slots`)
+    chunk_next [1]                               (with the MTP head only: `mtp_drafts`)
     top_k [R], seed_high [R], seed_low [R] (uint32 bit patterns), sample_index [R],
     is_greedy [R] (0/1)
 float32 buffer: temperature [R], top_p [R], min_p [R]
@@ -30,12 +31,15 @@ from ninfer_jax.model.sampling import SamplingBatch
 @dataclasses.dataclass(frozen=True)
 class PackedLayout:
     """The static shape of a packed step: chunk tokens C, row tokens B, table width W, and
-    whether the step carries state slots (hybrid families; dense layouts are unchanged)."""
+    whether the step carries state slots (hybrid families; dense layouts are unchanged) and
+    whether its rows may chain (RaggedBatch.chained_rows: speculation on a hybrid family)."""
 
     chunk: int
     rows: int
     width: int
     state_slots: bool = False
+    chained_rows: bool = False
+    mtp_drafts: int = 0  # K drafts of the MTP head after each sampled row (0: no head)
 
     @property
     def sampled(self) -> int:
@@ -44,6 +48,8 @@ class PackedLayout:
     def int_fields(self) -> list[tuple[str, int]]:
         C, B, W, R = self.chunk, self.rows, self.width, self.sampled
         slots = [("chunk_state_slot", 1), ("row_state_slots", B)] if self.state_slots else []
+        if self.mtp_drafts:
+            slots.append(("chunk_next", 1))
         return [("chunk_tokens", C), ("chunk_start", 1), ("chunk_len", 1), ("chunk_table", W),
                 ("row_tokens", B), ("row_src", B), ("row_positions", B),
                 ("row_tables", B * W), *slots, ("top_k", R), ("seed_high", R), ("seed_low", R),
@@ -82,7 +88,10 @@ def unpack(layout: PackedLayout, ints, floats, bias) -> tuple[RaggedBatch, Sampl
         row_positions=field("row_positions"), row_tables=field("row_tables").reshape(B, W))
     if layout.state_slots:
         batch = dataclasses.replace(batch, chunk_state_slot=field("chunk_state_slot")[0],
-                                    row_state_slots=field("row_state_slots"))
+                                    row_state_slots=field("row_state_slots"),
+                                    chained_rows=layout.chained_rows)
+    if layout.mtp_drafts:
+        batch = dataclasses.replace(batch, chunk_next=field("chunk_next")[0])
     words = jnp.stack([field("seed_high"), field("seed_low")], axis=1)
     sampling = SamplingBatch(
         temperature=floats[:R], top_k=field("top_k"), top_p=floats[R:2 * R],

@@ -41,10 +41,18 @@ class RaggedBatch:
     # zero state; any other chunk continues from its slot's state.
     chunk_state_slot: jax.Array | None = None  # int32 []
     row_state_slots: jax.Array | None = None  # int32 [B]
+    # Static. Speculative verify on hybrid families: a row on the same (real) state slot as
+    # the row before it is that sequence's next token (`chain_depths`); rows' states are
+    # written after sampling, the accepted one per chain (hybrid.settle_rows).
+    chained_rows: bool = False
+    # With the MTP head (model/mtp.py): the token after the chunk's last one when the host
+    # knows it (a prompt continues past the chunk), else -1 (the chunk's sample follows).
+    chunk_next: jax.Array | None = None  # int32 []
 
 
 jax.tree_util.register_dataclass(
-    RaggedBatch, data_fields=[f.name for f in dataclasses.fields(RaggedBatch)], meta_fields=[])
+    RaggedBatch, data_fields=[f.name for f in dataclasses.fields(RaggedBatch)
+                              if f.name != "chained_rows"], meta_fields=["chained_rows"])
 
 
 def chunk_only(tokens, start, num_tokens, page_table) -> RaggedBatch:
@@ -60,6 +68,34 @@ def rows_only(tokens, positions, page_tables) -> RaggedBatch:
     return RaggedBatch(jnp.zeros(0, jnp.int32), jnp.int32(0), jnp.int32(0),
                        jnp.full(page_tables.shape[1:], DUMMY_PAGE, jnp.int32), tokens,
                        jnp.full(tokens.shape, FROM_HOST, jnp.int32), positions, page_tables)
+
+
+def chain_depths(row_state_slots):
+    """int32 [B]: how many rows before each row continue its chain (0 for a chain's first
+    row). Slots are never shared between sequences, so equal real slots in consecutive rows
+    mean consecutive tokens of one sequence; padding rows (DUMMY_STATE_SLOT) never chain."""
+    slots = jnp.asarray(row_state_slots, jnp.int32)
+    continues = jnp.concatenate([jnp.zeros(1, bool),
+                                 (slots[1:] == slots[:-1]) & (slots[1:] != DUMMY_STATE_SLOT)])
+    index = jnp.arange(slots.shape[0], dtype=jnp.int32)
+    chain_start = jax.lax.cummax(jnp.where(continues, 0, index))
+    return index - chain_start
+
+
+def last_accepted_rows(row_state_slots, row_tokens, row_samples):
+    """bool [B]: the row of each chain (chain_depths) whose state and sample a speculative
+    round keeps. row_tokens [B] the rows' tokens, row_samples [B] the token sampled after
+    each; row i+1's token is a draft, accepted when row i sampled it. The kept row is the
+    last one whose fed draft (if any) was accepted and whose own sample is a correction or
+    the bonus (engine/speculation.py `num_accepted`); a chain of one keeps its row."""
+    depth = chain_depths(row_state_slots)
+    index = jnp.arange(depth.shape[0])
+    next_continues = jnp.concatenate([depth[1:] > 0, jnp.zeros(1, bool)])
+    next_token = jnp.concatenate([row_tokens[1:], jnp.zeros(1, row_tokens.dtype)])
+    matched = next_continues & (row_samples == next_token)
+    broken = (depth > 0) & ~jnp.roll(matched, 1)  # the draft this row feeds was rejected
+    breaks = jnp.cumsum(broken)
+    return (breaks == breaks[index - depth]) & ~matched
 
 
 def num_chunk_tokens(batch: RaggedBatch) -> int:

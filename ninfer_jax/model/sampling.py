@@ -65,10 +65,31 @@ def sample(logits, batch: SamplingBatch, *, draws: bool = True):
         drawn = jnp.take_along_axis(candidate_ids, picks[:, None], axis=1)[:, 0]
         return jnp.where(batch.is_greedy, greedy, drawn.astype(jnp.int32))
 
+    return unless_all_greedy(batch.is_greedy, with_draws, lambda: greedy)
+
+
+def unless_all_greedy(is_greedy, with_draws, greedy_only):
+    """with_draws(), or on the CPU greedy_only() when every row is greedy (a run-time skip:
+    see `sample` for why the GPU evaluates with_draws, or compiles a variant without it)."""
     def skip_when_greedy():
-        return jax.lax.cond(jnp.all(batch.is_greedy), lambda: greedy, with_draws)
+        return jax.lax.cond(jnp.all(is_greedy), greedy_only, with_draws)
 
     return jax.lax.platform_dependent(cpu=skip_when_greedy, default=with_draws)
+
+
+def distributions(logits, batch: SamplingBatch):
+    """The distribution each row's draw follows, f32 [B, V]: the filtered, tempered
+    candidates of `sample` scattered over the vocabulary (one-hot at the argmax on greedy
+    rows). Speculative rejection sampling needs it whole (model/spec_verify.py)."""
+    logits = logits.astype(jnp.float32) + batch.logit_bias
+    candidates, candidate_ids = jax.lax.top_k(logits, TOP_K_CAP)
+    temperature = jnp.where(batch.is_greedy, 1.0, batch.temperature)
+    filtered = jax.vmap(filtered_candidates)(candidates, temperature, batch.top_k,
+                                             batch.top_p, batch.min_p)
+    rows = jnp.arange(logits.shape[0])[:, None]
+    probs = jnp.zeros_like(logits).at[rows, candidate_ids].set(jax.nn.softmax(filtered, -1))
+    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    return jnp.where(batch.is_greedy[:, None], one_hot, probs)
 
 
 def row_key(seed_words, sample_index):

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
-from ninfer_jax.model import (gemma, glm, hybrid, llama, nemotron_h, sampling,
-                              tensor_parallel)
+from ninfer_jax.model import (gemma, glm, hybrid, llama, mtp, nemotron_h, ragged_batch,
+                              sampling, spec_verify, tensor_parallel)
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
@@ -33,30 +33,64 @@ FAMILIES = {"llama": llama, "qwen3": llama,
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
                 config: ModelConfig, page_size: int, draws: bool = True, mesh=None,
-                media: MediaRows | None = None):
-    """One ragged step (see llama.ragged); returns (out int32 [1 + max_rows], kv).
+                num_drafts: int = 0, media: MediaRows | None = None):
+    """One ragged step (see llama.ragged); returns (out int32, kv).
 
-    prev_out: the previous step's `out` (int32 [1 + max_rows], any values before the first
-    step); max_rows is its length - 1, so it is fixed per compiled shape. `sampling_batch` has
-    1 + B rows: the chunk, then the row tokens. out[0] is the token after the chunk's last real
-    token (meaningless when C == 0), out[1 + i] the token after row token i, and entries past
-    1 + B are zero. `draws=False` compiles greedy sampling only (sampling.sample). `mesh`:
-    the tensor-parallel mesh (model/tensor_parallel.py); sampling reads the gathered logits.
+    prev_out: the previous step's `out` (int32 [(1 + max_rows) x (1 + num_drafts)], any values
+    before the first step); max_rows follows from its length, so it is fixed per compiled
+    shape. `sampling_batch` has 1 + B rows: the chunk, then the row tokens. out[0] is the token
+    after the chunk's last real token (meaningless when C == 0), out[1 + i] the token after row
+    token i, and entries past 1 + B are zero. `draws=False` compiles greedy sampling only
+    (sampling.sample). `mesh`: the tensor-parallel mesh (model/tensor_parallel.py); sampling
+    reads the gathered logits. `num_drafts` K > 0 (hybrid families with the MTP head, whose
+    cache and draft store are kv's last two entries): out[1 + max_rows:] holds
+    [1 + max_rows, K] drafts, K after each sampled row (model/mtp.py), and rows that feed a
+    sampled draft commit by rejection sampling against its q (model/spec_verify.py).
     `media` (model/multimodal.py): vision rows and MRoPE positions of a step with media."""
     num_rows = batch.row_tokens.shape[0]
-    if num_rows > prev_out.shape[0] - 1:
-        raise ValueError(f"{num_rows} row tokens exceed max_rows={prev_out.shape[0] - 1}")
+    max_rows = prev_out.shape[0] // (1 + num_drafts) - 1
+    if num_rows > max_rows:
+        raise ValueError(f"{num_rows} row tokens exceed max_rows={max_rows}")
     family = FAMILIES[config.architecture]
     # the mesh only when there is one: a family (or a test's stub) without tensor
     # parallelism keeps the plain signature
     extra = {} if mesh is None else {"mesh": mesh}
     if media is not None:
         extra["media"] = media
-    logits, kv = family.ragged(params, kv, batch, prev_out, config=config, page_size=page_size,
-                               **extra)
+    if num_drafts:  # the MTP head's cache and draft store follow the model's layers
+        logits, kv_text, hidden = family.ragged(params, kv[:-2], batch, prev_out,
+                                                config=config, page_size=page_size,
+                                                hidden=True, **extra)
+        kv = [*kv_text, *kv[-2:]]
+    else:
+        logits, kv = family.ragged(params, kv, batch, prev_out, config=config,
+                                   page_size=page_size, **extra)
     logits = tensor_parallel.gathered_logits(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
+    rows = ragged_batch.step_tokens(batch, prev_out)[ragged_batch.num_chunk_tokens(batch):]
+    if num_drafts and draws:  # sampled MTP drafts: rejection sampling against their q
+        def verified():
+            depth = ragged_batch.chain_depths(batch.row_state_slots)
+            feeds_draft = jnp.concatenate([depth[1:] > 0, jnp.zeros(1, bool)])
+            p = sampling.distributions(logits, sampling_batch)[1:]
+            draft_q = kv[-1]["draft_q"][batch.row_state_slots]
+            return sampled.at[1:].set(spec_verify.verify_rows(
+                rows, sampled[1:], sampling_batch, p, draft_q, depth, feeds_draft))
+
+        sampled = sampling.unless_all_greedy(sampling_batch.is_greedy, verified,
+                                             lambda: sampled)
+    if batch.chained_rows:  # hybrid verify rows: their accepted states, now known
+        kv = family.settle_rows(kv, batch, rows, sampled[1:])
     out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
+    if num_drafts:
+        is_live = jnp.concatenate([jnp.ones(1, bool), ragged_batch.last_accepted_rows(
+            batch.row_state_slots, rows, sampled[1:])])
+        drafts, mtp_cache, store = mtp.draft(params, kv[-2], kv[-1], batch, hidden, sampled,
+                                             is_live, sampling_batch, config=config,
+                                             page_size=page_size, num_drafts=num_drafts,
+                                             draws=draws)
+        kv = [*kv[:-2], mtp_cache, store]
+        out = out.at[1 + max_rows:1 + max_rows + drafts.size].set(drafts.reshape(-1))
     return out, kv
 
 
@@ -66,7 +100,8 @@ def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig
     (model/packed_inputs.py): two host-to-device transfers per launch instead of fifteen."""
     batch, sampling_batch = unpack(layout, ints, floats, bias)
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
-                       page_size=page_size, draws=draws, mesh=mesh)
+                       page_size=page_size, draws=draws, mesh=mesh,
+                       num_drafts=layout.mtp_drafts)
 
 
 def packed_media_step(params, kv, prev_out, ints, floats, bias, media: MediaRows, *,
@@ -76,7 +111,8 @@ def packed_media_step(params, kv, prev_out, ints, floats, bias, media: MediaRows
     same inputs plus the step's MediaRows (compiled only when serving with --vision)."""
     batch, sampling_batch = unpack(layout, ints, floats, bias)
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
-                       page_size=page_size, draws=draws, mesh=mesh, media=media)
+                       page_size=page_size, draws=draws, mesh=mesh,
+                       num_drafts=layout.mtp_drafts, media=media)
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

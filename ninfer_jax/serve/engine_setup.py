@@ -81,7 +81,7 @@ def build_engine(config: ServeConfig):
         runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
         runtime.start()
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
-                                 vision=config.vision)
+                                 mtp=config.spec == "mtp", vision=config.vision)
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
@@ -157,10 +157,22 @@ def _weight_shardings(structure, *, mesh, expert_parallel: bool):
 
 
 def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:
-    """--spec for this model, or ValueError (an unimplemented backend, a hybrid family)."""
+    """--spec for this model, or ValueError (an unimplemented backend, mtp without a head,
+    a hybrid family under tensor parallelism, whose chained verify rows are not split, or
+    with --vision)."""
     speculative = SpeculativeConfig.from_options(config.spec, config.draft_tokens)
     if speculative is not None:
         speculative.check_servable(model_config)
+        # "auto" is resolved in the core; a mesh there makes the runner refuse instead
+        if model_config.is_hybrid and str(config.tensor_parallel).isdigit() and \
+                int(config.tensor_parallel) > 1:
+            raise ValueError(f"--spec on a hybrid model ({model_config.architecture}) is not "
+                             "built for --tensor-parallel; serve it on one device")
+        # chained verify rows and MTP drafts are not tested with MRoPE positions and media
+        # rows (dense families speculate with media: their verify rows carry rope_delta)
+        if model_config.is_hybrid and config.vision:
+            raise ValueError(f"--spec on a hybrid model ({model_config.architecture}) is not "
+                             "built for --vision; serve media without --spec")
     return speculative
 
 
@@ -177,7 +189,8 @@ def runner_rows(lanes: int, speculative: SpeculativeConfig | None) -> dict:
     rows = speculative.row_capacity(lanes)
     log.info("speculative decoding: %s, %d draft tokens, up to %d rows per step",
              speculative.backend, speculative.draft_tokens, rows)
-    return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes}
+    return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes,
+            "speculative": True, "mtp_drafts": speculative.mtp_drafts}
 
 
 def _start_runtime() -> None:

@@ -78,15 +78,16 @@ def device_state_slots_of(config, model_config) -> int:
     return usable + 1 if usable else 0
 
 
-def bytes_per_token_of(model_config, dtype) -> int:
-    """Device bytes of one token's KV in every attention layer (fp8 pages' scales included)."""
+def bytes_per_token_of(model_config, dtype, *, mtp: bool = False) -> int:
+    """Device bytes of one token's KV in every attention layer (fp8 pages' scales included);
+    `mtp`: the MTP head's layer too (--spec mtp keeps its KV in the same pages)."""
     from ninfer_jax.kernels import paged_attention  # JAX: the HTTP workers never import it
 
     if model_config.is_gemma:  # per cache layer: full layers have their own heads and dims
         return sum(paged_attention.cache_bytes_per_token(
             model_config.layer_kv_heads(i), model_config.layer_head_dim(i), dtype)
             for i in model_config.cache_layers())
-    return attention_layers(model_config) * paged_attention.cache_bytes_per_token(
+    return (attention_layers(model_config) + int(mtp)) * paged_attention.cache_bytes_per_token(
         model_config.num_kv_heads, model_config.head_dim, dtype)
 
 
@@ -223,8 +224,8 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
     free = [device_free_bytes(device) for device in devices]
     sizing = auto_kv_sizing(free_device_bytes=None if None in free else min(free),
                             available_host_bytes=host_available_bytes(),
-                            bytes_per_token=bytes_per_token_of(artifact.config, kv_dtype)
-                            // size,
+                            bytes_per_token=bytes_per_token_of(
+                                artifact.config, kv_dtype, mtp="mtp" in artifact.params) // size,
                             page_size=page_size, max_context=max_context,
                             scratch_bytes=(compile_scratch_bytes(artifact.params)
                                            + vision_scratch_bytes(artifact)) // size,

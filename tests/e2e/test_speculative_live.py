@@ -4,8 +4,9 @@ Through the openai SDK, greedy replies with speculation equal the same requests 
 per-request `draft: false` (plain decoding in the same server), alone and 8 concurrent; a
 stop string and max_tokens that cut an accepted run give the same text and usage; the
 anthropic and Responses dialects take `draft` too; /metrics, the request log's speculative
-object and the throughput line report the work. Start-up refuses --spec for a hybrid
-artifact and the backends that are not built."""
+object and the throughput line report the work. A hybrid artifact with its MTP head
+(`init-random --preset qwen3.5-tiny`) serves --spec mtp with the same text as `draft: false`.
+Start-up refuses the backends that are not built and --spec mtp without a head."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -168,16 +169,54 @@ def refused(artifact, *flags):
                            *flags], capture_output=True, text=True, timeout=300)
 
 
-def test_startup_refuses_hybrids_and_backends_not_built(default_artifact_path, tmp_path):
-    hybrid = tmp_path / "qwen3.5-tiny.ninfer"
-    subprocess.run([str(NINFER), "init-random", "--preset", "qwen3.5-tiny", str(hybrid),
-                    "--quiet"], check=True)
-    result = refused(hybrid, "--spec", "ngram")
-    assert result.returncode == 2 and "hybrid models (qwen3_5)" in result.stderr
-    for backend in ("mtp", "dflash", "dflash2"):
+def test_startup_refuses_backends_not_built_and_mtp_without_a_head(default_artifact_path):
+    for backend in ("dflash", "dflash2"):
         result = refused(default_artifact_path, "--spec", backend)
         assert result.returncode == 2 and "not implemented yet" in result.stderr
+    result = refused(default_artifact_path, "--spec", "mtp")
+    assert result.returncode == 2 and "MTP head" in result.stderr
     result = refused(default_artifact_path, "--spec", "mtp", "--draft-tokens", "6")
     assert result.returncode == 2 and "1..5" in result.stderr
     result = refused(default_artifact_path, "--draft-tokens", "3")
     assert result.returncode == 2 and "needs --spec" in result.stderr
+
+
+@pytest.fixture(scope="module")
+def mtp_server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("mtp")
+    artifact = folder / "qwen3.5-tiny.ninfer"
+    subprocess.run([str(NINFER), "init-random", "--preset", "qwen3.5-tiny", str(artifact),
+                    "--quiet"], check=True)
+    server = start_server(artifact, "--max-context", "512", "--prefill-chunk", "64",
+                          "--max-concurrency", "4", "--spec", "mtp", "--draft-tokens", "3",
+                          *FEW_SHAPES, "--request-log-jsonl", str(folder / "requests.jsonl"))
+    server.folder = folder
+    yield server
+    server.stop()
+
+
+def test_hybrid_mtp_greedy_equals_draft_false_and_reports_its_rounds(mtp_server):
+    client = mtp_server.openai()
+    model = httpx.get(mtp_server.url + "/v1/models").json()["data"][0]["id"]
+
+    def ask(question, draft=True):
+        return client.chat.completions.create(
+            model=model, max_tokens=16, temperature=0,
+            messages=[{"role": "user", "content": question}],
+            extra_body={"chat_template_kwargs": {"enable_thinking": False},
+                        **({} if draft else {"draft": False})})
+
+    questions = ["Name a colour.", "Count to three.", "Say hello.", "Name a planet."]
+    plain = [ask(q, draft=False).choices[0].message.content for q in questions]
+    with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
+        drafted = list(pool.map(ask, questions))
+    assert [r.choices[0].message.content for r in drafted] == plain
+    assert scrape(mtp_server)["ninfer_spec_decode_rounds_total"] > 0
+    deadline = time.monotonic() + 10
+    while len(log_records(mtp_server, "request_done")) < 8 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    records = [r["timings_seconds"]["speculative"]
+               for r in log_records(mtp_server, "request_done")]
+    assert sum(r["backend"] == "mtp" and r["draft_window"] == 3 and r["rounds"] > 0
+               for r in records) == 4
+    assert sum(r["backend"] is None for r in records) == 4

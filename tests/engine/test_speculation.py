@@ -123,19 +123,28 @@ def test_config_validates_ranges_and_backends():
     assert SpeculativeConfig("ngram", 15).row_capacity(256) == 256
 
 
-def test_unimplemented_backends_and_hybrids_are_refused():
+def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
     class Dense:
-        has_state, architecture = False, "llama"
+        has_state, is_hybrid, architecture, mtp_num_layers = False, False, "llama", 0
 
-    class Hybrid:  # any family with recurrent state (qwen3_5*, qwen3_next, nemotron_h)
-        has_state, architecture = True, "qwen3_5"
+    class Hybrid:
+        has_state, is_hybrid, architecture, mtp_num_layers = True, True, "qwen3_5", 1
+
+    class Mamba:  # recurrent state the verify rows cannot chain
+        has_state, is_hybrid, architecture, mtp_num_layers = True, False, "nemotron_h", 0
 
     NGRAM.check_servable(Dense())
-    for backend in ("mtp", "dflash", "dflash2"):
+    NGRAM.check_servable(Hybrid())
+    for backend in ("dflash", "dflash2"):
         with pytest.raises(ValueError, match="not implemented yet"):
             SpeculativeConfig(backend, 3).check_servable(Dense())
-    with pytest.raises(ValueError, match="qwen3_5"):
-        NGRAM.check_servable(Hybrid())
+    SpeculativeConfig("mtp", 3).check_servable(Hybrid())
+    with pytest.raises(ValueError, match="MTP head"):
+        SpeculativeConfig("mtp", 3).check_servable(Dense())
+    assert SpeculativeConfig("mtp", 5).mtp_drafts == 5 and NGRAM.mtp_drafts == 0
+    for config in (NGRAM, SpeculativeConfig("mtp", 3)):
+        with pytest.raises(ValueError, match="nemotron_h"):
+            config.check_servable(Mamba())
 
 
 # ----------------------------------------------------------------------------- engine
@@ -290,7 +299,7 @@ def test_cancel_during_a_round():
     assert finished(other).reason == "length" and driver.request_pages() == 0
 
 
-def test_the_engine_refuses_speculation_on_a_model_with_state_slots():
+def test_the_engine_refuses_speculation_on_state_slots_that_do_not_chain():
     from ninfer_jax.engine.config import EngineConfig
     from ninfer_jax.engine.engine import Engine
     from ninfer_jax.engine.fake import FakeRunner
@@ -298,4 +307,6 @@ def test_the_engine_refuses_speculation_on_a_model_with_state_slots():
     with pytest.raises(ValueError, match="hybrid"):
         Engine(FakeRunner(state_slot_capacity=2),
                EngineConfig(max_concurrency=1, speculative=NGRAM))
+    Engine(FakeRunner(state_slot_capacity=2, chained_rows=True),
+           EngineConfig(max_concurrency=1, speculative=NGRAM))
     Engine(FakeRunner(), EngineConfig(max_concurrency=1, speculative=NGRAM))

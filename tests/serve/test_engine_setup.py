@@ -105,3 +105,19 @@ def test_device_state_slots_default_to_one_spare_per_lane():
     assert unset.device_state_slots == 3 and unset.state_slot_capacity(True) == 6
     assert EngineConfig.from_serve_config(
         config(max_concurrency=3, device_state_slots=0)).state_slot_capacity(True) == 3
+
+
+def test_speculation_on_a_hybrid_is_refused_under_tensor_parallelism_and_with_vision():
+    from ninfer_jax.model.config import ModelConfig
+    from ninfer_jax.serve.engine_setup import check_speculation
+
+    hybrid = ModelConfig(architecture="qwen3_5", vocab_size=8, hidden_size=8,
+                         intermediate_size=8, num_layers=2, num_heads=1, num_kv_heads=1,
+                         head_dim=8, layer_types=("linear_attention", "full_attention"))
+    assert check_speculation(config(spec="ngram"), hybrid).backend == "ngram"
+    with pytest.raises(ValueError, match="--tensor-parallel"):
+        check_speculation(config(spec="ngram", tensor_parallel=2), hybrid)
+    with pytest.raises(ValueError, match="MTP head"):
+        check_speculation(config(spec="mtp"), hybrid)  # mtp_num_layers 0: no head
+    with pytest.raises(ValueError, match="--vision"):
+        check_speculation(config(spec="ngram", vision=True), hybrid)

@@ -50,6 +50,15 @@ def test_bytes_per_token_follows_the_kv_dtype():
         assert kv_sizing.bytes_per_token_of(SMOLLM2, dtype) == 2 * 30 * 3 * 68
 
 
+def test_the_mtp_head_adds_one_attention_layer_per_token():
+    from ninfer_jax.artifact.presets import PRESETS
+
+    config = PRESETS["qwen3.5-27b"].config  # 16 full-attention layers: 4 kv heads of 256
+    plain = kv_sizing.bytes_per_token_of(config, jnp.bfloat16)
+    assert plain == 16 * 2 * 4 * 256 * 2
+    assert kv_sizing.bytes_per_token_of(config, jnp.bfloat16, mtp=True) == plain * 17 // 16
+
+
 def test_cpu_is_bounded_by_a_quarter_of_available_ram():
     per_token = 11520 * 4
     # 1 GiB available: a quarter is 268435456 B = 5825.4 tokens -> 364 whole 16-token pages.
