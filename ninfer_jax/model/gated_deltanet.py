@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import gated_delta
-from ninfer_jax.model import ragged_batch, tensor_parallel
+from ninfer_jax.model import causal_conv, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear
 
@@ -105,31 +105,19 @@ def _chunk(mixed, g, beta, conv_weight, conv, recurrent, batch, config: ModelCon
     """The chunk's C tokens from its slot's state (zero at chunk_start 0); the slot receives
     the state after token chunk_len - 1."""
     slot = batch.chunk_state_slot
-    is_continued = batch.chunk_start > 0
-    conv_state = jnp.where(is_continued, conv[slot], 0).astype(mixed.dtype)
-    start_state = jnp.where(is_continued, recurrent[slot], 0.0)
-    window = jnp.concatenate([conv_state, mixed])  # [K-1+C, D_c]: history, then the chunk
-    taps = conv_weight.shape[0]
-    conv_out = sum(window[j:j + mixed.shape[0]].astype(jnp.float32)
-                   * conv_weight[j].astype(jnp.float32) for j in range(taps))
-    # the K-1 inputs before token chunk_len: padding tokens never enter the conv state
-    new_conv = jax.lax.dynamic_slice_in_dim(window, batch.chunk_len, taps - 1)
+    start_state = jnp.where(batch.chunk_start > 0, recurrent[slot], 0.0)
+    conv_out, conv = causal_conv.chunk_conv(mixed, conv_weight, conv, batch)
     q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
     out, new_state = gated_delta.chunk_gated_delta(q, k, v, g, beta, start_state,
                                                    batch.chunk_len)
-    conv = conv.at[slot].set(new_conv.astype(conv.dtype))
     return out, conv, recurrent.at[slot].set(new_state)
 
 
 def _rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
     """B independent one-token steps, row i on state slot slots[i]."""
-    window = jnp.concatenate([conv[slots].astype(mixed.dtype), mixed[:, None]], axis=1)
-    conv_out = jnp.einsum("bkc,kc->bc", window.astype(jnp.float32),
-                          conv_weight.astype(jnp.float32))
+    conv_out, conv = causal_conv.rows_conv(mixed, conv_weight, conv, slots)
     q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
     out, new_states = gated_delta.gated_delta_step(q, k, v, g, beta, recurrent[slots])
-    # Padding rows all write slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant.
-    conv = conv.at[slots].set(window[:, 1:].astype(conv.dtype))
     return out, conv, recurrent.at[slots].set(new_states)
 
 

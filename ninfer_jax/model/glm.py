@@ -32,10 +32,7 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
     caches."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
                      page_size, mesh)
-    if ragged_batch.num_chunk_tokens(batch) == 0:
-        logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
-        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
-    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
+    return ragged_batch.sampled_logits(x, batch, lambda rows: _logits(params, rows, config)), kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,

@@ -48,11 +48,7 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
     MTP head's input, model/mtp.py)."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
                      page_size, mesh, media)
-    if ragged_batch.num_chunk_tokens(batch) == 0:
-        logits = _logits(params, x, config)  # no chunk: skip its LM-head row, as llama does
-        logits = jnp.concatenate([jnp.zeros_like(logits[:1]), logits])
-    else:
-        logits = _logits(params, ragged_batch.sampled_rows(x, batch), config)
+    logits = ragged_batch.sampled_logits(x, batch, lambda rows: _logits(params, rows, config))
     if hidden:
         return logits, kv, final_norm(params, x, config)
     return logits, kv

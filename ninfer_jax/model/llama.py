@@ -51,12 +51,7 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
     params and caches are placed on (model/tensor_parallel.py), or None on one device."""
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
                      page_size, mesh, media)
-    if ragged_batch.num_chunk_tokens(batch) == 0:
-        # No chunk: its row would be a wasted LM-head row (on XLA CPU a 2-row product costs
-        # nearly twice a 1-row one), so it gets zero logits without the product.
-        logits = _logits(params, x, config)
-        return jnp.concatenate([jnp.zeros_like(logits[:1]), logits]), kv
-    return _logits(params, ragged_batch.sampled_rows(x, batch), config), kv
+    return ragged_batch.sampled_logits(x, batch, lambda rows: _logits(params, rows, config)), kv
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,

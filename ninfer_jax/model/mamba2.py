@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import mamba2
-from ninfer_jax.model import ragged_batch
+from ninfer_jax.model import causal_conv, ragged_batch
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear
 
@@ -53,31 +53,19 @@ def _chunk(xbc, dt, layer, ssm, conv, recurrent, batch, config: ModelConfig):
     """The chunk's C tokens from its slot's state (zero at chunk_start 0); the slot receives
     the state after token chunk_len - 1."""
     slot = batch.chunk_state_slot
-    is_continued = batch.chunk_start > 0
-    history = jnp.where(is_continued, conv[slot], 0).astype(xbc.dtype)
-    start_state = jnp.where(is_continued, recurrent[slot], 0.0)
-    window = jnp.concatenate([history, xbc])  # [K-1+C, conv_dim]: history, then the chunk
-    taps = layer["conv"].shape[0]
-    conv_out = sum(window[j:j + xbc.shape[0]].astype(jnp.float32)
-                   * layer["conv"][j].astype(jnp.float32) for j in range(taps))
-    # the K-1 inputs before token chunk_len: padding tokens never enter the conv state
-    new_conv = jax.lax.dynamic_slice_in_dim(window, batch.chunk_len, taps - 1)
+    start_state = jnp.where(batch.chunk_start > 0, recurrent[slot], 0.0)
+    conv_out, conv = causal_conv.chunk_conv(xbc, layer["conv"], conv, batch)
     x, B, C = _split(_activate(conv_out, layer, xbc.dtype), config)
     y, new_state = mamba2.chunk_ssd(x, dt, ssm["A"], B, C, ssm["D"], start_state,
                                     batch.chunk_len)
-    conv = conv.at[slot].set(new_conv.astype(conv.dtype))
     return y, conv, recurrent.at[slot].set(new_state)
 
 
 def _rows(xbc, dt, layer, ssm, conv, recurrent, slots, config: ModelConfig):
     """R independent one-token steps, row i on state slot slots[i]."""
-    window = jnp.concatenate([conv[slots].astype(xbc.dtype), xbc[:, None]], axis=1)
-    conv_out = jnp.einsum("rkc,kc->rc", window.astype(jnp.float32),
-                          layer["conv"].astype(jnp.float32))
+    conv_out, conv = causal_conv.rows_conv(xbc, layer["conv"], conv, slots)
     x, B, C = _split(_activate(conv_out, layer, xbc.dtype), config)
     y, new_states = mamba2.ssd_step(x, dt, ssm["A"], B, C, ssm["D"], recurrent[slots])
-    # Padding rows all write slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant.
-    conv = conv.at[slots].set(window[:, 1:].astype(conv.dtype))
     return y, conv, recurrent.at[slots].set(new_states)
 
 
