@@ -26,11 +26,12 @@ import pytest
 
 CHILD = pathlib.Path(__file__).with_name("tensor_parallel_child.py")
 # qwen3: qk-norm, tied vocabulary-parallel head; moe (qwen3.6-tiny-moe shapes): a hybrid
-# with an odd vocabulary (replicated head), experts split ("2ep": TP 2 + --expert-parallel);
+# with an odd vocabulary (replicated head), experts split ("2ep": TP 2 + --expert-parallel)
+# or replicated (TP 4: the Gated DeltaNet channels and heads split four ways);
 # glm (glm4.5-tiny shapes): a dense first layer, the grouped sigmoid router, experts split.
 # The child also runs "llama" (untied, odd vocabulary) and "hybrid" (the dense-MLP
 # Qwen3.5, odd vocabulary: moe covers its Gated DeltaNet layers); CI time keeps them out.
-PLAN = {"qwen3": ("1", "2", "4"), "moe": ("1", "2ep"), "glm": ("1", "2ep")}
+PLAN = {"qwen3": ("1", "2", "4"), "moe": ("1", "2ep", "4"), "glm": ("1", "2ep")}
 NUM_LAYERS = 2  # the child's tiny models (the hybrids: one Gated DeltaNet, one attention)
 
 
