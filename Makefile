@@ -12,9 +12,18 @@ SERVE_ARGS ?=
 PYTEST_ARGS ?=
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.cache/jax
 
-.PHONY: setup serve test test-fast fuzz soak ui-screenshot clean-artifacts
+.PHONY: setup browser serve test test-fast fuzz soak ui-screenshot clean-artifacts
 
-setup: $(VENV)/.installed $(ARTIFACT)/metadata.json
+setup: $(VENV)/.installed $(ARTIFACT)/metadata.json browser
+
+# The web page's browser test (tests/ui) drives Debian's Chromium: installed here where apt-get
+# can (root on Debian); elsewhere that test is skipped and says why.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		echo "make setup: installing chromium for tests/ui"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) \
+			>/dev/null 2>&1 || echo "make setup: chromium did not install; tests/ui will skip"; \
+	fi
 
 $(VENV)/.installed: pyproject.toml setup.py
 	@command -v $${CXX:-c++} >/dev/null || { echo "make setup: no C++ compiler ($${CXX:-c++}); install g++ or clang++ (the install builds the CPU kernel)" >&2; exit 1; }
