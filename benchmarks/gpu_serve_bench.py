@@ -193,7 +193,8 @@ class Bench:
             return None
         return server
 
-    def load(self, preset: str, server: Server, step: dict) -> None:
+    def load(self, preset: str, server: Server, step: dict,
+             all_compiled: bool | None = None) -> None:
         for concurrency in (int(c) for c in self.args.levels.split(",")):
             per_client = max(1, math.ceil(self.args.min_requests / concurrency))
             command = self.serve_bench(server, "--concurrency", str(concurrency),
@@ -204,7 +205,8 @@ class Bench:
                 continue
             bare = step.get(concurrency)
             rate, engine_rate = record.get("decode_tok_s"), record.get("server_decode_tok_s")
-            self.results.add("load", command, preset=preset, **record, step_decode_tok_s=bare,
+            self.results.add("load", command, preset=preset, **record,
+                             all_shapes_compiled=all_compiled, step_decode_tok_s=bare,
                              server_over_step=rate / bare if rate and bare else None,
                              engine_over_step=engine_rate / bare if engine_rate and bare
                              else None)
@@ -268,10 +270,12 @@ def run_preset(bench: Bench, preset: str) -> None:
     if server is None:
         return
     try:
-        bench.results.add(label, "", preset=preset,
-                          **server.wait_compiled(bench.capped_seconds("compiled")))
+        compiled = server.wait_compiled(bench.capped_seconds("compiled"))
+        bench.results.add(label, "", preset=preset, **compiled)
         if "load" in stages:
-            bench.load(preset, server, step)
+            # Levels measured while shapes still compile run on the nearest compiled bucket
+            # beside the compiler (run 30): their records say so.
+            bench.load(preset, server, step, all_compiled=compiled.get("all_compiled"))
         if "interference" in stages:
             bench.interference(preset, server)
     finally:
@@ -299,6 +303,8 @@ def print_summary(rows: list[dict]) -> None:
                       f"{_fmt(row['itl_p50_s'], 3)}/{_fmt(row['itl_p99_s'], 3)}/"
                       f"{_fmt(row['itl_max_s'], 3)} s, server/step "
                       f"{_fmt(row['server_over_step'], 2)}")
+            if row.get("all_shapes_compiled") is False:
+                figure += " [shapes still compiling: not a steady-state figure]"
         elif stage == "interference":
             figure = (f"long TTFT {_fmt(row['long_ttft_s'], 3)} s, stream gap max "
                       f"{_fmt(row['stream_gap_max_during_s'], 3)} s (before "

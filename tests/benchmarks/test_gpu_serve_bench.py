@@ -129,3 +129,14 @@ def test_smoke_and_gpu_defaults_and_stage_names():
     assert smoke.presets == "qwen3-tiny" and smoke.levels == "1"
     with pytest.raises(SystemExit):
         gpu_serve_bench.parse_args(["--stages", "install,bogus"])
+
+
+def test_a_level_measured_while_shapes_compile_says_so(capsys):
+    level = dict(stage="load", preset="qwen3-8b", concurrency=8, decode_tok_s=179.2,
+                 server_decode_tok_s=179.2, request_tok_s_p50=22.4, ttft_p50_s=0.479,
+                 itl_p50_s=0.023, itl_p99_s=0.94, itl_max_s=0.996, server_over_step=None)
+    gpu_serve_bench.print_summary([{**level, "all_shapes_compiled": False},
+                                   {**level, "all_shapes_compiled": True}])
+    compiling, steady = capsys.readouterr().out.splitlines()[-2:]
+    assert "C=8: decode 179.2" in compiling and "still compiling" in compiling
+    assert "C=8: decode 179.2" in steady and "still compiling" not in steady
