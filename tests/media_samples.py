@@ -44,33 +44,41 @@ PNG_URI = f"data:image/png;base64,{PNG_B64}"
 VIDEO_URI = f"data:video/mp4;base64,{base64.b64encode(mp4()).decode()}"
 
 
-class _Media(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/slow.png":
-            time.sleep(1.0)
-        if self.path not in ("/image.png", "/slow.png"):
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(PNG)))
-        self.end_headers()
-        try:
-            self.wfile.write(PNG)
-        except OSError:
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
-def _serve(server):
+def serve_in_thread(server):
+    """Run a socketserver's serve_forever in a daemon thread; returns the server."""
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
 
+def file_server(files: dict, slow: tuple = ("/slow.png",)):
+    """A local HTTP server of `files` (path -> bytes), started: a path in `slow` answers
+    after a second, any other unlisted path 404. Stop it with shutdown()."""
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path in slow:
+                time.sleep(1.0)
+            body = files.get(self.path)
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    return serve_in_thread(server)
+
+
 @pytest.fixture(scope="module")
 def media_url():
-    server = _serve(http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Media))
-    server.daemon_threads = True
+    server = file_server({"/image.png": PNG, "/slow.png": PNG})
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()

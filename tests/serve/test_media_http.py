@@ -5,7 +5,6 @@ server (tests/media_samples.py). Each dialect's parsing, every media error code,
 counting with media and the GenerationRequest's media field."""
 import base64
 import socketserver
-import threading
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import anthropic
@@ -14,7 +13,8 @@ import pytest
 from falcon import testing
 
 from harness import build_harness, by_id, read_log
-from media_samples import PNG_B64, PNG_URI, VIDEO_URI, media_url, png  # noqa: F401 (fixture)
+from media_samples import (PNG_B64, PNG_URI, VIDEO_URI, media_url,  # noqa: F401 (fixture)
+                           png, serve_in_thread)
 from ninfer_jax.serve.core import generation
 from ninfer_jax.serve.media import sources
 from ninfer_jax.serve.media.intake import MediaIntake
@@ -34,11 +34,6 @@ class _QuietHandler(WSGIRequestHandler):
         pass
 
 
-def _serve(server):
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server
-
-
 @pytest.fixture(scope="module")
 def vh(qwen35, tmp_path_factory):
     log = tmp_path_factory.mktemp("media-log") / "requests.jsonl"
@@ -56,7 +51,7 @@ def client(vh):
 
 @pytest.fixture(scope="module")
 def sdk_url(vh):
-    server = _serve(make_server("127.0.0.1", 0, vh.app, server_class=_ThreadingServer,
+    server = serve_in_thread(make_server("127.0.0.1", 0, vh.app, server_class=_ThreadingServer,
                                 handler_class=_QuietHandler))
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()

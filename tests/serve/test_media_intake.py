@@ -2,7 +2,6 @@
 prepared-payload cache (LRU, live account, single-flight) and the intake's envelope."""
 import base64
 import hashlib
-import http.server
 import io
 import threading
 import time
@@ -13,6 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from media_samples import file_server
 from ninfer_jax.errors import (InvalidMedia, MediaBudgetExceeded, MediaFetchFailed,
                                MediaFetchTimeout, QueueTimeout)
 from ninfer_jax.serve.media import cache as cache_mod
@@ -55,34 +55,10 @@ def part(url, kind="image"):
     return MediaPart(kind, url, "messages[0].content[0].image_url.url", 0)
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        if self.path == "/slow.png":
-            time.sleep(1.0)
-        if self.path in ("/image.png", "/slow.png"):
-            body = png()
-        elif self.path == "/big.bin":
-            body = b"x" * (LIMITS.max_bytes + 10)
-        else:
-            self.send_error(404)
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        try:
-            self.wfile.write(body)
-        except OSError:
-            pass
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="module")
 def media_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server = file_server({"/image.png": png(), "/slow.png": png(),
+                          "/big.bin": b"x" * (LIMITS.max_bytes + 10)})
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
 
