@@ -9,7 +9,7 @@ one GPU (GLM-4.5-Air: ~200 GB); the fraction of the GEMV ceiling does not depend
     python benchmarks/hybrid_bench.py [--presets qwen3.5-27b,qwen3.6-35b-a3b]
         [--batches 1,8,64] [--context 1024] [--prompt 4096] [--steps 32]
         [--prefill-chunk 1024] [--min-rows N] [--layers N] [--images N --image-size PX]
-        [--json] [--smoke]
+        [--verify K,... [--mtp K] [--mtp-acceptance TOKENS]] [--no-gdn] [--json] [--smoke]
 
 Per preset (one at a time; its params and runner are freed before the next): the params
 pytree the artifact loader would produce (config.expected_shapes, norms and Gated DeltaNet
@@ -29,6 +29,11 @@ vision_encode_bench.py draws it) and `prefill_images` times the same --prompt-to
 with N images of PX x PX pixels at its start (their placeholder spans cut by the chunks as
 served): tok/s counts every prompt token, and the tower's own encode time is reported apart
 (the runner's request-log timing: the steps before it finish first, then it is waited for).
+--verify K,... (issue 12): verify steps of K drafts per sequence at every batch (B x (K + 1)
+rows, each sequence's rows chained on one state slot) against a plain step of B rows, timed
+synchronously as runner_bench times them; --mtp K gives the preset a random MTP head that
+drafts K tokens inside every step, and --mtp-acceptance TOKENS runs one greedy stream through
+the scheduler with --spec mtp (random weights: it proves the head runs, nothing more).
 Each figure comes with what it must move or compute (hybrid_costs.py) and the same process's
 ceilings (benchlib: bf16 GEMV bandwidth, copy bandwidth, bf16 matmul rate), measured first.
 --json prints one JSON object per measurement, flushed as it comes, so a run cut short by a
@@ -66,6 +71,7 @@ import hybrid_costs
 import hybrid_gdn
 import runner_bench
 import vision_encode_bench
+from ninfer_jax.artifact.components import MTP_PREFIX, mtp_expected_shapes
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.tensor_groups import is_norm, tensor_group
 from ninfer_jax.engine import prompt_media
@@ -109,21 +115,27 @@ def _leaf_law(config, name: str, shape) -> tuple[float, float, bool]:
     return 1.0 / math.sqrt(fan_in), 0.0, False
 
 
-def device_params(config, storage_dtype, seed: int = 0) -> dict:
-    """The params tree load_artifact(weights=True) would return (no MTP head), made on the
-    default device leaf by leaf: norms and per-head vectors float32, the rest storage_dtype."""
+def device_params(config, storage_dtype, seed: int = 0, mtp: bool = False) -> dict:
+    """The params tree load_artifact(weights=True, mtp=mtp) would return, made on the default
+    device leaf by leaf: norms and per-head vectors float32, the rest storage_dtype."""
     params: dict = {"layers": [{} for _ in range(config.num_layers)]}
+    shapes = dict(config.expected_shapes())
+    if mtp:
+        shapes.update(mtp_expected_shapes(config))
+        params["mtp"] = {"layers": [{} for _ in range(config.mtp_num_layers)]}
     key = jax.random.PRNGKey(seed)
-    for index, (name, shape) in enumerate(config.expected_shapes().items()):
-        std, mean, log_uniform = _leaf_law(config, name, shape)
+    for index, (name, shape) in enumerate(shapes.items()):
+        tree, local = ((params["mtp"], name[len(MTP_PREFIX):]) if name.startswith(MTP_PREFIX)
+                       else (params, name))
+        std, mean, log_uniform = _leaf_law(config, local, shape)
         dtype = jnp.float32 if tensor_group(name) == "norms" else storage_dtype
         leaf = _random_leaf(jax.random.fold_in(key, index), std, mean, shape=tuple(shape),
                             dtype=jnp.dtype(dtype), log_uniform=log_uniform)
-        if name.startswith("layers."):
-            _, layer, leaf_name = name.split(".", 2)
-            params["layers"][int(layer)][leaf_name] = leaf
+        if local.startswith("layers."):
+            _, layer, leaf_name = local.split(".", 2)
+            tree["layers"][int(layer)][leaf_name] = leaf
         else:
-            params[name] = leaf
+            tree[local] = leaf
     return params
 
 
@@ -223,20 +235,25 @@ def truncated(config, layers: int):
 
 def build_runner(config, params, args, batches, vision=None):
     """A runner over `params`; with `vision` (a VisionConfig) also a random tower of it."""
-    max_context = 2 ** math.ceil(math.log2(max(args.context + args.steps + 2, args.prompt)))
+    acceptance = 64 + args.mtp_acceptance + args.mtp + 1 if args.mtp_acceptance else 0
+    max_context = 2 ** math.ceil(math.log2(max(args.context + args.steps + 2, args.prompt,
+                                               acceptance)))
     page = 16
     pages = (max(batches) * math.ceil((args.context + args.steps + 2) / page)
-             + math.ceil(args.prompt / page) + 1)
+             + math.ceil(max(args.prompt, acceptance) / page) + 1)
+    drafts = max(args.verify + [args.mtp])  # a verify step: every sequence's K + 1 rows
     if vision is not None:
         params = {**params, "vision": vision_encode_bench.random_tower(
             vision, jnp.dtype(params["embed"].dtype))}
     artifact = types.SimpleNamespace(config=config, params=params, vision_config=vision)
     runner = JaxRunner(artifact, num_pages=pages,
-                       page_size=page, max_batch=max(batches), max_context=max_context,
+                       page_size=page, max_batch=max(batches) * (1 + drafts),
+                       max_context=max_context,
                        prefill_chunk=args.prefill_chunk, min_rows=args.min_rows,
                        background_compile=False,
                        state_slot_capacity=max(batches) if config.has_state else 0,
-                       vision=vision is not None)
+                       vision=vision is not None, speculative=drafts > 0,
+                       mtp_drafts=args.mtp)
     return runner, max_context
 
 
@@ -249,12 +266,16 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     started = time.perf_counter()
     params = jax.block_until_ready(
-        device_params(config, jnp.bfloat16 if preset.dtype == "bf16" else jnp.float32))
+        device_params(config, jnp.bfloat16 if preset.dtype == "bf16" else jnp.float32,
+                      mtp=args.mtp > 0))
     made = time.perf_counter()
     runner, max_context = build_runner(config, params, args, batches,
                                        preset.vision if args.images else None)
     del params  # the runner holds the (cast) tree
-    shapes = [(0, fit_bucket(runner.row_buckets, b, "rows")) for b in batches]
+    row_counts = {b * (1 + k) for b in batches for k in [0, *args.verify]}
+    if args.mtp_acceptance:  # the scheduler's rounds: 1 + K rows, fewer near the end
+        row_counts |= set(range(1, 2 + args.mtp))
+    shapes = sorted({(0, fit_bucket(runner.row_buckets, n, "rows")) for n in row_counts})
     shapes.append((runner.chunk_buckets[-1], runner.row_buckets[0]))
     runner.compile_shapes(shapes, media_shapes=shapes[-1:])  # images: the chunk step only
     header = {"preset": name, "dtype": jnp.dtype(runner.dtype).name, "max_context": max_context,
@@ -268,7 +289,11 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
             emit({**header, **_prefill_record(runner, config, args, limits)})
             if args.images:
                 emit({**header, **_image_prefill_record(runner, preset.vision, args)})
-    if "linear_attention" in (config.layer_types or ()):
+    for record in _verify_records(runner, batches, args):
+        emit({**header, **record})
+    if args.mtp_acceptance:
+        emit({**header, **runner_bench.mtp_acceptance(runner, args.mtp_acceptance, args.mtp)})
+    if "linear_attention" in (config.layer_types or ()) and not args.no_gdn:
         for record in _gdn_records(runner, config, batches, args, limits):
             emit({**header, **record})
     # Executables take no params (they are arguments), so dropping the references frees
@@ -316,6 +341,21 @@ def _image_prefill_record(runner, vision, args) -> dict:
             "encode_ms": 1e3 * encode, "text_model_ms": 1e3 * (seconds - encode)}
 
 
+def _verify_records(runner, batches, args):
+    """A verify step of K drafts per sequence (B x (K + 1) rows, each sequence's rows on one
+    state slot, chained) against a plain step of the same B, synchronous (runner_bench's)."""
+    if not args.verify:
+        return
+    for batch in batches:
+        plain = runner_bench.time_verify(runner, batch, 0, args.context, args.steps)
+        for drafts in args.verify:
+            seconds = runner_bench.time_verify(runner, batch, drafts, args.context, args.steps)
+            yield {"op": "verify", "batch": batch, "draft_tokens": drafts,
+                   "mtp_drafts": args.mtp, "rows": batch * (drafts + 1),
+                   "ms_per_step": 1e3 * seconds, "plain_ms_per_step": 1e3 * plain,
+                   "relative": seconds / plain}
+
+
 def _gdn_records(runner, config, batches, args, limits: dict):
     """The first Gated DeltaNet layer alone: a --prompt chunk, and the extreme batches."""
     layer = hybrid_gdn.gdn_leaves(runner.params["layers"][config.layer_types.index(
@@ -355,6 +395,17 @@ def parse_args(argv=None):
                              "(the preset's vision tower, random); default 0")
     parser.add_argument("--image-size", type=int, default=448,
                         help="pixels per side of each image (default 448: 196 tokens)")
+    parser.add_argument("--verify", default="", metavar="K,...",
+                        help="also time verify steps of K drafts per sequence at every batch "
+                             "against a plain step (issue 12)")
+    parser.add_argument("--mtp", type=int, default=0, metavar="K",
+                        help="give the preset a random MTP head drafting K tokens inside every "
+                             "step (the verify and decode figures then include it)")
+    parser.add_argument("--mtp-acceptance", type=int, default=0, metavar="TOKENS",
+                        help="one greedy stream of TOKENS through the scheduler with --spec mtp "
+                             "(random weights: proves the head runs, acceptance meaningless)")
+    parser.add_argument("--no-gdn", action="store_true",
+                        help="skip the Gated DeltaNet layer-alone records")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check: the tiny presets at tiny sizes")
@@ -362,6 +413,9 @@ def parse_args(argv=None):
     for field, _, default, _ in options:  # given options win over --smoke's sizes
         if getattr(args, field) is None:
             setattr(args, field, SMOKE[field] if args.smoke else default)
+    args.verify = [int(k) for k in args.verify.split(",") if k]
+    if args.mtp and not args.verify:
+        parser.error("--mtp times verify steps: give --verify K,... too")
     return args
 
 
@@ -384,6 +438,14 @@ def _print_text(record: dict) -> None:
         print(f"  prefill {record['prompt']} with {record['images']} images of "
               f"{record['image_size']} px: {record['tok_per_s']:.0f} tok/s, encode "
               f"{record['encode_ms']:.1f} ms of {record['ms']:.1f} ms", flush=True)
+    elif op == "verify":
+        print(f"  verify batch {record['batch']}, K {record['draft_tokens']} "
+              f"({record['rows']} rows{', MTP drafting' if record['mtp_drafts'] else ''}): "
+              f"{record['ms_per_step']:.2f} ms/step, {record['relative']:.2f}x the plain step",
+              flush=True)
+    elif op == "mtp_acceptance":
+        print(f"  mtp K {record['draft_tokens']}: {record['accepted']}/{record['drafted']} "
+              f"drafts accepted in {record['rounds']} rounds", flush=True)
     elif op == "gdn_prefill":
         print(f"  GDN layer at {record['tokens']} tokens: {record['layer_ms']:.2f} ms "
               f"({record['layer_fraction_of_matmul_rate']:.0%} of the matmul rate), delta rule "
