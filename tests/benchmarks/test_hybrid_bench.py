@@ -26,7 +26,10 @@ def test_device_params_have_the_artifact_trees_names_shapes_and_dtypes():
     for name in ("qwen3.6-tiny-moe", "qwen3.5-tiny"):
         config = dataclasses.replace(PRESETS[name].config, vocab_size=512)
         expected = random_params(config, seed=0, dtype="bf16")
-        expected.pop("mtp", None)  # the runner never reads the MTP head
+        with_mtp = jax.eval_shape(
+            lambda: hybrid_bench.device_params(config, jnp.bfloat16, mtp=True))
+        assert _described(with_mtp) == _described(expected)
+        expected.pop("mtp")  # without --mtp the runner never reads the MTP head
         got = jax.eval_shape(lambda: hybrid_bench.device_params(config, jnp.bfloat16))
         assert _described(got) == _described(expected)
 
@@ -92,3 +95,17 @@ def test_smoke_run_prints_sane_json_lines(capsys):
             assert gdn["state_bytes"] == rows * mine["gdn_decode", 1]["state_bytes"] > 0
     moe = next(r for r in records if r["preset"] == "qwen3.6-tiny-moe" and r["op"] == "decode")
     assert moe["expert_bytes"] > 0 and moe["experts_touched_per_layer"] == 2.0
+
+
+def test_verify_steps_with_the_mtp_head_drafting(capsys):
+    """--verify / --mtp / --mtp-acceptance on the tiny hybrid: a verify record per K against
+    the plain step, and the scheduler's MTP rounds (random weights: drafts made, not kept)."""
+    records = hybrid_bench.main(["--smoke", "--json", "--presets", "qwen3.5-tiny", "--batches",
+                                 "1", "--verify", "1,2", "--mtp", "2", "--mtp-acceptance", "12",
+                                 "--no-gdn"])
+    verify = [r for r in records if r["op"] == "verify"]
+    assert [(r["batch"], r["draft_tokens"], r["rows"]) for r in verify] == [(1, 1, 2), (1, 2, 3)]
+    assert all(r["ms_per_step"] > 0 and r["plain_ms_per_step"] > 0 for r in verify)
+    (acceptance,) = [r for r in records if r["op"] == "mtp_acceptance"]
+    assert acceptance["rounds"] > 0 and acceptance["drafted"] >= acceptance["rounds"]
+    assert not any(r["op"].startswith("gdn") for r in records)
