@@ -1,10 +1,7 @@
 #!/bin/bash
 # Run 35: run 34 again after 7f253e9 (chained verify rows in one WY solve per head); issue 12.
-# the device's disk comfortably, hybrid_bench makes the weights on the device): the verify
-# step's cost at K = 1, 3, 7, 15 against a plain step at batch 1 and 8 on the Qwen3.5-27B shape
-# (verify rows chain their Gated DeltaNet state), then K = 3 with the MTP head drafting 3 in
-# every step, and MTP's acceptance on random weights (meaningless: it proves the head runs).
-# From the repository root, carry [".whl"]:  bash benchmarks/results/run34/device_run34.sh
+# Same stages as run 34 (see its header): 27B verify K = 1, 3, 7, 15 at batch 1 and 8, then MTP K = 3.
+# From the repository root, carry [".whl"]:  bash benchmarks/results/run35/device_run35.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGES=${1:-verify mtp}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
