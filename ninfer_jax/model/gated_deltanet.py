@@ -33,6 +33,10 @@ from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear
 
 L2_EPS = 1e-6  # as the reference implementation's l2norm
+# Chained verify rows up to this many per step solve their chains in WY form (no loop); the
+# per-row states then cost B^2 dk dv products, more than the pass loop's state traffic
+# beyond about a batch of 8 sequences x 16 rows.
+CHAINED_WY_MAX_ROWS = 128
 
 
 def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, config: ModelConfig,
@@ -128,10 +132,12 @@ def _chained_rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: M
     conv window and recurrent state after it; the slots are left as they were.
 
     The conv window is gathered directly (a row's last K-1 inputs are its chain's rows and
-    then its slot's history). The delta rule is sequential along a chain, so it runs
+    then its slot's history). The delta rule: up to CHAINED_WY_MAX_ROWS rows, every chain at
+    once in WY form (gated_delta.chained_gated_delta: one block-diagonal system, no loop);
+    above, where its B^2 dk dv products for the per-row states outgrow the passes, it runs
     depth + 1 times over all rows, each pass feeding every chained row the state its
-    predecessor reached in the pass before: after pass d rows at depth <= d are exact.
-    A step without chains takes one pass."""
+    predecessor reached in the pass before: after pass d rows at depth <= d are exact
+    (a run-time loop bound; a step without chains takes one pass)."""
     B, taps = mixed.shape[0], conv_weight.shape[0]
     depth = ragged_batch.chain_depths(slots)  # [B]
     back = taps - 1 - jnp.arange(taps)  # window column j holds the input `back[j]` rows ago
@@ -145,6 +151,9 @@ def _chained_rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: M
                           conv_weight.astype(jnp.float32))
     q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
     start = recurrent[slots]
+    if B <= CHAINED_WY_MAX_ROWS:
+        out, after = gated_delta.chained_gated_delta(q, k, v, g, beta, start, depth)
+        return out, window[:, 1:].astype(conv.dtype), after
     is_chained = (depth > 0)[:, None, None, None]
 
     def one_pass(_, carry):

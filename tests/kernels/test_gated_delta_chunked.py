@@ -6,7 +6,9 @@ chunks, decays near 0 and near 1); bf16 operands within 2% (relative); its block
 triangular inverse is the inverse. Kernel, in interpret mode on CPU: the same grid at head
 dims 128 (and 64 / 32, three value heads per key head), a prompt split at odd offsets with the
 state carried through three calls, bf16 operands; lowered for CUDA at the 27B and 35B-A3B
-shapes. Dispatch: CPU runs the reference; on a GPU the one switch picks the chunked path.
+shapes. Chained verify rows in WY form equal the rows one by one, and the layer's chained
+rows take the same states in WY form as in its pass loop. Dispatch: CPU runs the reference;
+on a GPU the one switch picks the chunked path.
 Natively on the GPU (`-m gpu`): the kernel and the WY form against the reference.
 """
 from __future__ import annotations
@@ -20,7 +22,9 @@ import pytest
 
 from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, relative_error
 from ninfer_jax.kernels import dispatch, gated_delta
+from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.kernels.gated_delta import kernel, reference, wy
+from ninfer_jax.model import gated_deltanet, ragged_batch
 
 
 def l2_normalised(x):
@@ -97,6 +101,58 @@ def test_wy_form_with_bf16_operands_stays_close_to_the_scan():
     want_out, want_final = reference.recurrent_gated_delta(*args, state, jnp.int32(150))
     assert relative_error(out, want_out) < 2e-2
     assert relative_error(final, want_final) < 2e-2
+
+
+# Slots of 14 verify rows: chains of 3, 5 and 1 rows, padding rows (slot 0) between them
+CHAIN_SLOTS = [3, 3, 3, 0, 5, 2, 2, 2, 2, 2, 0, 4, 0, 0]
+
+
+def rows_one_by_one(q, k, v, g, beta, slot_states, slots):
+    """The reference: gated_delta_step row after row, a chained row from its predecessor."""
+    outs, afters = [], []
+    for i, slot in enumerate(slots):
+        chained = i > 0 and slot != 0 and slots[i - 1] == slot
+        state = afters[-1] if chained else slot_states[slot]
+        out, after = reference.gated_delta_step(*(a[i:i + 1] for a in (q, k, v, g, beta)),
+                                                state[None])
+        outs.append(out[0])
+        afters.append(after[0])
+    return jnp.stack(outs), jnp.stack(afters)
+
+
+@pytest.mark.parametrize("gates", ["mixed", "near_one"])
+def test_chained_rows_in_wy_form_equal_the_rows_one_by_one(gates):
+    rng = np.random.default_rng(16)
+    args = inputs(rng, len(CHAIN_SLOTS), gates=gates)
+    slot_states = jnp.asarray(rng.standard_normal((6, 4, 8, 6)), jnp.float32)
+    slots = jnp.asarray(CHAIN_SLOTS, jnp.int32)
+    out, after = jax.jit(wy.chained_gated_delta)(*args, slot_states[slots],
+                                                 ragged_batch.chain_depths(slots))
+    want_out, want_after = rows_one_by_one(*args, slot_states, CHAIN_SLOTS)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(after), np.asarray(want_after), atol=2e-5)
+
+
+def test_the_layers_chained_rows_take_the_same_states_in_wy_form_and_in_passes(monkeypatch):
+    """model/gated_deltanet._chained_rows below and above CHAINED_WY_MAX_ROWS."""
+    config = PRESETS["qwen3.5-tiny"].config
+    rng = np.random.default_rng(17)
+    B, Hv = len(CHAIN_SLOTS), config.linear_num_value_heads
+    conv_dim, taps = config.linear_conv_dim, config.linear_conv_kernel_dim
+    mixed = jnp.asarray(rng.standard_normal((B, conv_dim)), jnp.float32)
+    g = jnp.asarray(-np.exp(rng.standard_normal((B, Hv))), jnp.float32)
+    beta = jnp.asarray(rng.uniform(0, 1, (B, Hv)), jnp.float32)
+    weight = jnp.asarray(rng.standard_normal((taps, conv_dim)), jnp.float32)
+    conv = jnp.asarray(rng.standard_normal((6, taps - 1, conv_dim)), jnp.float32)
+    recurrent = jnp.asarray(rng.standard_normal((6, *config.state_shapes()["recurrent"])),
+                            jnp.float32)
+    args = (mixed, g, beta, weight, conv, recurrent, jnp.asarray(CHAIN_SLOTS, jnp.int32))
+    layer_rows = functools.partial(gated_deltanet._chained_rows, config=config)
+    in_wy_form = jax.jit(layer_rows)(*args)
+    monkeypatch.setattr(gated_deltanet, "CHAINED_WY_MAX_ROWS", 0)
+    in_passes = jax.jit(layer_rows)(*args)
+    for got, want in zip(in_wy_form, in_passes):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5)
 
 
 # ------------------------------------------------------------------- Pallas kernel (interpret)

@@ -10,7 +10,8 @@ forms ("kernel" once tests/kernels/test_gated_delta.py `-m gpu` has passed nativ
 H200 and benchmarks/hybrid_bench.py has timed it; "wy" until then). NINFER_GDN_PREFILL
 (kernel | wy | reference) overrides it for A/B runs; NINFER_FORCE_REFERENCE and CPU backends
 run the reference. The one-token decode step is elementwise work plus [dk, dv] products per
-row, which XLA fuses: reference on every backend.
+row, which XLA fuses: reference on every backend. Speculative verify rows chained along a
+sequence (chained_gated_delta) run in WY form on every backend.
 """
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens):
     if path == "wy":
         return wy.chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens)
     return reference.chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens)
+
+
+def chained_gated_delta(q, k, v, g, beta, states, depth):
+    """B verify rows in chains (depth [B] rows before each on its chain), all chains at once
+    in WY form on every backend; see wy.chained_gated_delta."""
+    return wy.chained_gated_delta(q, k, v, g, beta, states, depth)
 
 
 def gated_delta_step(q, k, v, g, beta, states):

@@ -128,3 +128,37 @@ def _carry_chunk(state, terms, dot_dtype):
     state = (state * chunk_decay[:, None, None]
              + dot("hck,hcv->hkv", k_to_end, new_values, dot_dtype))
     return state, out
+
+
+def chained_gated_delta(q, k, v, g, beta, states, depth):
+    """B row tokens where row i continues the chain of the depth[i] rows before it (the
+    speculative verify rows, model/ragged_batch.chain_depths), each chain starting from
+    states[i] (equal along a chain: its slot's state). The chains are solved at once as one
+    block-diagonal chunk in WY form, float32 at HIGHEST: no loop over chain positions.
+    q, k [B, Hk, dk], v [B, Hv, dv], g, beta [B, Hv], states [B, Hv, dk, dv], depth int32 [B].
+    Returns (out [B, Hv, dv], each row's state after it [B, Hv, dk, dv]), float32, as a
+    gated_delta_step per row fed its predecessor's state would."""
+    B = q.shape[0]
+    f32 = jnp.float32
+    q, k, v, g, beta = _prepare(q, k, v, g, beta, None)  # [B, Hv, ...]
+    rows = jnp.arange(B)
+    # same_chain[i, j]: row j is row i or one of its chain's earlier rows
+    same_chain = (rows[None, :] <= rows[:, None]) & (rows[None, :] >= (rows - depth)[:, None])
+    G = jnp.einsum("ij,jh->hi", same_chain.astype(f32), g, precision=_HIGHEST)  # [Hv, B]
+    decay = jnp.exp(jnp.where(same_chain, G[:, :, None] - G[:, None, :], -jnp.inf))
+    q, k, v = (x.transpose(1, 0, 2) for x in (q, k, v))  # [Hv, B, d]
+    beta = beta.T
+    size = 1 << max(B - 1, 0).bit_length()  # wy_inverse wants a power of two
+    system = dot("hik,hjk->hij", k, k, f32) * beta[:, :, None] * decay
+    system = jnp.where(rows[None, :] < rows[:, None], system, 0.0)
+    system = jnp.pad(system, [(0, 0), (0, size - B), (0, size - B)])
+    inverse = wy_inverse(system)[:, :B, :B]
+    w = dot("hij,hjk->hik", inverse, k * (beta * jnp.exp(G))[..., None], f32)
+    u = dot("hij,hjv->hiv", inverse, v * beta[..., None], f32)
+    new_values = u - jnp.einsum("hbk,bhkv->hbv", w, states, precision=_HIGHEST)
+    attn = dot("hik,hjk->hij", q, k, f32) * decay
+    out = (jnp.einsum("hbk,bhkv->hbv", q * jnp.exp(G)[..., None], states, precision=_HIGHEST)
+           + dot("hij,hjv->hiv", attn, new_values, f32))
+    after = (states * jnp.exp(G).T[:, :, None, None]
+             + jnp.einsum("hij,hjk,hjv->ihkv", decay, k, new_values, precision=_HIGHEST))
+    return out.transpose(1, 0, 2), after
