@@ -40,6 +40,10 @@ On the H200, one process per preset (each under its own cap, its memory gone wit
     export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
         -k "gpu or lower" > $OUT/pytest-moe.log 2>&1  # the MoE kernels natively, first
+    timeout 300 python3 -m pytest -q -rA -p no:cacheprovider tests/kernels/test_gated_delta.py \
+        tests/kernels/test_gated_delta_chunked.py > $OUT/pytest-gdn.log 2>&1  # GDN natively
+    timeout 500 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b,qwen3.6-35b-a3b \
+        --layers 4 --batches 1 --json > $OUT/gdn.jsonl 2> $OUT/gdn.log  # GDN paths, A/B
     timeout 240 python3 benchmarks/hybrid_bench.py --presets qwen3.6-35b-a3b --json \
         > $OUT/hybrid-35b.jsonl 2> $OUT/hybrid-35b.log
     timeout 280 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --json \
