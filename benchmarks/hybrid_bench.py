@@ -19,11 +19,12 @@ compiled (one decode shape per batch, one prefill chunk shape). Decode is pipeli
 engine's step loop runs it (step n+1 launched before step n is collected, rows fed the token
 the previous step sampled on the device, greedy), every row at `--context` tokens on its own
 state slot; prefill is one `--prompt`-token sequence in `--prefill-chunk` chunks, waited for
-chunk by chunk. For hybrid presets, `gdn_prefill` times one Gated DeltaNet layer alone on a `--prompt`-token
-chunk (projections, conv, delta rule, gated norm) and its delta-rule kernel alone, with the
-chunk-to-chunk scan rolled (as served) and unrolled; `gdn_decode` the layer alone on the
-smallest and largest batch of decode rows, against its weights plus the rows' state
-(hybrid_gdn.py).
+chunk by chunk. For hybrid presets, `gdn_prefill` times one Gated DeltaNet layer alone on a
+`--prompt`-token chunk (projections, conv, delta rule, gated norm) once per prefill path of
+kernels/gated_delta (reference, the WY form, the Pallas kernel; `serving_path` is the one
+served now) and its delta rule alone (the reference's chunk scan rolled and unrolled, the WY
+form, the kernel at a few tiles); `gdn_decode` the layer alone on the smallest and largest
+batch of decode rows, against its weights plus the rows' state (hybrid_gdn.py).
 --images N (issue 17): the runner also gets the preset's vision tower (random, host-drawn as
 vision_encode_bench.py draws it) and `prefill_images` times the same --prompt-token prefill
 with N images of PX x PX pixels at its start (their placeholder spans cut by the chunks as
@@ -44,6 +45,10 @@ On the H200, one process per preset (each under its own cap, its memory gone wit
     export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
         -k "gpu or lower" > $OUT/pytest-moe.log 2>&1  # the MoE kernels natively, first
+    timeout 300 python3 -m pytest -q -rA -p no:cacheprovider tests/kernels/test_gated_delta.py \
+        tests/kernels/test_gated_delta_chunked.py > $OUT/pytest-gdn.log 2>&1  # GDN natively
+    timeout 500 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b,qwen3.6-35b-a3b \
+        --layers 4 --batches 1 --json > $OUT/gdn.jsonl 2> $OUT/gdn.log  # GDN paths, A/B
     timeout 240 python3 benchmarks/hybrid_bench.py --presets qwen3.6-35b-a3b --json \
         > $OUT/hybrid-35b.jsonl 2> $OUT/hybrid-35b.log
     timeout 280 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --json \
@@ -364,9 +369,12 @@ def _gdn_records(runner, config, batches, args, limits: dict):
     rate, gemv = limits["matmul_flops_per_s"], limits["gemv_bytes_per_s"]
     timing = dict(iters=1, reps=1) if args.smoke else dict(iters=5, reps=3)
     gdn = hybrid_gdn.prefill(config, layer, args.prompt, dtype, **timing)
-    yield {"op": "gdn_prefill", **gdn,
-           "layer_fraction_of_matmul_rate": gdn["layer_flops"] / gdn["layer_ms"] * 1e3 / rate,
-           "kernel_fraction_of_matmul_rate": gdn["kernel_flops"] / gdn["kernel_ms"] * 1e3 / rate,
+    def fractions(part: str) -> dict:  # by path / variant
+        return {name: gdn[f"{part}_flops"] / ms * 1e3 / rate
+                for name, ms in gdn[f"{part}_ms"].items()}
+
+    yield {"op": "gdn_prefill", **gdn, "layer_fraction_of_matmul_rate": fractions("layer"),
+           "kernel_fraction_of_matmul_rate": fractions("kernel"),
            "num_gdn_layers": config.layer_types.count("linear_attention"),
            "matmul_flops_per_s": rate}
     for rows in sorted({min(batches), max(batches)}):
@@ -447,10 +455,14 @@ def _print_text(record: dict) -> None:
         print(f"  mtp K {record['draft_tokens']}: {record['accepted']}/{record['drafted']} "
               f"drafts accepted in {record['rounds']} rounds", flush=True)
     elif op == "gdn_prefill":
-        print(f"  GDN layer at {record['tokens']} tokens: {record['layer_ms']:.2f} ms "
-              f"({record['layer_fraction_of_matmul_rate']:.0%} of the matmul rate), delta rule "
-              f"{record['kernel_ms']:.2f} ms (scan unrolled {record['kernel_unrolled_ms']:.2f})",
-              flush=True)
+        layer_rate, rule_rate = (record[f"{part}_fraction_of_matmul_rate"]
+                                 for part in ("layer", "kernel"))
+        layer = ", ".join(f"{path} {ms:.2f} ms ({layer_rate[path]:.0%})"
+                          for path, ms in record["layer_ms"].items())
+        rule = ", ".join(f"{name} {ms:.3f} ms ({rule_rate[name]:.0%})"
+                         for name, ms in record["kernel_ms"].items())
+        print(f"  GDN layer at {record['tokens']} tokens (of the matmul rate; serving "
+              f"{record['serving_path']}): {layer}\n  its delta rule alone: {rule}", flush=True)
     else:
         print(f"  GDN layer, {record['rows']} decode rows: {record['ms']:.3f} ms, "
               f"{record['bytes'] / 1e6:.0f} MB -> {record['fraction_of_gemv_ceiling']:.0%} "

@@ -145,35 +145,3 @@ def test_pauses_and_prefix_reuse_with_speculation_leave_the_text_unchanged(spec_
         assert counters.preemptions > 0 and counters.spec_rounds > 0
         assert paused == reference
 
-
-def test_chained_rows_equal_the_rule_row_by_row():
-    """The chained rows' one-solve form against the per-token rule: chains of 1, 3 and 4 rows
-    (value heads sharing key heads, decays from near 0 to near 1, a padding row between
-    chains), every row's output and the state after it."""
-    import jax
-    import jax.numpy as jnp
-
-    from ninfer_jax.kernels.gated_delta import reference
-    from ninfer_jax.model import gated_deltanet, ragged_batch
-
-    rng = np.random.default_rng(3)
-    slots = np.array([2, 5, 5, 5, 0, 7, 7, 7, 7], np.int32)  # 0: a padding row's slot
-    B, Hk, Hv, dk, dv = len(slots), 2, 4, 8, 6
-    q, k = (rng.standard_normal((B, Hk, dk)) for _ in range(2))
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    v = rng.standard_normal((B, Hv, dv))
-    g = np.log(rng.uniform(0.02, 0.999, (B, Hv)))
-    beta = rng.uniform(0.0, 1.0, (B, Hv))
-    states = rng.standard_normal((8, Hv, dk, dv))
-    depth = ragged_batch.chain_depths(jnp.asarray(slots))
-    with jax.default_matmul_precision("highest"):
-        out, after = gated_deltanet._chained_delta(*(jnp.asarray(x, jnp.float32) for x in (
-            q, k, v, g, beta, states[slots])), depth)
-        for i in range(B):
-            state = jnp.asarray(after[i - 1] if depth[i] else states[slots[i]], jnp.float32)
-            want_out, want_state = reference.gated_delta_step(
-                *(jnp.asarray(x[i:i + 1], jnp.float32) for x in (q, k, v, g, beta)),
-                state[None])
-            np.testing.assert_allclose(np.asarray(out[i]), np.asarray(want_out[0]), atol=1e-5)
-            np.testing.assert_allclose(np.asarray(after[i]), np.asarray(want_state[0]),
-                                       atol=1e-5)

@@ -7,7 +7,9 @@ dt_bias randomised. Each logit row must match the HF full-sequence forward withi
     and the KV carried across them, then 16 decode steps beside padding rows on slot 0;
   - three sequences of different lengths on their own pages and state slots: a mixed ragged
     step (one sequence's chunk plus the others' decode rows), then decode batches whose rows
-    sit at different positions, with padding rows between them.
+    sit at different positions, with padding rows between them;
+  - the GPU's chunked delta rule (kernels/gated_delta/wy.py, forced here) on the 70-token
+    prompt in two chunks split at 29, the state carried (qwen3_5 only: the rule is shared).
 Every sequence gets shuffled pages and a state slot other than DUMMY_STATE_SLOT.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ import pytest
 
 from hf_hybrid_reference import (ARCHITECTURES, load_params, model_config_from_hf,
                                  reference_logits, tiny_hybrid_model)
+from ninfer_jax.kernels import gated_delta
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
 from ninfer_jax.model import hybrid, llama, steps
 from ninfer_jax.model.ragged_batch import DUMMY_STATE_SLOT, FROM_HOST, RaggedBatch
@@ -119,6 +122,21 @@ def test_one_chunk_prefill_matches_transformers(world):
     logits, _ = world.prefill(world.params, world.empty_caches(), tokens, np.int32(0),
                               np.int32(LONG_PROMPT), world.tables[0], np.int32(3))
     world.check(logits, 0, LONG_PROMPT - 1)
+
+
+def test_the_chunked_wy_path_matches_transformers(world, monkeypatch):
+    if world.config.architecture != "qwen3_5":
+        pytest.skip("the delta rule is the same in every family; one is enough")
+    monkeypatch.setattr(gated_delta, "prefill_path", lambda: "wy")
+    prefill = jax.jit(functools.partial(hybrid.prefill, config=world.config,
+                                        page_size=PAGE_SIZE))  # traced with the path forced
+    kv, slot = world.empty_caches(), 3
+    for start, end in ((0, 29), (29, LONG_PROMPT)):
+        tokens = np.zeros(72, np.int32)
+        tokens[:end - start] = world.tokens[0, start:end]
+        logits, kv = prefill(world.params, kv, tokens, np.int32(start), np.int32(end - start),
+                             world.tables[0], np.int32(slot))
+        world.check(logits, 0, end - 1)
 
 
 def test_chunks_at_odd_offsets_then_decode_match_transformers(world):

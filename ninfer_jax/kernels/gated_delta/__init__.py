@@ -1,18 +1,60 @@
 """The gated delta rule (Gated DeltaNet's recurrence): chunked prefill, one-token decode and the
 per-token scan, dispatched at trace time (kernels/dispatch.py).
 
-Only the pure-jnp reference exists so far (reference.py, the CPU path and the oracle); a GPU
-kernel with the same signatures plugs in here behind `use_kernels()`.
+  reference.py  pure jnp, float32 at HIGHEST: the CPU path and the oracle (per-token scan)
+  wy.py         the chunked prefill in WY form, matmul-shaped (blockwise triangular inverse),
+                bf16 operands for a bf16 model; any backend
+  kernel.py     the same with the chunk-to-chunk walk as a Pallas (Triton) kernel
+On the GPU a prefill chunk takes GPU_PREFILL's path, the one switch between the two chunked
+forms ("kernel" once tests/kernels/test_gated_delta.py `-m gpu` has passed natively on the
+H200 and benchmarks/hybrid_bench.py has timed it; "wy" until then). NINFER_GDN_PREFILL
+(kernel | wy | reference) overrides it for A/B runs; NINFER_FORCE_REFERENCE and CPU backends
+run the reference. The one-token decode step is elementwise work plus [dk, dv] products per
+row, which XLA fuses: reference on every backend. Speculative verify rows chained along a
+sequence (chained_gated_delta) run in WY form on every backend.
 """
 from __future__ import annotations
 
-from ninfer_jax.kernels.gated_delta import reference
+import os
+
+from ninfer_jax.kernels import dispatch
+from ninfer_jax.kernels.gated_delta import kernel, reference, wy
 from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE  # noqa: F401
+
+GPU_PREFILL = "wy"
+PREFILL_ENV = "NINFER_GDN_PREFILL"
+PREFILL_PATHS = ("kernel", "wy", "reference")
+
+
+def prefill_path() -> str:
+    """The path a prefill chunk takes when traced now: "reference" off the GPU, else
+    NINFER_GDN_PREFILL if set, else GPU_PREFILL."""
+    if not dispatch.use_kernels():
+        return "reference"
+    path = os.environ.get(PREFILL_ENV, "") or GPU_PREFILL
+    if path not in PREFILL_PATHS:
+        raise ValueError(f"{PREFILL_ENV}={path!r}: expected one of {', '.join(PREFILL_PATHS)}")
+    return path
 
 
 def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens):
-    """One sequence's chunk of T tokens from `initial_state`; see reference.chunk_gated_delta."""
+    """One sequence's chunk of T tokens from `initial_state`; see reference.chunk_gated_delta.
+    The kernel path falls back to wy.py for head dims that do not tile."""
+    path = prefill_path()
+    if path == "kernel":
+        result = kernel.chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens)
+        if result is not None:
+            return result
+        path = "wy"
+    if path == "wy":
+        return wy.chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens)
     return reference.chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens)
+
+
+def chained_gated_delta(q, k, v, g, beta, states, depth):
+    """B verify rows in chains (depth [B] rows before each on its chain), all chains at once
+    in WY form on every backend; see wy.chained_gated_delta."""
+    return wy.chained_gated_delta(q, k, v, g, beta, states, depth)
 
 
 def gated_delta_step(q, k, v, g, beta, states):
