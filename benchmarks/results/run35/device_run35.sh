@@ -1,9 +1,10 @@
 #!/bin/bash
-# Run 35: run 34 again after 7f253e9 (chained verify rows in one WY solve per head); issue 12.
-# Same stages as run 34 (see its header): 27B verify K = 1, 3, 7, 15 at batch 1 and 8, then MTP K = 3.
+# Run 35 (issues 11, 12): the chunked Gated DeltaNet prefill natively (WY form and Pallas
+# kernel, tests/kernels/test_gated_delta_chunked.py -m gpu), run 34's 27B verify steps again
+# with the chained rows in WY form, and the GDN prefill paths A/B on 4 layers of the 27B shape.
 # From the repository root, carry [".whl"]:  bash benchmarks/results/run35/device_run35.sh
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-STAGES=${1:-verify mtp}
+STAGES=${1:-gdntest verify gdnbench}
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
 [ -d /tmp/site/falcon ] || python3 -m pip install -q --no-index --no-deps --no-compile \
@@ -13,11 +14,15 @@ B="benchmarks/hybrid_bench.py --presets qwen3.5-27b --prompt 1024 --steps 16 --n
 for stage in $STAGES; do
   stamp "$stage"
   case $stage in
-    verify) timeout 330 python3 $B --batches 1,8 --verify 1,3,7,15 > "$OUT/verify-27b.jsonl" \
+    gdntest) timeout 120 python3 -m pytest -rA -p no:cacheprovider -m gpu \
+               tests/kernels/test_gated_delta_chunked.py > "$OUT/pytest-gdn.log" 2>&1;;
+    verify) timeout 200 python3 $B --batches 1,8 --verify 1,3,7,15 > "$OUT/verify-27b.jsonl" \
               2> "$OUT/verify-27b.log";;
-    mtp) timeout 230 python3 $B --batches 1 --verify 3 --mtp 3 --mtp-acceptance 64 \
-           > "$OUT/mtp-27b.jsonl" 2> "$OUT/mtp-27b.log";;
+    gdnbench) timeout 170 python3 benchmarks/hybrid_bench.py --presets qwen3.5-27b --layers 4 \
+                --batches 1 --json > "$OUT/gdn-27b.jsonl" 2> "$OUT/gdn-27b.log";;
   esac
   stamp "$stage rc=$?"
 done
-for f in "$OUT"/verify-27b.log "$OUT"/mtp-27b.log; do tail -c 3000 "$f" > "$f.tail"; rm -f "$f"; done
+tail -n 8 "$OUT/pytest-gdn.log" | tee -a "$OUT/stages.log"
+for f in "$OUT"/*.log; do [ "$f" = "$OUT/pytest-gdn.log" ] || [ "$f" = "$OUT/stages.log" ] || \
+  { tail -c 3000 "$f" > "$f.tail"; rm -f "$f"; }; done
