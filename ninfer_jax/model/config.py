@@ -196,9 +196,22 @@ class ModelConfig:
         return self.architecture == "nemotron_h"
 
     @property
-    def has_state(self) -> bool:
-        """Whether sequences carry recurrent state in state slots (engine/state_slots.py)."""
+    def has_recurrent_state(self) -> bool:
+        """Whether sequences carry a recurrent state (Gated DeltaNet, Mamba-2): one value
+        after each token, which verify rows must chain and KV pages cannot rebuild."""
         return self.is_hybrid or self.is_nemotron
+
+    @property
+    def has_sliding_rings(self) -> bool:
+        """Gemma 4 with sliding layers: their KV lives in per-sequence rings in the state
+        slots (model/gemma.py), not in the page pool."""
+        return self.is_gemma and "sliding_attention" in self.layer_types
+
+    @property
+    def has_state(self) -> bool:
+        """Whether sequences hold a state slot (engine/state_slots.py): a recurrent state,
+        or Gemma's sliding-window KV rings."""
+        return self.has_recurrent_state or self.has_sliding_rings
 
     def _check_nemotron(self) -> None:
         if self.layer_types is None or len(self.layer_types) != self.num_layers:
@@ -259,6 +272,17 @@ class ModelConfig:
         if self.is_nemotron:
             return [i for i, t in enumerate(self.layer_types) if t == "attention"]
         return [i for i in range(self.num_layers) if self.kv_source_layer(i) == i]
+
+    def ring_layers(self) -> list[int]:
+        """Cache layers whose KV is a sliding-window ring in the state slots (Gemma's
+        sliding layers that are not KV-shared); the other cache layers are paged."""
+        return [i for i in self.cache_layers() if self.is_sliding_layer(i)]
+
+    def ring_pages(self, page_size: int, step_tokens: int) -> int:
+        """Pages of one sliding layer's ring per sequence (model/gemma.py): room for the
+        window behind the earliest query of a step plus the step's `step_tokens` (at most)
+        of one sequence, so no key a query may see is overwritten before it attends."""
+        return -(-(self.sliding_window + step_tokens - 1) // page_size)
 
     def state_layers(self) -> list[int]:
         """Layers holding a recurrent state per sequence (Gated DeltaNet, Mamba-2)."""
