@@ -67,6 +67,10 @@ conv_dim = I + 2*G*N:
                   mamba_norm [I]  (gated RMSNorm in G groups)  out [I, H]
     "attention":  wq [H, NH*D]  wk [H, NK*D]  wv [H, NK*D]  wo [NH*D, H]   (no RoPE)
     "mlp":        w_up [H, F]  w_down [F, H]   (squared-ReLU, no gate)
+    "moe":        router [H, E]  router_bias [E] (f32, e_score_correction_bias)
+                  experts_up [E, H, I]  experts_down [E, I, H]   (squared-ReLU experts, no gate)
+                  shared_w_up [H, Is]  shared_w_down [Is, H]     (absent when Is == 0)
+                  routed by glm4_moe's grouped sigmoid router (model/moe_mlp.py)
 The MTP head is a separate artifact component (params["mtp"] when loaded):
     fc [2H, H]  pre_fc_norm_embedding [H]  pre_fc_norm_hidden [H]  norm [H]
     layers: list of mtp_num_layers dicts shaped like a "full_attention" layer (with its MLP)
@@ -81,7 +85,7 @@ ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
 GEMMA_LAYER_TYPES = ("full_attention", "sliding_attention")
-NEMOTRON_LAYER_TYPES = ("mamba", "attention", "mlp")
+NEMOTRON_LAYER_TYPES = ("mamba", "attention", "mlp", "moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,8 +222,8 @@ class ModelConfig:
             raise ValueError("a nemotron_h config needs one layer_types entry per layer")
         if set(self.layer_types) - set(NEMOTRON_LAYER_TYPES):
             raise ValueError(f"nemotron_h layer_types must be among {NEMOTRON_LAYER_TYPES}")
-        if self.num_experts:
-            raise ValueError("nemotron_h MoE layers are not supported")
+        if ("moe" in self.layer_types) != (self.num_experts > 0):
+            raise ValueError("nemotron_h has routed experts exactly when it has moe layers")
         if self.mamba_num_heads % max(self.mamba_num_groups, 1):
             raise ValueError("mamba_num_heads must be a multiple of mamba_num_groups")
 
@@ -293,6 +297,8 @@ class ModelConfig:
         return []
 
     def is_moe_layer(self, i: int) -> bool:
+        if self.is_nemotron:
+            return self.layer_types[i] == "moe"
         return self.num_experts > 0 and i not in self.mlp_only_layers
 
     @property
@@ -399,6 +405,13 @@ class ModelConfig:
                      "wo": (NH * D, H)}
         elif kind == "mlp":
             layer = {"w_up": (H, F), "w_down": (F, H)}
+        elif kind == "moe":
+            E, I, Is = (self.num_experts, self.moe_intermediate_size,
+                        self.shared_expert_intermediate_size)
+            layer = {"router": (H, E), "router_bias": (E,), "experts_up": (E, H, I),
+                     "experts_down": (E, I, H)}
+            if Is:
+                layer.update({"shared_w_up": (H, Is), "shared_w_down": (Is, H)})
         else:
             Hm, inner, conv = self.mamba_num_heads, self.mamba_num_heads * self.mamba_head_dim, \
                 self.mamba_conv_dim
