@@ -15,15 +15,16 @@ experts top-8 of width 1408 plus one shared expert, sigmoid router; vocab 151552
 131072 positions) and `glm4.5-tiny` (its tiny_config, with the unpadded GLM-layout stand-in
 vocabulary and tied embeddings). Their turns are opened by role tokens and never closed: a
 reply ends at the next role token the model writes (<|user|>, <|observation|>).
-Gemma 4: `gemma4-31b` (the dense Gemma 4 31B shape as its published config gives it, to our
-best reading offline: hidden 5376, 60 layers, five sliding layers (window 1024, 32 / 16 heads
+Gemma 4: `gemma4-31b` (the dense Gemma 4 31B shape, checked against its config.json's
+text_config as public test fixtures quote it (code search; rope thetas 1e4 sliding, 1e6 full,
+262144 positions): hidden 5376, 60 layers, five sliding layers (window 1024, 32 / 16 heads
 of 256) to every full layer (4 kv heads of 512, keys reused as values, proportional RoPE on a
 quarter), FFN 21504, soft cap 30, vocab 262144) and `gemma4-tiny` (its tiny_config with
 per-layer inputs added, on the Gemma-layout stand-in vocabulary). Their replies end at <turn|>
 or, after a tool call, at <|tool_response>; thoughts use the <|channel>thought ... <channel|>
 channel.
 Nemotron-H: `nemotron-h-8b` (Nemotron-H-8B-Base-8K's shape, checked against its config.json as
-quoted in public code (TensorRT-LLM's and Megatron-Bridge's test fixtures): hidden 4096, 52 layers
+quoted by two independent public test fixtures (code search): hidden 4096, 52 layers
 in the pattern M-M-M-M*-M-M-M-M-M*-... (24 Mamba-2, 4 attention, 24 relu2 MLP layers of 21504),
 Mamba-2 128 heads of 64 with 8 groups of state 128, attention 32 / 8 heads of 128, vocab 131072,
 8192 positions, untied) and `nemotron-h-tiny` (its tiny_config: one Mamba-2, one attention and
