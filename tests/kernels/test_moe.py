@@ -34,9 +34,14 @@ def expert_weights(rng, hidden=HIDDEN, width=WIDTH, num_experts=NUM_EXPERTS, dty
     return jnp.asarray(gate_up, dtype), jnp.asarray(down, dtype)
 
 
-@pytest.mark.parametrize("activation", ["swiglu", "relu2"])
+# (tokens, k, activation): every SwiGLU shape, the gateless relu2 experts at a decode-sized
+# and a prefill-sized one
+SHAPES = [(1, 2, "swiglu"), (3, 2, "swiglu"), (37, 3, "swiglu"), (16, 1, "swiglu"),
+          (3, 2, "relu2"), (37, 3, "relu2")]
+
+
 @pytest.mark.parametrize("path", ["grouped_experts", "gathered_experts", "routed_experts"])
-@pytest.mark.parametrize("num_tokens,top_k", [(1, 2), (3, 2), (37, 3), (16, 1)])
+@pytest.mark.parametrize("num_tokens,top_k,activation", SHAPES)
 def test_paths_match_the_dense_expert_loop(path, num_tokens, top_k, activation):
     rng = np.random.default_rng(num_tokens * 10 + top_k)
     x = jnp.asarray(rng.standard_normal((num_tokens, HIDDEN)), jnp.float32)
@@ -87,9 +92,8 @@ KERNEL_HIDDEN, KERNEL_WIDTH = 64, 32
 
 
 @cpu_only
-@pytest.mark.parametrize("activation", ["swiglu", "relu2"])
 @pytest.mark.parametrize("path", ["gathered_experts", "grouped_experts"])
-@pytest.mark.parametrize("num_tokens,top_k", [(1, 2), (3, 2), (37, 3)])
+@pytest.mark.parametrize("num_tokens,top_k,activation", [s for s in SHAPES if s[1] > 1])
 def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k, activation):
     rng = np.random.default_rng(num_tokens * 10 + top_k)
     x = jnp.asarray(rng.standard_normal((num_tokens, KERNEL_HIDDEN)), jnp.float32)
@@ -139,6 +143,20 @@ def test_kernels_lower_for_cuda_at_the_35b_a3b_shape(num_tokens):
              else ["ninfer_moe_gate_up", "ninfer_moe_down"])
     assert all(name in text for name in names)
     assert "ragged" not in text  # neither ragged_dot nor its dense expansion
+
+
+@pytest.mark.parametrize("num_tokens", [1, 64])
+def test_relu2_kernels_lower_for_cuda_at_the_nemotron_3_nano_shape(num_tokens):
+    """Hidden 2688, 128 experts of 1856, top 6: both paths tile (no reference fallback)."""
+    spec = jax.ShapeDtypeStruct
+    args = (spec((num_tokens, 2688), jnp.bfloat16), spec((num_tokens, 6), jnp.int32),
+            spec((num_tokens, 6), jnp.float32), spec((128, 2688, 1856), jnp.bfloat16),
+            spec((128, 1856, 2688), jnp.bfloat16))
+    text = lowers_for_cuda(functools.partial(kernel.routed_experts, activation="relu2"), *args)
+    names = (["ninfer_moe_expert_gemv"] if num_tokens * 6 < 128
+             else ["ninfer_moe_up_relu2", "ninfer_moe_down"])
+    assert all(name in text for name in names)
+    assert "ragged" not in text
 
 
 @needs_gpu

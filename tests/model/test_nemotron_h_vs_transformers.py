@@ -162,6 +162,8 @@ def test_params_follow_the_config_contract(world):
 
 
 def test_one_chunk_prefill_matches_transformers(world):
+    if world.kind == "moe":
+        pytest.skip("the chunked and mixed steps below cover the MoE twin's prefill")
     tokens = np.zeros(72, np.int32)
     tokens[:LONG_PROMPT] = world.tokens[0]
     logits, _ = world.prefill(world.params, world.empty_caches(), tokens, np.int32(0),
