@@ -25,14 +25,22 @@ LANES, SLOTS = 8, 10
 SLIDING_GAIN = 60.0
 
 
-@pytest.fixture(scope="module")
-def runner():
-    config = dataclasses.replace(PRESETS["gemma4-tiny"].config, vocab_size=VOCAB,
-                                 vocab_size_per_layer_input=VOCAB,
-                                 max_position_embeddings=CONTEXT)
+def gemma_config():
+    return dataclasses.replace(PRESETS["gemma4-tiny"].config, vocab_size=VOCAB,
+                               vocab_size_per_layer_input=VOCAB,
+                               max_position_embeddings=CONTEXT)
+
+
+def gemma_params(config):
     params = random_params(config, seed=5, dtype="f32")
     params["layers"][0]["post_attn_norm"] = params["layers"][0]["post_attn_norm"] * SLIDING_GAIN
-    artifact = types.SimpleNamespace(config=config, params=params)
+    return params
+
+
+@pytest.fixture(scope="module")
+def runner():
+    config = gemma_config()
+    artifact = types.SimpleNamespace(config=config, params=gemma_params(config))
     runner = JaxRunner(artifact, num_pages=64, page_size=PAGE, max_batch=LANES,
                        max_context=CONTEXT, prefill_chunk=16, state_slot_capacity=SLOTS,
                        step_shapes="essential")
@@ -79,3 +87,53 @@ def test_pauses_and_fewer_state_slots_leave_the_text_unchanged(runner):
                                   max_tokens=24, host_pages=4 * (units + 16))
     assert scheduler.counters.snapshot_restores > 0 and scheduler.counters.replayed_tokens == 0
     assert outputs(results) == reference
+
+
+def test_speculative_rounds_commit_what_plain_decoding_does():
+    """--spec ngram: a sequence's verify rows share its slot and write their positions into
+    its ring; rejected drafts' KV is overwritten later, as a page's would be (no chaining)."""
+    from ninfer_jax.engine.config import EngineConfig
+    from ninfer_jax.engine.pages import PagePool
+    from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+    from ninfer_jax.engine.scheduler import Scheduler
+    from ninfer_jax.engine.speculation import SpeculativeConfig
+    from ninfer_jax.engine.state_slots import StateSlotPool
+    from ninfer_jax.engine.step_loop import StepLoop
+
+    spec, lanes = SpeculativeConfig("ngram", 3), 2
+    config = gemma_config()
+    runner = JaxRunner(types.SimpleNamespace(config=config, params=gemma_params(config)),
+                       num_pages=64, page_size=PAGE, max_batch=spec.row_capacity(lanes),
+                       max_chunk_rows=lanes, max_context=CONTEXT, prefill_chunk=16,
+                       state_slot_capacity=4, step_shapes="essential", speculative=True)
+    assert not runner.chained_rows and runner.step_tokens == 16
+    runner.warmup()
+    # a prompt that repeats itself, so that n-gram drafts exist from the start
+    prompts = [(prompt(6, salt=60 + i) * 4)[:22] for i in range(lanes)]
+
+    def run(speculative: bool):
+        scheduler = Scheduler(
+            EngineConfig(max_concurrency=lanes, prefill_chunk=16, max_context=CONTEXT,
+                         kv_capacity=63 * PAGE, speculative=spec),
+            PagePool(64), page_size=PAGE, max_batch=runner.max_batch,
+            max_chunk_rows=runner.max_chunk_rows, slots=StateSlotPool(4))
+        loop = StepLoop(scheduler, runner)
+        handles = [RequestHandle(GenerationRequest(f"r{i}", ids, SamplingParams(temperature=0.0),
+                                                   30, speculative=speculative))
+                   for i, ids in enumerate(prompts)]
+        for handle in handles:
+            scheduler.add(handle)
+        while scheduler.has_work() or loop.in_flight:
+            scheduler.apply_controls()
+            loop.advance()
+        finals = []
+        for handle in handles:
+            while (event := handle.next_event(timeout=0)) is not None:
+                final = event
+            finals.append(list(final.output_ids))
+        return finals, scheduler.counters
+
+    plain, _ = run(False)
+    drafted, counters = run(True)
+    assert drafted == plain
+    assert counters.spec_rounds > 0 and counters.spec_accepted_tokens > 0
