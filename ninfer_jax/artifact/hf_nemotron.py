@@ -2,10 +2,10 @@
 transformers' configuration_nemotron_h / modeling_nemotron_h read them.
 
 Config: the layer pattern comes from `layers_block_type` (transformers' names) or the
-published `hybrid_override_pattern` ("M" Mamba-2, "*" attention, "-" MLP, "E" MoE); the attention head
-dim from `head_dim` or the published `attention_head_dim`; the Mamba-2 fields from their
-transformers names or the published `mamba_*` aliases (n_groups / mamba_n_groups, conv_kernel /
-mamba_d_conv, time_step_limit / mamba_dt_limit). MoE layers (Nemotron 3): n_routed_experts of
+published `hybrid_override_pattern` ("M" Mamba-2, "*" attention, "-" MLP, "E" MoE); the
+attention head dim from `head_dim` or the published `attention_head_dim`; the Mamba-2 fields
+from their transformers names or the published `mamba_*` aliases (n_groups / mamba_n_groups,
+conv_kernel / mamba_d_conv, time_step_limit / mamba_dt_limit). MoE layers (Nemotron 3): n_routed_experts of
 moe_intermediate_size, num_experts_per_tok, one shared expert of
 moe_shared_expert_intermediate_size (transformers builds one MLP of that width whatever
 n_shared_experts says), n_group / topk_group / routed_scaling_factor / norm_topk_prob for the

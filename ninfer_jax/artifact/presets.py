@@ -32,7 +32,8 @@ one MLP layer, tied embeddings); `nemotron-3-nano-30b-a3b` (Nemotron 3 Nano 30B-
 2688, 52 layers MEMEM*EMEMEM*... (23 Mamba-2, 6 attention 32 / 2 heads of 128, 23 MoE layers
 of 128 relu2 experts of 1856, top 6 by the sigmoid router with correction bias, scale 2.5, a
 shared expert of 3712), Mamba-2 64 heads of 64, 262144 positions) and `nemotron-3-nano-tiny`
-(its tiny_config: a Mamba-2, an attention and a MoE layer). Turns open with <SPECIAL_10>System / <SPECIAL_11>User /
+(its tiny_config: a Mamba-2, an attention and a MoE layer). Turns open with <SPECIAL_10>System
+/ <SPECIAL_11>User /
 <SPECIAL_11>Assistant, a reply ends at <SPECIAL_12>; tool calls are <TOOLCALL>[JSON]</TOOLCALL>
 and thoughts <think> ... </think>.
 """

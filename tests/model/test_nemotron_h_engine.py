@@ -1,6 +1,7 @@
 """The real Nemotron-H model (model/nemotron_h.py, random weights in the nemotron-h-tiny shape,
 and the nemotron-3-nano-tiny one with a MoE layer) through the JaxRunner and the engine's
-scheduler: eight concurrent greedy streams equal each request alone; pauses under a small KV pool (restored from zero, from a state checkpoint or
+scheduler: eight concurrent greedy streams equal each request alone; pauses under a small KV
+pool (restored from zero, from a state checkpoint or
 from a host snapshot of the Mamba-2 states) and a pool with fewer state slots than lanes leave
 the text unchanged. The Mamba-2 output
 projection is scaled up (STATE_GAIN) so that its state decides the tokens, as in
