@@ -12,7 +12,7 @@ from ninfer_jax.artifact.weights_io import human_bytes
 from ninfer_jax.model.config import NEMOTRON_LAYER_TYPES, ModelConfig
 
 _FLOAT_BYTES = {"f32": 4, "bf16": 2}
-_LETTERS = {"mamba": "M", "attention": "*", "mlp": "-"}  # HF's hybrid_override_pattern
+_LETTERS = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}  # HF's hybrid_override_pattern
 
 
 def nemotron_summary(config: ModelConfig, weight_formats: dict[str, str]) -> dict[str, Any]:
@@ -32,6 +32,12 @@ def nemotron_summary(config: ModelConfig, weight_formats: dict[str, str]) -> dic
             "total": len(config.state_layers()) * (conv + ssm)},
         "kv_bytes_per_token": len(config.cache_layers()) * 2 * config.num_kv_heads
         * config.head_dim * float_bytes,
+        **({"moe": {"experts": config.num_experts, "per_token": config.num_experts_per_tok,
+                    "expert_width": config.moe_intermediate_size,
+                    "shared_width": config.shared_expert_intermediate_size,
+                    "groups": config.num_expert_groups, "topk_groups": config.num_topk_groups,
+                    "routed_scaling_factor": config.routed_scaling_factor}}
+           if config.num_experts else {}),
     }
 
 
@@ -40,10 +46,14 @@ def format_nemotron(summary: dict[str, Any]) -> list[str]:
     layers, mamba, state = summary["layers"], summary["mamba"], summary["state_bytes_per_sequence"]
     return [
         f"layer types   {layers['mamba']} mamba, {layers['attention']} attention, "
-        f"{layers['mlp']} mlp: {summary['pattern']}",
+        f"{layers['mlp']} mlp, {layers['moe']} moe: {summary['pattern']}",
         f"mamba-2       {mamba['heads']} heads of {mamba['head_dim']}, {mamba['groups']} "
         f"groups of state {mamba['state_size']}, conv {mamba['conv_kernel']} taps",
         f"state/seq     {human_bytes(state['total'])} ({state['total']:,} bytes: conv "
         f"{state['conv_per_layer']:,} + SSM {state['ssm_per_layer']:,} per Mamba layer)",
         f"KV/token      {human_bytes(summary['kv_bytes_per_token'])} "
-        f"({summary['kv_bytes_per_token']:,} bytes, attention layers only, no RoPE)"]
+        f"({summary['kv_bytes_per_token']:,} bytes, attention layers only, no RoPE)",
+        *([f"moe           {m['experts']} relu2 experts of {m['expert_width']}, top "
+           f"{m['per_token']} (groups {m['topk_groups']} of {m['groups']}, scale "
+           f"{m['routed_scaling_factor']}), shared expert of {m['shared_width']}"]
+          if (m := summary.get("moe")) else [])]

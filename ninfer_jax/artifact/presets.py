@@ -15,19 +15,25 @@ experts top-8 of width 1408 plus one shared expert, sigmoid router; vocab 151552
 131072 positions) and `glm4.5-tiny` (its tiny_config, with the unpadded GLM-layout stand-in
 vocabulary and tied embeddings). Their turns are opened by role tokens and never closed: a
 reply ends at the next role token the model writes (<|user|>, <|observation|>).
-Gemma 4: `gemma4-31b` (the dense Gemma 4 31B shape as its published config gives it, to our
-best reading offline: hidden 5376, 60 layers, five sliding layers (window 1024, 32 / 16 heads
+Gemma 4: `gemma4-31b` (the dense Gemma 4 31B shape, checked against its config.json's
+text_config as public test fixtures quote it (code search; rope thetas 1e4 sliding, 1e6 full,
+262144 positions): hidden 5376, 60 layers, five sliding layers (window 1024, 32 / 16 heads
 of 256) to every full layer (4 kv heads of 512, keys reused as values, proportional RoPE on a
 quarter), FFN 21504, soft cap 30, vocab 262144) and `gemma4-tiny` (its tiny_config with
 per-layer inputs added, on the Gemma-layout stand-in vocabulary). Their replies end at <turn|>
 or, after a tool call, at <|tool_response>; thoughts use the <|channel>thought ... <channel|>
 channel.
-Nemotron-H: `nemotron-h-8b` (Nemotron-H-8B's shape from memory of its published config, to be
-checked against the real config.json before a benchmark relies on it: hidden 4096, 52 layers
+Nemotron-H: `nemotron-h-8b` (Nemotron-H-8B-Base-8K's shape, checked against its config.json as
+quoted by two independent public test fixtures (code search): hidden 4096, 52 layers
 in the pattern M-M-M-M*-M-M-M-M-M*-... (24 Mamba-2, 4 attention, 24 relu2 MLP layers of 21504),
 Mamba-2 128 heads of 64 with 8 groups of state 128, attention 32 / 8 heads of 128, vocab 131072,
 8192 positions, untied) and `nemotron-h-tiny` (its tiny_config: one Mamba-2, one attention and
-one MLP layer, tied embeddings). Turns open with <SPECIAL_10>System / <SPECIAL_11>User /
+one MLP layer, tied embeddings); `nemotron-3-nano-30b-a3b` (Nemotron 3 Nano 30B-A3B: hidden
+2688, 52 layers MEMEM*EMEMEM*... (23 Mamba-2, 6 attention 32 / 2 heads of 128, 23 MoE layers
+of 128 relu2 experts of 1856, top 6 by the sigmoid router with correction bias, scale 2.5, a
+shared expert of 3712), Mamba-2 64 heads of 64, 262144 positions) and `nemotron-3-nano-tiny`
+(its tiny_config: a Mamba-2, an attention and a MoE layer). Turns open with <SPECIAL_10>System
+/ <SPECIAL_11>User /
 <SPECIAL_11>Assistant, a reply ends at <SPECIAL_12>; tool calls are <TOOLCALL>[JSON]</TOOLCALL>
 and thoughts <think> ... </think>.
 """
@@ -128,6 +134,8 @@ def tiny_config(config: ModelConfig) -> ModelConfig:
                       else 0)
     if config.is_nemotron:
         fields.update(TINY_NEMOTRON)
+        if config.num_experts:  # the MLP block becomes the MoE one
+            fields["layer_types"] = ("mamba", "attention", "moe")
     tiny = dataclasses.replace(config, **fields, mrope_section=())
     return dataclasses.replace(tiny, mrope_section=_mrope_for(tiny) if config.mrope_section
                                else ())
@@ -192,6 +200,20 @@ NEMOTRON_H_8B = ModelConfig(
                       "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-"),
     mamba_num_heads=128, mamba_head_dim=64, mamba_state_size=128, mamba_num_groups=8,
     mamba_conv_kernel=4)
+# Nemotron 3 Nano 30B-A3B (NVIDIA-Nemotron-3-Nano-30B-A3B-BF16's config.json as quoted in
+# public code, e.g. several config fixtures found via the code search: hidden 2688, 52 layers
+# "MEMEM*EMEMEM*...", 128 relu2 experts of 1856, top 6, routed scale 2.5, one group, a
+# shared expert of 3712, GQA 32/2 of 128, Mamba-2 64 heads of 64, state 128, 8 groups).
+NEMOTRON_3_NANO = ModelConfig(
+    architecture="nemotron_h", vocab_size=NEMOTRON_VOCAB, hidden_size=2688,
+    intermediate_size=1856, num_layers=52, num_heads=32, num_kv_heads=2, head_dim=128,
+    rms_norm_eps=1e-5, tie_word_embeddings=False, max_position_embeddings=262144,
+    layer_types=tuple({"M": "mamba", "*": "attention", "E": "moe"}[c] for c in
+                      "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME"),
+    mamba_num_heads=64, mamba_head_dim=64, mamba_state_size=128, mamba_num_groups=8,
+    mamba_conv_kernel=4, num_experts=128, num_experts_per_tok=6, moe_intermediate_size=1856,
+    shared_expert_intermediate_size=3712, norm_topk_prob=True, num_expert_groups=1,
+    num_topk_groups=1, routed_scaling_factor=2.5)
 QWEN3_5_27B = _qwen3_5("qwen3_5", 5120, 17408, 64, 24, 4, 48)
 QWEN3_6_35B_A3B = _qwen3_5("qwen3_5_moe", 2048, 0, 40, 16, 2, 32, num_experts=256,
                            num_experts_per_tok=8, moe_intermediate_size=512,
@@ -284,8 +306,19 @@ PRESETS = {
                           "layer)", eos=NEMOTRON_EOS, pad="<SPECIAL_0>"),
     "nemotron-h-8b": Preset(
         NEMOTRON_H_8B, "nemotron", "nemotron_h", "nemotron", "bf16",
-        _NEMOTRON_NOTES + "; Nemotron-H-8B shapes (check them against the published config), "
-                          "for benchmarks", eos=NEMOTRON_EOS, pad="<SPECIAL_0>"),
+        _NEMOTRON_NOTES + "; Nemotron-H-8B-Base-8K shapes (as its published config.json, "
+                          "quoted in public code), for benchmarks", eos=NEMOTRON_EOS,
+        pad="<SPECIAL_0>"),
+    "nemotron-3-nano-tiny": Preset(
+        dataclasses.replace(tiny_config(NEMOTRON_3_NANO), tie_word_embeddings=True),
+        "nemotron", "nemotron_h", "nemotron", "f32",
+        _NEMOTRON_NOTES + "; Nemotron 3 Nano at tiny size (a Mamba-2, an attention and a MoE "
+                          "layer: 8 relu2 experts, top 2, a shared expert)",
+        eos=NEMOTRON_EOS, pad="<SPECIAL_0>"),
+    "nemotron-3-nano-30b-a3b": Preset(
+        NEMOTRON_3_NANO, "nemotron", "nemotron_h", "nemotron", "bf16",
+        _NEMOTRON_NOTES + "; Nemotron 3 Nano 30B-A3B shapes, for benchmarks",
+        eos=NEMOTRON_EOS, pad="<SPECIAL_0>"),
     "llama3-8b": Preset(
         _dense("llama", LLAMA3_VOCAB, 4096, 14336, 32, 32, 8, 128, 500000.0, 1e-5, False, 8192),
         "llama3", "llama3", "hermes", "bf16",

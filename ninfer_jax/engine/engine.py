@@ -43,6 +43,7 @@ class Engine:
             raise ValueError(f"max_concurrency {config.max_concurrency} exceeds the runner's "
                              f"largest decode batch {runner.max_batch}")
         if (config.speculative is not None and getattr(runner, "state_slot_capacity", 0)
+                and getattr(runner, "needs_chained_rows", True)
                 and not getattr(runner, "chained_rows", False)):
             raise ValueError("speculative decoding on a hybrid model needs a runner whose "
                              "verify rows chain their state (JaxRunner(speculative=True))")

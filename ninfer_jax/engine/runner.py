@@ -6,8 +6,9 @@ compiled executables.
 Memory: the family's caches (`init_caches` / `cache_shapes` of steps.FAMILIES): per attention
 layer one (k, v) pair shaped by paged_attention.get_kv_cache_shape over `num_pages` pages;
 page DUMMY_PAGE (0) absorbs the writes of padding rows. Hybrid families add per Gated
-DeltaNet layer the conv and recurrent state of `state_slot_capacity + 1` slots (slot 0 the
-dummy, engine/state_slots.py), and their steps carry each unit's slot. Every step donates the
+DeltaNet (or Mamba-2) layer the conv and recurrent state of `state_slot_capacity + 1` slots
+(slot 0 the dummy, engine/state_slots.py), Gemma 4 per sliding layer a KV ring of each slot
+(sized by `step_tokens`), and their steps carry each unit's slot. Every step donates the
 caches and gets them back, so they are updated in place.
 Steps: one compiled body, `steps.ragged_step`: an optional prefill chunk plus a region of
 single-token rows (decode now, verify rows later). Its output, the tokens sampled after the
@@ -62,6 +63,12 @@ GPU_SMALLEST_CHUNK = 64
 # Shapes compiled at once after ready; each may hold a scratch copy of the largest weight
 # while XLA autotunes (serve/kv_sizing.compile_scratch_bytes leaves room for that).
 BACKGROUND_COMPILE_THREADS = 4
+
+
+def step_tokens_of(prefill_chunk: int, max_batch: int) -> int:
+    """The most tokens one sequence adds in one step: its largest chunk, or its verify rows
+    (at most every row of a step)."""
+    return max(prefill_chunk, max_batch)
 
 
 def default_dtype():
@@ -176,6 +183,9 @@ class JaxRunner:
         self.config = artifact.config
         self.page_size, self.num_pages, self.max_batch = page_size, num_pages, max_batch
         self.max_context = max_context
+        # Tokens one sequence adds in a step at most (a chunk, or its verify rows): Gemma's
+        # sliding rings are sized by it (model/gemma.py).
+        self.step_tokens = step_tokens_of(prefill_chunk, max_batch)
         self.dtype = dtype or default_dtype()
         self.kv_dtype = jnp.dtype(kv_dtype or self.dtype)
         kernels = use_kernels()
@@ -204,7 +214,9 @@ class JaxRunner:
         self._init_state_slots(state_slot_capacity)
         # Speculation on a hybrid family: verify rows of one sequence share its state slot
         # and chain (ragged_batch.chain_depths); dense families need nothing.
-        self.chained_rows = self.has_state and speculative
+        # (Gemma's sliding rings are position-addressed KV: its verify rows need no chain.)
+        self.needs_chained_rows = self.config.has_recurrent_state
+        self.chained_rows = self.needs_chained_rows and speculative
         if self.chained_rows and not self.config.is_hybrid:  # Mamba-2 states do not chain
             raise ValueError("speculative decoding on state models is built for Gated "
                              f"DeltaNet only, not for {self.config.architecture}")
@@ -358,6 +370,8 @@ class JaxRunner:
         slots = self.state_slot_capacity + 1 if self.has_state else 0  # + the dummy slot
         return dict(num_pages=self.num_pages, page_size=self.page_size, num_state_slots=slots,
                     **({"mtp_drafts": self.num_drafts} if self.num_drafts else {}),
+                    **({"step_tokens": self.step_tokens} if self.config.has_sliding_rings
+                       else {}),
                     dtype=self.dtype, kv_dtype=self.kv_dtype)
 
     @property
@@ -872,8 +886,8 @@ def _host_copy(out, zero):
 
 def copy_state_slot(kv, src, dst):
     """The caches with state slot `src` copied into `dst` in every state layer (the dict
-    entries, slot-major); attention layers' pages are untouched."""
-    return [{name: state.at[dst].set(state[src]) for name, state in layer.items()}
+    entries, slot-major: recurrent states, Gemma's sliding rings); paged layers untouched."""
+    return [jax.tree.map(lambda state: state.at[dst].set(state[src]), layer)
             if isinstance(layer, dict) else layer for layer in kv]
 
 

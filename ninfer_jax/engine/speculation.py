@@ -103,7 +103,7 @@ class SpeculativeConfig:
         if self.backend not in IMPLEMENTED:
             raise ValueError(f"--spec {self.backend} is not implemented yet (available: "
                              f"{', '.join(IMPLEMENTED)})")
-        if model_config.has_state and not model_config.is_hybrid:
+        if model_config.has_recurrent_state and not model_config.is_hybrid:
             raise ValueError(STATE_REFUSAL.format(architecture=model_config.architecture))
         if self.backend == "mtp" and not (model_config.is_hybrid
                                           and model_config.mtp_num_layers):

@@ -2,7 +2,9 @@
 
 A hybrid sequence's device state is its KV pages (attention layers) plus one state slot: the
 conv and recurrent state of every Gated DeltaNet layer, one row of each per-layer state array
-(model/config.py `state_shapes`). Slots are numbered 0..capacity. Slot DUMMY_STATE_SLOT (0)
+(model/config.py `state_shapes`); for Gemma 4 the slot holds its sliding layers' KV rings
+(model/gemma.py), which follow the same rules. Slots are numbered 0..capacity. Slot
+DUMMY_STATE_SLOT (0)
 belongs to nobody: padding rows and padding chunks read and write it, like DUMMY_PAGE, so it
 is never handed out. Unlike a page a slot is never shared: the state after token n is one
 value per sequence, not a function of a prefix that several sequences could hold.

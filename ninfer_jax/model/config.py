@@ -67,6 +67,10 @@ conv_dim = I + 2*G*N:
                   mamba_norm [I]  (gated RMSNorm in G groups)  out [I, H]
     "attention":  wq [H, NH*D]  wk [H, NK*D]  wv [H, NK*D]  wo [NH*D, H]   (no RoPE)
     "mlp":        w_up [H, F]  w_down [F, H]   (squared-ReLU, no gate)
+    "moe":        router [H, E]  router_bias [E] (f32, e_score_correction_bias)
+                  experts_up [E, H, I]  experts_down [E, I, H]   (squared-ReLU experts, no gate)
+                  shared_w_up [H, Is]  shared_w_down [Is, H]     (absent when Is == 0)
+                  routed by glm4_moe's grouped sigmoid router (model/moe_mlp.py)
 The MTP head is a separate artifact component (params["mtp"] when loaded):
     fc [2H, H]  pre_fc_norm_embedding [H]  pre_fc_norm_hidden [H]  norm [H]
     layers: list of mtp_num_layers dicts shaped like a "full_attention" layer (with its MLP)
@@ -81,7 +85,7 @@ ARCHITECTURES = ("llama", "qwen3", "qwen3_5", "qwen3_5_moe", "qwen3_next", "glm4
 HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 LAYER_TYPES = ("full_attention", "linear_attention")
 GEMMA_LAYER_TYPES = ("full_attention", "sliding_attention")
-NEMOTRON_LAYER_TYPES = ("mamba", "attention", "mlp")
+NEMOTRON_LAYER_TYPES = ("mamba", "attention", "mlp", "moe")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,17 +200,30 @@ class ModelConfig:
         return self.architecture == "nemotron_h"
 
     @property
-    def has_state(self) -> bool:
-        """Whether sequences carry recurrent state in state slots (engine/state_slots.py)."""
+    def has_recurrent_state(self) -> bool:
+        """Whether sequences carry a recurrent state (Gated DeltaNet, Mamba-2): one value
+        after each token, which verify rows must chain and KV pages cannot rebuild."""
         return self.is_hybrid or self.is_nemotron
+
+    @property
+    def has_sliding_rings(self) -> bool:
+        """Gemma 4 with sliding layers: their KV lives in per-sequence rings in the state
+        slots (model/gemma.py), not in the page pool."""
+        return self.is_gemma and "sliding_attention" in self.layer_types
+
+    @property
+    def has_state(self) -> bool:
+        """Whether sequences hold a state slot (engine/state_slots.py): a recurrent state,
+        or Gemma's sliding-window KV rings."""
+        return self.has_recurrent_state or self.has_sliding_rings
 
     def _check_nemotron(self) -> None:
         if self.layer_types is None or len(self.layer_types) != self.num_layers:
             raise ValueError("a nemotron_h config needs one layer_types entry per layer")
         if set(self.layer_types) - set(NEMOTRON_LAYER_TYPES):
             raise ValueError(f"nemotron_h layer_types must be among {NEMOTRON_LAYER_TYPES}")
-        if self.num_experts:
-            raise ValueError("nemotron_h MoE layers are not supported")
+        if ("moe" in self.layer_types) != (self.num_experts > 0):
+            raise ValueError("nemotron_h has routed experts exactly when it has moe layers")
         if self.mamba_num_heads % max(self.mamba_num_groups, 1):
             raise ValueError("mamba_num_heads must be a multiple of mamba_num_groups")
 
@@ -260,6 +277,17 @@ class ModelConfig:
             return [i for i, t in enumerate(self.layer_types) if t == "attention"]
         return [i for i in range(self.num_layers) if self.kv_source_layer(i) == i]
 
+    def ring_layers(self) -> list[int]:
+        """Cache layers whose KV is a sliding-window ring in the state slots (Gemma's
+        sliding layers that are not KV-shared); the other cache layers are paged."""
+        return [i for i in self.cache_layers() if self.is_sliding_layer(i)]
+
+    def ring_pages(self, page_size: int, step_tokens: int) -> int:
+        """Pages of one sliding layer's ring per sequence (model/gemma.py): room for the
+        window behind the earliest query of a step plus the step's `step_tokens` (at most)
+        of one sequence, so no key a query may see is overwritten before it attends."""
+        return -(-(self.sliding_window + step_tokens - 1) // page_size)
+
     def state_layers(self) -> list[int]:
         """Layers holding a recurrent state per sequence (Gated DeltaNet, Mamba-2)."""
         if self.is_hybrid:
@@ -269,6 +297,8 @@ class ModelConfig:
         return []
 
     def is_moe_layer(self, i: int) -> bool:
+        if self.is_nemotron:
+            return self.layer_types[i] == "moe"
         return self.num_experts > 0 and i not in self.mlp_only_layers
 
     @property
@@ -375,6 +405,13 @@ class ModelConfig:
                      "wo": (NH * D, H)}
         elif kind == "mlp":
             layer = {"w_up": (H, F), "w_down": (F, H)}
+        elif kind == "moe":
+            E, I, Is = (self.num_experts, self.moe_intermediate_size,
+                        self.shared_expert_intermediate_size)
+            layer = {"router": (H, E), "router_bias": (E,), "experts_up": (E, H, I),
+                     "experts_down": (E, I, H)}
+            if Is:
+                layer.update({"shared_w_up": (H, Is), "shared_w_down": (Is, H)})
         else:
             Hm, inner, conv = self.mamba_num_heads, self.mamba_num_heads * self.mamba_head_dim, \
                 self.mamba_conv_dim

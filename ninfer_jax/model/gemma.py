@@ -1,8 +1,10 @@
 """The Gemma 4 text family `gemma4` as pure steps over paged KV.
 
     ragged(params, kv, batch: RaggedBatch, prev_out) -> (logits[1 + B, V], kv)
-    prefill(params, kv, tokens[T], start, num_tokens, page_table[W]) -> (logits_last[V], kv)
-    decode(params, kv, tokens[B], positions[B], page_tables[B, W])   -> (logits[B, V], kv)
+    prefill(params, kv, tokens[T], start, num_tokens, page_table[W], state_slot)
+                                                     -> (logits_last[V], kv)
+    decode(params, kv, tokens[B], positions[B], page_tables[B, W], state_slots[B])
+                                                     -> (logits[B, V], kv)
 
 The contract of model/llama.py. What Gemma 4 adds (params: model/config.py):
 - layers interleave sliding-window attention (a query sees its last `sliding_window` keys,
@@ -21,11 +23,28 @@ The contract of model/llama.py. What Gemma 4 adds (params: model/config.py):
   earlier layer of its type (config.kv_source_layer), so `kv` holds one (k, v) pair per
   config.cache_layers() entry, each shaped for its layer's kv heads and head dim;
 - embeddings are scaled by sqrt(H), the LM head is tied, logits are soft-capped.
+
+Caches: the full layers' (k, v) are paged (paged_attention.cache_spec over the pool's pages,
+the sequence's page table), so they grow with the sequence. A sliding layer needs only its
+window, so its KV lives in a ring per state slot (engine/state_slots.py; every sequence holds
+one while resident, as the hybrids' recurrent state): {"k", "v"} each [S, R, NK, page, D]
+(or ScaledPages of that shape), R = config.ring_pages(page_size, step_tokens) pages, where
+step_tokens bounds the tokens one sequence adds in a step (the largest chunk, or its verify
+rows). Position p is stored at ring token p mod R*page: the view of the rings as pages
+[S*R, NK, page, D] with a synthesised table (logical page j -> slot*R + j mod R) is an
+ordinary paged cache for write_kv and the attention, and since R*page >= window + step_tokens
+- 1, every key a query of the step may see is still there when it attends (a position that
+overwrote it is more than the window ahead of every query); older keys alias newer ones but
+are masked by position. The ring follows the state-slot invariant (it holds what the
+sequence's first num_computed tokens left), so pause snapshots, prefix checkpoints and slot
+copies carry it like a recurrent state, and memory for sliding layers is O(window) per lane,
+whatever the context.
 Shape letters: N rows of a step, NH query heads, NK kv heads, D head dim, L layers, P
 per-layer input width, W page-table width.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -48,43 +67,50 @@ def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: Mod
     return ragged_batch.sampled_logits(x, batch, lambda rows: _logits(params, rows, config)), kv
 
 
-def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
-            page_size: int):
-    """One chunk of one sequence (see llama.prefill): logits of the last real token."""
-    batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
+def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, *,
+            config: ModelConfig, page_size: int):
+    """One chunk of one sequence (see llama.prefill) on state slot `state_slot` (int32 [],
+    its sliding rings): logits of the last real token."""
+    batch = dataclasses.replace(ragged_batch.chunk_only(tokens, start, num_tokens, page_table),
+                                chunk_state_slot=state_slot,
+                                row_state_slots=jnp.zeros(0, jnp.int32))
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
-def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, page_size: int):
-    """One new token per row (see llama.decode): f32 logits [B, V] and the caches."""
-    batch = ragged_batch.rows_only(tokens, positions, page_tables)
+def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
+           config: ModelConfig, page_size: int):
+    """One new token per row (see llama.decode), row i's rings in state_slots[i] (padding
+    rows: slot 0): f32 logits [B, V] and the caches."""
+    batch = dataclasses.replace(ragged_batch.rows_only(tokens, positions, page_tables),
+                                chunk_state_slot=jnp.int32(ragged_batch.DUMMY_STATE_SLOT),
+                                row_state_slots=state_slots)
     x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size)
     return _logits(params, x, config), kv
 
 
 def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
     """The decoder over the step's rows `tokens`; returns the final residual [N, H]."""
-    attend = functools.partial(
-        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
-        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
-        row_lengths=batch.row_positions + 1, scale=1.0,
-        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch))
     positions = ragged_batch.step_positions(batch)
     ropes = {kind: rope_tables(positions, inv_freq)
              for kind, inv_freq in _inverse_frequencies(config).items()}
-    slots = ragged_batch.step_slots(batch, page_size)
+    caches = dict(zip(config.cache_layers(), kv))
+    rings = config.ring_layers()
+    paged = _addressing(batch, page_size, window=None)
+    if rings:
+        ring_pages = jax.tree.leaves(caches[rings[0]])[0].shape[1]
+        ringed = _addressing(_ring_batch(batch, ring_pages), page_size,
+                             window=config.sliding_window)
+        caches.update({i: _ring_view(caches[i]) for i in rings})
     x = embed(params["embed"], tokens)
     x = x * jnp.asarray(config.hidden_size ** 0.5, x.dtype)
     per_layer = _per_layer_inputs(params, tokens, x, config)
-    caches = dict(zip(config.cache_layers(), kv))
     for i, layer in enumerate(params["layers"]):
         kind = config.layer_types[i]
-        window = config.sliding_window if config.is_sliding_layer(i) else None
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         source = config.kv_source_layer(i)
-        attn_out, cache = _attention(h, layer, caches[source], ropes[kind], slots,
-                                     functools.partial(attend, window=window),
+        slots, attend = ringed if source in rings else paged
+        attn_out, cache = _attention(h, layer, caches[source], ropes[kind], slots, attend,
                                      writes=source == i, config=config, index=i)
         caches[source] = cache
         x = x + rms_norm(attn_out, layer["post_attn_norm"], config.rms_norm_eps)
@@ -93,7 +119,44 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
         if per_layer is not None:
             x = x + _per_layer_block(x, layer, per_layer[:, i], config)
         x = x * layer["layer_scalar"].astype(x.dtype)
+    caches.update({i: _ring_of(caches[i], ring_pages) for i in rings})
     return x, [caches[i] for i in config.cache_layers()]
+
+
+def _addressing(batch, page_size: int, *, window: int | None):
+    """(flat write slots [N], the attention over a cache) for the step's tables in `batch`."""
+    attend = functools.partial(
+        ragged_attention.ragged_paged_attention, chunk_table=batch.chunk_table,
+        chunk_start=batch.chunk_start, row_tables=batch.row_tables,
+        row_lengths=batch.row_positions + 1, scale=1.0,
+        num_chunk_tokens=ragged_batch.num_chunk_tokens(batch), window=window)
+    return ragged_batch.step_slots(batch, page_size), attend
+
+
+def _ring_batch(batch, ring_pages: int):
+    """`batch` with each sequence's table replaced by its ring's: logical page j of the
+    sequence in slot s is page s*R + j mod R of the ring view (padding: slot 0's ring)."""
+    if batch.row_state_slots is None or (ragged_batch.num_chunk_tokens(batch)
+                                         and batch.chunk_state_slot is None):
+        raise ValueError("gemma4's sliding layers need the batch's state slots")
+    logical = jnp.arange(batch.chunk_table.shape[0], dtype=jnp.int32) % ring_pages
+    chunk_slot = (batch.chunk_state_slot if batch.chunk_state_slot is not None
+                  else ragged_batch.DUMMY_STATE_SLOT)
+    rows = jnp.asarray(batch.row_state_slots, jnp.int32)
+    return dataclasses.replace(batch, chunk_table=chunk_slot * ring_pages + logical,
+                               row_tables=rows[:, None] * ring_pages + logical[None])
+
+
+def _ring_view(ring):
+    """A layer's rings {"k", "v"} [S, R, ...] as one (k, v) paged cache [S*R, ...]."""
+    return tuple(jax.tree.map(lambda a: a.reshape(-1, *a.shape[2:]), ring[name])
+                 for name in ("k", "v"))
+
+
+def _ring_of(view, ring_pages: int):
+    """Inverse of _ring_view."""
+    return {name: jax.tree.map(lambda a: a.reshape(-1, ring_pages, *a.shape[1:]), cache)
+            for name, cache in zip(("k", "v"), view)}
 
 
 def _inverse_frequencies(config: ModelConfig) -> dict[str, np.ndarray]:
@@ -170,15 +233,27 @@ def _logits(params, x, config: ModelConfig):
 
 
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                 dtype, kv_dtype):
-    """One (k, v) pair per cache layer (config.cache_layers()), each for its layer's kv heads
-    and head dim; no recurrent state."""
-    del num_state_slots, dtype
+                 dtype, kv_dtype, step_tokens: int = 0):
+    """Per cache layer (config.cache_layers()), for its kv heads and head dim: the paged
+    (k, v) of a full layer, the rings {"k", "v"} of a sliding one (see the module docstring;
+    `step_tokens` sizes them and is needed only with sliding layers)."""
+    del dtype
+    rings = config.ring_layers()
+    if rings and (num_state_slots < 1 or step_tokens < 1):
+        raise ValueError("gemma4's sliding layers need state slots and step_tokens >= 1")
+    ring_pages = config.ring_pages(page_size, step_tokens) if rings else 0
     specs = []
     for i in config.cache_layers():
-        spec = paged_attention.cache_spec(num_pages, page_size, config.layer_kv_heads(i),
-                                          config.layer_head_dim(i), kv_dtype)
-        specs.append((spec, spec))
+        NK, D = config.layer_kv_heads(i), config.layer_head_dim(i)
+        if i not in rings:
+            spec = paged_attention.cache_spec(num_pages, page_size, NK, D, kv_dtype)
+            specs.append((spec, spec))
+            continue
+        flat = paged_attention.cache_spec(num_state_slots * ring_pages, page_size, NK, D,
+                                          kv_dtype)
+        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
+            (num_state_slots, ring_pages, *s.shape[1:]), s.dtype), flat)
+        specs.append({"k": spec, "v": spec})
     return specs
 
 

@@ -57,7 +57,8 @@ def route(x, router, config: ModelConfig):
 
 
 def route_grouped_sigmoid(x, layer, config: ModelConfig):
-    """glm4_moe's router (see the module docstring): (int32 [N, k], f32 [N, k])."""
+    """glm4_moe's router (see the module docstring), also Nemotron 3's MoE layers'
+    (model/nemotron_h.py): (int32 [N, k], f32 [N, k])."""
     N, E, G = x.shape[0], config.num_experts, config.num_expert_groups
     logits = linear(x.astype(jnp.float32), layer["router"].astype(jnp.float32),
                     out_dtype=jnp.float32)

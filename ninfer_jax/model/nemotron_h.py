@@ -11,9 +11,13 @@ residual block x + mixer(rms_norm(x)), the mixer given by config.layer_types[i]:
   "attention"  GQA attention over the paged KV, without any positional encoding (the Mamba
                layers carry position), scaled by D^-0.5
   "mlp"        up, squared ReLU, down (no gate)
+  "moe"        Nemotron 3's MoE: glm4_moe's grouped sigmoid router (correction bias, top-k
+               within the best groups, renormalised and scaled weights) over squared-ReLU
+               experts (kernels/moe, activation "relu2"), plus an ungated squared-ReLU
+               shared expert
 Norms are plain RMSNorms; the LM head is untied unless tie_word_embeddings.
 
-Caches: one entry per layer that has one, in layer order (MLP layers have none):
+Caches: one entry per layer that has one, in layer order (MLP and MoE layers have none):
     attention  (k, v), each shaped by paged_attention.cache_spec (kv_dtype)
     mamba      {"conv": [S, K-1, conv_dim] compute dtype, "recurrent": [S, Hm, P, N] f32}
 S state slots counting slot 0 (DUMMY_STATE_SLOT), which padding rows read and write.
@@ -26,11 +30,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels import paged_attention
+from ninfer_jax.kernels import moe, paged_attention
 from ninfer_jax.model import ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import embed, linear, rms_norm, tied_head
 from ninfer_jax.model.mamba2 import mamba2_mixer
+from ninfer_jax.model.moe_mlp import route_grouped_sigmoid
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
@@ -73,7 +78,7 @@ def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_sta
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
         "recurrent": jax.ShapeDtypeStruct((num_state_slots, *state["recurrent"]), jnp.float32)}
     return [(kv_spec, kv_spec) if kind == "attention" else dict(mamba_spec)
-            for kind in config.layer_types if kind != "mlp"]
+            for kind in config.layer_types if kind in ("attention", "mamba")]
 
 
 def init_caches(config: ModelConfig, **sizes):
@@ -95,7 +100,9 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
     for kind, layer in zip(config.layer_types, params["layers"]):
         h = rms_norm(x, layer["norm"], config.rms_norm_eps)
         if kind == "mlp":
-            mixed = linear(jnp.square(jax.nn.relu(linear(h, layer["w_up"]))), layer["w_down"])
+            mixed = _relu2_mlp(h, layer["w_up"], layer["w_down"])
+        elif kind == "moe":
+            mixed = _moe(h, layer, config)
         elif kind == "attention":
             mixed, cache = _attention(h, layer, next(caches), slots, attend, config)
             new_kv.append(cache)
@@ -104,6 +111,20 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int):
             new_kv.append(cache)
         x = x + mixed
     return x, new_kv
+
+
+def _relu2_mlp(h, w_up, w_down):
+    return linear(jnp.square(jax.nn.relu(linear(h, w_up))), w_down)
+
+
+def _moe(h, layer, config: ModelConfig):
+    """The routed squared-ReLU experts plus the shared expert of rows h [N, H]."""
+    expert_ids, expert_weights = route_grouped_sigmoid(h, layer, config)
+    out = moe.routed_experts(h, expert_ids, expert_weights.astype(h.dtype),
+                             layer["experts_up"], layer["experts_down"], activation="relu2")
+    if "shared_w_up" in layer:
+        out = out + _relu2_mlp(h, layer["shared_w_up"], layer["shared_w_down"])
+    return out
 
 
 def _attention(h, layer, cache, slots, attend, config: ModelConfig):

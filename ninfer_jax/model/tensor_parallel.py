@@ -161,8 +161,11 @@ def shardings(specs, mesh: Mesh):
 
 def cache_specs(cache_shapes, size: int):
     """PartitionSpecs of a family's cache list: KV pages (and their scales) on the kv-head
-    axis 1, GDN conv state on its channel axis 2, recurrent state on its head axis 1."""
+    axis 1, Gemma's sliding KV rings [S, R, K, ...] on axis 2, GDN conv state on its channel
+    axis 2, recurrent state on its head axis 1."""
     def layer(entry):
+        if isinstance(entry, dict) and "k" in entry:
+            return jax.tree.map(lambda _: P(None, None, AXIS), entry)
         if isinstance(entry, dict):
             return {"conv": P(None, None, AXIS), "recurrent": P(None, AXIS)}
         return jax.tree.map(lambda _: P(None, AXIS), entry)

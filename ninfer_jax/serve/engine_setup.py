@@ -72,7 +72,7 @@ def build_engine(config: ServeConfig):
     from ninfer_jax.artifact.format import load_artifact
     from ninfer_jax.engine.config import EngineConfig
     from ninfer_jax.engine.engine import Engine
-    from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for
+    from ninfer_jax.engine.runner import JaxRunner, default_dtype, kv_dtype_for, step_tokens_of
 
     started = time.perf_counter()
     mesh = tensor_parallel_mesh(config)
@@ -91,13 +91,15 @@ def build_engine(config: ServeConfig):
     read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
     kv_dtype = kv_dtype_for(config.kv_dtype)
-    artifact, kv_tokens = kv_sizing.resolve_pool(config, artifact, default_dtype(), kv_dtype,
-                                                 max_context=max_context, page_size=PAGE_SIZE,
-                                                 mesh=mesh)
+    speculative = check_speculation(config, artifact.config)
+    rows = runner_rows(config.max_concurrency, speculative)
+    artifact, kv_tokens = kv_sizing.resolve_pool(
+        config, artifact, default_dtype(), kv_dtype, max_context=max_context,
+        page_size=PAGE_SIZE, step_tokens=step_tokens_of(config.prefill_chunk, rows["max_batch"]),
+        mesh=mesh)
     engine_config = EngineConfig.from_serve_config(config, resolved_kv_tokens=kv_tokens)
     engine_config = dataclasses.replace(engine_config, max_context=max_context)
     log_state_slots(config, artifact.config)
-    speculative = check_speculation(config, artifact.config)
     runner = JaxRunner(artifact, num_pages=engine_config.num_pages(PAGE_SIZE),
                        page_size=PAGE_SIZE, max_context=max_context,
                        prefill_chunk=config.prefill_chunk, kv_dtype=kv_dtype,
@@ -107,7 +109,7 @@ def build_engine(config: ServeConfig):
                        expert_parallel=config.expert_parallel,
                        state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.has_state),
-                       **runner_rows(config.max_concurrency, speculative))
+                       **rows)
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     log.info("weights read (and the device runtime started) in %.1f s, placed on the device "
              "in %.1f s", read - started,

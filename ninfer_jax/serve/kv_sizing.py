@@ -13,7 +13,9 @@ the same bound, and never less than one context.
 
 Hybrid models: only their full-attention layers hold KV pages, and their state slots
 (--max-concurrency + --device-state-slots, plus the dummy slot) are allocated with the pool,
-so both bounds leave the slots' bytes out before sizing pages (`state_bytes_of`).
+so both bounds leave the slots' bytes out before sizing pages (`state_bytes_of`). Gemma 4 is
+sized the same way: its full layers hold pages, its sliding layers' KV rings are state slots
+(model/gemma.py), each of window + step tokens.
 
 The engine core calls `resolve_pool` (serve/engine_setup.py: `place_weights`, then
 `auto_kv_tokens_for`) before it builds the runner; only that process imports JAX (the two
@@ -48,21 +50,37 @@ class KvSizing:
 
 def attention_layers(model_config) -> int:
     """Layers with paged KV: all of a dense model's, a hybrid's (and Nemotron-H's) attention
-    ones, Gemma's layers that are not KV-shared."""
-    if model_config.is_gemma or model_config.is_nemotron:  # Gemma: KV-shared layers read
-        # another layer's pages; Nemotron-H: its MLP layers have no cache
+    ones, Gemma's full layers that are not KV-shared."""
+    if model_config.is_gemma:  # KV-shared layers read another layer's cache, sliding ones
+        # keep their KV in rings
+        return len(_paged_gemma_layers(model_config))
+    if model_config.is_nemotron:  # its MLP layers have no cache
         return len(model_config.cache_layers())
     if not model_config.is_hybrid:
         return model_config.num_layers
     return sum(kind == "full_attention" for kind in model_config.layer_types)
 
 
-def state_bytes_of(model_config, compute_dtype, num_slots: int) -> int:
+def _paged_gemma_layers(model_config) -> list[int]:
+    rings = set(model_config.ring_layers())
+    return [i for i in model_config.cache_layers() if i not in rings]
+
+
+def state_bytes_of(model_config, compute_dtype, num_slots: int, *, kv_dtype=None,
+                   page_size: int = 0, step_tokens: int = 0) -> int:
     """Device bytes of `num_slots` state slots: per Gated DeltaNet or Mamba-2 layer the conv
     state in the compute dtype and the recurrent state in float32 (model/config.py
-    state_shapes)."""
+    state_shapes); per Gemma sliding cache layer a KV ring of `kv_dtype` pages
+    (config.ring_pages(page_size, step_tokens), the runner's JaxRunner.step_tokens)."""
     if not model_config.has_state or num_slots == 0:
         return 0
+    if model_config.has_sliding_rings:
+        from ninfer_jax.kernels import paged_attention  # JAX: HTTP workers never get here
+
+        tokens = model_config.ring_pages(page_size, step_tokens) * page_size
+        return num_slots * tokens * sum(paged_attention.cache_bytes_per_token(
+            model_config.layer_kv_heads(i), model_config.layer_head_dim(i), kv_dtype)
+            for i in model_config.ring_layers())
     shapes = model_config.state_shapes()
     per_layer = (int(np.prod(shapes["conv"])) * np.dtype(compute_dtype).itemsize
                  + int(np.prod(shapes["recurrent"])) * 4)
@@ -83,10 +101,10 @@ def bytes_per_token_of(model_config, dtype, *, mtp: bool = False) -> int:
     `mtp`: the MTP head's layer too (--spec mtp keeps its KV in the same pages)."""
     from ninfer_jax.kernels import paged_attention  # JAX: the HTTP workers never import it
 
-    if model_config.is_gemma:  # per cache layer: full layers have their own heads and dims
+    if model_config.is_gemma:  # per paged layer: full layers have their own heads and dims
         return sum(paged_attention.cache_bytes_per_token(
             model_config.layer_kv_heads(i), model_config.layer_head_dim(i), dtype)
-            for i in model_config.cache_layers())
+            for i in _paged_gemma_layers(model_config))
     return (attention_layers(model_config) + int(mtp)) * paged_attention.cache_bytes_per_token(
         model_config.num_kv_heads, model_config.head_dim, dtype)
 
@@ -162,7 +180,7 @@ def default_kv_tokens(*, lanes: int, max_context: int, bound: int, page_size: in
 
 
 def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
-                 page_size: int, mesh=None):
+                 page_size: int, step_tokens: int = 0, mesh=None):
     """(artifact, pool tokens or None) for a ServeConfig. Measuring places the weights on the
     device first (the returned artifact holds them); None leaves the pool at one context.
     With a tensor-parallel `mesh` the weights are placed split over it and the pool is
@@ -175,7 +193,9 @@ def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
     artifact = place_weights(artifact, compute_dtype, mesh,
                              expert_parallel=config.expert_parallel)
     state_bytes = state_bytes_of(artifact.config, compute_dtype,
-                                 device_state_slots_of(config, artifact.config))
+                                 device_state_slots_of(config, artifact.config),
+                                 kv_dtype=kv_dtype, page_size=page_size,
+                                 step_tokens=step_tokens)
     size = 1 if mesh is None else mesh.size
     bound = auto_kv_tokens_for(artifact, kv_dtype, page_size=page_size,
                                max_context=max_context, state_bytes=state_bytes // size,

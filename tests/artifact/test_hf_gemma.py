@@ -103,8 +103,9 @@ def test_inspect_a_tiny_gemma_artifact(tmp_path):
                                        "--quiet"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     report = json.loads(CliRunner().invoke(main, ["inspect-artifact", str(out), "--json"]).output)
-    # f32 KV: the sliding layer 2 heads of 16, the full layer 1 head of 32
-    assert report["gemma"]["kv_bytes_per_token"] == (2 * 2 * 16 + 2 * 1 * 32) * 4
+    # f32 KV: the full layer's pages 1 head of 32, the sliding layer's ring 2 heads of 16
+    assert report["gemma"]["kv_bytes_per_token"] == 2 * 1 * 32 * 4
+    assert report["gemma"]["sliding_kv_bytes_per_token"] == 2 * 2 * 16 * 4
     text = CliRunner().invoke(main, ["inspect-artifact", str(out)]).output
     assert "1 sliding_attention (window 16), 1 full_attention" in text
     assert "full attn     1 kv heads of 32, keys as values, RoPE on 8 dims" in text

@@ -2,8 +2,9 @@
 rewritten in the published layout: `backbone.` tensor names, hybrid_override_pattern,
 attention_head_dim and the mamba_* config aliases): config fields, every leaf equal to its
 transformed HF tensor (the conv [C, 1, K] as [K, C]), the per-head vectors kept in f32 under
-bf16 storage, the <TOOLCALL> format detected from the template, MoE layers refused; and
-inspect-artifact's Nemotron lines (the nemotron-h-8b figures, a tiny int8 artifact)."""
+bf16 storage, the <TOOLCALL> format detected from the template; MoE layers (Nemotron 3) one
+tensor per expert or packed, latent MoE projections refused; and inspect-artifact's Nemotron
+lines (the nemotron-h-8b figures, a tiny int8 artifact)."""
 from __future__ import annotations
 
 import json
@@ -90,22 +91,81 @@ def test_bf16_storage_keeps_the_per_head_vectors_in_f32(checkpoint, tmp_path):
     assert mamba["in_proj"].dtype.name == "bfloat16"
 
 
-def test_moe_layers_are_refused(checkpoint, tmp_path):
-    directory, _ = checkpoint
-    broken = tmp_path / "moe"
-    broken.mkdir()
+MOE_PATTERN = "M*E-"
+NUM_EXPERTS = 4
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    """A MoE layer (Nemotron 3) as save_pretrained writes it: one tensor per expert."""
+    import torch
+    import transformers
+
+    torch.manual_seed(1)
+    model = transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+        vocab_size=264, hidden_size=32, hybrid_override_pattern=MOE_PATTERN,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+        mamba_num_heads=4, mamba_head_dim=6, ssm_state_size=10, n_groups=2, conv_kernel=3,
+        n_routed_experts=NUM_EXPERTS, num_experts_per_tok=2, moe_intermediate_size=12,
+        moe_shared_expert_intermediate_size=20, n_group=2, topk_group=1,
+        routed_scaling_factor=2.5, eos_token_id=262))
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.3)
+    directory = tmp_path_factory.mktemp("Nemotron-3-Tiny")
+    model.save_pretrained(directory)
+    write_tokenizer_files(directory, template=TEMPLATE)
+    state = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    return directory, state
+
+
+def copy_checkpoint(directory, into):
+    into.mkdir()
     for f in directory.iterdir():
-        (broken / f.name).write_bytes(f.read_bytes())
+        (into / f.name).write_bytes(f.read_bytes())
+    return into
+
+
+@pytest.mark.parametrize("layout", ["per_expert", "packed"])
+def test_moe_layers_convert_leaf_by_leaf(moe_checkpoint, tmp_path, layout):
+    directory, state = moe_checkpoint
+    p = "model.layers.2.mixer."
+    if layout == "packed":  # transformers' in-memory names: experts.up_proj [E, I, H]
+        directory = copy_checkpoint(directory, tmp_path / "packed")
+        for path in directory.glob("*.safetensors"):
+            path.unlink()
+        write_safetensors(directory / "model.safetensors", {
+            k: v for k, v in state.items()})
+    artifact = load_artifact(convert(directory, tmp_path / f"{layout}.ninfer"))
+    config, layer = artifact.config, artifact.params["layers"][2]
+    assert config.layer_types == ("mamba", "attention", "moe", "mlp")
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
+            config.shared_expert_intermediate_size, config.num_expert_groups,
+            config.num_topk_groups, config.routed_scaling_factor) == (4, 2, 12, 20, 2, 1, 2.5)
+    np.testing.assert_array_equal(layer["router"], state[p + "gate.weight"].T)
+    np.testing.assert_array_equal(layer["router_bias"], state[p + "gate.e_score_correction_bias"])
+    np.testing.assert_array_equal(layer["experts_up"],
+                                  np.swapaxes(state[p + "experts.up_proj"], 1, 2))
+    np.testing.assert_array_equal(layer["experts_down"],
+                                  np.swapaxes(state[p + "experts.down_proj"], 1, 2))
+    np.testing.assert_array_equal(layer["shared_w_down"],
+                                  state[p + "shared_experts.down_proj.weight"].T)
+    assert set(layer) == {"norm", "router", "router_bias", "experts_up", "experts_down",
+                          "shared_w_up", "shared_w_down"}
+
+
+def test_moe_latent_projections_are_refused(moe_checkpoint, tmp_path):
+    broken = copy_checkpoint(moe_checkpoint[0], tmp_path / "latent")
     hf = json.loads((broken / "config.json").read_text())
-    hf["hybrid_override_pattern"] = "M*EM"
+    hf["moe_latent_size"] = 8
     (broken / "config.json").write_text(json.dumps(hf))
-    with pytest.raises(Exception, match="MoE is not"):
-        convert(broken, tmp_path / "moe.ninfer")
+    with pytest.raises(Exception, match="moe_latent_size"):
+        convert(broken, tmp_path / "latent.ninfer")
 
 
 def test_nemotron_h_8b_state_and_kv_sizes():
     summary = nemotron_summary(PRESETS["nemotron-h-8b"].config, {"embed": "bf16"})
-    assert summary["layers"] == {"mamba": 24, "attention": 4, "mlp": 24}
+    assert summary["layers"] == {"mamba": 24, "attention": 4, "mlp": 24, "moe": 0}
     conv = 3 * (128 * 64 + 2 * 8 * 128) * 2  # K-1 taps of x|B|C, bf16
     ssm = 128 * 64 * 128 * 4
     assert summary["state_bytes_per_sequence"] == {"conv_per_layer": conv, "ssm_per_layer": ssm,
@@ -124,5 +184,5 @@ def test_inspect_a_tiny_int8_nemotron_artifact(tmp_path):
     assert rows["layers.0.A_log"]["dtype"] == "float32"
     assert report["nemotron"]["pattern"] == "M*-"
     text = CliRunner().invoke(main, ["inspect-artifact", str(out)]).output
-    assert "1 mamba, 1 attention, 1 mlp: M*-" in text
+    assert "1 mamba, 1 attention, 1 mlp, 0 moe: M*-" in text
     assert "mamba-2       4 heads of 16, 2 groups of state 16, conv 4 taps" in text

@@ -40,6 +40,8 @@ TURN_TOKENS = {"qwen3-tiny": _CHATML_TURNS, "qwen3-vl-tiny": _CHATML_TURNS,
                "gemma4-31b": ("<turn|>", "<bos>", 2),
                "nemotron-h-tiny": ("<SPECIAL_12>", None, 0),
                "nemotron-h-8b": ("<SPECIAL_12>", None, 0),
+               "nemotron-3-nano-tiny": ("<SPECIAL_12>", None, 0),
+               "nemotron-3-nano-30b-a3b": ("<SPECIAL_12>", None, 0),
                "llama3-8b": ("<|eot_id|>", "<|begin_of_text|>", 2)}
 # GLM MoE fields --tiny keeps.
 GLM_KEPT = ("partial_rotary_factor", "attention_bias", "mlp_only_layers", "num_expert_groups",
@@ -104,7 +106,10 @@ def test_tiny_keeps_everything_but_the_dimensions(tiny):
         assert config.layer_types == ("sliding_attention", "full_attention")
         assert config.global_head_dim == 32 and config.sliding_window <= full.sliding_window
     if full.is_nemotron:
-        assert config.layer_types == ("mamba", "attention", "mlp")
+        assert config.layer_types == ("mamba", "attention", "moe" if full.num_experts else "mlp")
+        kept = ("num_expert_groups", "num_topk_groups", "routed_scaling_factor",
+                "norm_topk_prob")
+        assert {f: getattr(config, f) for f in kept} == {f: getattr(full, f) for f in kept}
         assert config.mamba_conv_kernel == full.mamba_conv_kernel
 
 

@@ -126,15 +126,23 @@ def test_config_validates_ranges_and_backends():
 def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
     class Dense:
         has_state, is_hybrid, architecture, mtp_num_layers = False, False, "llama", 0
+        has_recurrent_state = False
 
     class Hybrid:
         has_state, is_hybrid, architecture, mtp_num_layers = True, True, "qwen3_5", 1
+        has_recurrent_state = True
 
     class Mamba:  # recurrent state the verify rows cannot chain
         has_state, is_hybrid, architecture, mtp_num_layers = True, False, "nemotron_h", 0
+        has_recurrent_state = True
+
+    class Gemma:  # state slots hold sliding KV rings: position-addressed, nothing to chain
+        has_state, is_hybrid, architecture, mtp_num_layers = True, False, "gemma4", 0
+        has_recurrent_state = False
 
     NGRAM.check_servable(Dense())
     NGRAM.check_servable(Hybrid())
+    NGRAM.check_servable(Gemma())
     for backend in ("dflash", "dflash2"):
         with pytest.raises(ValueError, match="not implemented yet"):
             SpeculativeConfig(backend, 3).check_servable(Dense())

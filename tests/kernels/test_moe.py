@@ -1,6 +1,7 @@
 """Routed MoE experts: the grouped (ragged_dot) and gathered paths against the dense per-expert
 loop, including experts that no token picks and a token count below the expert count; the
-Pallas kernels (kernel.py) the same way in interpret mode on CPU and natively on the GPU."""
+Pallas kernels (kernel.py) the same way in interpret mode on CPU and natively on the GPU;
+both activations: SwiGLU experts and Nemotron-H's gateless relu2 experts."""
 from __future__ import annotations
 
 import functools
@@ -25,23 +26,33 @@ def routing(rng, num_tokens, top_k, *, skip_experts=()):
     return jnp.asarray(ids, jnp.int32), jnp.asarray(weights, jnp.float32)
 
 
-def expert_weights(rng, hidden=HIDDEN, width=WIDTH, num_experts=NUM_EXPERTS, dtype=jnp.float32):
-    gate_up = rng.standard_normal((num_experts, hidden, 2 * width)) * hidden ** -0.5
+def expert_weights(rng, hidden=HIDDEN, width=WIDTH, num_experts=NUM_EXPERTS, dtype=jnp.float32,
+                   activation="swiglu"):
+    first = 2 * width if activation == "swiglu" else width
+    gate_up = rng.standard_normal((num_experts, hidden, first)) * hidden ** -0.5
     down = rng.standard_normal((num_experts, width, hidden)) * width ** -0.5
     return jnp.asarray(gate_up, dtype), jnp.asarray(down, dtype)
 
 
+# (tokens, k, activation): every SwiGLU shape, the gateless relu2 experts at a decode-sized
+# and a prefill-sized one
+SHAPES = [(1, 2, "swiglu"), (3, 2, "swiglu"), (37, 3, "swiglu"), (16, 1, "swiglu"),
+          (3, 2, "relu2"), (37, 3, "relu2")]
+
+
 @pytest.mark.parametrize("path", ["grouped_experts", "gathered_experts", "routed_experts"])
-@pytest.mark.parametrize("num_tokens,top_k", [(1, 2), (3, 2), (37, 3), (16, 1)])
-def test_paths_match_the_dense_expert_loop(path, num_tokens, top_k):
+@pytest.mark.parametrize("num_tokens,top_k,activation", SHAPES)
+def test_paths_match_the_dense_expert_loop(path, num_tokens, top_k, activation):
     rng = np.random.default_rng(num_tokens * 10 + top_k)
     x = jnp.asarray(rng.standard_normal((num_tokens, HIDDEN)), jnp.float32)
     ids, weights = routing(rng, num_tokens, top_k, skip_experts=(2, 5))
-    gate_up, down = expert_weights(rng)
+    gate_up, down = expert_weights(rng, activation=activation)
     fn = moe.routed_experts if path == "routed_experts" else getattr(reference, path)
+    fn = functools.partial(fn, activation=activation)
     with jax.default_matmul_precision("highest"):
         got = jax.jit(fn)(x, ids, weights, gate_up, down)
-        expected = reference.dense_experts(x, ids, weights, gate_up, down)
+        expected = reference.dense_experts(x, ids, weights, gate_up, down,
+                                           activation=activation)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5, rtol=1e-5)
 
 
@@ -63,22 +74,36 @@ def test_dense_loop_is_a_weighted_sum_of_swiglu_experts():
         np.testing.assert_allclose(got[n], expected, atol=1e-5, rtol=1e-5)
 
 
+def test_dense_loop_of_relu2_experts_squares_the_relu_of_one_product():
+    rng = np.random.default_rng(8)
+    x = jnp.asarray(rng.standard_normal((2, HIDDEN)), jnp.float32)
+    ids, weights = routing(rng, 2, 2)
+    up, down = expert_weights(rng, activation="relu2")
+    with jax.default_matmul_precision("highest"):
+        got = np.asarray(reference.dense_experts(x, ids, weights, up, down, activation="relu2"))
+    for n in range(2):
+        expected = sum(float(weights[n, j]) * (np.maximum(np.asarray(x[n]) @ np.asarray(
+            up[int(ids[n, j])]), 0) ** 2 @ np.asarray(down[int(ids[n, j])])) for j in range(2))
+        np.testing.assert_allclose(got[n], expected, atol=1e-5, rtol=1e-5)
+
+
 # Kernel shapes: Triton tiles are powers of two of at least 16.
 KERNEL_HIDDEN, KERNEL_WIDTH = 64, 32
 
 
 @cpu_only
 @pytest.mark.parametrize("path", ["gathered_experts", "grouped_experts"])
-@pytest.mark.parametrize("num_tokens,top_k", [(1, 2), (3, 2), (37, 3)])
-def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k):
+@pytest.mark.parametrize("num_tokens,top_k,activation", [s for s in SHAPES if s[1] > 1])
+def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k, activation):
     rng = np.random.default_rng(num_tokens * 10 + top_k)
     x = jnp.asarray(rng.standard_normal((num_tokens, KERNEL_HIDDEN)), jnp.float32)
     ids, weights = routing(rng, num_tokens, top_k, skip_experts=(2, 5))
-    gate_up, down = expert_weights(rng, KERNEL_HIDDEN, KERNEL_WIDTH)
-    fn = functools.partial(getattr(kernel, path), interpret=True)
+    gate_up, down = expert_weights(rng, KERNEL_HIDDEN, KERNEL_WIDTH, activation=activation)
+    fn = functools.partial(getattr(kernel, path), activation=activation, interpret=True)
     with jax.default_matmul_precision("highest"):
         got = jax.jit(fn)(x, ids, weights, gate_up, down)
-        expected = reference.dense_experts(x, ids, weights, gate_up, down)
+        expected = reference.dense_experts(x, ids, weights, gate_up, down,
+                                           activation=activation)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
@@ -120,18 +145,35 @@ def test_kernels_lower_for_cuda_at_the_35b_a3b_shape(num_tokens):
     assert "ragged" not in text  # neither ragged_dot nor its dense expansion
 
 
+@pytest.mark.parametrize("num_tokens", [1, 64])
+def test_relu2_kernels_lower_for_cuda_at_the_nemotron_3_nano_shape(num_tokens):
+    """Hidden 2688, 128 experts of 1856, top 6: both paths tile (no reference fallback)."""
+    spec = jax.ShapeDtypeStruct
+    args = (spec((num_tokens, 2688), jnp.bfloat16), spec((num_tokens, 6), jnp.int32),
+            spec((num_tokens, 6), jnp.float32), spec((128, 2688, 1856), jnp.bfloat16),
+            spec((128, 1856, 2688), jnp.bfloat16))
+    text = lowers_for_cuda(functools.partial(kernel.routed_experts, activation="relu2"), *args)
+    names = (["ninfer_moe_expert_gemv"] if num_tokens * 6 < 128
+             else ["ninfer_moe_up_relu2", "ninfer_moe_down"])
+    assert all(name in text for name in names)
+    assert "ragged" not in text
+
+
 @needs_gpu
+@pytest.mark.parametrize("activation", ["swiglu", "relu2"])
 @pytest.mark.parametrize("num_tokens", [1, 2, 8, 64, 300])
-def test_kernels_on_the_gpu_match_the_dense_loop(num_tokens):
+def test_kernels_on_the_gpu_match_the_dense_loop(num_tokens, activation):
     rng = np.random.default_rng(num_tokens)
     num_experts, top_k = 64, 8
     x = jnp.asarray(rng.standard_normal((num_tokens, 512)), jnp.bfloat16)
     ids = jnp.asarray(np.stack([rng.choice(num_experts, top_k, replace=False)
                                 for _ in range(num_tokens)]), jnp.int32)
     weights = jnp.asarray(rng.uniform(0.1, 1.0, (num_tokens, top_k)), jnp.float32)
-    gate_up, down = expert_weights(rng, 512, 256, num_experts, jnp.bfloat16)
-    got = jax.jit(moe.routed_experts)(x, ids, weights, gate_up, down)
+    gate_up, down = expert_weights(rng, 512, 256, num_experts, jnp.bfloat16, activation)
+    got = jax.jit(functools.partial(moe.routed_experts, activation=activation))(
+        x, ids, weights, gate_up, down)
     with jax.default_matmul_precision("highest"):
         expected = reference.dense_experts(*(a.astype(jnp.float32) if a.dtype == jnp.bfloat16
-                                             else a for a in (x, ids, weights, gate_up, down)))
+                                             else a for a in (x, ids, weights, gate_up, down)),
+                                           activation=activation)
     assert relative_error(got, expected) < 1e-2

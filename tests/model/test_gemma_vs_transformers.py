@@ -8,9 +8,11 @@ final logit soft-capping, tied embeddings. The weights go through our converter
 (save_pretrained, then hf_convert / hf_gemma), so the tensor names are checked too. Checks:
   - a prompt in chunks at odd offsets (13, 17, a padded 7) through a shuffled page table, then
     16 decode steps beside a padding row (positions to 52: the window is passed many times
-    over): every logit row within 1e-4 of HF's full forward;
-  - a mixed ragged step (one sequence's chunk plus another's decode row);
-  - greedy decoding of 16 tokens from our own samples equals HF's generate.
+    over, and the sliding layers' rings of 6 pages, 24 positions, wrap twice): every logit
+    row within 1e-4 of HF's full forward;
+  - a mixed ragged step (one sequence's chunk plus another's decode row, each on its slot);
+  - greedy decoding of 16 tokens from our own samples equals HF's generate;
+  - the sliding layers' memory: rings sized by window and step, not by pages or context.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from ninfer_jax.model.ragged_batch import FROM_HOST, RaggedBatch
 PAGE_SIZE = 4
 WIDTH = 16  # pages per table: 64 positions
 NUM_PAGES = 1 + 2 * WIDTH
+SLOTS = (1, 2)  # sequence i's state slot (slot 0 is the dummy)
 CHUNK = 17
 PROMPT_LEN = 37  # chunks of 13, 17 and a padded 7
 NUM_DECODE = 16
@@ -93,24 +96,27 @@ def world(tmp_path_factory):
 
 def empty_kv(config):
     return gemma.init_caches(config, num_pages=NUM_PAGES, page_size=PAGE_SIZE,
-                             num_state_slots=0, dtype=jnp.float32, kv_dtype=jnp.float32)
+                             num_state_slots=len(SLOTS) + 1, dtype=jnp.float32,
+                             kv_dtype=jnp.float32, step_tokens=CHUNK)
 
 
-def decode_rows(decode, params, kv, token, position, table):
+def decode_rows(decode, params, kv, token, position, table, slot=SLOTS[0]):
     """One decode step of one sequence beside a padding row (one compiled shape)."""
     padding_table = np.full(WIDTH, DUMMY_PAGE, np.int32)
     logits, kv = decode(params, kv, np.array([token, 0], np.int32),
-                        np.array([position, 0], np.int32), np.stack([table, padding_table]))
+                        np.array([position, 0], np.int32), np.stack([table, padding_table]),
+                        np.array([slot, 0], np.int32))
     return logits[0], kv
 
 
-def prefill_prompt(prefill, params, kv, tokens, table, *, expected=None):
+def prefill_prompt(prefill, params, kv, tokens, table, slot=SLOTS[0], *, expected=None):
     """Chunks of 13, 17, 7 (padded to CHUNK); each chunk's last logits checked if asked."""
     start = 0
     for num in (13, 17, PROMPT_LEN - 30):
         chunk = np.zeros(CHUNK, np.int32)
         chunk[:num] = tokens[start:start + num]
-        logits, kv = prefill(params, kv, chunk, np.int32(start), np.int32(num), table)
+        logits, kv = prefill(params, kv, chunk, np.int32(start), np.int32(num), table,
+                             np.int32(slot))
         if expected is not None:
             np.testing.assert_allclose(np.asarray(logits), expected[start + num - 1],
                                        atol=TOLERANCE, rtol=0)
@@ -130,8 +136,26 @@ def test_config_reads_the_gemma_fields(world):
     assert "wv" not in params["layers"][2] and "wk" not in params["layers"][5]
     assert params["layers"][5]["w_gate"].shape == (48, 128)  # double-wide
     caches = empty_kv(config)
-    assert caches[2][0].shape == (NUM_PAGES, 1, PAGE_SIZE, 32)
-    assert caches[0][0].shape == (NUM_PAGES, 2, PAGE_SIZE, 16)
+    assert caches[2][0].shape == (NUM_PAGES, 1, PAGE_SIZE, 32)  # full: paged
+    assert config.ring_layers() == [0, 1, 3]
+    ring = config.ring_pages(PAGE_SIZE, CHUNK)
+    assert ring == 6  # (8 + 17 - 1) / 4
+    assert caches[0]["k"].shape == (len(SLOTS) + 1, ring, 2, PAGE_SIZE, 16)  # sliding: rings
+
+
+def test_sliding_layer_memory_does_not_grow_with_the_pool_or_context(world):
+    _, config, *_ = world
+    sizes = dict(page_size=PAGE_SIZE, num_state_slots=3, dtype=jnp.float32,
+                 kv_dtype=jnp.float32, step_tokens=CHUNK)
+    small = gemma.cache_shapes(config, num_pages=NUM_PAGES, **sizes)
+    large = gemma.cache_shapes(config, num_pages=64 * NUM_PAGES, **sizes)
+    for i, layer in enumerate(config.cache_layers()):
+        if layer in config.ring_layers():
+            assert small[i] == large[i]
+        else:
+            assert large[i][0].shape[0] == 64 * NUM_PAGES
+    with pytest.raises(ValueError, match="state slots"):
+        gemma.cache_shapes(config, num_pages=NUM_PAGES, **(sizes | {"num_state_slots": 0}))
 
 
 def test_chunked_prefill_then_decode_matches_transformers(world):
@@ -147,7 +171,8 @@ def test_chunked_prefill_then_decode_matches_transformers(world):
 
 def test_mixed_ragged_step_matches_transformers(world):
     _, config, params, tokens, expected, tables, steps = world
-    _, kv = prefill_prompt(steps["prefill"], params, empty_kv(config), tokens[1], tables[1])
+    _, kv = prefill_prompt(steps["prefill"], params, empty_kv(config), tokens[1], tables[1],
+                           SLOTS[1])
     # Sequence 0's first 13 tokens as the chunk, sequence 1's token 37 as a decode row.
     chunk = np.zeros(CHUNK, np.int32)
     chunk[:13] = tokens[0, :13]
@@ -157,7 +182,9 @@ def test_mixed_ragged_step_matches_transformers(world):
         row_tokens=jnp.asarray([tokens[1, PROMPT_LEN], 0], jnp.int32),
         row_src=jnp.full(2, FROM_HOST, jnp.int32),
         row_positions=jnp.asarray([PROMPT_LEN, 0], jnp.int32),
-        row_tables=jnp.asarray(np.stack([tables[1], np.full(WIDTH, DUMMY_PAGE, np.int32)])))
+        row_tables=jnp.asarray(np.stack([tables[1], np.full(WIDTH, DUMMY_PAGE, np.int32)])),
+        chunk_state_slot=jnp.int32(SLOTS[0]), row_state_slots=jnp.asarray([SLOTS[1], 0],
+                                                                           jnp.int32))
     logits, _ = steps["ragged"](params, kv, batch, None)
     np.testing.assert_allclose(np.asarray(logits[0]), expected[0][12], atol=TOLERANCE, rtol=0)
     np.testing.assert_allclose(np.asarray(logits[1]), expected[1][PROMPT_LEN],

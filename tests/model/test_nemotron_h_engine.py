@@ -1,6 +1,7 @@
-"""The real Nemotron-H model (model/nemotron_h.py, random weights in the nemotron-h-tiny shape)
-through the JaxRunner and the engine's scheduler: eight concurrent greedy streams equal each
-request alone; pauses under a small KV pool (restored from zero, from a state checkpoint or
+"""The real Nemotron-H model (model/nemotron_h.py, random weights in the nemotron-h-tiny shape,
+and the nemotron-3-nano-tiny one with a MoE layer) through the JaxRunner and the engine's
+scheduler: eight concurrent greedy streams equal each request alone; pauses under a small KV
+pool (restored from zero, from a state checkpoint or
 from a host snapshot of the Mamba-2 states) and a pool with fewer state slots than lanes leave
 the text unchanged. The Mamba-2 output
 projection is scaled up (STATE_GAIN) so that its state decides the tokens, as in
@@ -21,9 +22,8 @@ LANES, SLOTS = 8, 10
 STATE_GAIN = 16.0
 
 
-@pytest.fixture(scope="module")
-def runner():
-    config = dataclasses.replace(PRESETS["nemotron-h-tiny"].config, vocab_size=VOCAB,
+def make_runner(preset: str):
+    config = dataclasses.replace(PRESETS[preset].config, vocab_size=VOCAB,
                                  max_position_embeddings=CONTEXT)
     params = random_params(config, seed=3, dtype="f32")
     for layer, kind in zip(params["layers"], config.layer_types):
@@ -35,6 +35,24 @@ def runner():
                        step_shapes="essential")
     runner.warmup()
     return runner
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return make_runner("nemotron-h-tiny")
+
+
+def test_moe_layers_eight_concurrent_greedy_streams_equal_each_alone():
+    """Nemotron 3's MoE block (nemotron-3-nano-tiny: a Mamba-2, an attention and a MoE
+    layer): a step's rows share the routed experts' grouped product, yet each stream's text
+    is its own."""
+    runner = make_runner("nemotron-3-nano-tiny")
+    assert "moe" in runner.config.layer_types
+    prompts = [prompt(3 + 5 * i, salt=40 + i) for i in range(LANES)]
+    together, _ = generate(runner, prompts, reuse=False)
+    alone = [outputs(generate(runner, [p], lanes=1, reuse=False)[0])[0] for p in prompts]
+    assert outputs(together) == alone
+    assert len({tuple(ids) for ids in alone}) == LANES
 
 
 def test_eight_concurrent_greedy_streams_equal_each_alone(runner):

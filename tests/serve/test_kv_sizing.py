@@ -16,18 +16,25 @@ SMOLLM2 = dataclasses.make_dataclass(
             ("architecture", str, "llama")])(30, 3, 64)
 
 
-def test_gemma_bytes_per_token_sum_each_cache_layers_own_shape():
+def test_gemma_pages_hold_the_full_layers_and_state_slots_the_sliding_rings():
     import dataclasses as dc
 
     from ninfer_jax.artifact.presets import PRESETS
 
     config = PRESETS["gemma4-31b"].config  # 50 sliding: 16 kv heads of 256; 10 full: 4 of 512
-    assert kv_sizing.bytes_per_token_of(config, jnp.bfloat16) == (
-        50 * 2 * 16 * 256 + 10 * 2 * 4 * 512) * 2
+    assert kv_sizing.attention_layers(config) == 10
+    assert kv_sizing.bytes_per_token_of(config, jnp.bfloat16) == 10 * 2 * 4 * 512 * 2
+    # a ring per slot: window 1024 + a step of 2048 tokens - 1, in pages of 16: 192 pages
+    ring = kv_sizing.state_bytes_of(config, jnp.bfloat16, 3, kv_dtype=jnp.bfloat16,
+                                    page_size=16, step_tokens=2048)
+    assert ring == 3 * 192 * 16 * 50 * 2 * 16 * 256 * 2
     shared = dc.replace(config, num_kv_shared_layers=12)  # 10 sliding and 2 full read others'
-    assert kv_sizing.attention_layers(shared) == 48
-    assert kv_sizing.bytes_per_token_of(shared, jnp.bfloat16) == (
-        40 * 2 * 16 * 256 + 8 * 2 * 4 * 512) * 2
+    assert kv_sizing.attention_layers(shared) == 8
+    assert kv_sizing.bytes_per_token_of(shared, jnp.bfloat16) == 8 * 2 * 4 * 512 * 2
+    assert kv_sizing.state_bytes_of(shared, jnp.bfloat16, 3, kv_dtype=jnp.bfloat16,
+                                    page_size=16, step_tokens=2048) == ring * 40 // 50
+    serve = ServeConfig(artifact="x", max_concurrency=2, device_state_slots=0)
+    assert kv_sizing.device_state_slots_of(serve, config) == 3  # 2 lanes + the dummy
 
 
 def test_nemotron_pools_count_attention_layers_and_state_bytes_per_mamba_layer():

@@ -14,16 +14,18 @@ from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.kernels.moe import reference
 
 
-def routed_experts(x, expert_ids, expert_weights, gate_up, down):
-    """x [N, H], expert_ids int32 [N, k], expert_weights [N, k], gate_up [E, H, 2I],
-    down [E, I, H] -> [N, H] in x's dtype."""
+def routed_experts(x, expert_ids, expert_weights, gate_up, down, *,
+                   activation: str = "swiglu"):
+    """x [N, H], expert_ids int32 [N, k], expert_weights [N, k], gate_up [E, H, 2I] (or
+    [E, H, I] for "relu2"), down [E, I, H] -> [N, H] in x's dtype."""
     if use_kernels():
         from ninfer_jax.kernels.moe import kernel
 
-        out = kernel.routed_experts(x, expert_ids, expert_weights, gate_up, down)
+        out = kernel.routed_experts(x, expert_ids, expert_weights, gate_up, down,
+                                    activation=activation)
         if out is not None:
             return out
     num_assignments = expert_ids.shape[0] * expert_ids.shape[1]
-    if num_assignments < gate_up.shape[0]:
-        return reference.gathered_experts(x, expert_ids, expert_weights, gate_up, down)
-    return reference.grouped_experts(x, expert_ids, expert_weights, gate_up, down)
+    path = (reference.gathered_experts if num_assignments < gate_up.shape[0]
+            else reference.grouped_experts)
+    return path(x, expert_ids, expert_weights, gate_up, down, activation=activation)

@@ -18,6 +18,9 @@ interpret mode on CPU. Two paths, picked while tracing from the static shapes:
                 rows of x, multiplies on the tensor cores and applies SwiGLU in registers; the
                 down kernel reads those tiles as they are. Tiles past the routing's need run
                 no loop iterations. XLA gathers each assignment's row back and combines.
+Experts without a gate (activation "relu2", Nemotron-H) take the same paths: the GEMV's
+first product is the up columns only, and the grouped path's first kernel (_up_relu2_kernel)
+accumulates one product and squares its ReLU in registers.
 Layout of the grouped path: padded row of sorted assignment p of expert e =
 tile_start[e] * block_m + (p - start[e]); `position[a]` is that row for assignment a.
 Shape letters: N tokens, k experts per token, A = N*k assignments, E experts, H hidden,
@@ -33,17 +36,20 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from ninfer_jax.kernels.moe.reference import _swiglu
+from ninfer_jax.kernels.moe.reference import activate
 from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
                                            grouped_tiles)
 
 
-def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret: bool = False):
-    """x [N, H], expert_ids int32 [N, k], expert_weights [N, k], gate_up [E, H, 2I],
-    down [E, I, H] -> [N, H] in x's dtype; None when the shapes do not tile."""
+def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, activation: str = "swiglu",
+                   interpret: bool = False):
+    """x [N, H], expert_ids int32 [N, k], expert_weights [N, k], gate_up [E, H, 2I] (or
+    [E, H, I] for "relu2"), down [E, I, H] -> [N, H] in x's dtype; None when the shapes do
+    not tile."""
     num_assignments = expert_ids.shape[0] * expert_ids.shape[1]
     path = gathered_experts if num_assignments < gate_up.shape[0] else grouped_experts
-    return path(x, expert_ids, expert_weights, gate_up, down, interpret=interpret)
+    return path(x, expert_ids, expert_weights, gate_up, down, activation=activation,
+                interpret=interpret)
 
 
 def _combine(per_assignment, expert_weights, dtype):
@@ -55,18 +61,20 @@ def _combine(per_assignment, expert_weights, dtype):
 
 # ---------------------------------------------------------------------------- expert GEMV
 
-def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=False):
+def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation="swiglu",
+                     interpret=False):
     """The decode path: each assignment's row times its expert's weights, read in place."""
     N, top_k = expert_ids.shape
-    A, (_, H, two_i) = N * top_k, gate_up.shape
-    up_tiles = gemv_tiles(assignments=A, k=H, n=two_i)
-    down_tiles = gemv_tiles(assignments=A, k=two_i // 2, n=H)
+    A, (_, H, first) = N * top_k, gate_up.shape
+    width = down.shape[1]
+    up_tiles = gemv_tiles(assignments=A, k=H, n=first)
+    down_tiles = gemv_tiles(assignments=A, k=width, n=H)
     if up_tiles is None or down_tiles is None:
         return None
     ids = expert_ids.reshape(A).astype(jnp.int32)
     hidden = _expert_gemv(x, ids, gate_up, rows_per_input=top_k, tiles=up_tiles,
-                          interpret=interpret)  # [A, 2I]
-    act = _swiglu(hidden).astype(x.dtype)
+                          interpret=interpret)  # [A, 2I] or [A, I]
+    act = activate(hidden, activation).astype(x.dtype)
     out = _expert_gemv(act, ids, down, rows_per_input=1, tiles=down_tiles, interpret=interpret)
     return _combine(out, expert_weights, x.dtype)
 
@@ -114,18 +122,20 @@ def _expert_gemv(x, ids, w, *, rows_per_input: int, tiles: GemvTiles, interpret:
 
 # ---------------------------------------------------------------------------- grouped GEMM
 
-def grouped_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=False):
+def grouped_experts(x, expert_ids, expert_weights, gate_up, down, *, activation="swiglu",
+                    interpret=False):
     """The prefill path: a grouped matmul over expert-sorted tiles of assignments."""
     N, top_k = expert_ids.shape
-    E, H, two_i = gate_up.shape
-    tiles = grouped_tiles(assignments=N * top_k, experts=E, hidden=H, width=two_i // 2)
+    E, H, I = gate_up.shape[0], gate_up.shape[1], down.shape[1]
+    tiles = grouped_tiles(assignments=N * top_k, experts=E, hidden=H, width=I)
     if tiles is None:
         return None
+    first = {"swiglu": _gate_up_kernel, "relu2": _up_relu2_kernel}[activation]
     tile_info, row_tokens, position = _tile_plan(expert_ids, E, tiles)
-    act = _grouped_call(_gate_up_kernel, tile_info, (row_tokens, x), gate_up, tiles,
-                        width=two_i // 2, n=two_i // 2, block_n=tiles.block_n_gate_up,
+    act = _grouped_call(first, tile_info, (row_tokens, x), gate_up, tiles,
+                        width=I, n=I, block_n=tiles.block_n_gate_up,
                         out_dtype=x.dtype, interpret=interpret)  # [M, I]
-    out = _grouped_call(_down_kernel, tile_info, (act,), down, tiles, width=two_i // 2, n=H,
+    out = _grouped_call(_down_kernel, tile_info, (act,), down, tiles, width=I, n=H,
                         block_n=tiles.block_n_down, out_dtype=jnp.float32,
                         interpret=interpret)  # [M, H]
     return _combine(out[position], expert_weights, x.dtype)
@@ -178,6 +188,25 @@ def _gate_up_kernel(info_ref, token_ref, x_ref, w_ref, o_ref, *, width: int, blo
     zeros = jnp.zeros((block_m, block_n), jnp.float32)
     gate, up = lax.fori_loop(0, is_used * num_blocks, body, (zeros, zeros))
     o_ref[...] = (gate * jax.nn.sigmoid(gate) * up).astype(o_ref.dtype)
+
+
+def _up_relu2_kernel(info_ref, token_ref, x_ref, w_ref, o_ref, *, width: int, block_k: int,
+                     num_blocks: int):
+    """One (tile, column block) program of gateless experts: relu(rows of x times the
+    expert's up columns)^2; o_ref [bm, bn]."""
+    del width
+    expert, is_used = info_ref[0], info_ref[1]
+    block_m, block_n = o_ref.shape
+    col = pl.multiple_of(pl.program_id(1) * block_n, block_n)
+    tokens = token_ref[...]  # [bm]
+
+    def body(i, acc):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        rows = x_ref[tokens, pl.ds(k0, block_k)]  # [bm, bk], gathered
+        return acc + pltriton.dot(rows, w_ref[expert, pl.ds(k0, block_k), pl.ds(col, block_n)])
+
+    up = lax.fori_loop(0, is_used * num_blocks, body, jnp.zeros((block_m, block_n), jnp.float32))
+    o_ref[...] = jnp.square(jnp.maximum(up, 0.0)).astype(o_ref.dtype)
 
 
 def _down_kernel(info_ref, act_ref, w_ref, o_ref, *, width: int, block_k: int,
