@@ -5,9 +5,10 @@ per-token scan, dispatched at trace time (kernels/dispatch.py).
   wy.py         the chunked prefill in WY form, matmul-shaped (blockwise triangular inverse),
                 bf16 operands for a bf16 model; any backend
   kernel.py     the same with the chunk-to-chunk walk as a Pallas (Triton) kernel
-On the GPU a prefill chunk takes GPU_PREFILL's path, the one switch between the two chunked
-forms ("kernel" once tests/kernels/test_gated_delta.py `-m gpu` has passed natively on the
-H200 and benchmarks/hybrid_bench.py has timed it; "wy" until then). NINFER_GDN_PREFILL
+On the GPU a prefill chunk takes GPU_PREFILL's path, the one switch: "reference" until the
+new forms have run natively (tests/kernels/test_gated_delta_chunked.py `-m gpu` on the H200,
+then benchmarks/hybrid_bench.py's gdn_prefill A/B: benchmarks/results/run35's script); no
+device was lent after they were written, and the reference is the measured path (run 16). NINFER_GDN_PREFILL
 (kernel | wy | reference) overrides it for A/B runs; NINFER_FORCE_REFERENCE and CPU backends
 run the reference. The one-token decode step is elementwise work plus [dk, dv] products per
 row, which XLA fuses: reference on every backend. Speculative verify rows chained along a
@@ -21,7 +22,7 @@ from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.gated_delta import kernel, reference, wy
 from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE  # noqa: F401
 
-GPU_PREFILL = "wy"
+GPU_PREFILL = "reference"
 PREFILL_ENV = "NINFER_GDN_PREFILL"
 PREFILL_PATHS = ("kernel", "wy", "reference")
 
