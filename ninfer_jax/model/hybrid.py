@@ -133,6 +133,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     rotary_dim = int(config.head_dim * config.partial_rotary_factor)
     inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
     slots = ragged_batch.step_slots(batch, page_size)
+    live = ragged_batch.live_rows(slots, page_size)
     x = embed(params["embed"], tokens)
     deepstack = None
     if media is None:
@@ -151,7 +152,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
             mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
         x = x + mixed
         h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + (moe_mlp(h, layer, config, mesh) if config.is_moe_layer(i)
+        x = x + (moe_mlp(h, layer, config, mesh, live) if config.is_moe_layer(i)
                  else swiglu_mlp(h, layer, groups))
         if deepstack is not None and i < deepstack.shape[0]:
             x = x + deepstack[i].astype(x.dtype)

@@ -10,6 +10,12 @@ routed_scaling_factor, and the shared experts are added ungated.
 Leaves: see model/config.py (router, router_bias, experts_gate_up, experts_down, shared_*).
 Under expert parallelism the routed experts are experts_gate_up_ep / experts_down_ep, split by
 expert index over the tensor-parallel mesh (model/tensor_parallel.py, `expert_parallel`).
+
+Padding rows (`live` False: ragged_batch.live_rows) choose no experts of their own: they take
+the first live row's experts with zero combine weights, so a step loads exactly the experts
+its live rows picked (a lone decode row padded to two rows on the GPU would otherwise read
+about k more experts per layer) and the kernels skip their zero-weight assignments. Their
+routed output is zero; live rows are computed exactly as without them.
 """
 from __future__ import annotations
 
@@ -22,13 +28,16 @@ from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear, swiglu_mlp
 
 
-def moe_mlp(x, layer, config: ModelConfig, mesh=None):
+def moe_mlp(x, layer, config: ModelConfig, mesh=None, live=None):
     """x [N, H] -> [N, H]. `mesh`: the tensor-parallel mesh, needed when the layer's experts
-    are split by expert index (the `_ep` leaves)."""
+    are split by expert index (the `_ep` leaves). `live` bool [N] or None (all live): rows
+    that are real tokens; the others select no experts (see the module docstring)."""
     if config.is_glm:
         expert_ids, expert_weights = route_grouped_sigmoid(x, layer, config)
     else:
         expert_ids, expert_weights = route(x, layer["router"], config)
+    if live is not None:
+        expert_ids, expert_weights = without_padding_experts(expert_ids, expert_weights, live)
     if "experts_gate_up_ep" in layer:
         routed = tensor_parallel.expert_parallel(moe.routed_experts, mesh)
         experts = layer["experts_gate_up_ep"], layer["experts_down_ep"]
@@ -44,6 +53,14 @@ def moe_mlp(x, layer, config: ModelConfig, mesh=None):
             shared = (gate * shared.astype(jnp.float32)).astype(x.dtype)
         out = out + shared
     return out
+
+
+def without_padding_experts(expert_ids, expert_weights, live):
+    """Rows not `live` take the first live row's expert ids (row 0's when none is live) and
+    zero weights: the distinct experts of the step are the live rows' own."""
+    first = jnp.argmax(live)
+    ids = jnp.where(live[:, None], expert_ids, expert_ids[first][None, :])
+    return ids, jnp.where(live[:, None], expert_weights, jnp.zeros_like(expert_weights))
 
 
 def route(x, router, config: ModelConfig):

@@ -82,6 +82,28 @@ def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k)
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
+@cpu_only
+def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode():
+    """Padding rows (model/moe_mlp.py) and other devices' experts arrive with zero weights:
+    their programs read no weights (zero rows), and the result still equals the dense loop."""
+    rng = np.random.default_rng(11)
+    x = jnp.asarray(rng.standard_normal((3, KERNEL_HIDDEN)), jnp.float32)
+    ids, weights = routing(rng, 3, 2)
+    weights = weights.at[1].set(0.0).at[2, 0].set(0.0)
+    gate_up, down = expert_weights(rng, KERNEL_HIDDEN, KERNEL_WIDTH)
+    used = (weights.reshape(-1) != 0).astype(jnp.int32)
+    tiles = tuning.gemv_tiles(assignments=6, k=KERNEL_HIDDEN, n=2 * KERNEL_WIDTH)
+    with jax.default_matmul_precision("highest"):
+        rows = kernel._expert_gemv(x, ids.reshape(-1), used, gate_up, rows_per_input=2,
+                                   tiles=tiles, interpret=True)
+        got = jax.jit(functools.partial(kernel.gathered_experts, interpret=True))(
+            x, ids, weights, gate_up, down)
+        expected = reference.dense_experts(x, ids, weights, gate_up, down)
+    rows = np.asarray(rows)
+    assert np.all(rows[used == 0] == 0) and np.all(np.abs(rows[used == 1]).max(axis=1) > 0)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
+
+
 def test_tile_plan_gives_each_assignment_its_own_row_in_a_tile_of_its_expert():
     rng = np.random.default_rng(3)
     ids, _ = routing(rng, 37, 3, skip_experts=(2, 5))

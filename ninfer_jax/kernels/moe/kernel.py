@@ -12,6 +12,8 @@ interpret mode on CPU. Two paths, picked while tracing from the static shapes:
                 (assignment, column block, K split) streams its expert's weight tile with
                 float32 FMAs (no tensor cores: one row would leave them idle); XLA adds the
                 splits, applies SwiGLU between the two projections and the combine weights.
+                Assignments of combine weight zero (padding rows, model/moe_mlp.py; experts
+                of another device under expert parallelism) run no loop iterations.
   grouped GEMM  otherwise (prefill, large batches): assignments sorted by expert are laid
                 out in `num_tiles` tiles of block_m rows, each tile one expert's (its rows
                 past the expert's count are padding); the gate/up kernel gathers its tokens'
@@ -64,16 +66,21 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=
     if up_tiles is None or down_tiles is None:
         return None
     ids = expert_ids.reshape(A).astype(jnp.int32)
-    hidden = _expert_gemv(x, ids, gate_up, rows_per_input=top_k, tiles=up_tiles,
+    # Zero-weight assignments (padding rows, experts of another device) add nothing: their
+    # programs read no weights and write zeros.
+    used = (expert_weights.reshape(A) != 0).astype(jnp.int32)
+    hidden = _expert_gemv(x, ids, used, gate_up, rows_per_input=top_k, tiles=up_tiles,
                           interpret=interpret)  # [A, 2I]
     act = _swiglu(hidden).astype(x.dtype)
-    out = _expert_gemv(act, ids, down, rows_per_input=1, tiles=down_tiles, interpret=interpret)
+    out = _expert_gemv(act, ids, used, down, rows_per_input=1, tiles=down_tiles,
+                       interpret=interpret)
     return _combine(out, expert_weights, x.dtype)
 
 
-def _gemv_kernel(id_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,
+def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,
                  num_blocks: int):
-    """One (assignment, column block, K split) program: o_ref [bn] partial sums."""
+    """One (assignment, column block, K split) program: o_ref [bn] partial sums (zeros for an
+    unused assignment)."""
     assignment, column, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     expert = id_ref[0]
     row = assignment // rows_per_input
@@ -87,12 +94,14 @@ def _gemv_kernel(id_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: i
         w = w_ref[expert, pl.ds(k0, block_k), pl.ds(first_col, block_n)].astype(jnp.float32)
         return acc + xs[:, None] * w
 
-    acc = lax.fori_loop(0, num_blocks, body, jnp.zeros((block_k, block_n), jnp.float32))
+    acc = lax.fori_loop(0, used_ref[0] * num_blocks, body,
+                        jnp.zeros((block_k, block_n), jnp.float32))
     o_ref[...] = acc.sum(axis=0)
 
 
-def _expert_gemv(x, ids, w, *, rows_per_input: int, tiles: GemvTiles, interpret: bool):
-    """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 [A, n]."""
+def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, interpret: bool):
+    """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 [A, n]; rows
+    of assignments with used[a] == 0 are zeros."""
     A, (_, K, n) = ids.shape[0], w.shape
     bk, bn, NS = tiles.block_k, tiles.block_n, tiles.num_splits
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
@@ -101,14 +110,15 @@ def _expert_gemv(x, ids, w, *, rows_per_input: int, tiles: GemvTiles, interpret:
     partial = pl.pallas_call(
         kernel,
         grid=(A, n // bn, NS),
-        in_specs=[pl.BlockSpec((1,), lambda a, j, s: (a,)), whole(x), whole(w)],
+        in_specs=[pl.BlockSpec((1,), lambda a, j, s: (a,)),
+                  pl.BlockSpec((1,), lambda a, j, s: (a,)), whole(x), whole(w)],
         out_specs=pl.BlockSpec((None, None, bn), lambda a, j, s: (s, a, j)),
         out_shape=jax.ShapeDtypeStruct((NS, A, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=tiles.num_warps,
                                                 num_stages=tiles.num_stages),
         interpret=interpret,
         name="ninfer_moe_expert_gemv",
-    )(ids, x, w)
+    )(ids, used, x, w)
     return partial.sum(axis=0)
 
 
