@@ -85,17 +85,22 @@ def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k)
 @cpu_only
 def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode():
     """Padding rows (model/moe_mlp.py) and other devices' experts arrive with zero weights:
-    their programs read no weights (zero rows), and the result still equals the dense loop."""
+    their programs read no weights (zero rows), and the result still equals the dense loop.
+    Shapes with several K splits in both GEMVs, so the down GEMV adds the gate/up splits
+    (and applies SwiGLU) itself."""
     rng = np.random.default_rng(11)
-    x = jnp.asarray(rng.standard_normal((3, KERNEL_HIDDEN)), jnp.float32)
+    hidden, width = 512, 256
+    x = jnp.asarray(rng.standard_normal((3, hidden)), jnp.float32)
     ids, weights = routing(rng, 3, 2)
     weights = weights.at[1].set(0.0).at[2, 0].set(0.0)
-    gate_up, down = expert_weights(rng, KERNEL_HIDDEN, KERNEL_WIDTH)
+    gate_up, down = expert_weights(rng, hidden, width)
     used = (weights.reshape(-1) != 0).astype(jnp.int32)
-    tiles = tuning.gemv_tiles(assignments=6, k=KERNEL_HIDDEN, n=2 * KERNEL_WIDTH)
+    up_tiles = tuning.gemv_tiles(assignments=6, k=hidden, n=2 * width)
+    down_tiles = tuning.gemv_tiles(assignments=6, k=width, n=hidden)
+    assert up_tiles.num_splits > 1 and down_tiles.num_splits > 1
     with jax.default_matmul_precision("highest"):
         rows = kernel._expert_gemv(x, ids.reshape(-1), used, gate_up, rows_per_input=2,
-                                   tiles=tiles, interpret=True)
+                                   tiles=up_tiles, interpret=True).sum(axis=0)
         got = jax.jit(functools.partial(kernel.gathered_experts, interpret=True))(
             x, ids, weights, gate_up, down)
         expected = reference.dense_experts(x, ids, weights, gate_up, down)

@@ -10,8 +10,9 @@ Lowering: Pallas' Triton backend (as kernels/paged_attention and quant_matmul), 
 interpret mode on CPU. Two paths, picked while tracing from the static shapes:
   expert GEMV   fewer (token, expert) assignments than experts (decode): one program per
                 (assignment, column block, K split) streams its expert's weight tile with
-                float32 FMAs (no tensor cores: one row would leave them idle); XLA adds the
-                splits, applies SwiGLU between the two projections and the combine weights.
+                float32 FMAs (no tensor cores: one row would leave them idle). The down
+                GEMV adds the gate/up GEMV's K splits and applies SwiGLU as it reads them;
+                one XLA fusion adds the down GEMV's splits with the combine weights.
                 Assignments of combine weight zero (padding rows, model/moe_mlp.py; experts
                 of another device under expert parallelism) run no loop iterations.
   grouped GEMM  otherwise (prefill, large batches): assignments sorted by expert are laid
@@ -35,7 +36,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from ninfer_jax.kernels.moe.reference import _swiglu
 from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
                                            grouped_tiles)
 
@@ -49,16 +49,22 @@ def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret: b
 
 
 def _combine(per_assignment, expert_weights, dtype):
-    """[A, H] float32 rows in (token, k) order -> [N, H], weighted by the router."""
+    """[A, H] float32 rows in (token, k) order -> [N, H], weighted by the router. A multiply
+    and a sum over k, which XLA fuses with what produced the rows (a dot would be a kernel
+    of its own)."""
     N, top_k = expert_weights.shape
     rows = per_assignment.reshape(N, top_k, -1)
-    return jnp.einsum("nkh,nk->nh", rows, expert_weights.astype(jnp.float32)).astype(dtype)
+    weighted = rows * expert_weights.astype(jnp.float32)[:, :, None]
+    return weighted.sum(axis=1).astype(dtype)
 
 
 # ---------------------------------------------------------------------------- expert GEMV
 
 def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=False):
-    """The decode path: each assignment's row times its expert's weights, read in place."""
+    """The decode path: each assignment's row times its expert's weights, read in place.
+    Three kernels: the gate/up GEMV (K-split partial sums), the down GEMV, which adds those
+    partial sums and applies SwiGLU itself as it reads its input, and one XLA fusion adding
+    the down GEMV's partial sums with the combine weights."""
     N, top_k = expert_ids.shape
     A, (_, H, two_i) = N * top_k, gate_up.shape
     up_tiles = gemv_tiles(assignments=A, k=H, n=two_i)
@@ -70,17 +76,18 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=
     # programs read no weights and write zeros.
     used = (expert_weights.reshape(A) != 0).astype(jnp.int32)
     hidden = _expert_gemv(x, ids, used, gate_up, rows_per_input=top_k, tiles=up_tiles,
-                          interpret=interpret)  # [A, 2I]
-    act = _swiglu(hidden).astype(x.dtype)
-    out = _expert_gemv(act, ids, used, down, rows_per_input=1, tiles=down_tiles,
-                       interpret=interpret)
-    return _combine(out, expert_weights, x.dtype)
+                          interpret=interpret)  # [NS, A, 2I] partial sums
+    out = _expert_gemv(hidden, ids, used, down, rows_per_input=1, tiles=down_tiles,
+                       swiglu_dtype=x.dtype, interpret=interpret)  # [NS', A, H]
+    return _combine(out.sum(axis=0), expert_weights, x.dtype)
 
 
 def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,
-                 num_blocks: int):
+                 num_blocks: int, swiglu_dtype):
     """One (assignment, column block, K split) program: o_ref [bn] partial sums (zeros for an
-    unused assignment)."""
+    unused assignment). With `swiglu_dtype`, x_ref holds the gate/up GEMV's partial sums
+    [NS, A, 2I]: the input row is SwiGLU of their sum, rounded to that dtype (as the
+    reference rounds the activation before the down product)."""
     assignment, column, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     expert = id_ref[0]
     row = assignment // rows_per_input
@@ -88,26 +95,40 @@ def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, 
     first_col = pl.multiple_of(column * block_n, block_n)
     first_k = split * (num_blocks * block_k)
 
+    def inputs(k0):
+        if swiglu_dtype is None:
+            return x_ref[row, pl.ds(k0, block_k)].astype(jnp.float32)
+        width = x_ref.shape[2] // 2
+        gate = x_ref[0, row, pl.ds(k0, block_k)]
+        up = x_ref[0, row, pl.ds(width + k0, block_k)]
+        for part in range(1, x_ref.shape[0]):
+            gate += x_ref[part, row, pl.ds(k0, block_k)]
+            up += x_ref[part, row, pl.ds(width + k0, block_k)]
+        act = gate * jax.nn.sigmoid(gate) * up
+        return act.astype(swiglu_dtype).astype(jnp.float32)
+
     def body(i, acc):
         k0 = pl.multiple_of(first_k + i * block_k, block_k)
-        xs = x_ref[row, pl.ds(k0, block_k)].astype(jnp.float32)
         w = w_ref[expert, pl.ds(k0, block_k), pl.ds(first_col, block_n)].astype(jnp.float32)
-        return acc + xs[:, None] * w
+        return acc + inputs(k0)[:, None] * w
 
     acc = lax.fori_loop(0, used_ref[0] * num_blocks, body,
                         jnp.zeros((block_k, block_n), jnp.float32))
     o_ref[...] = acc.sum(axis=0)
 
 
-def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, interpret: bool):
-    """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 [A, n]; rows
-    of assignments with used[a] == 0 are zeros."""
+def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, interpret: bool,
+                 swiglu_dtype=None):
+    """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 partial sums
+    [NS, A, n] (NS = tiles.num_splits, to be added); rows of assignments with used[a] == 0
+    are zeros. With `swiglu_dtype` x is a previous call's partial sums [NS', R, 2K] and the
+    row is SwiGLU of their sum (see _gemv_kernel)."""
     A, (_, K, n) = ids.shape[0], w.shape
     bk, bn, NS = tiles.block_k, tiles.block_n, tiles.num_splits
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     kernel = functools.partial(_gemv_kernel, rows_per_input=rows_per_input, block_k=bk,
-                               num_blocks=K // bk // NS)
-    partial = pl.pallas_call(
+                               num_blocks=K // bk // NS, swiglu_dtype=swiglu_dtype)
+    return pl.pallas_call(
         kernel,
         grid=(A, n // bn, NS),
         in_specs=[pl.BlockSpec((1,), lambda a, j, s: (a,)),
@@ -119,7 +140,6 @@ def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, inte
         interpret=interpret,
         name="ninfer_moe_expert_gemv",
     )(ids, used, x, w)
-    return partial.sum(axis=0)
 
 
 # ---------------------------------------------------------------------------- grouped GEMM
