@@ -1,6 +1,7 @@
 """Padding rows of a MoE step select no experts of their own (model/moe_mlp.py).
 
-On the tiny Qwen3.6-MoE and GLM-4.5 shapes (8 experts, top 2; random f32 weights), one live
+On the tiny Qwen3.6-MoE and GLM-4.5 shapes (8 experts, top 2; random f32 weights, fused as
+the runner fuses them on one device), one live
 decode row among three padding rows, as the runner pads a lone row on the GPU. Recorded at
 every MoE layer of the jitted step: the routers would have sent the padding rows to experts
 the live row did not pick, yet the distinct experts handed to the routed-experts product are
@@ -23,41 +24,34 @@ from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.kernels import moe
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
 from ninfer_jax.model import glm, hybrid, moe_mlp, ragged_batch
+from ninfer_jax.model.fused_projections import fuse_projections
 
 PAGE_SIZE, WIDTH, NUM_PAGES, NUM_SLOTS, VOCAB = 4, 4, 9, 3, 96
-PROMPT, ROWS, LIVE = 7, 4, 1  # the live row is row 1 of 4
+POSITION, ROWS, LIVE = 0, 4, 1  # the live row is row 1 of 4, its sequence's first token
 
 
 class Model:
     def __init__(self, preset: str):
         self.config = dataclasses.replace(PRESETS[preset].config, vocab_size=VOCAB)
         self.family = glm if self.config.is_glm else hybrid
-        self.params = jax.tree_util.tree_map(
-            jnp.asarray, random_params(self.config, seed=4, dtype="f32"))
+        params = random_params(self.config, seed=4, dtype="f32")
+        self.params = jax.tree_util.tree_map(  # as the runner holds them on one device
+            jnp.asarray, fuse_projections(params, self.config))
         self.table = np.arange(1, 1 + WIDTH, dtype=np.int32)
-        self.tokens = np.random.default_rng(2).integers(0, VOCAB, PROMPT + 1).astype(np.int32)
+        self.token = 17
 
     def caches(self):
         return self.family.init_caches(self.config, num_pages=NUM_PAGES, page_size=PAGE_SIZE,
                                        num_state_slots=NUM_SLOTS, dtype=jnp.float32,
                                        kv_dtype=jnp.float32)
 
-    def prefilled(self):
-        """Caches after the prompt (state slot 1 on hybrids), built with fresh jits."""
-        step = functools.partial(self.family.prefill, config=self.config, page_size=PAGE_SIZE)
-        args = [self.params, self.caches(), self.tokens[:PROMPT], np.int32(0),
-                np.int32(PROMPT), self.table]
-        if self.family is hybrid:
-            args.append(np.int32(1))
-        return jax.jit(step)(*args)[1]
-
     def decode(self, kv, num_rows: int, live_row: int):
-        """Logits of one decode step of `num_rows` rows, row `live_row` the sequence's next
-        token at position PROMPT, the others padding (dummy pages, dummy state slot)."""
+        """Logits of one decode step of `num_rows` rows, row `live_row` a sequence's token at
+        POSITION, the others padding (dummy pages, dummy state slot)."""
         tokens = np.zeros(num_rows, np.int32)
-        tokens[live_row] = self.tokens[PROMPT]
+        tokens[live_row] = self.token
         positions = np.zeros(num_rows, np.int32)
-        positions[live_row] = PROMPT
+        positions[live_row] = POSITION
         tables = np.full((num_rows, WIDTH), DUMMY_PAGE, np.int32)
         tables[live_row] = self.table
         args = [self.params, kv, tokens, positions, tables]
@@ -78,7 +72,7 @@ def recording(monkeypatch):
     """Record, per MoE layer call of the next traced step, the router's own choice and the
     (ids, weights) that reach moe.routed_experts."""
     routed, chosen = [], []
-    real_routed, real_route = moe.routed_experts, moe_mlp.route
+    real_routed, real_route = moe.routed_experts, moe_mlp.top_experts
     real_glm_route = moe_mlp.route_grouped_sigmoid
 
     def record(into, *arrays):
@@ -99,13 +93,13 @@ def recording(monkeypatch):
         return ids, weights
 
     monkeypatch.setattr(moe, "routed_experts", routed_experts)
-    monkeypatch.setattr(moe_mlp, "route", route)
+    monkeypatch.setattr(moe_mlp, "top_experts", route)
     monkeypatch.setattr(moe_mlp, "route_grouped_sigmoid", glm_route)
     return routed, chosen
 
 
 def test_padding_rows_load_only_the_live_rows_experts(model, monkeypatch):
-    kv = model.prefilled()
+    kv = model.caches()
     routed, chosen = recording(monkeypatch)
     model.decode(kv, ROWS, LIVE)
     num_moe_layers = sum(model.config.is_moe_layer(i) for i in range(model.config.num_layers))
@@ -121,7 +115,7 @@ def test_padding_rows_load_only_the_live_rows_experts(model, monkeypatch):
 
 
 def test_live_logits_are_unchanged_by_the_padding_rows(model, monkeypatch):
-    kv = model.prefilled()
+    kv = model.caches()
     masked = model.decode(kv, ROWS, LIVE)
     alone = model.decode(kv, 1, 0)
     np.testing.assert_allclose(masked[LIVE], alone[0], atol=1e-5, rtol=0)
