@@ -20,7 +20,8 @@ interpret mode on CPU. Two paths, picked while tracing from the static shapes:
                 past the expert's count are padding); the gate/up kernel gathers its tokens'
                 rows of x, multiplies on the tensor cores and applies SwiGLU in registers; the
                 down kernel reads those tiles as they are. Tiles past the routing's need run
-                no loop iterations. XLA gathers each assignment's row back and combines.
+                no loop iterations. Assignments of combine weight zero get no row in any
+                tile. XLA gathers each assignment's row back and combines.
 Layout of the grouped path: padded row of sorted assignment p of expert e =
 tile_start[e] * block_m + (p - start[e]); `position[a]` is that row for assignment a.
 Shape letters: N tokens, k experts per token, A = N*k assignments, E experts, H hidden,
@@ -151,7 +152,8 @@ def grouped_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=F
     tiles = grouped_tiles(assignments=N * top_k, experts=E, hidden=H, width=two_i // 2)
     if tiles is None:
         return None
-    tile_info, row_tokens, position = _tile_plan(expert_ids, E, tiles)
+    tile_info, row_tokens, position = _tile_plan(expert_ids, E, tiles,
+                                                 used=expert_weights != 0)
     act = _grouped_call(_gate_up_kernel, tile_info, (row_tokens, x), gate_up, tiles,
                         width=two_i // 2, n=two_i // 2, block_n=tiles.block_n_gate_up,
                         out_dtype=x.dtype, interpret=interpret)  # [M, I]
@@ -161,23 +163,29 @@ def grouped_experts(x, expert_ids, expert_weights, gate_up, down, *, interpret=F
     return _combine(out[position], expert_weights, x.dtype)
 
 
-def _tile_plan(expert_ids, num_experts: int, tiles: GroupedTiles):
+def _tile_plan(expert_ids, num_experts: int, tiles: GroupedTiles, used=None):
     """(tile_info int32 [T, 2]: expert and is-used per tile, row_tokens int32 [M]: the token
-    of each padded row (padding rows: token 0), position int32 [A]: each assignment's row)."""
+    of each padded row (padding rows: token 0), position int32 [A]: each assignment's row).
+    `used` bool [N, k] (None: all): assignments that are not (zero combine weight: padding
+    tokens, experts of another device) get no row in any tile, so they cost no tiles; their
+    position is row 0, whose output their zero weight drops."""
     top_k, bm, T = expert_ids.shape[1], tiles.block_m, tiles.num_tiles
     flat = expert_ids.reshape(-1).astype(jnp.int32)
+    if used is not None:  # unused ones sort last, as a group past the experts
+        flat = jnp.where(used.reshape(-1), flat, num_experts)
     A = flat.shape[0]
     order = jnp.argsort(flat, stable=True)  # sorted position p -> assignment
     sorted_experts = flat[order]
-    sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    sizes = jnp.bincount(flat, length=num_experts + 1).astype(jnp.int32)
     starts = jnp.cumsum(sizes) - sizes
-    tile_counts = (sizes + bm - 1) // bm
+    tile_counts = (sizes[:num_experts] + bm - 1) // bm
     tile_ends = jnp.cumsum(tile_counts)
-    tile_starts = tile_ends - tile_counts
+    tile_starts = jnp.append(tile_ends - tile_counts, 0)  # the unused group: no tiles
     rank = jnp.arange(A, dtype=jnp.int32) - starts[sorted_experts]
-    padded = tile_starts[sorted_experts] * bm + rank  # [A]: row of sorted position p
-    position = jnp.zeros(A, jnp.int32).at[order].set(padded)
-    row_tokens = jnp.zeros(T * bm, jnp.int32).at[padded].set(order // top_k)
+    assigned = sorted_experts < num_experts
+    padded = jnp.where(assigned, tile_starts[sorted_experts] * bm + rank, T * bm)
+    position = jnp.zeros(A, jnp.int32).at[order].set(jnp.where(assigned, padded, 0))
+    row_tokens = jnp.zeros(T * bm, jnp.int32).at[padded].set(order // top_k, mode="drop")
     tile = jnp.arange(T, dtype=jnp.int32)
     # compare_all: the default search is a loop, and each XLA loop iteration on a GPU is a
     # host round trip
