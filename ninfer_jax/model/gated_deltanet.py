@@ -119,11 +119,12 @@ def _chunk(mixed, g, beta, conv_weight, conv, recurrent, batch, config: ModelCon
 
 
 def _rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
-    """B independent one-token steps, row i on state slot slots[i]."""
+    """B independent one-token steps, row i on state slot slots[i]; padding rows (the dummy
+    slot) write no recurrent state (kernels/gated_delta.gated_delta_rows)."""
     conv_out, conv = causal_conv.rows_conv(mixed, conv_weight, conv, slots)
     q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
-    out, new_states = gated_delta.gated_delta_step(q, k, v, g, beta, recurrent[slots])
-    return out, conv, recurrent.at[slots].set(new_states)
+    out, recurrent = gated_delta.gated_delta_rows(q, k, v, g, beta, recurrent, slots)
+    return out, conv, recurrent
 
 
 def _chained_rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
