@@ -34,11 +34,14 @@ from ninfer_jax.model.gated_deltanet import gated_deltanet
 
 KERNEL_TILES = [(32, 4), (64, 4), (128, 4), (32, 8), (64, 8), (128, 8)]  # (block_v, warps)
 GDN_LEAVES = ("in_qkv", "in_z", "in_b", "in_a", "conv", "dt_bias", "A_log", "gdn_norm", "out")
+FUSED_INPUTS = "in_qkvzba"  # in_qkv | in_z | in_b | in_a on one device (fused_projections)
 
 
 def gdn_leaves(layer: dict) -> dict:
-    """The Gated DeltaNet part of a layer's params (its norms and MLP left out)."""
-    return {name: layer[name] for name in GDN_LEAVES}
+    """The Gated DeltaNet part of a layer's params (its norms and MLP left out), with the
+    runner's fused input projection when it has one."""
+    names = GDN_LEAVES if FUSED_INPUTS not in layer else (FUSED_INPUTS,) + GDN_LEAVES[4:]
+    return {name: layer[name] for name in names}
 
 
 def time_carried(fn, x, state, *rest, iters: int, reps: int) -> float:

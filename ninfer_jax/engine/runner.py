@@ -247,9 +247,9 @@ class JaxRunner:
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
             # 2; docs/benchmarks.md), so a lone row runs padded with a dummy row there.
             # Quantized projections keep one row: their one-row kernel is built for it. MoE
-            # models pad too, although the padding row reads its own top-k experts: one row
-            # measured slower still (35B-A3B shape, H200 runs 15-16: 4.88 ms per step with
-            # the padding row, 5.83 ms without).
+            # models pad too: a padding row selects no experts of its own (model/moe_mlp.py),
+            # and one row measured slower (35B-A3B shape, H200 runs 15-16: 4.88 ms per step
+            # with a padding row that still read its own experts, 5.83 ms without it).
             min_rows = 2 if kernels and not has_quantized_projections(self.params) else 1
         self.row_buckets = row_buckets(max_batch, min_rows)
         self.chunk_buckets = (chunk_buckets(prefill_chunk, growth=4, smallest=GPU_SMALLEST_CHUNK)

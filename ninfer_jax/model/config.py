@@ -36,6 +36,10 @@ zero-centred (applied as 1 + w). layer_types[i] says what layer i holds:
         router [H, E]  experts_gate_up [E, H, 2I] (gate columns first)  experts_down [E, I, H]
         shared_gate [H, 1]  shared_w_gate [H, Is]  shared_w_up [H, Is]  shared_w_down [Is, H]
         (the shared_* leaves are absent when shared_expert_intermediate_size == 0)
+    Fused layout on one device (model/fused_projections.py): wqkv (wq | wk | wv),
+    in_qkvzba [H, conv_dim + Hv*dv + 2*Hv] (in_qkv | in_z | in_b | in_a), w_gate_up,
+    shared_w_gate_up (shared_w_gate | shared_w_up), router_shared_gate [H, E + 1]
+    (router | shared_gate) in place of their parts; the model takes either.
 GLM MoE family `glm4_moe` (model/glm.py): the dense layer above with plain (not zero-centred)
 norms, q/k norms only when qk_norm, RoPE over the first D * partial_rotary_factor dims, and
     bq [NH*D]  bk [NK*D]  bv [NK*D]        when attention_bias

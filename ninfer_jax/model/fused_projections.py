@@ -1,4 +1,4 @@
-"""Fused projections: the dense families' q|k|v and gate|up weights joined at load time.
+"""Fused projections: q|k|v, gate|up and the other products of one input joined at load time.
 
 Projections that read the same input become one matrix, so a step runs one product for them
 and a decode GEMV streams one larger weight (H200, Qwen3-8B shape: the separate q, k and v
@@ -8,7 +8,18 @@ each layer of a `llama`/`qwen3` params tree (model/config.py) into
     wqkv       [H, (NH + 2*NK) * D]   wq | wk | wv     (joined along the output axis)
     w_gate_up  [H, 2F]                w_gate | w_up
 
-and model/llama.py and layers.swiglu_mlp split the product again. Under tensor parallelism
+and model/llama.py and layers.swiglu_mlp split the product again. The hybrid families
+(`qwen3_5`, `qwen3_5_moe`, `qwen3_next`; one device only, `groups` == 1) join more, since
+their narrow layers (hidden 2048 in the 35B-A3B) are many small products whose launches cost
+as much as their bytes in a decode step:
+
+    wqkv               [H, NH*D*(1|2) + 2*NK*D]   wq | wk | wv          (gated attention)
+    in_qkvzba          [H, conv_dim + 2*Hv + Hv*dv]  in_qkv | in_z | in_b | in_a  (DeltaNet)
+    w_gate_up          [H, 2F]                    w_gate | w_up         (dense MLP layers)
+    shared_w_gate_up   [H, 2Is]                   shared_w_gate | shared_w_up
+    router_shared_gate [H, E + 1]                 router | shared_gate  (f32 logits)
+
+model/hybrid.py, gated_deltanet.py and moe_mlp.py split them again. Under tensor parallelism
 (`groups` = the mesh size) the columns are ordered per shard instead, so a column split gives
 each device whole heads and its own slice of F (model/tensor_parallel.py); quantized leaves
 then stay unfused. Plain float weights always
@@ -17,8 +28,8 @@ whose every array runs along the output axis last: int8 and fp8 (codes [K, N], p
 scales [N]) and int4 (codes pack column pairs within one leaf, so [Kp, N/2] joins cleanly;
 group scales [Kp/128, N]). nvfp4 leaves carry one global scale each and stay separate, as do
 parts of mixed formats or row counts. GGUF block leaves (q8_0, q4_0, q4_1) hold one row of
-blocks per output column, so theirs join along the first axis. Already fused layers and hybrid families are returned
-unchanged.
+blocks per output column, so theirs join along the first axis. Already fused layers, and
+hybrid families under tensor parallelism, are returned unchanged.
 Memory: host (numpy) leaves are joined on the host, before steps.cast_params places the tree
 on the device, so the device never holds both layouts; device leaves are joined on their
 device, and the parts stay there as long as the caller keeps them.
@@ -34,8 +45,12 @@ from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.tensor_parallel import group_columns
 
 DENSE_ARCHITECTURES = ("llama", "qwen3")
+HYBRID_ARCHITECTURES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
 # fused leaf -> the leaves it replaces, in column order
 FUSED_LEAVES = {"wqkv": ("wq", "wk", "wv"), "w_gate_up": ("w_gate", "w_up")}
+HYBRID_FUSED_LEAVES = {**FUSED_LEAVES, "in_qkvzba": ("in_qkv", "in_z", "in_b", "in_a"),
+                       "shared_w_gate_up": ("shared_w_gate", "shared_w_up"),
+                       "router_shared_gate": ("router", "shared_gate")}
 # quantized formats whose arrays all join along their last (output) axis
 JOINABLE_FORMATS = ("int8", "fp8", "int4")
 
@@ -43,15 +58,21 @@ JOINABLE_FORMATS = ("int8", "fp8", "int4")
 def fuse_projections(params: dict, config: ModelConfig, groups: int = 1) -> dict:
     """`params` with each dense layer's fusable projection groups joined (module docstring);
     `groups` > 1 lays the columns out per tensor-parallel shard (model/tensor_parallel.py)."""
-    if config.architecture not in DENSE_ARCHITECTURES or "layers" not in params:
+    if "layers" not in params:
+        return params
+    if config.architecture in HYBRID_ARCHITECTURES and groups == 1:
+        return {**params, "layers": [fuse_layer(layer, 1, HYBRID_FUSED_LEAVES)
+                                     for layer in params["layers"]]}
+    if config.architecture not in DENSE_ARCHITECTURES:
         return params
     return {**params, "layers": [fuse_layer(layer, groups) for layer in params["layers"]]}
 
 
-def fuse_layer(layer: dict, groups: int = 1) -> dict:
-    """One layer's leaves with every group of FUSED_LEAVES that can be joined replaced."""
+def fuse_layer(layer: dict, groups: int = 1, groups_of_leaves: dict = FUSED_LEAVES) -> dict:
+    """One layer's leaves with every group of `groups_of_leaves` (fused leaf -> its parts)
+    that can be joined replaced."""
     layer = dict(layer)
-    for fused, parts in FUSED_LEAVES.items():
+    for fused, parts in groups_of_leaves.items():
         if not all(part in layer for part in parts):
             continue
         joined = join_columns([layer[part] for part in parts], groups)

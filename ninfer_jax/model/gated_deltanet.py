@@ -30,7 +30,7 @@ import jax.numpy as jnp
 from ninfer_jax.kernels import gated_delta
 from ninfer_jax.model import causal_conv, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.layers import linear
+from ninfer_jax.model.layers import linear, split_columns
 
 L2_EPS = 1e-6  # as the reference implementation's l2norm
 
@@ -44,11 +44,16 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
     N = h.shape[0]
     Hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
     grouped = "in_qkv_grouped" in layer
-    mixed = linear(h, layer["in_qkv_grouped" if grouped else "in_qkv"])  # [N, D_c]
+    if "in_qkvzba" in layer:  # one product for the four (model/fused_projections.py)
+        mixed, z, b, a = split_columns(linear(h, layer["in_qkvzba"]),
+                                       (config.linear_conv_dim, Hv * dv, Hv, Hv))
+    else:
+        mixed = linear(h, layer["in_qkv_grouped" if grouped else "in_qkv"])  # [N, D_c]
+        z, b, a = (linear(h, layer[name]) for name in ("in_z", "in_b", "in_a"))
     conv_weight = layer["conv_grouped" if grouped else "conv"]
-    beta = jax.nn.sigmoid(linear(h, layer["in_b"]).astype(jnp.float32))
+    beta = jax.nn.sigmoid(b.astype(jnp.float32))
     g = -jnp.exp(layer["A_log"].astype(jnp.float32)) * jax.nn.softplus(
-        linear(h, layer["in_a"]).astype(jnp.float32) + layer["dt_bias"].astype(jnp.float32))
+        a.astype(jnp.float32) + layer["dt_bias"].astype(jnp.float32))
     slots = {"chunk_state_slot": batch.chunk_state_slot, "chunk_start": batch.chunk_start,
              "chunk_len": batch.chunk_len, "row_state_slots": batch.row_state_slots}
     core_fn = functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
@@ -65,7 +70,7 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
                               config=local), mesh)
     core, *new_state = core_fn(mixed, g, beta, conv_weight, state["conv"],
                                state["recurrent"], slots)
-    z = linear(h, layer["in_z"]).reshape(N, Hv, dv)
+    z = z.reshape(N, Hv, dv)
     normed = gated_rms_norm(core, z, layer["gdn_norm"], config.rms_norm_eps).astype(h.dtype)
     names = ("conv", "recurrent", "row_conv", "row_recurrent")
     return linear(normed.reshape(N, Hv * dv), layer["out"]), dict(zip(names, new_state))
@@ -114,11 +119,12 @@ def _chunk(mixed, g, beta, conv_weight, conv, recurrent, batch, config: ModelCon
 
 
 def _rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
-    """B independent one-token steps, row i on state slot slots[i]."""
+    """B independent one-token steps, row i on state slot slots[i]; padding rows (the dummy
+    slot) write no recurrent state (kernels/gated_delta.gated_delta_rows)."""
     conv_out, conv = causal_conv.rows_conv(mixed, conv_weight, conv, slots)
     q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
-    out, new_states = gated_delta.gated_delta_step(q, k, v, g, beta, recurrent[slots])
-    return out, conv, recurrent.at[slots].set(new_states)
+    out, recurrent = gated_delta.gated_delta_rows(q, k, v, g, beta, recurrent, slots)
+    return out, conv, recurrent
 
 
 def _chained_rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):

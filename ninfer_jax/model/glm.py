@@ -61,6 +61,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
     rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
     slots = ragged_batch.step_slots(batch, page_size)
+    live = ragged_batch.live_rows(slots, page_size)
     x = embed(params["embed"], tokens)
     new_kv = []
     for i, (layer, cache) in enumerate(zip(params["layers"], kv)):
@@ -68,7 +69,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
         attn_out, cache = _attention(h, layer, cache, rope, slots, attend, config)
         x = x + attn_out
         h = rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + (moe_mlp(h, layer, config, mesh) if config.is_moe_layer(i)
+        x = x + (moe_mlp(h, layer, config, mesh, live) if config.is_moe_layer(i)
                  else swiglu_mlp(h, layer, groups))
         new_kv.append(cache)
     return x, new_kv

@@ -33,8 +33,8 @@ from ninfer_jax.model import multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
 from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, mrope_tables,
-                                     rope_inverse_frequencies, rope_tables, swiglu_mlp,
-                                     zero_centred_rms_norm)
+                                     rope_inverse_frequencies, rope_tables, split_columns,
+                                     swiglu_mlp, zero_centred_rms_norm)
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.vision.mrope import frequency_axes
 from ninfer_jax.model.moe_mlp import moe_mlp
@@ -133,6 +133,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     rotary_dim = int(config.head_dim * config.partial_rotary_factor)
     inv_freq = rope_inverse_frequencies(rotary_dim, config.rope_theta, config.rope_scaling)
     slots = ragged_batch.step_slots(batch, page_size)
+    live = ragged_batch.live_rows(slots, page_size)
     x = embed(params["embed"], tokens)
     deepstack = None
     if media is None:
@@ -151,7 +152,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
             mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
         x = x + mixed
         h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + (moe_mlp(h, layer, config, mesh) if config.is_moe_layer(i)
+        x = x + (moe_mlp(h, layer, config, mesh, live) if config.is_moe_layer(i)
                  else swiglu_mlp(h, layer, groups))
         if deepstack is not None and i < deepstack.shape[0]:
             x = x + deepstack[i].astype(x.dtype)
@@ -162,11 +163,15 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
 def gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
     """GQA attention of rows h [N, H] with zero-centred q/k norms, partial RoPE and (when
     config.attn_output_gate) the sigmoid output gate; K/V stored at `slots` first."""
-    N, D, NH = h.shape[0], config.head_dim, config.num_heads
-    q = linear(h, layer["wq"]).reshape(N, NH, -1)
+    N, D, NH, NK = h.shape[0], config.head_dim, config.num_heads, config.num_kv_heads
+    if "wqkv" in layer:  # one product for the three (model/fused_projections.py)
+        q_cols = NH * D * (2 if config.attn_output_gate else 1)
+        q, k, v = split_columns(linear(h, layer["wqkv"]), (q_cols, NK * D, NK * D))
+    else:
+        q, k, v = (linear(h, layer[name]) for name in ("wq", "wk", "wv"))
+    q = q.reshape(N, NH, -1)
     q, gate = (q[..., :D], q[..., D:]) if config.attn_output_gate else (q, None)
-    k = linear(h, layer["wk"]).reshape(N, config.num_kv_heads, D)
-    v = linear(h, layer["wv"]).reshape(N, config.num_kv_heads, D)
+    k, v = k.reshape(N, NK, D), v.reshape(N, NK, D)
     q = apply_partial_rope(zero_centred_rms_norm(q, layer["q_norm"], config.rms_norm_eps), *rope)
     k = apply_partial_rope(zero_centred_rms_norm(k, layer["k_norm"], config.rms_norm_eps), *rope)
     out, cache = attend(q, k, v, cache, slots)

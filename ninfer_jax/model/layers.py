@@ -54,6 +54,12 @@ def zero_centred_rms_norm(x, weight, eps: float):
     return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
 
 
+def split_columns(y, widths):
+    """The product of a fused projection [..., sum(widths)] cut back into its parts."""
+    bounds = np.cumsum(widths)[:-1].tolist()
+    return jnp.split(y, bounds, axis=-1)
+
+
 def swiglu_mlp(x, layer, groups: int = 1):
     """The gated MLP: down(silu(gate(x)) * up(x)); one product for gate and up when the layer
     has the fused `w_gate_up` (model/fused_projections.py), whose columns are laid out in

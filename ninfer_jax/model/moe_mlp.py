@@ -7,9 +7,17 @@ learned `router_bias` (e_score_correction_bias) and is restricted to the num_top
 num_expert_groups groups (a group scores the sum of its two best experts); the combine weights
 are the chosen experts' unbiased scores (renormalised when norm_topk_prob) times
 routed_scaling_factor, and the shared experts are added ungated.
-Leaves: see model/config.py (router, router_bias, experts_gate_up, experts_down, shared_*).
+Leaves: see model/config.py (router, router_bias, experts_gate_up, experts_down, shared_*);
+on one device the runner joins router | shared_gate into router_shared_gate and
+shared_w_gate | shared_w_up into shared_w_gate_up (model/fused_projections.py).
 Under expert parallelism the routed experts are experts_gate_up_ep / experts_down_ep, split by
 expert index over the tensor-parallel mesh (model/tensor_parallel.py, `expert_parallel`).
+
+Padding rows (`live` False: ragged_batch.live_rows) choose no experts of their own: they take
+the first live row's experts with zero combine weights, so a step loads exactly the experts
+its live rows picked (a lone decode row padded to two rows on the GPU would otherwise read
+about k more experts per layer) and the kernels skip their zero-weight assignments. Their
+routed output is zero; live rows are computed exactly as without them.
 """
 from __future__ import annotations
 
@@ -19,16 +27,27 @@ import jax.numpy as jnp
 from ninfer_jax.kernels import moe
 from ninfer_jax.model import tensor_parallel
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.layers import linear, swiglu_mlp
+from ninfer_jax.model.layers import linear, split_columns, swiglu_mlp
+
+SHARED_MLP_LEAVES = ("shared_w_gate", "shared_w_up", "shared_w_gate_up", "shared_w_down")
 
 
-def moe_mlp(x, layer, config: ModelConfig, mesh=None):
+def moe_mlp(x, layer, config: ModelConfig, mesh=None, live=None):
     """x [N, H] -> [N, H]. `mesh`: the tensor-parallel mesh, needed when the layer's experts
-    are split by expert index (the `_ep` leaves)."""
+    are split by expert index (the `_ep` leaves). `live` bool [N] or None (all live): rows
+    that are real tokens; the others select no experts (see the module docstring)."""
+    shared_logit = None
     if config.is_glm:
         expert_ids, expert_weights = route_grouped_sigmoid(x, layer, config)
+    elif "router_shared_gate" in layer:  # one product for both (model/fused_projections.py)
+        logits = linear(x, layer["router_shared_gate"], out_dtype=jnp.float32)
+        logits, shared_logit = split_columns(logits.astype(jnp.float32),
+                                             (config.num_experts, 1))
+        expert_ids, expert_weights = top_experts(logits, config)
     else:
         expert_ids, expert_weights = route(x, layer["router"], config)
+    if live is not None:
+        expert_ids, expert_weights = without_padding_experts(expert_ids, expert_weights, live)
     if "experts_gate_up_ep" in layer:
         routed = tensor_parallel.expert_parallel(moe.routed_experts, mesh)
         experts = layer["experts_gate_up_ep"], layer["experts_down_ep"]
@@ -36,19 +55,33 @@ def moe_mlp(x, layer, config: ModelConfig, mesh=None):
         routed = moe.routed_experts
         experts = layer["experts_gate_up"], layer["experts_down"]
     out = routed(x, expert_ids, expert_weights.astype(x.dtype), *experts)
-    if "shared_w_gate" in layer:
-        shared = swiglu_mlp(x, {"w_gate": layer["shared_w_gate"], "w_up": layer["shared_w_up"],
-                                "w_down": layer["shared_w_down"]})
+    if "shared_w_down" in layer:
+        shared = swiglu_mlp(x, {name.removeprefix("shared_"): leaf for name, leaf in layer.items()
+                                if name in SHARED_MLP_LEAVES})
         if "shared_gate" in layer:
-            gate = jax.nn.sigmoid(linear(x, layer["shared_gate"], out_dtype=jnp.float32))
+            shared_logit = linear(x, layer["shared_gate"], out_dtype=jnp.float32)
+        if shared_logit is not None:
+            gate = jax.nn.sigmoid(shared_logit.astype(jnp.float32))
             shared = (gate * shared.astype(jnp.float32)).astype(x.dtype)
         out = out + shared
     return out
 
 
+def without_padding_experts(expert_ids, expert_weights, live):
+    """Rows not `live` take the first live row's expert ids (row 0's when none is live) and
+    zero weights: the distinct experts of the step are the live rows' own."""
+    first = jnp.argmax(live)
+    ids = jnp.where(live[:, None], expert_ids, expert_ids[first][None, :])
+    return ids, jnp.where(live[:, None], expert_weights, jnp.zeros_like(expert_weights))
+
+
 def route(x, router, config: ModelConfig):
     """The k experts of each token and their combine weights: (int32 [N, k], f32 [N, k])."""
-    logits = linear(x, router, out_dtype=jnp.float32).astype(jnp.float32)
+    return top_experts(linear(x, router, out_dtype=jnp.float32).astype(jnp.float32), config)
+
+
+def top_experts(logits, config: ModelConfig):
+    """route() from the router's f32 logits [N, E]."""
     probs = jax.nn.softmax(logits, axis=-1)
     weights, ids = jax.lax.top_k(probs, config.num_experts_per_tok)
     if config.norm_topk_prob:

@@ -54,11 +54,12 @@ def head(params, cache, batch: ragged_batch.RaggedBatch, next_tokens, hidden, *,
     rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
     attend = tensor_parallel.attention_op(batch, scale=config.head_dim ** -0.5, mesh=None)
     h = zero_centred_rms_norm(x, layer["attn_norm"], eps)
-    mixed, cache = gated_attention(h, layer, cache, rope,
-                                   ragged_batch.step_slots(batch, page_size), attend, config)
+    slots = ragged_batch.step_slots(batch, page_size)
+    mixed, cache = gated_attention(h, layer, cache, rope, slots, attend, config)
     x = x + mixed
     h = zero_centred_rms_norm(x, layer["mlp_norm"], eps)
-    x = x + (moe_mlp(h, layer, config) if config.num_experts else swiglu_mlp(h, layer))
+    x = x + (moe_mlp(h, layer, config, live=ragged_batch.live_rows(slots, page_size))
+             if config.num_experts else swiglu_mlp(h, layer))
     return zero_centred_rms_norm(x, mtp["norm"], eps), cache
 
 

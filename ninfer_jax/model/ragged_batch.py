@@ -132,6 +132,14 @@ def step_slots(batch: RaggedBatch, page_size: int):
     return pages * page_size + step_positions(batch) % page_size
 
 
+def live_rows(slots, page_size: int):
+    """bool [C + B]: the rows of a step that are real tokens, from their cache slots
+    (step_slots): padding (chunk tokens past chunk_len, padding rows, a padding chunk)
+    writes the dummy page and nothing else does. Work that only padding would need, such as
+    the experts a padding row's router picks (model/moe_mlp.py), is skipped by this mask."""
+    return slots // page_size != DUMMY_PAGE
+
+
 def sampled_logits(x, batch: RaggedBatch, logits_of):
     """`logits_of` (a family's LM head) over the 1 + B sampled rows of x [C + B, H]. With no
     chunk its row would be a wasted LM-head row (on XLA CPU a 2-row product costs nearly twice

@@ -3,6 +3,8 @@ and padded lengths, several chunks, grouped key heads), padding tokens leave the
 the decode step equals one scan step per row, and the scan equals a literal numpy loop."""
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -104,3 +106,82 @@ def test_unrolled_chunk_scan_gives_the_same_result():
         unrolled = reference.chunk_gated_delta(*args, state, jnp.int32(150), unroll=True)
     for a, b in zip(rolled, unrolled):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-6)
+
+
+# The decode rows on their state slots (gated_delta_rows): the reference against one scan step
+# per row, the Pallas kernel (kernel.py) against the reference in interpret mode, its CUDA
+# lowering at the 35B-A3B shape, and natively on the GPU.
+ROW_SHAPE = dict(hk=2, hv=4, dk=16, dv=64)  # two dv blocks of 32, two value heads per key head
+
+
+def rows_inputs(rng, slots, *, hk, hv, dk, dv, num_slots=6, dtype=jnp.float32):
+    B = len(slots)
+    q = l2_normalised(rng.standard_normal((B, hk, dk))) * dk ** -0.5
+    k = l2_normalised(rng.standard_normal((B, hk, dk)))
+    v = rng.standard_normal((B, hv, dv))
+    g = -np.exp(rng.standard_normal((B, hv)))
+    beta = 1 / (1 + np.exp(-rng.standard_normal((B, hv))))
+    recurrent = jnp.asarray(rng.standard_normal((num_slots, hv, dk, dv)), jnp.float32)
+    return ([jnp.asarray(x, dtype) for x in (q, k, v)]
+            + [jnp.asarray(x, jnp.float32) for x in (g, beta)]
+            + [recurrent, jnp.asarray(slots, jnp.int32)])
+
+
+def test_rows_update_their_slots_and_padding_rows_write_nothing():
+    rng = np.random.default_rng(8)
+    slots = [3, 0, 1, 0]  # two padding rows on the dummy slot 0
+    *args, recurrent, slots_array = rows_inputs(rng, slots, **ROW_SHAPE)
+    out, updated = jax.jit(reference.gated_delta_rows)(*args, recurrent, slots_array)
+    want_out, want_states = reference.gated_delta_step(*args, recurrent[slots_array])
+    for i, slot in enumerate(slots):
+        if slot:
+            np.testing.assert_allclose(np.asarray(out[i]), np.asarray(want_out[i]), atol=1e-6)
+            np.testing.assert_allclose(np.asarray(updated[slot]), np.asarray(want_states[i]),
+                                       atol=1e-6)
+        else:
+            assert np.all(np.asarray(out[i]) == 0)
+    untouched = [s for s in range(recurrent.shape[0]) if s not in slots[::2]]
+    np.testing.assert_array_equal(np.asarray(updated)[untouched],
+                                  np.asarray(recurrent)[untouched])
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs it natively")
+def test_rows_kernel_in_interpret_mode_matches_the_reference():
+    from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
+    rng = np.random.default_rng(9)
+    args = rows_inputs(rng, [3, 0, 1, 5], dtype=jnp.bfloat16, **ROW_SHAPE)
+    with jax.default_matmul_precision("highest"):
+        out, updated = jax.jit(functools.partial(kernel.gated_delta_rows, interpret=True))(
+            *args)
+        want_out, want_updated = reference.gated_delta_rows(*args)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), atol=1e-5, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(updated), np.asarray(want_updated), atol=1e-5,
+                               rtol=1e-5)
+
+
+def test_rows_kernel_lowers_for_cuda_at_the_35b_a3b_shape():
+    from kernel_testkit import lowers_for_cuda
+    from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
+    spec = jax.ShapeDtypeStruct
+    B, S = 2, 9
+    args = (spec((B, 16, 128), jnp.bfloat16), spec((B, 16, 128), jnp.bfloat16),
+            spec((B, 32, 128), jnp.bfloat16), spec((B, 32), jnp.float32),
+            spec((B, 32), jnp.float32), spec((S, 32, 128, 128), jnp.float32),
+            spec((B,), jnp.int32))
+    assert "ninfer_gated_delta_rows" in lowers_for_cuda(kernel.gated_delta_rows, *args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+def test_rows_kernel_on_the_gpu_matches_the_reference():
+    rng = np.random.default_rng(10)
+    args = rows_inputs(rng, [3, 0, 1, 5, 0, 2, 4, 6], num_slots=8, dtype=jnp.bfloat16,
+                       hk=16, hv=32, dk=128, dv=128)
+    from ninfer_jax.kernels.gated_delta import rows_kernel
+
+    out, updated = jax.jit(rows_kernel.gated_delta_rows)(*args)
+    with jax.default_matmul_precision("highest"):
+        want_out, want_updated = jax.jit(reference.gated_delta_rows)(*args)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(np.asarray(updated), np.asarray(want_updated), atol=1e-4,
+                               rtol=1e-4)

@@ -107,6 +107,33 @@ def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k,
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
+@cpu_only
+def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode():
+    """Padding rows (model/moe_mlp.py) and other devices' experts arrive with zero weights:
+    their programs read no weights (zero rows), and the result still equals the dense loop.
+    Shapes with several K splits in both GEMVs, so the down GEMV adds the gate/up splits
+    (and applies SwiGLU) itself."""
+    rng = np.random.default_rng(11)
+    hidden, width = 512, 256
+    x = jnp.asarray(rng.standard_normal((3, hidden)), jnp.float32)
+    ids, weights = routing(rng, 3, 2)
+    weights = weights.at[1].set(0.0).at[2, 0].set(0.0)
+    gate_up, down = expert_weights(rng, hidden, width)
+    used = (weights.reshape(-1) != 0).astype(jnp.int32)
+    up_tiles = tuning.gemv_tiles(assignments=6, k=hidden, n=2 * width)
+    down_tiles = tuning.gemv_tiles(assignments=6, k=width, n=hidden)
+    assert up_tiles.num_splits > 1 and down_tiles.num_splits > 1
+    with jax.default_matmul_precision("highest"):
+        rows = kernel._expert_gemv(x, ids.reshape(-1), used, gate_up, rows_per_input=2,
+                                   tiles=up_tiles, interpret=True).sum(axis=0)
+        got = jax.jit(functools.partial(kernel.gathered_experts, interpret=True))(
+            x, ids, weights, gate_up, down)
+        expected = reference.dense_experts(x, ids, weights, gate_up, down)
+    rows = np.asarray(rows)
+    assert np.all(rows[used == 0] == 0) and np.all(np.abs(rows[used == 1]).max(axis=1) > 0)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
+
+
 def test_tile_plan_gives_each_assignment_its_own_row_in_a_tile_of_its_expert():
     rng = np.random.default_rng(3)
     ids, _ = routing(rng, 37, 3, skip_experts=(2, 5))
@@ -122,6 +149,33 @@ def test_tile_plan_gives_each_assignment_its_own_row_in_a_tile_of_its_expert():
     used = info[:, 1]
     assert used.sum() == sum(-(-np.sum(flat == e) // tiles.block_m) for e in range(8))
     assert np.all(np.diff(used) <= 0)
+
+
+@cpu_only
+def test_grouped_kernels_give_zero_weight_assignments_no_tile_rows():
+    """Padding tokens and other devices' experts (zero weights) take no rows in the tile
+    plan, so they add no tiles; the grouped kernels still equal the dense loop."""
+    rng = np.random.default_rng(5)
+    ids, weights = routing(rng, 37, 3)
+    weights = weights.at[20:].set(0.0).at[3, 1].set(0.0)
+    used = np.asarray(weights) != 0
+    tiles = tuning.grouped_tiles(assignments=37 * 3, experts=NUM_EXPERTS,
+                                 hidden=KERNEL_HIDDEN, width=KERNEL_WIDTH)
+    info, row_tokens, position = map(np.asarray, kernel._tile_plan(
+        ids, NUM_EXPERTS, tiles, used=jnp.asarray(used)))
+    flat, live = np.asarray(ids).reshape(-1), used.reshape(-1)
+    assert info[:, 1].sum() == sum(-(-np.sum(flat[live] == e) // tiles.block_m)
+                                   for e in range(NUM_EXPERTS))
+    assert len(set(position[live])) == live.sum()
+    assert np.all(info[position[live] // tiles.block_m, 0] == flat[live])
+    assert np.all(row_tokens[position[live]] == np.flatnonzero(live) // 3)
+    x = jnp.asarray(rng.standard_normal((37, KERNEL_HIDDEN)), jnp.float32)
+    gate_up, down = expert_weights(rng, KERNEL_HIDDEN, KERNEL_WIDTH)
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(functools.partial(kernel.grouped_experts, interpret=True))(
+            x, ids, weights, gate_up, down)
+        expected = reference.dense_experts(x, ids, weights, gate_up, down)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
 def test_shapes_without_a_tiling_fall_back_to_the_reference():

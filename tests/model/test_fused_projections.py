@@ -1,6 +1,7 @@
 """Fused projections (model/fused_projections.py): the joined wqkv / w_gate_up leaves have the
 documented layout and give the unfused model's logits, to 1e-5, in a prefill, a ragged step
-(chunk + rows + a padding row) and a decode step, for llama and qwen3, plain and quantized.
+(chunk + rows + a padding row) and a decode step, for llama and qwen3, plain and quantized;
+the hybrid families' joined leaves the same way in a prefill and a decode step.
 
 Two sequences on shuffled pages: A and B are prefilled to position 16, then one ragged step
 runs A's chunk (16..26 in a bucket of 16) with B's row at 16 and a padding row, then one
@@ -9,6 +10,7 @@ decode step runs B at 17 and A at 27. Each layout carries its own caches through
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 
 import jax
@@ -20,9 +22,10 @@ from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE, get_kv_cache_shape
 from ninfer_jax.kernels.quant_matmul.formats import dequantize_numpy
-from ninfer_jax.model import llama
+from ninfer_jax.model import hybrid, llama
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.fused_projections import FUSED_LEAVES, fuse_projections
+from ninfer_jax.model.fused_projections import (FUSED_LEAVES, HYBRID_FUSED_LEAVES,
+                                               fuse_projections)
 from ninfer_jax.model.steps import FROM_HOST, RaggedBatch
 
 PAGE_SIZE, WIDTH = 4, 8
@@ -131,7 +134,7 @@ def test_formats_with_a_per_leaf_global_scale_stay_apart(fmt):
     assert {"wq", "wk", "wv", "w_gate", "w_up"} <= set(layer)
 
 
-def test_mixed_formats_stay_apart_and_hybrids_are_unchanged():
+def test_mixed_formats_stay_apart_and_hybrids_under_tensor_parallelism_are_unchanged():
     config = tiny("llama")
     params = params_in(config, "int8")
     params["layers"][0]["wk"] = params_in(config, "plain")["layers"][0]["wk"]
@@ -139,7 +142,44 @@ def test_mixed_formats_stay_apart_and_hybrids_are_unchanged():
     assert "wq" in layers[0] and "wqkv" not in layers[0] and "w_gate_up" in layers[0]
     assert "wqkv" in layers[1]
     hybrid_params = {"layers": [{"w_gate": np.ones((4, 2)), "w_up": np.ones((4, 2))}]}
-    assert fuse_projections(hybrid_params, PRESETS["qwen3.5-tiny"].config) is hybrid_params
+    hybrid_config = PRESETS["qwen3.5-tiny"].config
+    assert fuse_projections(hybrid_params, hybrid_config, 2) is hybrid_params
+    assert set(fuse_projections(hybrid_params, hybrid_config)["layers"][0]) == {"w_gate_up"}
+
+
+def test_fused_hybrid_gives_the_unfused_logits():
+    """The hybrid families' joined leaves (wqkv, in_qkvzba, shared_w_gate_up,
+    router_shared_gate; w_gate_up as the dense families') hold their parts' columns in
+    order, and two decode steps beside a padding row give the unfused model's logits."""
+    config = dataclasses.replace(PRESETS["qwen3.6-tiny-moe"].config, vocab_size=96)
+    params = random_params(config, seed=3, dtype="f32")
+    fused = fuse_projections(params, config)
+    joined = set()
+    for layer, original in zip(fused["layers"], params["layers"]):
+        for name, parts in HYBRID_FUSED_LEAVES.items():
+            if name in layer:
+                joined.add(name)
+                assert not set(parts) & set(layer)
+                np.testing.assert_array_equal(
+                    layer[name], np.concatenate([original[p] for p in parts], axis=1))
+    assert joined == {"wqkv", "in_qkvzba", "router_shared_gate", "shared_w_gate_up"}
+    decode = jax.jit(functools.partial(hybrid.decode, config=config, page_size=PAGE_SIZE))
+    tokens = np.random.default_rng(5).integers(0, 96, 2).astype(np.int32)
+    tables = np.stack([np.arange(1, 1 + WIDTH, dtype=np.int32),
+                       np.full(WIDTH, DUMMY_PAGE, np.int32)])
+    outputs = []
+    for tree in (params, fused):
+        kv = hybrid.init_caches(config, num_pages=NUM_PAGES, page_size=PAGE_SIZE,
+                                num_state_slots=2, dtype=np.float32, kv_dtype=np.float32)
+        logits = []
+        for position in (0, 1):
+            rows, kv = decode(tree, kv, np.array([tokens[position], 0], np.int32),
+                              np.array([position, 0], np.int32), tables,
+                              np.array([1, 0], np.int32))
+            logits.append(np.asarray(rows[0]))
+        outputs.append(logits)
+    for separate, joined_logits in zip(*outputs):
+        np.testing.assert_allclose(joined_logits, separate, atol=TOLERANCE, rtol=0)
 
 
 @pytest.mark.parametrize("fmt", FUSABLE)  # KEPT_APART leaves are not joined: nothing to compare

@@ -5,13 +5,16 @@ per-token scan, dispatched at trace time (kernels/dispatch.py).
   wy.py         the chunked prefill in WY form, matmul-shaped (blockwise triangular inverse),
                 bf16 operands for a bf16 model; any backend
   kernel.py     the same with the chunk-to-chunk walk as a Pallas (Triton) kernel
+  rows_kernel.py  a decode batch's one-token update as a Pallas kernel, each row's state
+                read and written in place on its slot (gated_delta_rows)
 On the GPU a prefill chunk takes GPU_PREFILL's path, the one switch: "reference" until the
 new forms have run natively (tests/kernels/test_gated_delta_chunked.py `-m gpu` on the H200,
 then benchmarks/hybrid_bench.py's gdn_prefill A/B: benchmarks/results/run35's script); no
 device was lent after they were written, and the reference is the measured path (run 16). NINFER_GDN_PREFILL
 (kernel | wy | reference) overrides it for A/B runs; NINFER_FORCE_REFERENCE and CPU backends
-run the reference. The one-token decode step is elementwise work plus [dk, dv] products per
-row, which XLA fuses: reference on every backend. Speculative verify rows chained along a
+run the reference. Decode rows (gated_delta_rows) take the rows kernel on the GPU when
+GPU_ROWS_KERNEL is on: off until tests/kernels/test_gated_delta.py's GPU case has passed
+natively and hybrid_bench has timed it (never run yet); the reference otherwise. Speculative verify rows chained along a
 sequence (chained_gated_delta) run in WY form on every backend.
 """
 from __future__ import annotations
@@ -19,10 +22,11 @@ from __future__ import annotations
 import os
 
 from ninfer_jax.kernels import dispatch
-from ninfer_jax.kernels.gated_delta import kernel, reference, wy
+from ninfer_jax.kernels.gated_delta import kernel, reference, rows_kernel, wy
 from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE  # noqa: F401
 
 GPU_PREFILL = "reference"
+GPU_ROWS_KERNEL = False
 PREFILL_ENV = "NINFER_GDN_PREFILL"
 PREFILL_PATHS = ("kernel", "wy", "reference")
 
@@ -61,3 +65,13 @@ def chained_gated_delta(q, k, v, g, beta, states, depth):
 def gated_delta_step(q, k, v, g, beta, states):
     """One token for each of B rows, each with its own state; see reference.gated_delta_step."""
     return reference.gated_delta_step(q, k, v, g, beta, states)
+
+
+def gated_delta_rows(q, k, v, g, beta, recurrent, slots):
+    """One token for each of B rows, row i's state in slot slots[i] of `recurrent`, updated
+    there; see reference.gated_delta_rows."""
+    if GPU_ROWS_KERNEL and dispatch.use_kernels():
+        result = rows_kernel.gated_delta_rows(q, k, v, g, beta, recurrent, slots)
+        if result is not None:
+            return result
+    return reference.gated_delta_rows(q, k, v, g, beta, recurrent, slots)

@@ -8,6 +8,8 @@ Three entry points, same argument conventions:
                           chunk the rule is solved in WY/UT form, a few matmuls instead of a
                           serial loop; only the chunk-to-chunk state update is sequential
   gated_delta_step        one token for each of B independent rows, each with its own state
+  gated_delta_rows        the same, each row's state read from and written to its slot of
+                          the state array (the decode step; kernel.py is its GPU twin)
 Inputs: q, k [T, Hk, dk] (L2-normalised by the caller, q also scaled by dk^-0.5), v [T, Hv, dv],
 g [T, Hv] the log decay (<= 0), beta [T, Hv]. Value head j reads key head j // (Hv / Hk), as
 transformers repeats them. Tokens t >= num_tokens are padding: their g and beta are zeroed,
@@ -20,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 CHUNK_SIZE = 64
+DUMMY_SLOT = 0  # model/ragged_batch.DUMMY_STATE_SLOT: the state slot of padding rows
 _HIGHEST = jax.lax.Precision.HIGHEST  # the state must not drift through TF32 products
 
 
@@ -41,6 +44,18 @@ def gated_delta_step(q, k, v, g, beta, states):
     [B, Hv, dk, dv]. Returns (out [B, Hv, dv] f32, new states [B, Hv, dk, dv] f32)."""
     q, k, v, g, beta = _prepare(q, k, v, g, beta, None)
     return jax.vmap(_update)(states.astype(jnp.float32), q, k, v, g, beta)
+
+
+def gated_delta_rows(q, k, v, g, beta, recurrent, slots):
+    """gated_delta_step for B rows whose states live in the slots of recurrent [S, Hv, dk, dv]
+    (row i in slot slots[i]): (out [B, Hv, dv] f32, recurrent with each row's new state
+    written back). Rows on the dummy slot 0 are padding: their outputs are zeros and they
+    write nothing (slot 0 is only read). Real rows' slots must be distinct."""
+    out, new_states = gated_delta_step(q, k, v, g, beta, recurrent[slots])
+    real = slots != DUMMY_SLOT
+    target = jnp.where(real, slots, recurrent.shape[0])  # past the end: dropped
+    return (jnp.where(real[:, None, None], out, 0.0),
+            recurrent.at[target].set(new_states.astype(recurrent.dtype), mode="drop"))
 
 
 def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens, *, chunk_size=CHUNK_SIZE,

@@ -10,17 +10,22 @@ Lowering: Pallas' Triton backend (as kernels/paged_attention and quant_matmul), 
 interpret mode on CPU. Two paths, picked while tracing from the static shapes:
   expert GEMV   fewer (token, expert) assignments than experts (decode): one program per
                 (assignment, column block, K split) streams its expert's weight tile with
-                float32 FMAs (no tensor cores: one row would leave them idle); XLA adds the
-                splits, applies SwiGLU between the two projections and the combine weights.
+                float32 FMAs (no tensor cores: one row would leave them idle). The down
+                GEMV adds the gate/up GEMV's K splits and applies SwiGLU as it reads them;
+                one XLA fusion adds the down GEMV's splits with the combine weights.
+                Assignments of combine weight zero (padding rows, model/moe_mlp.py; experts
+                of another device under expert parallelism) run no loop iterations.
   grouped GEMM  otherwise (prefill, large batches): assignments sorted by expert are laid
                 out in `num_tiles` tiles of block_m rows, each tile one expert's (its rows
                 past the expert's count are padding); the gate/up kernel gathers its tokens'
                 rows of x, multiplies on the tensor cores and applies SwiGLU in registers; the
                 down kernel reads those tiles as they are. Tiles past the routing's need run
-                no loop iterations. XLA gathers each assignment's row back and combines.
+                no loop iterations. Assignments of combine weight zero get no row in any
+                tile. XLA gathers each assignment's row back and combines.
 Experts without a gate (activation "relu2", Nemotron-H) take the same paths: the GEMV's
-first product is the up columns only, and the grouped path's first kernel (_up_relu2_kernel)
-accumulates one product and squares its ReLU in registers.
+first product is the up columns only (the down GEMV squares the ReLU of their sum as it
+reads them), and the grouped path's first kernel (_up_relu2_kernel) accumulates one product
+and squares its ReLU in registers.
 Layout of the grouped path: padded row of sorted assignment p of expert e =
 tile_start[e] * block_m + (p - start[e]); `position[a]` is that row for assignment a.
 Shape letters: N tokens, k experts per token, A = N*k assignments, E experts, H hidden,
@@ -36,7 +41,6 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from ninfer_jax.kernels.moe.reference import activate
 from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
                                            grouped_tiles)
 
@@ -53,17 +57,23 @@ def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, activation: 
 
 
 def _combine(per_assignment, expert_weights, dtype):
-    """[A, H] float32 rows in (token, k) order -> [N, H], weighted by the router."""
+    """[A, H] float32 rows in (token, k) order -> [N, H], weighted by the router. A multiply
+    and a sum over k, which XLA fuses with what produced the rows (a dot would be a kernel
+    of its own)."""
     N, top_k = expert_weights.shape
     rows = per_assignment.reshape(N, top_k, -1)
-    return jnp.einsum("nkh,nk->nh", rows, expert_weights.astype(jnp.float32)).astype(dtype)
+    weighted = rows * expert_weights.astype(jnp.float32)[:, :, None]
+    return weighted.sum(axis=1).astype(dtype)
 
 
 # ---------------------------------------------------------------------------- expert GEMV
 
 def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation="swiglu",
                      interpret=False):
-    """The decode path: each assignment's row times its expert's weights, read in place."""
+    """The decode path: each assignment's row times its expert's weights, read in place.
+    Three kernels: the first GEMV (K-split partial sums), the down GEMV, which adds those
+    partial sums and applies the activation itself as it reads its input, and one XLA fusion
+    adding the down GEMV's partial sums with the combine weights."""
     N, top_k = expert_ids.shape
     A, (_, H, first) = N * top_k, gate_up.shape
     width = down.shape[1]
@@ -72,16 +82,23 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation
     if up_tiles is None or down_tiles is None:
         return None
     ids = expert_ids.reshape(A).astype(jnp.int32)
-    hidden = _expert_gemv(x, ids, gate_up, rows_per_input=top_k, tiles=up_tiles,
-                          interpret=interpret)  # [A, 2I] or [A, I]
-    act = activate(hidden, activation).astype(x.dtype)
-    out = _expert_gemv(act, ids, down, rows_per_input=1, tiles=down_tiles, interpret=interpret)
-    return _combine(out, expert_weights, x.dtype)
+    # Zero-weight assignments (padding rows, experts of another device) add nothing: their
+    # programs read no weights and write zeros.
+    used = (expert_weights.reshape(A) != 0).astype(jnp.int32)
+    hidden = _expert_gemv(x, ids, used, gate_up, rows_per_input=top_k, tiles=up_tiles,
+                          interpret=interpret)  # [NS, A, 2I] (relu2: [NS, A, I]) partial sums
+    out = _expert_gemv(hidden, ids, used, down, rows_per_input=1, tiles=down_tiles,
+                       activation=activation, act_dtype=x.dtype,
+                       interpret=interpret)  # [NS', A, H]
+    return _combine(out.sum(axis=0), expert_weights, x.dtype)
 
 
-def _gemv_kernel(id_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,
-                 num_blocks: int):
-    """One (assignment, column block, K split) program: o_ref [bn] partial sums."""
+def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,
+                 num_blocks: int, activation, act_dtype):
+    """One (assignment, column block, K split) program: o_ref [bn] partial sums (zeros for an
+    unused assignment). With `act_dtype`, x_ref holds the first GEMV's partial sums
+    [NS, A, 2I] (relu2: [NS, A, I]): the input row is the activation of their sum, rounded to
+    that dtype (as the reference rounds the activation before the down product)."""
     assignment, column, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
     expert = id_ref[0]
     row = assignment // rows_per_input
@@ -89,35 +106,57 @@ def _gemv_kernel(id_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: i
     first_col = pl.multiple_of(column * block_n, block_n)
     first_k = split * (num_blocks * block_k)
 
+    def inputs(k0):
+        if act_dtype is None:
+            return x_ref[row, pl.ds(k0, block_k)].astype(jnp.float32)
+        if activation == "relu2":
+            up = x_ref[0, row, pl.ds(k0, block_k)]
+            for part in range(1, x_ref.shape[0]):
+                up += x_ref[part, row, pl.ds(k0, block_k)]
+            return jnp.square(jnp.maximum(up, 0.0)).astype(act_dtype).astype(jnp.float32)
+        width = x_ref.shape[2] // 2
+        gate = x_ref[0, row, pl.ds(k0, block_k)]
+        up = x_ref[0, row, pl.ds(width + k0, block_k)]
+        for part in range(1, x_ref.shape[0]):
+            gate += x_ref[part, row, pl.ds(k0, block_k)]
+            up += x_ref[part, row, pl.ds(width + k0, block_k)]
+        act = gate * jax.nn.sigmoid(gate) * up
+        return act.astype(act_dtype).astype(jnp.float32)
+
     def body(i, acc):
         k0 = pl.multiple_of(first_k + i * block_k, block_k)
-        xs = x_ref[row, pl.ds(k0, block_k)].astype(jnp.float32)
         w = w_ref[expert, pl.ds(k0, block_k), pl.ds(first_col, block_n)].astype(jnp.float32)
-        return acc + xs[:, None] * w
+        return acc + inputs(k0)[:, None] * w
 
-    acc = lax.fori_loop(0, num_blocks, body, jnp.zeros((block_k, block_n), jnp.float32))
+    acc = lax.fori_loop(0, used_ref[0] * num_blocks, body,
+                        jnp.zeros((block_k, block_n), jnp.float32))
     o_ref[...] = acc.sum(axis=0)
 
 
-def _expert_gemv(x, ids, w, *, rows_per_input: int, tiles: GemvTiles, interpret: bool):
-    """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 [A, n]."""
+def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, interpret: bool,
+                 activation: str = "swiglu", act_dtype=None):
+    """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 partial sums
+    [NS, A, n] (NS = tiles.num_splits, to be added); rows of assignments with used[a] == 0
+    are zeros. With `act_dtype` x is a previous call's partial sums [NS', R, 2K] (relu2:
+    [NS', R, K]) and the row is the activation of their sum (see _gemv_kernel)."""
     A, (_, K, n) = ids.shape[0], w.shape
     bk, bn, NS = tiles.block_k, tiles.block_n, tiles.num_splits
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     kernel = functools.partial(_gemv_kernel, rows_per_input=rows_per_input, block_k=bk,
-                               num_blocks=K // bk // NS)
-    partial = pl.pallas_call(
+                               num_blocks=K // bk // NS, activation=activation,
+                               act_dtype=act_dtype)
+    return pl.pallas_call(
         kernel,
         grid=(A, n // bn, NS),
-        in_specs=[pl.BlockSpec((1,), lambda a, j, s: (a,)), whole(x), whole(w)],
+        in_specs=[pl.BlockSpec((1,), lambda a, j, s: (a,)),
+                  pl.BlockSpec((1,), lambda a, j, s: (a,)), whole(x), whole(w)],
         out_specs=pl.BlockSpec((None, None, bn), lambda a, j, s: (s, a, j)),
         out_shape=jax.ShapeDtypeStruct((NS, A, n), jnp.float32),
         compiler_params=pltriton.CompilerParams(num_warps=tiles.num_warps,
                                                 num_stages=tiles.num_stages),
         interpret=interpret,
         name="ninfer_moe_expert_gemv",
-    )(ids, x, w)
-    return partial.sum(axis=0)
+    )(ids, used, x, w)
 
 
 # ---------------------------------------------------------------------------- grouped GEMM
@@ -131,7 +170,8 @@ def grouped_experts(x, expert_ids, expert_weights, gate_up, down, *, activation=
     if tiles is None:
         return None
     first = {"swiglu": _gate_up_kernel, "relu2": _up_relu2_kernel}[activation]
-    tile_info, row_tokens, position = _tile_plan(expert_ids, E, tiles)
+    tile_info, row_tokens, position = _tile_plan(expert_ids, E, tiles,
+                                                 used=expert_weights != 0)
     act = _grouped_call(first, tile_info, (row_tokens, x), gate_up, tiles,
                         width=I, n=I, block_n=tiles.block_n_gate_up,
                         out_dtype=x.dtype, interpret=interpret)  # [M, I]
@@ -141,23 +181,29 @@ def grouped_experts(x, expert_ids, expert_weights, gate_up, down, *, activation=
     return _combine(out[position], expert_weights, x.dtype)
 
 
-def _tile_plan(expert_ids, num_experts: int, tiles: GroupedTiles):
+def _tile_plan(expert_ids, num_experts: int, tiles: GroupedTiles, used=None):
     """(tile_info int32 [T, 2]: expert and is-used per tile, row_tokens int32 [M]: the token
-    of each padded row (padding rows: token 0), position int32 [A]: each assignment's row)."""
+    of each padded row (padding rows: token 0), position int32 [A]: each assignment's row).
+    `used` bool [N, k] (None: all): assignments that are not (zero combine weight: padding
+    tokens, experts of another device) get no row in any tile, so they cost no tiles; their
+    position is row 0, whose output their zero weight drops."""
     top_k, bm, T = expert_ids.shape[1], tiles.block_m, tiles.num_tiles
     flat = expert_ids.reshape(-1).astype(jnp.int32)
+    if used is not None:  # unused ones sort last, as a group past the experts
+        flat = jnp.where(used.reshape(-1), flat, num_experts)
     A = flat.shape[0]
     order = jnp.argsort(flat, stable=True)  # sorted position p -> assignment
     sorted_experts = flat[order]
-    sizes = jnp.bincount(flat, length=num_experts).astype(jnp.int32)
+    sizes = jnp.bincount(flat, length=num_experts + 1).astype(jnp.int32)
     starts = jnp.cumsum(sizes) - sizes
-    tile_counts = (sizes + bm - 1) // bm
+    tile_counts = (sizes[:num_experts] + bm - 1) // bm
     tile_ends = jnp.cumsum(tile_counts)
-    tile_starts = tile_ends - tile_counts
+    tile_starts = jnp.append(tile_ends - tile_counts, 0)  # the unused group: no tiles
     rank = jnp.arange(A, dtype=jnp.int32) - starts[sorted_experts]
-    padded = tile_starts[sorted_experts] * bm + rank  # [A]: row of sorted position p
-    position = jnp.zeros(A, jnp.int32).at[order].set(padded)
-    row_tokens = jnp.zeros(T * bm, jnp.int32).at[padded].set(order // top_k)
+    assigned = sorted_experts < num_experts
+    padded = jnp.where(assigned, tile_starts[sorted_experts] * bm + rank, T * bm)
+    position = jnp.zeros(A, jnp.int32).at[order].set(jnp.where(assigned, padded, 0))
+    row_tokens = jnp.zeros(T * bm, jnp.int32).at[padded].set(order // top_k, mode="drop")
     tile = jnp.arange(T, dtype=jnp.int32)
     # compare_all: the default search is a loop, and each XLA loop iteration on a GPU is a
     # host round trip
