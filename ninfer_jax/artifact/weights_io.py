@@ -132,6 +132,78 @@ def restore_weights(directory: pathlib.Path, structure: Any | None = None,
                                             restore_args=restore_args)
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A piece of the stored tree that one restore call reads: top-level entries by key
+    (`embed`, `lm_head`, ...; never `layers`) or a run of whole layers by index."""
+
+    keys: tuple[str, ...] = ()
+    layers: tuple[int, ...] = ()
+    num_bytes: int = 0
+
+
+def split_parts(structure: Any, layers_per_part: int = 1) -> list[Part]:
+    """The stored tree as parts that together hold every leaf once: each top-level entry
+    but `layers` alone, largest first (an embedding table is the longest single read), then
+    the layers in order, `layers_per_part` to a part."""
+    def size(tree) -> int:
+        return sum(TensorInfo("", tuple(int(d) for d in leaf.shape),
+                              str(np.dtype(leaf.dtype))).num_bytes
+                   for _, leaf in walk_tree(tree))
+
+    top = sorted((Part(keys=(key,), num_bytes=size(value))
+                  for key, value in structure.items() if key != "layers"),
+                 key=lambda part: -part.num_bytes)
+    layers = list(structure.get("layers", ()))
+    step = max(1, layers_per_part)
+    runs = [tuple(range(start, min(start + step, len(layers))))
+            for start in range(0, len(layers), step)]
+    return top + [Part(layers=run, num_bytes=sum(size(layers[i]) for i in run))
+                  for run in runs]
+
+
+def whole_part(structure: Any) -> Part:
+    """The one part that is the whole stored tree."""
+    return Part(keys=tuple(key for key in structure if key != "layers"),
+                layers=tuple(range(len(structure.get("layers", ())))))
+
+
+def can_restore_parts() -> bool:
+    """Whether this orbax reads a part of a checkpoint alone (its PLACEHOLDER leaves)."""
+    return getattr(_orbax(), "PLACEHOLDER", None) is not None
+
+
+def restore_part(directory: pathlib.Path, structure: Any, part: Part) -> dict:
+    """Read only `part`'s arrays as numpy: {key: tree} for its keys and, when it has layers,
+    `layers` as the list of those layers' trees (in part.layers order). Every other leaf is
+    an orbax PLACEHOLDER, so its bytes are never read (the whole part is a plain restore)."""
+    if part.keys == whole_part(structure).keys and \
+            part.layers == whole_part(structure).layers:
+        restored = restore_weights(directory, structure)
+        return {key: restored[key] for key in part.keys} | (
+            {"layers": restored["layers"]} if part.layers else {})
+    ocp = _orbax()
+    skip = ocp.PLACEHOLDER
+    wanted_layers = set(part.layers)
+
+    def select(tree, keep: bool):
+        return _map_tree(tree, (lambda leaf: leaf) if keep else (lambda _: skip))
+
+    item = {key: ([select(layer, index in wanted_layers)
+                   for index, layer in enumerate(value)] if key == "layers"
+                  else select(value, key in part.keys))
+            for key, value in structure.items()}
+    restore_args = _map_tree(item, lambda leaf: skip if leaf is skip
+                             else ocp.RestoreArgs(restore_type=np.ndarray))
+    restored = ocp.PyTreeCheckpointer().restore(
+        pathlib.Path(directory).absolute(),
+        args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args))
+    found = {key: restored[key] for key in part.keys}
+    if part.layers:
+        found["layers"] = [restored["layers"][index] for index in part.layers]
+    return found
+
+
 def _leaves(tree: Any) -> list:
     """Leaves in walk_tree's order (the order _map_tree visits them)."""
     return [leaf for _, leaf in walk_tree(tree)]

@@ -1,0 +1,129 @@
+"""The text weights read, fused, cast and placed on one device as a pipeline.
+
+Start-up used to run three stages one after another over the whole tree (H200, Qwen3-8B,
+run 30: orbax restore 7.3 s, q|k|v and gate|up joined on the host 3.2 s, one device_put
+5.3 s). Here the stored tree is cut in parts (weights_io.split_parts: the embedding and the
+other top-level entries alone, then runs of `layers_per_part` layers) and each of `workers`
+threads takes the next part through every stage:
+
+    read      orbax restores only that part's arrays (weights_io.restore_part) to numpy
+    cast      floats in the compute dtype, on the host (steps.cast_params, as before)
+    put       one device_put of the part, waited for (so at most `workers` parts are on the
+              host at once, and `workers` transfers are in flight)
+    fuse      q|k|v and gate|up joined on the device (`device_fuse`: fuse_layer on placed
+              leaves, a jnp.concatenate per group; the parts are freed with their last
+              reference); or, with device_fuse=False, on the host before the cast, as
+              runner.place_params does
+
+so while one part is read another is cast and a third is sent: the whole takes about as
+long as the slowest stage, not the sum. Numpy, hashlib, orbax's tensorstore reads and
+device_put all release the GIL for their bulk work. Every stage is the one the sequential
+path runs (the same cast, the same fuse_layer; a join is exact on either side), so the tree
+equals runner.place_params(load_artifact(...).params) leaf for leaf
+(tests/engine/test_weight_pipeline.py).
+
+Device memory: the placed tree plus, with device_fuse, the separate parts of at most
+`workers` parts' layers while they are joined. Host memory: at most `workers` parts at once
+(the sequential path held the whole numpy tree and its fused copy). An orbax without
+PLACEHOLDER restores the tree in one part (one worker; nothing overlaps).
+
+The first error (a part's read, a transfer) cancels the parts not yet started and is raised
+once the running ones stop. Threads: the caller's thread waits; the workers are this call's.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import functools
+import threading
+from typing import Any, Callable
+
+import jax
+
+from ninfer_jax.artifact import weights_io
+from ninfer_jax.model import fused_projections, steps
+
+# H200 figures decide these (benchmarks/startup_probe.py times the alternatives).
+DEFAULT_WORKERS = 6
+DEFAULT_LAYERS_PER_PART = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineOptions:
+    workers: int = DEFAULT_WORKERS
+    layers_per_part: int = DEFAULT_LAYERS_PER_PART
+    device_fuse: bool = True  # False: joined on the host, before the cast
+
+
+def placement(config, dtype=None, *, fuse: bool = True,
+              options: PipelineOptions = PipelineOptions()) -> Callable:
+    """The `placement` for format.load_artifact: the text weights come back on the default
+    device in `dtype` (None: runner.default_dtype(), asked once the first part is read, so
+    the device runtime may still be starting while the reads begin), q|k|v and gate|up fused
+    when `fuse` (dense families, as runner.place_params)."""
+    return functools.partial(place_in_parts, config=config, dtype=dtype, fuse=fuse,
+                             options=options)
+
+
+def place_in_parts(structure: Any, read_part: Callable[[weights_io.Part], dict], *, config,
+                   dtype=None, fuse: bool = True,
+                   options: PipelineOptions = PipelineOptions()) -> dict:
+    """The stored tree `structure` placed part by part (module docstring); `read_part`
+    reads one weights_io.Part as numpy."""
+    if weights_io.can_restore_parts():
+        parts = weights_io.split_parts(structure, options.layers_per_part)
+    else:
+        parts = [weights_io.whole_part(structure)]
+    fuses = fuse and config.architecture in fused_projections.DENSE_ARCHITECTURES
+    compute_dtype = _Lazy(dtype)
+
+    def load(part: weights_io.Part) -> dict:
+        host = read_part(part)
+        if fuses and not options.device_fuse and "layers" in host:
+            host["layers"] = [fused_projections.fuse_layer(layer) for layer in host["layers"]]
+        placed = steps.cast_params(host, compute_dtype.get())
+        jax.block_until_ready(placed)
+        if fuses and options.device_fuse and "layers" in placed:
+            # jnp.concatenate on the device; the parts go with their last reference
+            placed["layers"] = [fused_projections.fuse_layer(layer)
+                                for layer in placed["layers"]]
+        return placed
+
+    workers = max(1, min(options.workers, len(parts)))
+    with concurrent.futures.ThreadPoolExecutor(workers,
+                                               thread_name_prefix="ninfer-load") as pool:
+        futures = [pool.submit(load, part) for part in parts]
+        try:
+            loaded = [future.result() for future in futures]
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return _assemble(structure, parts, loaded)
+
+
+def _assemble(structure: Any, parts: list[weights_io.Part], loaded: list[dict]) -> dict:
+    """One tree in the stored tree's key order from the parts' trees."""
+    tree: dict = {}
+    layers: list = [None] * len(structure.get("layers", ()))
+    for part, placed in zip(parts, loaded):
+        for key in part.keys:
+            tree[key] = placed[key]
+        for index, layer in zip(part.layers, placed.get("layers", ())):
+            layers[index] = layer
+    return {key: (layers if key == "layers" else tree[key]) for key in structure}
+
+
+class _Lazy:
+    """The compute dtype, decided by the first worker that needs it (thread-safe)."""
+
+    def __init__(self, dtype):
+        self._dtype, self._lock = dtype, threading.Lock()
+
+    def get(self):
+        with self._lock:
+            if self._dtype is None:
+                from ninfer_jax.engine.runner import default_dtype
+
+                self._dtype = default_dtype()
+            return self._dtype
