@@ -20,10 +20,13 @@ restart target is 20 s for the 8B shape):
                 the restore) then runner.place_params, waited
   pipelined     load_artifact with weight_pipeline's placement (checksums beside it), waited,
                 once per --workers x --layers-per-part (device fuse), plus once joined on the
-                host (`host_fuse` in its record); each record says whether its tree is
-                bit-identical to the sequential one (`identical`)
-Each figure is wall seconds with the bytes it moved; the page cache is warm after the first
-phase (as on a restart, the case the target is about).
+                host (`host_fuse` in its record) and once sent through pinned host memory
+                (`via_pinned`), both with the first --workers and --layers-per-part; each
+                record says whether its tree is bit-identical to the sequential one
+                (`identical`)
+Each figure is wall seconds with bytes: the artifact's stored (compressed) bytes for the
+phases that read it, the placed bytes for put_threads and put_pinned. The page cache is warm
+after the first phase (as on a restart, the case the target is about).
 """
 from __future__ import annotations
 
@@ -179,18 +182,19 @@ def main(argv=None) -> list[dict]:
         if "sequential" in phases:
             emit("sequential", seconds, stored)
     if "pipelined" in phases:
-        variants = [weight_pipeline.PipelineOptions(workers=workers, layers_per_part=layers)
+        variants = [weight_pipeline.PipelineOptions(workers=workers, layers_per_part=layers,
+                                                    device_fuse=True)
                     for workers in args.workers for layers in args.layers_per_part]
-        variants.append(weight_pipeline.PipelineOptions(workers=args.workers[0],
-                                                        layers_per_part=args.layers_per_part[0],
-                                                        device_fuse=False))
+        first = dict(workers=args.workers[0], layers_per_part=args.layers_per_part[0])
+        variants += [weight_pipeline.PipelineOptions(**first, device_fuse=False),
+                     weight_pipeline.PipelineOptions(**first, device_fuse=True, via_pinned=True)]
         for options in variants:
             placement = weight_pipeline.placement(config, dtype, options=options)
             loaded, seconds = _timed(lambda: load_artifact(path, weights=True,
                                                            placement=placement).params)
             emit("pipelined", seconds, stored, workers=options.workers,
                  layers_per_part=options.layers_per_part,
-                 host_fuse=not options.device_fuse,
+                 host_fuse=options.device_fuse is False, via_pinned=options.via_pinned,
                  identical=_identical(sequential, loaded))
             del loaded
     return records

@@ -7,13 +7,14 @@ other top-level entries alone, then runs of `layers_per_part` layers) and each o
 threads takes the next part through every stage:
 
     read      orbax restores only that part's arrays (weights_io.restore_part) to numpy
-    cast      floats in the compute dtype, on the host (steps.cast_params, as before)
+    cast      floats in the compute dtype, on the host (steps.cast_leaves, as before)
     put       one device_put of the part, waited for (so at most `workers` parts are on the
-              host at once, and `workers` transfers are in flight)
-    fuse      q|k|v and gate|up joined on the device (`device_fuse`: fuse_layer on placed
-              leaves, a jnp.concatenate per group; the parts are freed with their last
-              reference); or, with device_fuse=False, on the host before the cast, as
-              runner.place_params does
+              host at once, and `workers` transfers are in flight); `via_pinned`: copied
+              into pinned host memory first, then sent from there
+    fuse      q|k|v and gate|up joined on the device (`device_fuse`, the default on an
+              accelerator: fuse_layer on placed leaves, a jnp.concatenate per group; the
+              parts are freed with their last reference); or on the host before the cast,
+              as runner.place_params does (the default on the CPU)
 
 so while one part is read another is cast and a third is sent: the whole takes about as
 long as the slowest stage, not the sum. Numpy, hashlib, orbax's tensorstore reads and
@@ -52,7 +53,12 @@ DEFAULT_LAYERS_PER_PART = 1
 class PipelineOptions:
     workers: int = DEFAULT_WORKERS
     layers_per_part: int = DEFAULT_LAYERS_PER_PART
-    device_fuse: bool = True  # False: joined on the host, before the cast
+    # False: joined on the host, before the cast; None: on the device unless the device is
+    # the CPU (whose "device" memory is host memory: no host copy to save there)
+    device_fuse: bool | None = None
+    # each part copied into pinned host memory first (threads copy in parallel), then sent
+    # from there (a DMA, no driver staging of pageable memory); off: one device_put from numpy
+    via_pinned: bool = False
 
 
 def placement(config, dtype=None, *, fuse: bool = True,
@@ -75,15 +81,16 @@ def place_in_parts(structure: Any, read_part: Callable[[weights_io.Part], dict],
     else:
         parts = [weights_io.whole_part(structure)]
     fuses = fuse and config.architecture in fused_projections.DENSE_ARCHITECTURES
-    compute_dtype = _Lazy(dtype)
+    device = _OnDevice(dtype, options.device_fuse)
 
     def load(part: weights_io.Part) -> dict:
         host = read_part(part)
-        if fuses and not options.device_fuse and "layers" in host:
+        compute_dtype, device_fuse = device.get()
+        if fuses and not device_fuse and "layers" in host:
             host["layers"] = [fused_projections.fuse_layer(layer) for layer in host["layers"]]
-        placed = steps.cast_params(host, compute_dtype.get())
+        placed = _put(steps.cast_leaves(host, compute_dtype), options.via_pinned)
         jax.block_until_ready(placed)
-        if fuses and options.device_fuse and "layers" in placed:
+        if fuses and device_fuse and "layers" in placed:
             # jnp.concatenate on the device; the parts go with their last reference
             placed["layers"] = [fused_projections.fuse_layer(layer)
                                 for layer in placed["layers"]]
@@ -114,16 +121,32 @@ def _assemble(structure: Any, parts: list[weights_io.Part], loaded: list[dict]) 
     return {key: (layers if key == "layers" else tree[key]) for key in structure}
 
 
-class _Lazy:
-    """The compute dtype, decided by the first worker that needs it (thread-safe)."""
+def _put(host: dict, via_pinned: bool) -> dict:
+    """A part's host tree on the default device, by one device_put or through pinned host
+    memory (where the device has it: every JAX backend here, the CPU's emulated)."""
+    if not via_pinned:
+        return jax.device_put(host)
+    device = jax.devices()[0]
+    pinned = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+    hosted = jax.device_put(host, pinned)
+    return jax.device_put(hosted, jax.sharding.SingleDeviceSharding(device,
+                                                                     memory_kind="device"))
 
-    def __init__(self, dtype):
-        self._dtype, self._lock = dtype, threading.Lock()
 
-    def get(self):
+class _OnDevice:
+    """(compute dtype, device_fuse) with their defaults decided by the first worker that
+    needs them, once the device runtime is up (thread-safe)."""
+
+    def __init__(self, dtype, device_fuse: bool | None):
+        self._lock = threading.Lock()
+        self._dtype, self._device_fuse = dtype, device_fuse
+
+    def get(self) -> tuple:
         with self._lock:
             if self._dtype is None:
                 from ninfer_jax.engine.runner import default_dtype
 
                 self._dtype = default_dtype()
-            return self._dtype
+            if self._device_fuse is None:
+                self._device_fuse = jax.default_backend() != "cpu"
+            return self._dtype, self._device_fuse

@@ -51,15 +51,17 @@ def _assert_same_leaves(expected, found):
     assert sorted(want) == sorted(got)
     for name, leaf in want.items():
         assert isinstance(got[name], jax.Array), name
+        assert got[name].sharding.memory_kind == "device", name  # not left in pinned host
         assert (got[name].shape, got[name].dtype) == (leaf.shape, leaf.dtype), name
         assert np.asarray(got[name]).tobytes() == np.asarray(leaf).tobytes(), name
 
 
 @pytest.mark.parametrize("kind, dtype, options", [
-    ("llama", jnp.float32, Options()),
+    ("llama", jnp.float32, Options(device_fuse=True)),
     ("llama", jnp.bfloat16, Options(workers=2, layers_per_part=2)),  # cast on the host
     ("llama", jnp.float32, Options(workers=3, layers_per_part=3, device_fuse=False)),
-    ("qwen3-int8", jnp.float32, Options(workers=2)),  # quantized leaves join per array
+    ("llama", jnp.float32, Options(device_fuse=True, via_pinned=True)),
+    ("qwen3-int8", jnp.float32, Options(workers=2, device_fuse=True)),  # joined per array
     ("qwen3.5", jnp.float32, Options()),  # hybrid layers stay unfused
 ])
 def test_the_pipelined_load_equals_the_sequential_one(saved, kind, dtype, options):
