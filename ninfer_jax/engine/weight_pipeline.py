@@ -100,13 +100,14 @@ def place_in_parts(structure: Any, read_part: Callable[[weights_io.Part], dict],
     with concurrent.futures.ThreadPoolExecutor(workers,
                                                thread_name_prefix="ninfer-load") as pool:
         futures = [pool.submit(load, part) for part in parts]
-        try:
-            loaded = [future.result() for future in futures]
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-    return _assemble(structure, parts, loaded)
+        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        for future in futures:
+            future.cancel()  # parts not started yet, after a failure (else all are done)
+        failed = [future for future in futures if future.done() and not future.cancelled()
+                  and future.exception() is not None]
+        if failed:  # the first in part order (the others may have failed because of it)
+            raise failed[0].exception()
+    return _assemble(structure, parts, [future.result() for future in futures])
 
 
 def _assemble(structure: Any, parts: list[weights_io.Part], loaded: list[dict]) -> dict:

@@ -106,7 +106,7 @@ def test_a_damaged_file_still_fails_the_load_by_its_checksum(saved, tmp_path):
     assert "checksum mismatch" in info.value.problem
 
 
-def test_the_first_failure_stops_the_parts_not_yet_started(saved):
+def test_a_failure_stops_the_parts_not_yet_started(saved):
     structure = weights_io.stored_tree(saved["llama"] / "weights")
     config = load_artifact(saved["llama"], weights=False).config
     started = []
@@ -119,3 +119,26 @@ def test_the_first_failure_stops_the_parts_not_yet_started(saved):
         weight_pipeline.place_in_parts(structure, read_part, config=config,
                                        dtype=jnp.float32, options=Options(workers=1))
     assert len(started) == 1  # four more parts were cancelled, never read
+
+
+def test_a_failure_cancels_the_rest_while_an_earlier_part_still_runs(saved):
+    import threading
+
+    structure = weights_io.stored_tree(saved["llama"] / "weights")
+    config = load_artifact(saved["llama"], weights=False).config
+    release, started = threading.Event(), []
+
+    def read_part(part):
+        started.append(part)
+        if part.keys == ("embed",):  # the first part runs until released
+            release.wait(30)
+            return weights_io.restore_part(saved["llama"] / "weights", structure, part)
+        raise ArtifactError(saved["llama"] / "weights", "corrupt checkpoint (test)")
+
+    threading.Timer(2.0, release.set).start()  # the embedding's read ends in any case
+    with pytest.raises(ArtifactError, match="corrupt checkpoint"):
+        weight_pipeline.place_in_parts(structure, read_part, config=config,
+                                       dtype=jnp.float32, options=Options(workers=2))
+    # 8 parts; waiting on them in order would have let the second worker start them all
+    # while the first read ran. (Its failing worker may take one more before the cancel.)
+    assert len(started) <= 3
