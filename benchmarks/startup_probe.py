@@ -3,7 +3,7 @@ load as the server did it before (one stage after another) against the pipelined
 does now (engine/weight_pipeline.py).
 
     python benchmarks/startup_probe.py ARTIFACT [--json] [--workers 4,6,8]
-        [--layers-per-part 1,2] [--phases ...]
+        [--part-mib 0,256] [--phases ...]
 
 Phases (`--phases` picks some; all by default), in this order, on one artifact (issue 10's
 restart target is 20 s for the 8B shape):
@@ -19,9 +19,9 @@ restart target is 20 s for the 8B shape):
   sequential    the whole load as build_engine did it before: load_artifact (checksums beside
                 the restore) then runner.place_params, waited
   pipelined     load_artifact with weight_pipeline's placement (checksums beside it), waited,
-                once per --workers x --layers-per-part (device fuse), plus once joined on the
+                once per --workers x --part-mib (device fuse), plus once joined on the
                 host (`host_fuse` in its record) and once sent through pinned host memory
-                (`via_pinned`), both with the first --workers and --layers-per-part; each
+                (`via_pinned`), both with the first --workers and --part-mib; each
                 record says whether its tree is bit-identical to the sequential one
                 (`identical`)
 Each figure is wall seconds with bytes: the artifact's stored (compressed) bytes for the
@@ -107,9 +107,10 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--workers", type=_ints,
                         default=[weight_pipeline.DEFAULT_WORKERS],
                         help="pipeline threads to time, comma separated")
-    parser.add_argument("--layers-per-part", type=_ints,
-                        default=[weight_pipeline.DEFAULT_LAYERS_PER_PART],
-                        help="layers per restore call to time, comma separated")
+    parser.add_argument("--part-mib", type=_ints,
+                        default=[weight_pipeline.DEFAULT_PART_BYTES >> 20],
+                        help="least MiB of layers per restore call to time, comma separated "
+                             "(0: a layer a call)")
     parser.add_argument("--phases", default=",".join(PHASES),
                         help=f"comma separated, of {', '.join(PHASES)}")
     args = parser.parse_args(argv)
@@ -182,10 +183,10 @@ def main(argv=None) -> list[dict]:
         if "sequential" in phases:
             emit("sequential", seconds, stored)
     if "pipelined" in phases:
-        variants = [weight_pipeline.PipelineOptions(workers=workers, layers_per_part=layers,
+        variants = [weight_pipeline.PipelineOptions(workers=workers, part_bytes=mib << 20,
                                                     device_fuse=True)
-                    for workers in args.workers for layers in args.layers_per_part]
-        first = dict(workers=args.workers[0], layers_per_part=args.layers_per_part[0])
+                    for workers in args.workers for mib in args.part_mib]
+        first = dict(workers=args.workers[0], part_bytes=args.part_mib[0] << 20)
         variants += [weight_pipeline.PipelineOptions(**first, device_fuse=False),
                      weight_pipeline.PipelineOptions(**first, device_fuse=True, via_pinned=True)]
         for options in variants:
@@ -193,7 +194,7 @@ def main(argv=None) -> list[dict]:
             loaded, seconds = _timed(lambda: load_artifact(path, weights=True,
                                                            placement=placement).params)
             emit("pipelined", seconds, stored, workers=options.workers,
-                 layers_per_part=options.layers_per_part,
+                 part_mib=options.part_bytes >> 20,
                  host_fuse=options.device_fuse is False, via_pinned=options.via_pinned,
                  identical=_identical(sequential, loaded))
             del loaded

@@ -142,10 +142,11 @@ class Part:
     num_bytes: int = 0
 
 
-def split_parts(structure: Any, layers_per_part: int = 1) -> list[Part]:
+def split_parts(structure: Any, part_bytes: int = 0) -> list[Part]:
     """The stored tree as parts that together hold every leaf once: each top-level entry
     but `layers` alone, largest first (an embedding table is the longest single read), then
-    the layers in order, `layers_per_part` to a part."""
+    runs of consecutive layers, each run closed once it holds `part_bytes` (0: a layer a
+    part), so that small layers do not each pay a restore call's fixed cost."""
     def size(tree) -> int:
         return sum(TensorInfo("", tuple(int(d) for d in leaf.shape),
                               str(np.dtype(leaf.dtype))).num_bytes
@@ -154,12 +155,18 @@ def split_parts(structure: Any, layers_per_part: int = 1) -> list[Part]:
     top = sorted((Part(keys=(key,), num_bytes=size(value))
                   for key, value in structure.items() if key != "layers"),
                  key=lambda part: -part.num_bytes)
-    layers = list(structure.get("layers", ()))
-    step = max(1, layers_per_part)
-    runs = [tuple(range(start, min(start + step, len(layers))))
-            for start in range(0, len(layers), step)]
-    return top + [Part(layers=run, num_bytes=sum(size(layers[i]) for i in run))
-                  for run in runs]
+    runs: list[Part] = []
+    run: list[int] = []
+    run_bytes = 0
+    for index, layer in enumerate(structure.get("layers", ())):
+        run.append(index)
+        run_bytes += size(layer)
+        if run_bytes >= part_bytes:
+            runs.append(Part(layers=tuple(run), num_bytes=run_bytes))
+            run, run_bytes = [], 0
+    if run:
+        runs.append(Part(layers=tuple(run), num_bytes=run_bytes))
+    return top + runs
 
 
 def whole_part(structure: Any) -> Part:

@@ -3,8 +3,8 @@
 Start-up used to run three stages one after another over the whole tree (H200, Qwen3-8B,
 run 30: orbax restore 7.3 s, q|k|v and gate|up joined on the host 3.2 s, one device_put
 5.3 s). Here the stored tree is cut in parts (weights_io.split_parts: the embedding and the
-other top-level entries alone, then runs of `layers_per_part` layers) and each of `workers`
-threads takes the next part through every stage:
+other top-level entries alone, then runs of layers of at least `part_bytes`) and each of
+`workers` threads takes the next part through every stage:
 
     read      orbax restores only that part's arrays (weights_io.restore_part) to numpy
     cast      floats in the compute dtype, on the host (steps.cast_leaves, as before)
@@ -46,13 +46,15 @@ from ninfer_jax.model import fused_projections, steps
 
 # H200 figures decide these (benchmarks/startup_probe.py times the alternatives).
 DEFAULT_WORKERS = 6
-DEFAULT_LAYERS_PER_PART = 1
+# A restore call costs ~20-40 ms of Python (orbax's tree handling) besides its reads: parts
+# of at least this size keep that small (Qwen3-8B: a layer is 0.4 GB, so a layer a part).
+DEFAULT_PART_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True)
 class PipelineOptions:
     workers: int = DEFAULT_WORKERS
-    layers_per_part: int = DEFAULT_LAYERS_PER_PART
+    part_bytes: int = DEFAULT_PART_BYTES
     # False: joined on the host, before the cast; None: on the device unless the device is
     # the CPU (whose "device" memory is host memory: no host copy to save there)
     device_fuse: bool | None = None
@@ -77,7 +79,7 @@ def place_in_parts(structure: Any, read_part: Callable[[weights_io.Part], dict],
     """The stored tree `structure` placed part by part (module docstring); `read_part`
     reads one weights_io.Part as numpy."""
     if weights_io.can_restore_parts():
-        parts = weights_io.split_parts(structure, options.layers_per_part)
+        parts = weights_io.split_parts(structure, options.part_bytes)
     else:
         parts = [weights_io.whole_part(structure)]
     fuses = fuse and config.architecture in fused_projections.DENSE_ARCHITECTURES

@@ -57,12 +57,12 @@ def _assert_same_leaves(expected, found):
 
 
 @pytest.mark.parametrize("kind, dtype, options", [
-    ("llama", jnp.float32, Options(device_fuse=True)),
-    ("llama", jnp.bfloat16, Options(workers=2, layers_per_part=2)),  # cast on the host
-    ("llama", jnp.float32, Options(workers=3, layers_per_part=3, device_fuse=False)),
-    ("llama", jnp.float32, Options(device_fuse=True, via_pinned=True)),
-    ("qwen3-int8", jnp.float32, Options(workers=2, device_fuse=True)),  # joined per array
-    ("qwen3.5", jnp.float32, Options()),  # hybrid layers stay unfused
+    ("llama", jnp.float32, Options(part_bytes=0, device_fuse=True)),
+    ("llama", jnp.bfloat16, Options(workers=2, part_bytes=5000)),  # cast on the host
+    ("llama", jnp.float32, Options(workers=3, device_fuse=False)),  # all layers one part
+    ("llama", jnp.float32, Options(part_bytes=0, device_fuse=True, via_pinned=True)),
+    ("qwen3-int8", jnp.float32, Options(workers=2, part_bytes=0, device_fuse=True)),
+    ("qwen3.5", jnp.float32, Options(part_bytes=0)),  # hybrid layers stay unfused
 ])
 def test_the_pipelined_load_equals_the_sequential_one(saved, kind, dtype, options):
     path = saved[kind]
@@ -77,9 +77,13 @@ def test_the_pipelined_load_equals_the_sequential_one(saved, kind, dtype, option
 
 def test_parts_cover_every_leaf_once_with_the_largest_entry_first(saved):
     structure = weights_io.stored_tree(saved["llama"] / "weights")
-    parts = weights_io.split_parts(structure, layers_per_part=2)
-    assert parts[0].keys == ("embed",) and parts[0].num_bytes == 264 * 16 * 4
+    layer_bytes = sum(int(np.prod(leaf.shape)) * 4
+                      for _, leaf in weights_io.walk_tree(structure["layers"][0]))
+    parts = weights_io.split_parts(structure, part_bytes=layer_bytes + 1)  # 2 layers a part
+    assert parts[0].keys in {("embed",), ("lm_head",)} and parts[0].num_bytes == 264 * 16 * 4
     assert [part.layers for part in parts if part.layers] == [(0, 1), (2, 3), (4,)]
+    assert [part.num_bytes for part in parts if part.layers] == [2 * layer_bytes,
+                                                                 2 * layer_bytes, layer_bytes]
     names = []
     for part in parts:
         restored = weights_io.restore_part(saved["llama"] / "weights", structure, part)
@@ -117,7 +121,8 @@ def test_a_failure_stops_the_parts_not_yet_started(saved):
 
     with pytest.raises(ArtifactError, match="corrupt checkpoint"):
         weight_pipeline.place_in_parts(structure, read_part, config=config,
-                                       dtype=jnp.float32, options=Options(workers=1))
+                                       dtype=jnp.float32,
+                                       options=Options(workers=1, part_bytes=0))
     assert len(started) == 1  # four more parts were cancelled, never read
 
 
@@ -138,7 +143,8 @@ def test_a_failure_cancels_the_rest_while_an_earlier_part_still_runs(saved):
     threading.Timer(2.0, release.set).start()  # the embedding's read ends in any case
     with pytest.raises(ArtifactError, match="corrupt checkpoint"):
         weight_pipeline.place_in_parts(structure, read_part, config=config,
-                                       dtype=jnp.float32, options=Options(workers=2))
+                                       dtype=jnp.float32,
+                                       options=Options(workers=2, part_bytes=0))
     # 8 parts; waiting on them in order would have let the second worker start them all
     # while the first read ran. (Its failing worker may take one more before the cancel.)
     assert len(started) <= 3
