@@ -29,20 +29,25 @@ Device memory: the placed tree plus, with device_fuse, the separate parts of at 
 PLACEHOLDER restores the tree in one part (one worker; nothing overlaps).
 
 The first error (a part's read, a transfer) cancels the parts not yet started and is raised
-once the running ones stop. Threads: the caller's thread waits; the workers are this call's.
+once the running ones stop; a failed read is retried once as one whole restore
+(`place_in_parts`). Threads: the caller's thread waits; the workers are this call's.
 """
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
 import functools
+import logging
 import threading
 from typing import Any, Callable
 
 import jax
 
 from ninfer_jax.artifact import weights_io
+from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model import fused_projections, steps
+
+log = logging.getLogger("ninfer_jax.engine.weight_pipeline")
 
 # H200 figures decide these (benchmarks/startup_probe.py times the alternatives).
 DEFAULT_WORKERS = 6
@@ -77,11 +82,24 @@ def place_in_parts(structure: Any, read_part: Callable[[weights_io.Part], dict],
                    dtype=None, fuse: bool = True,
                    options: PipelineOptions = PipelineOptions()) -> dict:
     """The stored tree `structure` placed part by part (module docstring); `read_part`
-    reads one weights_io.Part as numpy."""
-    if weights_io.can_restore_parts():
-        parts = weights_io.split_parts(structure, options.part_bytes)
-    else:
-        parts = [weights_io.whole_part(structure)]
+    reads one weights_io.Part as numpy (its errors ArtifactErrors). Should a part's read
+    fail, the whole tree is read once more in one part before the error stands: an orbax
+    whose partial restore misbehaves then costs a slower start, not a refused one (a
+    damaged file fails again, and format.load_artifact names it by its checksum)."""
+    whole = [weights_io.whole_part(structure)]
+    if not weights_io.can_restore_parts():
+        return _place(structure, whole, read_part, config, dtype, fuse, options)
+    parts = weights_io.split_parts(structure, options.part_bytes)
+    try:
+        return _place(structure, parts, read_part, config, dtype, fuse, options)
+    except ArtifactError as error:
+        if len(parts) == 1:
+            raise
+        log.warning("reading the weights in parts failed (%s); reading them whole", error)
+        return _place(structure, whole, read_part, config, dtype, fuse, options)
+
+
+def _place(structure, parts, read_part, config, dtype, fuse, options) -> dict:
     fuses = fuse and config.architecture in fused_projections.DENSE_ARCHITECTURES
     device = _OnDevice(dtype, options.device_fuse)
 

@@ -110,27 +110,50 @@ def test_a_damaged_file_still_fails_the_load_by_its_checksum(saved, tmp_path):
     assert "checksum mismatch" in info.value.problem
 
 
-def test_a_failure_stops_the_parts_not_yet_started(saved):
+def _world(saved):
     structure = weights_io.stored_tree(saved["llama"] / "weights")
-    config = load_artifact(saved["llama"], weights=False).config
+    return structure, load_artifact(saved["llama"], weights=False).config
+
+
+def _broken(path):
+    return ArtifactError(path, "corrupt checkpoint (test)")
+
+
+def test_a_failure_stops_the_parts_not_yet_started_then_one_whole_read_is_tried(saved):
+    structure, config = _world(saved)
     started = []
 
     def read_part(part):
         started.append(part)
-        raise ArtifactError(saved["llama"] / "weights", "corrupt checkpoint (test)")
+        raise _broken(saved["llama"] / "weights")
 
     with pytest.raises(ArtifactError, match="corrupt checkpoint"):
         weight_pipeline.place_in_parts(structure, read_part, config=config,
                                        dtype=jnp.float32,
                                        options=Options(workers=1, part_bytes=0))
-    assert len(started) == 1  # four more parts were cancelled, never read
+    # the first part failed, seven more were cancelled, then the whole tree failed too
+    assert started == [weights_io.split_parts(structure)[0], weights_io.whole_part(structure)]
+
+
+def test_an_orbax_whose_partial_reads_fail_still_loads_whole(saved):
+    structure, config = _world(saved)
+    whole = weights_io.whole_part(structure)
+
+    def read_part(part):
+        if part != whole:
+            raise _broken(saved["llama"] / "weights")
+        return weights_io.restore_part(saved["llama"] / "weights", structure, part)
+
+    placed = weight_pipeline.place_in_parts(structure, read_part, config=config,
+                                            dtype=jnp.float32)
+    sequential = load_artifact(saved["llama"])
+    _assert_same_leaves(place_params(sequential.params, config, jnp.float32), placed)
 
 
 def test_a_failure_cancels_the_rest_while_an_earlier_part_still_runs(saved):
     import threading
 
-    structure = weights_io.stored_tree(saved["llama"] / "weights")
-    config = load_artifact(saved["llama"], weights=False).config
+    structure, config = _world(saved)
     release, started = threading.Event(), []
 
     def read_part(part):
@@ -138,13 +161,14 @@ def test_a_failure_cancels_the_rest_while_an_earlier_part_still_runs(saved):
         if part.keys == ("embed",):  # the first part runs until released
             release.wait(30)
             return weights_io.restore_part(saved["llama"] / "weights", structure, part)
-        raise ArtifactError(saved["llama"] / "weights", "corrupt checkpoint (test)")
+        raise _broken(saved["llama"] / "weights")
 
-    threading.Timer(2.0, release.set).start()  # the embedding's read ends in any case
+    threading.Timer(1.0, release.set).start()  # the embedding's read ends in any case
     with pytest.raises(ArtifactError, match="corrupt checkpoint"):
         weight_pipeline.place_in_parts(structure, read_part, config=config,
                                        dtype=jnp.float32,
                                        options=Options(workers=2, part_bytes=0))
     # 8 parts; waiting on them in order would have let the second worker start them all
-    # while the first read ran. (Its failing worker may take one more before the cancel.)
-    assert len(started) <= 3
+    # while the first read ran (its failing worker may take one more before the cancel);
+    # then the whole tree's read
+    assert len(started) <= 4 and started[-1] == weights_io.whole_part(structure)
