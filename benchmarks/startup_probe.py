@@ -9,6 +9,9 @@ Phases (`--phases` picks some; all by default), in this order, on one artifact (
 restart target is 20 s for the 8B shape):
   verify        the checksums alone (artifact/checksums.py, files hashed in parallel)
   restore       the orbax restore to numpy (weights_io.restore_weights via load_artifact)
+  restore_parts the pipeline's reads alone: weights_io.restore_part of every part (the
+                first --part-mib) on N threads, N = each --workers value; the pipeline can
+                be no faster than this
   host_fuse     q|k|v and gate|up joined on the host (fused_projections.fuse_projections)
   device_put    the fused tree cast and placed by one device_put (steps.cast_params), waited
   put_threads   the same leaves placed by N threads, a device_put per leaf (N = each
@@ -39,13 +42,13 @@ import time
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.artifact import checksums
+from ninfer_jax.artifact import checksums, weights_io
 from ninfer_jax.artifact.format import load_artifact, read_metadata
 from ninfer_jax.engine import weight_pipeline
 from ninfer_jax.engine.runner import default_dtype, place_params
 from ninfer_jax.model import fused_projections, steps
 
-PHASES = ("verify", "restore", "host_fuse", "device_put", "put_threads", "put_pinned",
+PHASES = ("verify", "restore", "restore_parts", "host_fuse", "device_put", "put_threads", "put_pinned",
           "device_fuse", "sequential", "pipelined")
 
 
@@ -140,6 +143,15 @@ def main(argv=None) -> list[dict]:
     if "restore" in phases:
         emit("restore", seconds, stored)
     config, params = artifact.config, artifact.params
+    if "restore_parts" in phases:
+        directory = path / "weights"
+        structure = weights_io.stored_tree(directory)
+        parts = weights_io.split_parts(structure, args.part_mib[0] << 20)
+        for workers in args.workers:
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                _, seconds = _timed(lambda: list(pool.map(
+                    lambda part: weights_io.restore_part(directory, structure, part), parts)))
+            emit("restore_parts", seconds, stored, threads=workers, parts=len(parts))
     fused, seconds = _timed(lambda: fused_projections.fuse_projections(params, config))
     if "host_fuse" in phases:
         emit("host_fuse", seconds, stored)
