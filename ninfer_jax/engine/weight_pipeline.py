@@ -17,8 +17,9 @@ other top-level entries alone, then runs of layers of at least `part_bytes`) and
               as runner.place_params does (the default on the CPU)
 
 so while one part is read another is cast and a third is sent: the whole takes about as
-long as the slowest stage, not the sum. Numpy, hashlib, orbax's tensorstore reads and
-device_put all release the GIL for their bulk work. Every stage is the one the sequential
+long as the slowest stage, not the sum. Tensorstore's reads (and the checksums' hashlib
+beside them), numpy's copies and device_put release the GIL for their bulk work; orbax's own
+Python (~20-40 ms a call) does not, hence parts of at least `part_bytes`. Every stage is the one the sequential
 path runs (the same cast, the same fuse_layer; a join is exact on either side), so the tree
 equals runner.place_params(load_artifact(...).params) leaf for leaf
 (tests/engine/test_weight_pipeline.py).
