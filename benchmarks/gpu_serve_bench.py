@@ -34,7 +34,7 @@ from proclib import (REPO, Budget, Results, Server, dir_size, free_port, http_ge
 
 STAGES = ("install", "artifact", "step", "cold", "warm", "load", "interference")
 # Start-up lines of the server log copied into its record (milestones and failures).
-LOG_HIGHLIGHTS = r"(?i)compil|warm|KV pool|lanes|ready|listening|error|cannot|Traceback"
+LOG_HIGHLIGHTS = r"(?i)compil|warm|KV pool|lanes|ready|listening|error|cannot|Traceback|weights read"
 # Counters read from /metrics before and after each load level.
 METRICS = ("ninfer_decode_rounds_total", "ninfer_decode_rows_total",
            "ninfer_prefill_units_total", "ninfer_device_wait_seconds_total",

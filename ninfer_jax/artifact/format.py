@@ -181,21 +181,28 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
 
 def load_artifact(path: str | os.PathLike, weights: bool = True, *,
                   mtp: bool = False, vision: bool = False, verify: bool = True,
-                  shardings=None) -> Artifact:
+                  shardings=None, placement=None) -> Artifact:
     """Validate an artifact and return it; with weights=True the params are read (numpy),
     with mtp=True also the MTP head, as params["mtp"], and with vision=True the vision tower,
     as params["vision"] (an error if the artifact lacks the component asked for).
     Reading weights first checks the recorded file checksums, unless verify=False.
     `shardings(stored structure) -> tree of jax Shardings` restores the text weights
-    straight into device shards instead (weights_io.restore_weights; tensor parallelism)."""
+    straight into device shards instead (weights_io.restore_weights; tensor parallelism).
+    `placement(structure, read_part) -> tree` takes the text weights' restore over instead:
+    it reads them part by part with `read_part(weights_io.Part) -> numpy subtree` (errors
+    already ArtifactErrors naming the checkpoint) and returns the tree it made of them
+    (engine/weight_pipeline.py: read, fused and placed on the device as a pipeline)."""
+    if shardings is not None and placement is not None:
+        raise ValueError("load_artifact takes shardings or placement, not both")
     directory = pathlib.Path(path)
     return _validate_directory(directory, weights=weights, display=directory, mtp=mtp,
-                               vision=vision, verify=verify, shardings=shardings)
+                               vision=vision, verify=verify, shardings=shardings,
+                               placement=placement)
 
 
 def _validate_directory(directory: pathlib.Path, *, weights: bool,
                         display: pathlib.Path, mtp: bool = False, vision: bool = False,
-                        verify: bool = True, shardings=None) -> Artifact:
+                        verify: bool = True, shardings=None, placement=None) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(display, "not an artifact directory (missing or not a directory)")
     metadata = read_metadata(directory / METADATA_FILE, display / METADATA_FILE)
@@ -220,7 +227,7 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
                     if verify else lambda: None)
         try:
             params = _read_params(directory, display, metadata, config, mtp=mtp, vision=vision,
-                                  shardings=shardings)
+                                  shardings=shardings, placement=placement)
         except Exception:
             verified()
             raise
@@ -230,10 +237,11 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
 
 
 def _read_params(directory: pathlib.Path, display: pathlib.Path, metadata: dict, config,
-                 *, mtp: bool, vision: bool, shardings) -> dict:
+                 *, mtp: bool, vision: bool, shardings, placement) -> dict:
     formats = metadata["weight_formats"]
     params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR,
-                           config.expected_shapes(), formats, shardings=shardings)
+                           config.expected_shapes(), formats, shardings=shardings,
+                           placement=placement)
     if mtp:
         params["mtp"] = _read_weights(directory / MTP_DIR, display / MTP_DIR,
                                       mtp_expected_shapes(config), formats, prefix="mtp")
@@ -338,19 +346,28 @@ def _check_vision(metadata: dict[str, Any], config: ModelConfig, display: pathli
 
 def _read_weights(directory: pathlib.Path, display: pathlib.Path,
                   expected: dict[str, tuple[int, ...]], weight_formats: dict[str, str],
-                  prefix: str | None = None, shardings=None) -> dict:
+                  prefix: str | None = None, shardings=None, placement=None) -> dict:
     """Read one checkpoint after checking it holds exactly `expected`; a component's
-    checkpoint (prefix "mtp") stores the tree that `expected` names under `mtp.`."""
+    checkpoint (prefix "mtp") stores the tree that `expected` names under `mtp.`.
+    `placement`: see load_artifact (its own errors, a device's, pass through as they are)."""
     try:
         structure = weights_io.stored_tree(directory)
     except Exception as exc:  # orbax raises many types for a damaged checkpoint
         raise ArtifactError(display, f"corrupt checkpoint (metadata unreadable: {exc})") from None
     check_tensors({prefix: structure} if prefix else structure, expected, weight_formats,
                   display)
-    try:
-        return weights_io.restore_weights(directory, structure, shardings)
-    except Exception as exc:
-        raise ArtifactError(display, f"corrupt checkpoint ({type(exc).__name__}: {exc})") from None
+
+    def restored(read):
+        try:
+            return read()
+        except Exception as exc:
+            raise ArtifactError(display, f"corrupt checkpoint ({type(exc).__name__}: "
+                                         f"{exc})") from None
+
+    if placement is not None:
+        return placement(structure, lambda part: restored(
+            lambda: weights_io.restore_part(directory, structure, part)))
+    return restored(lambda: weights_io.restore_weights(directory, structure, shardings))
 
 
 def check_tensors(structure: Any, expected: dict[str, tuple[int, ...]],

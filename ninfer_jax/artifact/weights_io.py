@@ -132,6 +132,85 @@ def restore_weights(directory: pathlib.Path, structure: Any | None = None,
                                             restore_args=restore_args)
 
 
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A piece of the stored tree that one restore call reads: top-level entries by key
+    (`embed`, `lm_head`, ...; never `layers`) or a run of whole layers by index."""
+
+    keys: tuple[str, ...] = ()
+    layers: tuple[int, ...] = ()
+    num_bytes: int = 0
+
+
+def split_parts(structure: Any, part_bytes: int = 0) -> list[Part]:
+    """The stored tree as parts that together hold every leaf once: each top-level entry
+    but `layers` alone, largest first (an embedding table is the longest single read), then
+    runs of consecutive layers, each run closed once it holds `part_bytes` (0: a layer a
+    part), so that small layers do not each pay a restore call's fixed cost."""
+    def size(tree) -> int:
+        return sum(TensorInfo("", tuple(int(d) for d in leaf.shape),
+                              str(np.dtype(leaf.dtype))).num_bytes
+                   for _, leaf in walk_tree(tree))
+
+    top = sorted((Part(keys=(key,), num_bytes=size(value))
+                  for key, value in structure.items() if key != "layers"),
+                 key=lambda part: -part.num_bytes)
+    runs: list[Part] = []
+    run: list[int] = []
+    run_bytes = 0
+    for index, layer in enumerate(structure.get("layers", ())):
+        run.append(index)
+        run_bytes += size(layer)
+        if run_bytes >= part_bytes:
+            runs.append(Part(layers=tuple(run), num_bytes=run_bytes))
+            run, run_bytes = [], 0
+    if run:
+        runs.append(Part(layers=tuple(run), num_bytes=run_bytes))
+    return top + runs
+
+
+def whole_part(structure: Any) -> Part:
+    """The one part that is the whole stored tree."""
+    return Part(keys=tuple(key for key in structure if key != "layers"),
+                layers=tuple(range(len(structure.get("layers", ())))))
+
+
+def can_restore_parts() -> bool:
+    """Whether this orbax reads a part of a checkpoint alone (its PLACEHOLDER leaves)."""
+    return getattr(_orbax(), "PLACEHOLDER", None) is not None
+
+
+def restore_part(directory: pathlib.Path, structure: Any, part: Part) -> dict:
+    """Read only `part`'s arrays as numpy: {key: tree} for its keys and, when it has layers,
+    `layers` as the list of those layers' trees (in part.layers order). Every other leaf is
+    an orbax PLACEHOLDER, so its bytes are never read (the whole part is a plain restore)."""
+    if part.keys == whole_part(structure).keys and \
+            part.layers == whole_part(structure).layers:
+        restored = restore_weights(directory, structure)
+        return {key: restored[key] for key in part.keys} | (
+            {"layers": restored["layers"]} if part.layers else {})
+    ocp = _orbax()
+    skip = ocp.PLACEHOLDER
+    wanted_layers = set(part.layers)
+
+    def select(tree, keep: bool):
+        return _map_tree(tree, (lambda leaf: leaf) if keep else (lambda _: skip))
+
+    item = {key: ([select(layer, index in wanted_layers)
+                   for index, layer in enumerate(value)] if key == "layers"
+                  else select(value, key in part.keys))
+            for key, value in structure.items()}
+    restore_args = _map_tree(item, lambda leaf: skip if leaf is skip
+                             else ocp.RestoreArgs(restore_type=np.ndarray))
+    restored = ocp.PyTreeCheckpointer().restore(
+        pathlib.Path(directory).absolute(),
+        args=ocp.args.PyTreeRestore(item=item, restore_args=restore_args))
+    found = {key: restored[key] for key in part.keys}
+    if part.layers:
+        found["layers"] = [restored["layers"][index] for index in part.layers]
+    return found
+
+
 def _leaves(tree: Any) -> list:
     """Leaves in walk_tree's order (the order _map_tree visits them)."""
     return [leaf for _, leaf in walk_tree(tree)]

@@ -55,17 +55,23 @@ HYBRID_FUSED_LEAVES = {**FUSED_LEAVES, "in_qkvzba": ("in_qkv", "in_z", "in_b", "
 JOINABLE_FORMATS = ("int8", "fp8", "int4")
 
 
-def fuse_projections(params: dict, config: ModelConfig, groups: int = 1) -> dict:
-    """`params` with each dense layer's fusable projection groups joined (module docstring);
-    `groups` > 1 lays the columns out per tensor-parallel shard (model/tensor_parallel.py)."""
-    if "layers" not in params:
-        return params
+def fused_leaves(config: ModelConfig, groups: int = 1) -> dict | None:
+    """The groups of leaves a layer of this family joins (fused leaf -> its parts), or None:
+    dense families always, hybrids on one device only (under tensor parallelism their GDN
+    channels are grouped per shard instead)."""
     if config.architecture in HYBRID_ARCHITECTURES and groups == 1:
-        return {**params, "layers": [fuse_layer(layer, 1, HYBRID_FUSED_LEAVES)
-                                     for layer in params["layers"]]}
-    if config.architecture not in DENSE_ARCHITECTURES:
+        return HYBRID_FUSED_LEAVES
+    return FUSED_LEAVES if config.architecture in DENSE_ARCHITECTURES else None
+
+
+def fuse_projections(params: dict, config: ModelConfig, groups: int = 1) -> dict:
+    """`params` with each layer's fusable projection groups joined (module docstring);
+    `groups` > 1 lays the columns out per tensor-parallel shard (model/tensor_parallel.py)."""
+    leaves = fused_leaves(config, groups)
+    if "layers" not in params or leaves is None:
         return params
-    return {**params, "layers": [fuse_layer(layer, groups) for layer in params["layers"]]}
+    return {**params, "layers": [fuse_layer(layer, groups, leaves)
+                                 for layer in params["layers"]]}
 
 
 def fuse_layer(layer: dict, groups: int = 1, groups_of_leaves: dict = FUSED_LEAVES) -> dict:

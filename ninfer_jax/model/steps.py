@@ -139,12 +139,17 @@ def cast_params(params, dtype):
     leaves (quantized codes, their scales' integer parts) are left as stored. Host arrays are
     cast on the host and the whole tree is placed by one `device_put`, which overlaps the
     transfers (one `jnp.asarray` per leaf waits for each of an 8B model's ~400 in turn)."""
+    return jax.device_put(cast_leaves(params, dtype))
+
+
+def cast_leaves(params, dtype):
+    """cast_params' cast alone: host arrays cast on the host, device ones on their device."""
     def cast(leaf):
         leaf = leaf if isinstance(leaf, jax.Array) else np.asarray(leaf)
         if not jnp.issubdtype(leaf.dtype, jnp.floating) or leaf.dtype == dtype:
             return leaf
         return leaf.astype(dtype)
-    return jax.device_put(_map_plain_weights(cast, params))
+    return _map_plain_weights(cast, params)
 
 
 def expand_quantized(params, dtype):

@@ -77,11 +77,17 @@ def build_engine(config: ServeConfig):
     started = time.perf_counter()
     mesh = tensor_parallel_mesh(config)
     if mesh is None:
-        # The device runtime starts (seconds on a GPU) while the weights are read.
+        # The device runtime starts (seconds on a GPU) while the first weights are read; the
+        # text weights are read, fused and placed part by part, the stages overlapping
+        # (engine/weight_pipeline.py), so they come back on the device.
+        from ninfer_jax.engine import weight_pipeline
+
         runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
         runtime.start()
+        text_config = load_artifact(config.artifact, weights=False).config
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
-                                 mtp=config.spec == "mtp", vision=config.vision)
+                                 mtp=config.spec == "mtp", vision=config.vision,
+                                 placement=weight_pipeline.placement(text_config))
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
@@ -111,8 +117,8 @@ def build_engine(config: ServeConfig):
                            artifact.config.has_state),
                        **rows)
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
-    log.info("weights read (and the device runtime started) in %.1f s, placed on the device "
-             "in %.1f s", read - started,
+    log.info("weights read and placed (and the device runtime started) in %.1f s, the rest "
+             "placed and the runner built in %.1f s", read - started,
              time.perf_counter() - read)
     log.info("model %s (%s): context %d tokens, KV pool %d tokens of %s, %d lanes, %d state "
              "slots; warming up", artifact.name, artifact.config.architecture, max_context,
