@@ -197,7 +197,7 @@ def preset_dflash_config(config: ModelConfig, variant: str, *, tiny: bool) -> DF
     shape (5 layers over target layers spread from 1 to L - 3, block 16) with the target's
     attention and MLP sizes; tiny: 2 layers. DFlash2 adds the public fixture's extras (conv
     taps 2 in groups of 16, a rank-256 selector over the top 16, window 2048, soft-cap 20),
-    shrunk when tiny (window 8, so short tests cross it)."""
+    shrunk when tiny (window 8, so short tests cross it; rank 4)."""
     layers = 2 if tiny else 5
     last = max(config.num_layers - 3, 1)
     ids = sorted({min(round(1 + i * (last - 1) / max(layers - 1, 1)), config.num_layers - 1)
@@ -212,7 +212,7 @@ def preset_dflash_config(config: ModelConfig, variant: str, *, tiny: bool) -> DF
         rope_theta=config.rope_theta, final_logit_softcapping=20.0 if v2 else 0.0,
         sliding_window=(8 if tiny else 2048) if v2 else 0,
         conv_kernel_size=2 if v2 else 0, conv_group_size=16 if v2 else 0,
-        selector_rank=(16 if tiny else 256) if v2 else 0,
+        selector_rank=(4 if tiny else 256) if v2 else 0,
         selector_top_k=(8 if tiny else 16) if v2 else 0)
 
 

@@ -146,7 +146,7 @@ def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
         special_tokens=_special_tokens(preset, tokenizer), chat_format=_chat_format(preset),
         source=source, weight_formats=formats, vision_config=vision,
         components={"text": True, "mtp": config.mtp_num_layers > 0, "dflash": False,
-                    "vision": vision is not None},
+                    "dflash2": False, "draft_head": False, "vision": vision is not None},
         notes=preset.notes + ("; built with tiny dimensions (--tiny)" if shrunk else ""))
     # Checked before drawing weights, which takes minutes at 8B shapes.
     check_metadata(contents.metadata(), pathlib.Path(f"<init-random {preset_name}>"))
