@@ -7,7 +7,8 @@ the chat template and format.
 `tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
 presets also get their MTP head (the artifact's mtp component), random DFlash and DFlash2
-drafters and a reduced proposal head (artifact/drafters.py; `drafters=False` leaves them out),
+drafters and a reduced proposal head (artifact/drafters.py; by default at tiny dimensions
+only, `drafters=True` at any size),
 and presets with a vision tower
 their `vision` component (presets.tiny_vision when shrunk). Tower weights: LayerNorm weights
 around 1, biases ~ N(0, 0.02), the learned positions ~ N(0, 0.1), matrices ~ N(0, 1/fan_in).
@@ -120,11 +121,12 @@ def _draw(config: ModelConfig, seed: int, name: str, shape: tuple[int, ...],
 def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
                 weights: str | None = None, name: str | None = None, tiny: bool = False,
                 progress: common.ProgressFn | None = None,
-                drafters: bool = True) -> ArtifactContents:
+                drafters: bool | None = None) -> ArtifactContents:
     """Artifact contents for a preset; `weights` may quantize the projection matrices and
     `tiny` shrinks the dimensions (everything else of the preset stays). Hybrid presets get
-    random DFlash and DFlash2 drafters and a reduced proposal head unless `drafters` is
-    False (artifact/drafters.py)."""
+    random DFlash and DFlash2 drafters and a reduced proposal head when `drafters` (None:
+    at tiny dimensions only; full-size drafters add about 4 GB each in bf16 at 27B) (see
+    artifact/drafters.py)."""
     if preset_name not in PRESETS:
         raise ValueError(f"unknown preset {preset_name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
@@ -153,6 +155,8 @@ def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
     contents.params = random_params(config, seed=seed, dtype=dtype, progress=progress)
     if vision:
         contents.params["vision"] = random_vision_params(vision, seed=seed, dtype=dtype)
+    if drafters is None:
+        drafters = config.hidden_size <= 256
     if drafters and config.is_hybrid:
         from ninfer_jax.artifact.drafters import (add_draft_head, add_drafter,
                                                   preset_dflash_config, random_dflash)

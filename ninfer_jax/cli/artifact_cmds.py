@@ -68,12 +68,12 @@ def convert(src, out, name, dtype, weights, dflash, lm_head_draft_vocab, force, 
                    "with everything else of the preset: architecture, vocabulary, special "
                    "tokens, chat template and format, qk-norm, tying, RoPE, head grouping.")
 @click.option("--name", default=None, help="Public model name (default: the preset).")
-@click.option("--no-drafters", is_flag=True,
-              help="Hybrid presets: leave out the random DFlash / DFlash2 drafters and the "
-                   "reduced proposal head.")
+@click.option("--drafters/--no-drafters", default=None,
+              help="Hybrid presets: add random DFlash and DFlash2 drafters and a reduced "
+                   "proposal head (default: with tiny dimensions only).")
 @click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
-def init_random(preset, out, seed, dtype, weights, tiny, name, no_drafters, force, quiet):
+def init_random(preset, out, seed, dtype, weights, tiny, name, drafters, force, quiet):
     """Write an artifact with random weights, a real tokenizer built offline (Qwen3, Qwen3.5,
     or a Llama-3-layout stand-in) and our own chat template (tiny presets for tests, published
     dense and hybrid shapes for GPU benchmarks; hybrid presets include their MTP head and
@@ -89,7 +89,7 @@ def init_random(preset, out, seed, dtype, weights, tiny, name, no_drafters, forc
     try:
         contents = build(preset, seed=seed, dtype=dtype, weights=weights, name=name, tiny=tiny,
                          progress=None if quiet else stderr_progress,
-                         drafters=not no_drafters)
+                         drafters=drafters)
         path = save_artifact(out, contents, overwrite=force)
     except (ArtifactError, FileExistsError, ValueError) as exc:
         raise _fail(exc) from None
