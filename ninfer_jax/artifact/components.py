@@ -12,6 +12,18 @@ one model/config.py documents:
 Names used here are dotted and prefixed `mtp.` (`mtp.layers.0.wq`), so their weight group
 (format.tensor_group) is `mtp` and their norms are in `norms`.
 
+`dflash` and `dflash2`, the block-diffusion drafters (model/dflash.py), are stored in
+`dflash/` and `dflash2/` and loaded as params["dflash"] / params["dflash2"] when asked
+(format.load_artifact(..., dflash="dflash"), `--spec dflash`). Their hyper-parameters are
+metadata.json's `dflash_config` / `dflash2_config` (dflash.DFlashConfig), their tree is
+DFlashConfig.expected_shapes, their names are prefixed `dflash.` / `dflash2.` (weight group
+of that name; norms in `norms`).
+
+`draft_head`, the reduced proposal head of --lm-head-draft, is stored in `draft_head/` and
+loaded as params["draft_head"] when asked: weight [H, Vd] (a float, group `draft_head`) and
+token_ids int32 [Vd], the vocabulary subset whose logits it gives (metadata.json
+`draft_head_config`: {"vocab": Vd}).
+
 `vision`, the image/video tower (model/vision/config.py), is stored in `vision/` and loaded as
 `params["vision"]` only when asked (format.load_artifact(..., vision=True), `--vision`). Its
 hyper-parameters are metadata.json's `vision_config`; its names are prefixed `vision.`
@@ -24,8 +36,12 @@ import dataclasses
 from typing import Any
 
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.dflash_config import DFlashConfig
 from ninfer_jax.model.vision.config import VisionConfig
 
+DFLASH_VARIANTS = ("dflash", "dflash2")  # component = directory = params key = name prefix
+DRAFT_HEAD = "draft_head"
+DRAFTER_COMPONENTS = (*DFLASH_VARIANTS, DRAFT_HEAD)
 MTP_DIR = "mtp"
 MTP_PREFIX = "mtp."
 VISION_DIR = "vision"
@@ -55,8 +71,40 @@ def mtp_expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 def split_mtp(params: dict) -> tuple[dict, dict | None]:
     """(text params, mtp tree or None): what goes to weights/ and what goes to mtp/."""
-    text = {key: value for key, value in params.items() if key not in ("mtp", "vision")}
+    text = {key: value for key, value in params.items()
+            if key not in ("mtp", "vision", *DRAFTER_COMPONENTS)}
     return text, params.get("mtp")
+
+
+def dflash_config_of(metadata: dict[str, Any], variant: str) -> DFlashConfig | None:
+    """The artifact's `variant` drafter config (metadata.json `<variant>_config`), or None."""
+    data = metadata.get(f"{variant}_config")
+    return DFlashConfig.from_dict(data) if data else None
+
+
+def dflash_expected_shapes(config: DFlashConfig | None) -> dict[str, tuple[int, ...]]:
+    """`<variant>.`-prefixed name -> shape of every drafter tensor (empty without one)."""
+    return config.expected_shapes(config.variant + ".") if config else {}
+
+
+def draft_head_expected_shapes(metadata: dict[str, Any], hidden_size: int
+                               ) -> dict[str, tuple[int, ...]]:
+    """The draft_head component's tensors (empty without one)."""
+    head = metadata.get("draft_head_config")
+    if not head:
+        return {}
+    return {"draft_head.weight": (hidden_size, head["vocab"]),
+            "draft_head.token_ids": (head["vocab"],)}
+
+
+def vocabulary_subset_head(lm_head, token_ids) -> dict:
+    """A draft_head tree from the target's output projection [H, V] (tied: embed.T) and the
+    token ids it keeps, in the target's dtype."""
+    import numpy as np
+
+    token_ids = np.asarray(sorted(set(int(t) for t in token_ids)), np.int32)
+    return {"weight": np.ascontiguousarray(np.asarray(lm_head)[:, token_ids]),
+            "token_ids": token_ids}
 
 
 def vision_expected_shapes(vision: VisionConfig | None) -> dict[str, tuple[int, ...]]:

@@ -44,10 +44,33 @@ def _read_float_source(src: pathlib.Path, name: str | None, dtype: str,
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, name: str | None = None,
             dtype: str | None = None, weights: str | None = None, overwrite: bool = False,
-            progress: common.ProgressFn | None = None) -> pathlib.Path:
-    """Convert SRC into the artifact directory OUT; returns OUT's absolute path."""
+            progress: common.ProgressFn | None = None, dflash: tuple = (),
+            draft_head_vocab: int = 0) -> pathlib.Path:
+    """Convert SRC into the artifact directory OUT; returns OUT's absolute path. SRC may also
+    be a .ninfer artifact, read back whole, to add drafter components to it: `dflash`, public
+    DFlash / DFlash2 checkpoint directories (artifact/drafters.py), and `draft_head_vocab`
+    > 0, the reduced proposal head over token ids 0..N-1."""
+    from ninfer_jax.artifact import drafters
+    from ninfer_jax.artifact.format import METADATA_FILE, load_whole_artifact
+
     out = pathlib.Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --force to replace it)")
-    contents = read_source(src, name=name, dtype=dtype, weights=weights, progress=progress)
+    if (pathlib.Path(src) / METADATA_FILE).is_file():
+        if weights is not None or not (dflash or draft_head_vocab):
+            raise ArtifactError(src, "an artifact source only takes drafter components "
+                                     "(--dflash DIR, --lm-head-draft-vocab N), not --weights")
+        contents = load_whole_artifact(src)
+        if name:
+            contents.name = name
+        float_dtype = dtype or contents.weight_formats["embed"]
+    else:
+        contents = read_source(src, name=name, dtype=dtype, weights=weights, progress=progress)
+        float_dtype = common.resolve_formats(dtype, weights)[0] if weights != \
+            common.GGUF_STORED else dtype or "f32"
+    for directory in dflash:
+        config, tree = drafters.read_dflash(directory, float_dtype)
+        drafters.add_drafter(contents, config, tree, float_dtype)
+    if draft_head_vocab:
+        drafters.add_draft_head(contents, draft_head_vocab)
     return save_artifact(out, contents, overwrite=overwrite)

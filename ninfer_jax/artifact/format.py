@@ -7,6 +7,11 @@ Layout (docs/artifact-format.md describes each field):
     chat_template.jinja  the default chat template
     weights/             orbax checkpoint of the text model's params (weights_io.py)
     mtp/                 orbax checkpoint of the MTP head, when components.mtp (components.py)
+    dflash/, dflash2/    orbax checkpoints of the DFlash / DFlash2 drafters, when those
+                         components are on; hyper-parameters in `dflash_config` /
+                         `dflash2_config`
+    draft_head/          orbax checkpoint of the reduced proposal head (--lm-head-draft), when
+                         components.draft_head; its size in `draft_head_config`
     vision/              orbax checkpoint of the vision tower, when components.vision; its
                          hyper-parameters are metadata.json's `vision_config`
 
@@ -26,7 +31,10 @@ from typing import Any
 import numpy as np
 
 from ninfer_jax.artifact import checksums, weights_io
-from ninfer_jax.artifact.components import (MTP_DIR, VISION_DIR, mtp_expected_shapes,
+from ninfer_jax.artifact.components import (DFLASH_VARIANTS, DRAFT_HEAD, DRAFTER_COMPONENTS,
+                                            MTP_DIR, VISION_DIR, dflash_config_of,
+                                            dflash_expected_shapes,
+                                            draft_head_expected_shapes, mtp_expected_shapes,
                                             split_mtp, vision_config_of,
                                             vision_expected_shapes)
 from ninfer_jax.artifact.tensor_groups import (FLOAT_FORMATS, expected_dtype,  # noqa: F401
@@ -40,11 +48,12 @@ METADATA_FILE = "metadata.json"
 TOKENIZER_FILE = "tokenizer.json"
 TEMPLATE_FILE = "chat_template.jinja"
 WEIGHTS_DIR = "weights"
-COMPONENTS = ("text", "mtp", "dflash", "vision")
+COMPONENTS = ("text", "mtp", "dflash", "dflash2", "draft_head", "vision")
 # Quantized formats store a dict of arrays per weight; their layout is owned by kernels/quant_matmul.
 QUANTIZED_FORMATS = ("int8", "fp8", "int4", "nvfp4", "q8_0", "q4_0", "q4_1")  # q*: GGUF blocks
 TOOL_CALL_FORMATS = (None, "hermes", "qwen_xml", "glm_xml", "gemma4", "nemotron")
-CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, VISION_DIR, TOKENIZER_FILE, TEMPLATE_FILE)
+CHECKSUMMED = (WEIGHTS_DIR, MTP_DIR, VISION_DIR, *DRAFTER_COMPONENTS, TOKENIZER_FILE,
+               TEMPLATE_FILE)
 
 
 @dataclasses.dataclass
@@ -64,6 +73,9 @@ class ArtifactContents:
         default_factory=lambda: {"text": True, "mtp": False, "dflash": False, "vision": False})
     notes: str | None = None
     vision_config: VisionConfig | None = None  # the tower's, exactly when components.vision
+    # drafter configs by variant ("dflash", "dflash2"), exactly for the components that are on
+    dflash_configs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    draft_head_vocab: int = 0  # Vd of the draft_head component (0: none)
 
     def metadata(self) -> dict[str, Any]:
         metadata = {
@@ -77,6 +89,10 @@ class ArtifactContents:
             metadata["notes"] = self.notes
         if self.vision_config is not None:
             metadata["vision_config"] = self.vision_config.to_dict()
+        for variant, config in self.dflash_configs.items():
+            metadata[f"{variant}_config"] = config.to_dict()
+        if self.draft_head_vocab:
+            metadata["draft_head_config"] = {"vocab": self.draft_head_vocab}
         return metadata
 
 
@@ -117,6 +133,10 @@ class Artifact:
     def vision_config(self) -> VisionConfig | None:
         return vision_config_of(self.metadata)
 
+    def dflash_config(self, variant: str):
+        """The `variant` drafter's DFlashConfig (model/dflash.py), or None."""
+        return dflash_config_of(self.metadata, variant)
+
     def load_tokenizer(self):
         from ninfer_jax.text.tokenizer import Tokenizer
 
@@ -138,9 +158,11 @@ def save_artifact(out: str | os.PathLike, contents: ArtifactContents, *,
     if ("mtp" in contents.params) != bool(contents.components.get("mtp")):
         raise ArtifactError(out / METADATA_FILE, "components.mtp disagrees with the params "
                                                  "(an mtp tree is written exactly when it is on)")
-    if ("vision" in contents.params) != bool(contents.components.get("vision")):
-        raise ArtifactError(out / METADATA_FILE, "components.vision disagrees with the params "
-                                                 "(a vision tree is written exactly when it is on)")
+    for component in ("vision", *DRAFTER_COMPONENTS):
+        if (component in contents.params) != bool(contents.components.get(component)):
+            raise ArtifactError(out / METADATA_FILE, f"components.{component} disagrees with "
+                                f"the params (a {component} tree is written exactly when it "
+                                "is on)")
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial",
                                             dir=out.parent))
@@ -167,8 +189,9 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
     weights_io.save_weights(directory / WEIGHTS_DIR, text)
     if mtp is not None:
         weights_io.save_weights(directory / MTP_DIR, mtp)
-    if "vision" in contents.params:
-        weights_io.save_weights(directory / VISION_DIR, contents.params["vision"])
+    for component in (VISION_DIR, *DRAFTER_COMPONENTS):  # directory = params key
+        if component in contents.params:
+            weights_io.save_weights(directory / component, contents.params[component])
     metadata = contents.metadata()
     metadata["checksums"] = checksums.compute(directory, CHECKSUMMED)
     # metadata last: a directory with metadata.json is complete by construction.
@@ -181,10 +204,13 @@ def _write_files(directory: pathlib.Path, contents: ArtifactContents) -> None:
 
 def load_artifact(path: str | os.PathLike, weights: bool = True, *,
                   mtp: bool = False, vision: bool = False, verify: bool = True,
-                  shardings=None, placement=None) -> Artifact:
+                  shardings=None, placement=None, dflash: str | None = None,
+                  draft_head: bool = False) -> Artifact:
     """Validate an artifact and return it; with weights=True the params are read (numpy),
     with mtp=True also the MTP head, as params["mtp"], and with vision=True the vision tower,
-    as params["vision"] (an error if the artifact lacks the component asked for).
+    as params["vision"], with dflash="dflash" or "dflash2" that drafter, as params[dflash],
+    and with draft_head=True the reduced proposal head, as params["draft_head"] (an error
+    if the artifact lacks the component asked for).
     Reading weights first checks the recorded file checksums, unless verify=False.
     `shardings(stored structure) -> tree of jax Shardings` restores the text weights
     straight into device shards instead (weights_io.restore_weights; tensor parallelism).
@@ -195,28 +221,67 @@ def load_artifact(path: str | os.PathLike, weights: bool = True, *,
     if shardings is not None and placement is not None:
         raise ValueError("load_artifact takes shardings or placement, not both")
     directory = pathlib.Path(path)
+    wanted = tuple(name for name, on in ((dflash, dflash), (DRAFT_HEAD, draft_head)) if on)
     return _validate_directory(directory, weights=weights, display=directory, mtp=mtp,
                                vision=vision, verify=verify, shardings=shardings,
-                               placement=placement)
+                               placement=placement, drafters=wanted)
+
+
+def load_whole_artifact(path: str | os.PathLike, verify: bool = True) -> ArtifactContents:
+    """An artifact read back as ArtifactContents with every component it has (to save it
+    again with more: `ninfer convert ARTIFACT OUT --dflash DIR`)."""
+    directory = pathlib.Path(path)
+    metadata = read_metadata(directory / METADATA_FILE, directory / METADATA_FILE)
+    components = metadata["components"]
+    present = tuple(c for c in DRAFTER_COMPONENTS if components.get(c))
+    artifact = _validate_directory(directory, weights=True, display=directory,
+                                   mtp=bool(components.get("mtp")),
+                                   vision=bool(components.get("vision")), verify=verify,
+                                   drafters=present)
+    params = {key: _to_numpy(value) for key, value in artifact.params.items()}
+    return ArtifactContents(
+        name=metadata.get("name") or artifact.config.architecture, config=artifact.config,
+        params=params, tokenizer_json=artifact.tokenizer_path.read_text(encoding="utf-8"),
+        chat_template=artifact.chat_template, special_tokens=metadata["special_tokens"],
+        chat_format=metadata["chat_format"], source=metadata.get("source", {}),
+        weight_formats=dict(metadata["weight_formats"]), components=dict(components),
+        notes=metadata.get("notes"), vision_config=artifact.vision_config,
+        dflash_configs={v: artifact.dflash_config(v) for v in DFLASH_VARIANTS
+                        if components.get(v)},
+        draft_head_vocab=(metadata.get("draft_head_config") or {}).get("vocab", 0))
+
+
+def _to_numpy(tree):
+    if isinstance(tree, dict):
+        return {key: _to_numpy(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_to_numpy(value) for value in tree)
+    return np.asarray(tree)
 
 
 def _validate_directory(directory: pathlib.Path, *, weights: bool,
                         display: pathlib.Path, mtp: bool = False, vision: bool = False,
-                        verify: bool = True, shardings=None, placement=None) -> Artifact:
+                        verify: bool = True, shardings=None, placement=None,
+                        drafters: tuple[str, ...] = ()) -> Artifact:
     if not directory.is_dir():
         raise ArtifactError(display, "not an artifact directory (missing or not a directory)")
     metadata = read_metadata(directory / METADATA_FILE, display / METADATA_FILE)
     config = _config_from_metadata(metadata, display / METADATA_FILE)
     has_mtp = bool(metadata["components"].get("mtp"))
     has_vision = bool(metadata["components"].get("vision"))
+    present = tuple(c for c in DRAFTER_COMPONENTS if metadata["components"].get(c))
     for required in (TOKENIZER_FILE, TEMPLATE_FILE, WEIGHTS_DIR, *([MTP_DIR] * has_mtp),
-                     *([VISION_DIR] * has_vision)):
+                     *([VISION_DIR] * has_vision), *present):
         if not (directory / required).exists():
             raise ArtifactError(display / required, "missing")
     if mtp and not has_mtp:
         raise ArtifactError(display / METADATA_FILE, "the artifact has no mtp component")
     if vision and not has_vision:
         raise ArtifactError(display / METADATA_FILE, "the artifact has no vision component")
+    for component in drafters:
+        if component not in present:
+            raise ArtifactError(display / METADATA_FILE,
+                                f"the artifact has no {component} component")
     template = (directory / TEMPLATE_FILE).read_text(encoding="utf-8")
     params = None
     if weights:
@@ -227,7 +292,8 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
                     if verify else lambda: None)
         try:
             params = _read_params(directory, display, metadata, config, mtp=mtp, vision=vision,
-                                  shardings=shardings, placement=placement)
+                                  shardings=shardings, placement=placement,
+                                  drafters=drafters)
         except Exception:
             verified()
             raise
@@ -237,7 +303,8 @@ def _validate_directory(directory: pathlib.Path, *, weights: bool,
 
 
 def _read_params(directory: pathlib.Path, display: pathlib.Path, metadata: dict, config,
-                 *, mtp: bool, vision: bool, shardings, placement) -> dict:
+                 *, mtp: bool, vision: bool, shardings, placement,
+                 drafters: tuple[str, ...] = ()) -> dict:
     formats = metadata["weight_formats"]
     params = _read_weights(directory / WEIGHTS_DIR, display / WEIGHTS_DIR,
                            config.expected_shapes(), formats, shardings=shardings,
@@ -249,6 +316,12 @@ def _read_params(directory: pathlib.Path, display: pathlib.Path, metadata: dict,
         params["vision"] = _read_weights(
             directory / VISION_DIR, display / VISION_DIR,
             vision_expected_shapes(vision_config_of(metadata)), formats, prefix="vision")
+    for component in drafters:
+        expected = (draft_head_expected_shapes(metadata, config.hidden_size)
+                    if component == DRAFT_HEAD
+                    else dflash_expected_shapes(dflash_config_of(metadata, component)))
+        params[component] = _read_weights(directory / component, display / component,
+                                          expected, formats, prefix=component)
     return params
 
 
@@ -317,7 +390,33 @@ def _config_from_metadata(metadata: dict[str, Any], display: pathlib.Path) -> Mo
         raise ArtifactError(display, "components.mtp must be true exactly when "
                                      "config.mtp_num_layers > 0")
     _check_vision(metadata, config, display)
+    _check_drafters(metadata, config, display)
     return config
+
+
+def _check_drafters(metadata: dict[str, Any], config: ModelConfig,
+                    display: pathlib.Path) -> None:
+    """components.dflash / dflash2 / draft_head go with their `<name>_config`, a valid one
+    that fits this text model."""
+    for component in DRAFTER_COMPONENTS:
+        has = bool(metadata["components"].get(component))
+        if has != (f"{component}_config" in metadata):
+            raise ArtifactError(display, f"components.{component} must be true exactly when "
+                                         f"{component}_config is present")
+    for variant in DFLASH_VARIANTS:
+        try:
+            drafter = dflash_config_of(metadata, variant)
+            if drafter is not None:
+                if drafter.variant != variant:
+                    raise ValueError(f"variant is {drafter.variant!r}")
+                drafter.check_target(config)
+        except (TypeError, ValueError) as exc:
+            raise ArtifactError(display, f"invalid {variant}_config: {exc}") from None
+    head = metadata.get("draft_head_config")
+    if head is not None and not (isinstance(head.get("vocab"), int)
+                                 and 0 < head["vocab"] <= config.vocab_size):
+        raise ArtifactError(display, "draft_head_config.vocab must be an id count within "
+                                     "the vocabulary")
 
 
 def _check_vision(metadata: dict[str, Any], config: ModelConfig, display: pathlib.Path) -> None:

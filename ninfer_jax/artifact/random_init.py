@@ -6,7 +6,10 @@ Qwen3.5, or a Llama-3-, GLM-4.5-, Gemma-4- or Nemotron-H-layout stand-in), the s
 the chat template and format.
 `tiny=True` keeps all of that and shrinks only the dimensions (hidden 64, 2 layers, 4 query
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
-presets also get their MTP head (the artifact's mtp component), and presets with a vision tower
+presets also get their MTP head (the artifact's mtp component), random DFlash and DFlash2
+drafters and a reduced proposal head (artifact/drafters.py; by default at tiny dimensions
+only, `drafters=True` at any size),
+and presets with a vision tower
 their `vision` component (presets.tiny_vision when shrunk). Tower weights: LayerNorm weights
 around 1, biases ~ N(0, 0.02), the learned positions ~ N(0, 0.1), matrices ~ N(0, 1/fan_in).
 
@@ -28,6 +31,7 @@ from tokenizers import Tokenizer
 from ninfer_jax.artifact import convert_common as common
 from ninfer_jax.artifact.components import (VISION_PREFIX, add_vision_tensor,
                                             mtp_expected_shapes)
+from ninfer_jax.artifact.components import DFLASH_VARIANTS
 from ninfer_jax.artifact.format import ArtifactContents, check_metadata
 from ninfer_jax.artifact.presets import (LLAMA3_VOCAB, PRESETS, QWEN3_5_VOCAB,  # noqa: F401
                                          QWEN3_VOCAB, TINY_DIMS, Preset, tiny_config,
@@ -38,6 +42,7 @@ from ninfer_jax.artifact.tensor_groups import is_norm
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.vision.config import VisionConfig
 
+DRAFT_HEAD_VOCAB = 32768  # the reduced proposal head's token ids: 0..this-1
 _BLOCK = 1 << 22  # values drawn per large tensor; the rest repeats them at a random phase
 
 
@@ -115,9 +120,13 @@ def _draw(config: ModelConfig, seed: int, name: str, shape: tuple[int, ...],
 
 def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
                 weights: str | None = None, name: str | None = None, tiny: bool = False,
-                progress: common.ProgressFn | None = None) -> ArtifactContents:
+                progress: common.ProgressFn | None = None,
+                drafters: bool | None = None) -> ArtifactContents:
     """Artifact contents for a preset; `weights` may quantize the projection matrices and
-    `tiny` shrinks the dimensions (everything else of the preset stays)."""
+    `tiny` shrinks the dimensions (everything else of the preset stays). Hybrid presets get
+    random DFlash and DFlash2 drafters and a reduced proposal head when `drafters` (None:
+    at tiny dimensions only; full-size drafters add about 4 GB each in bf16 at 27B) (see
+    artifact/drafters.py)."""
     if preset_name not in PRESETS:
         raise ValueError(f"unknown preset {preset_name!r}; choose one of {', '.join(PRESETS)}")
     preset = PRESETS[preset_name]
@@ -139,13 +148,24 @@ def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
         special_tokens=_special_tokens(preset, tokenizer), chat_format=_chat_format(preset),
         source=source, weight_formats=formats, vision_config=vision,
         components={"text": True, "mtp": config.mtp_num_layers > 0, "dflash": False,
-                    "vision": vision is not None},
+                    "dflash2": False, "draft_head": False, "vision": vision is not None},
         notes=preset.notes + ("; built with tiny dimensions (--tiny)" if shrunk else ""))
     # Checked before drawing weights, which takes minutes at 8B shapes.
     check_metadata(contents.metadata(), pathlib.Path(f"<init-random {preset_name}>"))
     contents.params = random_params(config, seed=seed, dtype=dtype, progress=progress)
     if vision:
         contents.params["vision"] = random_vision_params(vision, seed=seed, dtype=dtype)
+    if drafters is None:
+        drafters = config.hidden_size <= 256
+    if drafters and config.is_hybrid:
+        from ninfer_jax.artifact.drafters import (add_draft_head, add_drafter,
+                                                  preset_dflash_config, random_dflash)
+
+        for variant in DFLASH_VARIANTS:
+            drafter = preset_dflash_config(config, variant,
+                                           tiny=config.hidden_size <= 256)
+            add_drafter(contents, drafter, random_dflash(drafter, seed=seed, dtype=dtype), dtype)
+        add_draft_head(contents, min(config.vocab_size, DRAFT_HEAD_VOCAB))
     return common.apply_quantization(contents, quantized, progress)
 
 

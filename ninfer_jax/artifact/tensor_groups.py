@@ -29,5 +29,7 @@ def is_norm(name: str) -> bool:
 
 def expected_dtype(name: str, weight_formats: dict[str, str]) -> str | None:
     """numpy dtype name a plain array must have, or None for a quantized group."""
+    if name.endswith("token_ids"):  # the draft head's vocabulary subset (components.py)
+        return "int32"
     group_format = weight_formats.get(tensor_group(name), "f32")
     return FLOAT_FORMATS.get(group_format)

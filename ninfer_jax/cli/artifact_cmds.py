@@ -28,17 +28,26 @@ CONVERT_WEIGHT_CHOICES = WEIGHT_CHOICES + ["gguf"]
 @click.option("--weights", default=None, type=click.Choice(CONVERT_WEIGHT_CHOICES),
               help="Format of the projection matrices (default: --dtype); gguf keeps a GGUF's "
                    "q8_0/q4_0/q4_1 blocks as stored, for the CPU block kernel.")
+@click.option("--dflash", "dflash", multiple=True, type=click.Path(exists=True, file_okay=False),
+              help="A public DFlash or DFlash2 drafter checkpoint directory (z-lab layout: "
+                   "config.json, *.safetensors) to add as the dflash / dflash2 component; "
+                   "repeatable.")
+@click.option("--lm-head-draft-vocab", default=0, type=click.IntRange(0),
+              help="Add the reduced proposal head of --lm-head-draft: the lm_head kept for "
+                   "token ids 0..N-1.")
 @click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
-def convert(src, out, name, dtype, weights, force, quiet):
+def convert(src, out, name, dtype, weights, dflash, lm_head_draft_vocab, force, quiet):
     """Convert a GGUF file or a Hugging Face checkpoint directory SRC into the .ninfer
-    artifact OUT (written atomically)."""
+    artifact OUT (written atomically). SRC may be a .ninfer artifact to add drafter
+    components (--dflash, --lm-head-draft-vocab) to it."""
     from ninfer_jax.artifact import convert as converter
     from ninfer_jax.artifact.convert_common import stderr_progress
 
     try:
         path = converter.convert(src, out, name=name, dtype=dtype, weights=weights,
-                                 overwrite=force, progress=None if quiet else stderr_progress)
+                                 overwrite=force, progress=None if quiet else stderr_progress,
+                                 dflash=dflash, draft_head_vocab=lm_head_draft_vocab)
     except (ArtifactError, FileExistsError, ValueError) as exc:
         raise _fail(exc) from None
     click.echo(f"wrote {path}")
@@ -59,12 +68,16 @@ def convert(src, out, name, dtype, weights, force, quiet):
                    "with everything else of the preset: architecture, vocabulary, special "
                    "tokens, chat template and format, qk-norm, tying, RoPE, head grouping.")
 @click.option("--name", default=None, help="Public model name (default: the preset).")
+@click.option("--drafters/--no-drafters", default=None,
+              help="Hybrid presets: add random DFlash and DFlash2 drafters and a reduced "
+                   "proposal head (default: with tiny dimensions only).")
 @click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
-def init_random(preset, out, seed, dtype, weights, tiny, name, force, quiet):
+def init_random(preset, out, seed, dtype, weights, tiny, name, drafters, force, quiet):
     """Write an artifact with random weights, a real tokenizer built offline (Qwen3, Qwen3.5,
     or a Llama-3-layout stand-in) and our own chat template (tiny presets for tests, published
-    dense and hybrid shapes for GPU benchmarks; hybrid presets include their MTP head)."""
+    dense and hybrid shapes for GPU benchmarks; hybrid presets include their MTP head and
+    random DFlash / DFlash2 drafters)."""
     import pathlib
 
     from ninfer_jax.artifact.convert_common import stderr_progress
@@ -75,7 +88,8 @@ def init_random(preset, out, seed, dtype, weights, tiny, name, force, quiet):
         raise click.ClickException(f"{out} already exists (pass --force to replace it)")
     try:
         contents = build(preset, seed=seed, dtype=dtype, weights=weights, name=name, tiny=tiny,
-                         progress=None if quiet else stderr_progress)
+                         progress=None if quiet else stderr_progress,
+                         drafters=drafters)
         path = save_artifact(out, contents, overwrite=force)
     except (ArtifactError, FileExistsError, ValueError) as exc:
         raise _fail(exc) from None

@@ -135,5 +135,6 @@ class EngineConfig:
             prefix_reuse=not serve.no_prefix_reuse,
             host_context_mib=serve.host_context_mib,
             device_state_slots=extra_slots(serve.device_state_slots, serve.max_concurrency),
-            speculative=SpeculativeConfig.from_options(serve.spec, serve.draft_tokens),
+            speculative=SpeculativeConfig.from_options(serve.spec, serve.draft_tokens,
+                                                     serve.lm_head_draft),
         )

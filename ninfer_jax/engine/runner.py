@@ -173,6 +173,7 @@ class JaxRunner:
                  fuse_projections: bool | None = None, max_chunk_rows: int | None = None,
                  step_shapes: str = "all", tensor_parallel: int = 1, vision: bool = False,
                  speculative: bool = False, mtp_drafts: int = 0,
+                 dflash_drafts: int = 0, dflash_config=None,
                  expert_parallel: bool = False):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
@@ -229,6 +230,17 @@ class JaxRunner:
         if mtp_drafts and not (self.chained_rows and "mtp" in self.params):
             raise ValueError("MTP drafts need a hybrid model loaded with its MTP head "
                              "(load_artifact(..., mtp=True)) and speculative=True")
+        # --spec dflash / dflash2: the drafter (model/dflash.py) drafts K tokens after each
+        # sample in the same step; its draft layers' KV are more cache entries in the pages.
+        self.dflash = dflash_config if dflash_drafts else None
+        if dflash_drafts:
+            if mtp_drafts or dflash_config is None or not self.chained_rows or \
+                    dflash_config.variant not in self.params:
+                raise ValueError("DFlash drafts need a hybrid model loaded with the drafter "
+                                 "(load_artifact(..., dflash=variant)), its config, and "
+                                 "speculative=True")
+            dflash_config.check_target(self.config)
+            self.num_drafts = dflash_drafts
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
         self._kv_shardings = None
         if self.mesh is not None:  # the caches split on their head axes, per device
@@ -369,10 +381,17 @@ class JaxRunner:
         """The keyword arguments of the family's init_caches / cache_shapes."""
         slots = self.state_slot_capacity + 1 if self.has_state else 0  # + the dummy slot
         return dict(num_pages=self.num_pages, page_size=self.page_size, num_state_slots=slots,
-                    **({"mtp_drafts": self.num_drafts} if self.num_drafts else {}),
                     **({"step_tokens": self.step_tokens} if self.config.has_sliding_rings
                        else {}),
+                    **self._draft_sizes(),
                     dtype=self.dtype, kv_dtype=self.kv_dtype)
+
+    def _draft_sizes(self) -> dict:
+        if not self.num_drafts:
+            return {}
+        if self.dflash is None:
+            return {"mtp_drafts": self.num_drafts}
+        return {"dflash_drafts": self.num_drafts, "dflash_config": self.dflash}
 
     @property
     def kv(self):
@@ -609,7 +628,9 @@ class JaxRunner:
                 "vision": self.vision.config.to_dict() if self.vision is not None else None,
                 "expert_parallel": self.expert_parallel,
                 **({"state_slots": self.state_slot_capacity,
-                    "chained_rows": self.chained_rows, "mtp_drafts": self.num_drafts}
+                    "chained_rows": self.chained_rows, "mtp_drafts": self.num_drafts,
+                    "dflash": self.dflash.to_dict() if self.dflash is not None else None,
+                    "draft_head": "draft_head" in self.params}
                    if self.has_state else {})}
 
     def _compile(self, shape: tuple[int, int], variant: str = "draws") -> None:
@@ -669,7 +690,10 @@ class JaxRunner:
         return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width,
                                           state_slots=self.has_state,
                                           chained_rows=self.chained_rows,
-                                          mtp_drafts=self.num_drafts)
+                                          mtp_drafts=self.num_drafts * (self.dflash is None),
+                                          dflash_drafts=self.num_drafts * (self.dflash
+                                                                           is not None),
+                                          dflash=self.dflash)
 
     def _example_inputs(self, chunk: int, rows: int):
         layout = self._layout(chunk, rows)
@@ -800,7 +824,7 @@ class JaxRunner:
                       row_positions=positions, row_tables=tables)
         if self.has_state:
             fields.update(_state_fields(unit, rows, num_rows, self.state_slot_capacity))
-        if self.num_drafts:
+        if self.num_drafts and self.dflash is None:
             next_token = unit.next_token if unit is not None else None
             fields["chunk_next"] = -1 if next_token is None else next_token
         return fields

@@ -36,9 +36,11 @@ the device by this same rule (model/hybrid.py `settle_rows`), so the scheduler's
 invariant holds when it commits the round. Nemotron-H (Mamba-2 state slots) has no such
 chain and is refused whatever the backend.
 
-Backends: `ngram` (prompt lookup, host side, below). `mtp`, `dflash`, `dflash2` are named
-by the serving contract with their draft ranges but not implemented: they need drafter
-forwards on the device (hidden states from the verify step).
+Backends: `ngram` (prompt lookup, host side, below); `mtp` (the artifact's MTP head,
+model/mtp.py), `dflash` and `dflash2` (the artifact's DFlash / DFlash2 drafter components,
+model/dflash.py) draft inside the compiled step from its hidden states, K tokens after each
+sample, on hybrid models. `--lm-head-draft` makes those device drafters propose through the
+artifact's reduced proposal head (its draft_head component: a vocabulary-subset lm_head).
 """
 from __future__ import annotations
 
@@ -52,7 +54,8 @@ import numpy as np
 DRAFT_RANGES = {"ngram": (1, 15, 4), "mtp": (1, 5, 3), "dflash": (1, 15, 7),
                 "dflash2": (1, 15, 7)}
 BACKENDS = tuple(DRAFT_RANGES)
-IMPLEMENTED = ("ngram", "mtp")
+IMPLEMENTED = ("ngram", "mtp", "dflash", "dflash2")
+DEVICE_BACKENDS = ("mtp", "dflash", "dflash2")  # draft inside the step (need a hybrid model)
 # State families whose verify rows cannot chain (only Gated DeltaNet's do: model/hybrid.py).
 STATE_REFUSAL = ("speculative decoding needs chained verify rows over the recurrent state, "
                  "built for Gated DeltaNet only, not for {architecture} (Mamba-2); serve it "
@@ -73,6 +76,7 @@ class SpeculativeConfig:
 
     backend: str
     draft_tokens: int
+    lm_head_draft: bool = False  # propose through the artifact's draft_head component
 
     def __post_init__(self):
         if self.backend not in DRAFT_RANGES:
@@ -81,25 +85,31 @@ class SpeculativeConfig:
         if not low <= self.draft_tokens <= high:
             raise ValueError(f"--draft-tokens {self.draft_tokens}: --spec {self.backend} "
                              f"drafts {low}..{high} tokens")
+        if self.lm_head_draft and self.backend not in DEVICE_BACKENDS:
+            raise ValueError(f"--lm-head-draft: --spec {self.backend} has no proposal head "
+                             f"(use it with {', '.join(DEVICE_BACKENDS)})")
 
     @classmethod
-    def from_options(cls, backend: str | None, draft_tokens: int | None
-                     ) -> "SpeculativeConfig | None":
-        """None without --spec; --draft-tokens alone is refused (it would do nothing)."""
+    def from_options(cls, backend: str | None, draft_tokens: int | None,
+                     lm_head_draft: bool = False) -> "SpeculativeConfig | None":
+        """None without --spec; --draft-tokens or --lm-head-draft alone is refused (it would
+        do nothing)."""
         if backend is None:
-            if draft_tokens is not None:
-                raise ValueError("--draft-tokens needs --spec")
+            if draft_tokens is not None or lm_head_draft:
+                given = "--draft-tokens" if draft_tokens is not None else "--lm-head-draft"
+                raise ValueError(f"{given} needs --spec")
             return None
         if draft_tokens is None:
             draft_tokens = DRAFT_RANGES.get(backend, (0, 0, 1))[2]
-        return cls(backend, draft_tokens)
+        return cls(backend, draft_tokens, lm_head_draft)
 
     def row_capacity(self, lanes: int) -> int:
         """Rows the runner must hold: every lane verifying K drafts, within the bound."""
         return max(lanes, min(lanes * (self.draft_tokens + 1), MAX_SPECULATIVE_ROWS))
 
-    def check_servable(self, model_config) -> None:
-        """ValueError when this process cannot speculate for the model (start-up)."""
+    def check_servable(self, model_config, components: dict | None = None) -> None:
+        """ValueError when this process cannot speculate for the model (start-up);
+        `components` (metadata.json's) when known: the drafter's component must be there."""
         if self.backend not in IMPLEMENTED:
             raise ValueError(f"--spec {self.backend} is not implemented yet (available: "
                              f"{', '.join(IMPLEMENTED)})")
@@ -109,11 +119,28 @@ class SpeculativeConfig:
                                           and model_config.mtp_num_layers):
             raise ValueError(f"--spec mtp needs a model with an MTP head; "
                              f"{model_config.architecture} artifact has none")
+        if self.backend in ("dflash", "dflash2"):
+            if not model_config.is_hybrid:
+                raise ValueError(f"--spec {self.backend} drafts inside the hybrid families' "
+                                 f"step; {model_config.architecture} is not one (use ngram)")
+            if components is not None and not components.get(self.backend):
+                raise ValueError(f"--spec {self.backend} needs the artifact's {self.backend} "
+                                 "component; this artifact has none (ninfer convert "
+                                 f"--{self.backend} DIR adds one)")
+        if self.lm_head_draft and components is not None and \
+                not components.get("draft_head"):
+            raise ValueError("--lm-head-draft needs the artifact's draft_head component (a "
+                             "reduced proposal head); this artifact has none")
 
     @property
     def mtp_drafts(self) -> int:
         """Drafts the compiled step makes with the MTP head (0 for host-side drafters)."""
         return self.draft_tokens if self.backend == "mtp" else 0
+
+    @property
+    def dflash_drafts(self) -> int:
+        """Drafts the compiled step makes with a DFlash / DFlash2 drafter (else 0)."""
+        return self.draft_tokens if self.backend in ("dflash", "dflash2") else 0
 
 
 class Draft(NamedTuple):
@@ -177,25 +204,27 @@ class NgramDrafter:
         return Draft(window[found + 1:found + 1 + k].astype(np.int32))
 
 
-class MtpDrafter:
-    """The MTP head (model/mtp.py) drafts inside every compiled step, K tokens after each
-    sample (the argmax for greedy requests, draws from its q for sampled ones); the scheduler
-    keeps a sequence's drafts (Sequence.device_draft) and proposes them next round."""
+class DeviceDrafter:
+    """A drafter inside every compiled step (the MTP head, model/mtp.py; DFlash and DFlash2,
+    model/dflash.py): K tokens after each sample (the argmax for greedy requests, draws from
+    its q for sampled ones); the scheduler keeps a sequence's drafts (Sequence.device_draft)
+    and proposes them next round."""
 
-    name = "mtp"
     on_device = True
 
+    def __init__(self, name: str):
+        self.name = name
+
     def propose(self, tokens: np.ndarray, k: int) -> Draft:
-        raise TypeError("MTP drafts come from the device (SpeculativeRounds)")
-
-
-DRAFTERS = {"ngram": NgramDrafter, "mtp": MtpDrafter}
+        raise TypeError(f"{self.name} drafts come from the device (SpeculativeRounds)")
 
 
 def make_drafter(config: SpeculativeConfig) -> Drafter:
-    if config.backend not in DRAFTERS:
+    if config.backend not in IMPLEMENTED:
         raise ValueError(f"--spec {config.backend} is not implemented yet")
-    return DRAFTERS[config.backend]()
+    if config.backend == "ngram":
+        return NgramDrafter()
+    return DeviceDrafter(config.backend)
 
 
 def num_accepted(draft: Draft, produced: np.ndarray) -> int:

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import paged_attention
-from ninfer_jax.model import multimodal, ragged_batch, tensor_parallel
+from ninfer_jax.model import dflash, multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
 from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, mrope_tables,
@@ -41,16 +41,20 @@ from ninfer_jax.model.moe_mlp import moe_mlp
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int, mesh=None, media: MediaRows | None = None, hidden: bool = False):
+           page_size: int, mesh=None, media: MediaRows | None = None, hidden: bool = False,
+           taps: tuple[int, ...] = ()):
     """One ragged step (see llama.ragged, `mesh` and `media` included): returns the f32 logits
     of the 1 + B sampled rows (row 0 after the chunk's last real token, meaningless when
     C == 0) and the caches; `hidden` adds the final-normed states of all C + B rows (the
-    MTP head's input, model/mtp.py)."""
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
-                     page_size, mesh, media)
+    MTP head's input, model/mtp.py); `taps` (static layer indexes) adds the residual stream
+    after each of those layers, concatenated [C + B, len(taps) * H] (DFlash, model/dflash.py)."""
+    x, kv, tapped = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out),
+                             config, page_size, mesh, media, taps)
     logits = ragged_batch.sampled_logits(x, batch, lambda rows: _logits(params, rows, config))
     if hidden:
         return logits, kv, final_norm(params, x, config)
+    if taps:
+        return logits, kv, tapped
     return logits, kv
 
 
@@ -60,8 +64,8 @@ def prefill(params, kv, tokens, start, num_tokens, page_table, state_slot=None, 
     batch = dataclasses.replace(ragged_batch.chunk_only(tokens, start, num_tokens, page_table),
                                 chunk_state_slot=state_slot,
                                 row_state_slots=jnp.zeros(0, jnp.int32))
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
-                     mesh, media)
+    x, kv, _ = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                        mesh, media)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
@@ -72,8 +76,8 @@ def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
     batch = dataclasses.replace(ragged_batch.rows_only(tokens, positions, page_tables),
                                 chunk_state_slot=jnp.int32(ragged_batch.DUMMY_STATE_SLOT),
                                 row_state_slots=state_slots)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
-                     mesh)
+    x, kv, _ = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                        mesh)
     return _logits(params, x, config), kv
 
 
@@ -98,33 +102,41 @@ def settle_rows(kv, batch: ragged_batch.RaggedBatch, row_tokens, row_samples):
 
 
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                 dtype, kv_dtype, mtp_drafts: int = 0):
+                 dtype, kv_dtype, mtp_drafts: int = 0, dflash_drafts: int = 0,
+                 dflash_config=None):
     """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring); `mtp_drafts`
-    K > 0 appends the MTP head's (k, v) and its draft store (model/mtp.py)."""
+    K > 0 appends the MTP head's (k, v) and its draft store (model/mtp.py), `dflash_drafts`
+    K > 0 one (k, v) per layer of the drafter `dflash_config` and the store
+    (model/dflash.py)."""
     kv_spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
                                          config.head_dim, kv_dtype)
     state = config.state_shapes()
     linear_spec = {
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
         "recurrent": jax.ShapeDtypeStruct((num_state_slots, *state["recurrent"]), jnp.float32)}
-    store = {"draft_q": jax.ShapeDtypeStruct((num_state_slots, mtp_drafts, config.vocab_size),
+    num_drafts = mtp_drafts or dflash_drafts
+    store = {"draft_q": jax.ShapeDtypeStruct((num_state_slots, num_drafts, config.vocab_size),
                                              jnp.float32)}
+    drafter = ([(kv_spec, kv_spec)] if mtp_drafts else
+               dflash.cache_shapes(dflash_config, num_pages=num_pages, page_size=page_size,
+                                   kv_dtype=kv_dtype) if dflash_drafts else [])
     return [(kv_spec, kv_spec) if kind == "full_attention" else dict(linear_spec)
-            for kind in config.layer_types] + ([(kv_spec, kv_spec), store] if mtp_drafts else [])
+            for kind in config.layer_types] + drafter + ([store] if num_drafts else [])
 
 
 def init_caches(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                dtype, kv_dtype, mtp_drafts: int = 0):
+                dtype, kv_dtype, **drafts):
     """Zero caches: every state slot starts empty, slot 0 included."""
     specs = cache_shapes(config, num_pages=num_pages, page_size=page_size,
                          num_state_slots=num_state_slots, dtype=dtype, kv_dtype=kv_dtype,
-                         mtp_drafts=mtp_drafts)
+                         **drafts)
     return jax.tree_util.tree_map(lambda spec: jnp.zeros(spec.shape, spec.dtype), specs)
 
 
 def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh=None,
-             media: MediaRows | None = None):
-    """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
+             media: MediaRows | None = None, taps: tuple[int, ...] = ()):
+    """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H],
+    the caches and the residual after each layer in `taps`, concatenated (None without)."""
     if batch.row_state_slots is None or (ragged_batch.num_chunk_tokens(batch)
                                          and batch.chunk_state_slot is None):
         raise ValueError("hybrid models need the batch's state slots")
@@ -143,7 +155,7 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
                             frequency_axes(config.mrope_section, rotary_dim // 2))
         x = multimodal.chunk_embeddings(x, media)
         deepstack = multimodal.deepstack_rows(media, x.shape[0])
-    new_kv = []
+    new_kv, tapped = [], {}
     for i, (layer, cache) in enumerate(zip(params["layers"], kv)):
         h = zero_centred_rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         if config.layer_types[i] == "full_attention":
@@ -157,7 +169,9 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
         if deepstack is not None and i < deepstack.shape[0]:
             x = x + deepstack[i].astype(x.dtype)
         new_kv.append(cache)
-    return x, new_kv
+        if i in taps:
+            tapped[i] = x
+    return x, new_kv, (jnp.concatenate([tapped[i] for i in taps], axis=-1) if taps else None)
 
 
 def gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):

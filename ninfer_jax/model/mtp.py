@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
 from ninfer_jax.model import ragged_batch, sampling, spec_verify, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.dflash import subset_logits
 from ninfer_jax.model.hybrid import gated_attention
 from ninfer_jax.model.layers import (embed, linear, rope_inverse_frequencies, rope_tables,
                                      swiglu_mlp, zero_centred_rms_norm)
@@ -64,7 +65,10 @@ def head(params, cache, batch: ragged_batch.RaggedBatch, next_tokens, hidden, *,
 
 
 def logits(params, h, config: ModelConfig):
-    """The shared lm_head over h' (already normed by mtp.norm), in f32."""
+    """The shared lm_head over h' (already normed by mtp.norm), in f32; the reduced proposal
+    head when the runner placed one (--lm-head-draft, dflash.subset_logits)."""
+    if "draft_head" in params:
+        return subset_logits(params["draft_head"], h, config.vocab_size)
     table = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
     return linear(h, table, out_dtype=jnp.float32).astype(jnp.float32)
 

@@ -19,6 +19,7 @@ float32 buffer: temperature [R], top_p [R], min_p [R]
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -40,6 +41,13 @@ class PackedLayout:
     state_slots: bool = False
     chained_rows: bool = False
     mtp_drafts: int = 0  # K drafts of the MTP head after each sampled row (0: no head)
+    # K drafts of a DFlash / DFlash2 drafter after each sampled row, and its config (static)
+    dflash_drafts: int = 0
+    dflash: Any = None  # model/dflash.DFlashConfig
+
+    @property
+    def num_drafts(self) -> int:
+        return self.mtp_drafts or self.dflash_drafts
 
     @property
     def sampled(self) -> int:

@@ -17,8 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
-from ninfer_jax.model import (gemma, glm, hybrid, llama, mtp, nemotron_h, ragged_batch,
-                              sampling, spec_verify, tensor_parallel)
+from ninfer_jax.model import (dflash, gemma, glm, hybrid, llama, mtp, nemotron_h,
+                              ragged_batch, sampling, spec_verify, tensor_parallel)
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
@@ -33,7 +33,8 @@ FAMILIES = {"llama": llama, "qwen3": llama,
 
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
                 config: ModelConfig, page_size: int, draws: bool = True, mesh=None,
-                num_drafts: int = 0, media: MediaRows | None = None):
+                num_drafts: int = 0, media: MediaRows | None = None,
+                drafter: dflash.DFlashConfig | None = None):
     """One ragged step (see llama.ragged); returns (out int32, kv).
 
     prev_out: the previous step's `out` (int32 [(1 + max_rows) x (1 + num_drafts)], any values
@@ -46,7 +47,11 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     cache and draft store are kv's last two entries): out[1 + max_rows:] holds
     [1 + max_rows, K] drafts, K after each sampled row (model/mtp.py), and rows that feed a
     sampled draft commit by rejection sampling against its q (model/spec_verify.py).
-    `media` (model/multimodal.py): vision rows and MRoPE positions of a step with media."""
+    `drafter` (a DFlash or DFlash2 config, static): the K drafts come from that drafter
+    instead (model/dflash.py), whose draft layers' caches precede the draft store in kv.
+    `media` (model/multimodal.py): vision rows and MRoPE positions of a step with media.
+    params["draft_head"], when the runner placed it (--lm-head-draft), is the drafters'
+    proposal head."""
     num_rows = batch.row_tokens.shape[0]
     max_rows = prev_out.shape[0] // (1 + num_drafts) - 1
     if num_rows > max_rows:
@@ -57,11 +62,15 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     extra = {} if mesh is None else {"mesh": mesh}
     if media is not None:
         extra["media"] = media
-    if num_drafts:  # the MTP head's cache and draft store follow the model's layers
-        logits, kv_text, hidden = family.ragged(params, kv[:-2], batch, prev_out,
+    # the drafter's caches (the MTP head's one, DFlash's one per draft layer) and the draft
+    # store follow the model's layers
+    num_extra = 0 if not num_drafts else 2 if drafter is None else drafter.num_layers + 1
+    if num_drafts:
+        taps = {"hidden": True} if drafter is None else {"taps": drafter.target_layer_ids}
+        logits, kv_text, hidden = family.ragged(params, kv[:-num_extra], batch, prev_out,
                                                 config=config, page_size=page_size,
-                                                hidden=True, **extra)
-        kv = [*kv_text, *kv[-2:]]
+                                                **taps, **extra)
+        kv = [*kv_text, *kv[-num_extra:]]
     else:
         logits, kv = family.ragged(params, kv, batch, prev_out, config=config,
                                    page_size=page_size, **extra)
@@ -85,11 +94,18 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     if num_drafts:
         is_live = jnp.concatenate([jnp.ones(1, bool), ragged_batch.last_accepted_rows(
             batch.row_state_slots, rows, sampled[1:])])
-        drafts, mtp_cache, store = mtp.draft(params, kv[-2], kv[-1], batch, hidden, sampled,
-                                             is_live, sampling_batch, config=config,
-                                             page_size=page_size, num_drafts=num_drafts,
-                                             draws=draws)
-        kv = [*kv[:-2], mtp_cache, store]
+        if drafter is None:
+            drafts, mtp_cache, store = mtp.draft(params, kv[-2], kv[-1], batch, hidden,
+                                                 sampled, is_live, sampling_batch,
+                                                 config=config, page_size=page_size,
+                                                 num_drafts=num_drafts, draws=draws)
+            kv = [*kv[:-2], mtp_cache, store]
+        else:
+            drafts, caches, store = dflash.draft(
+                params, kv[-num_extra:-1], kv[-1], batch, hidden, sampled, is_live,
+                sampling_batch, config=drafter, model_config=config, page_size=page_size,
+                num_drafts=num_drafts, draws=draws, draft_head=params.get("draft_head"))
+            kv = [*kv[:-num_extra], *caches, store]
         out = out.at[1 + max_rows:1 + max_rows + drafts.size].set(drafts.reshape(-1))
     return out, kv
 
@@ -101,7 +117,7 @@ def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig
     batch, sampling_batch = unpack(layout, ints, floats, bias)
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                        page_size=page_size, draws=draws, mesh=mesh,
-                       num_drafts=layout.mtp_drafts)
+                       num_drafts=layout.num_drafts, drafter=layout.dflash)
 
 
 def packed_media_step(params, kv, prev_out, ints, floats, bias, media: MediaRows, *,
@@ -112,7 +128,7 @@ def packed_media_step(params, kv, prev_out, ints, floats, bias, media: MediaRows
     batch, sampling_batch = unpack(layout, ints, floats, bias)
     return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                        page_size=page_size, draws=draws, mesh=mesh,
-                       num_drafts=layout.mtp_drafts, media=media)
+                       num_drafts=layout.num_drafts, drafter=layout.dflash, media=media)
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

@@ -124,10 +124,15 @@ class ServeConfig:
     # speculative decoding (engine/speculation.py): backend, draft tokens per round
     spec: str | None = option(
         None, "Speculative decoding backend (off by default). ngram: prompt lookup, no "
-        "weights; mtp, dflash, dflash2: not implemented yet. Refused for hybrid models.",
+        "weights, every model; mtp, dflash, dflash2: the artifact's MTP head or DFlash / "
+        "DFlash2 drafter component, drafting inside the step (hybrid models).",
         type=str, choices=tuple(BACKENDS))
     draft_tokens: int | None = option(  # None: the backend's default
         None, f"Draft tokens per speculative round: {_DRAFT_HELP}.", type=int, min=1)
+    lm_head_draft: bool = option(
+        False, "With --spec mtp|dflash|dflash2: propose through the artifact's reduced "
+        "proposal head (its draft_head component, a vocabulary-subset lm_head) instead of "
+        "the full lm_head; refused when the artifact has none.", is_flag=True)
     kv_dtype: str = option(
         "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU; fp8 "
         "(e4m3) and int8: 8-bit codes with a scale per token and KV head, about half of "

@@ -87,6 +87,8 @@ def build_engine(config: ServeConfig):
         text_config = load_artifact(config.artifact, weights=False).config
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
                                  mtp=config.spec == "mtp", vision=config.vision,
+                                 dflash=config.spec if config.spec in ("dflash", "dflash2") else None,
+                                 draft_head=config.lm_head_draft,
                                  placement=weight_pipeline.placement(text_config))
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
@@ -97,7 +99,7 @@ def build_engine(config: ServeConfig):
     read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
     kv_dtype = kv_dtype_for(config.kv_dtype)
-    speculative = check_speculation(config, artifact.config)
+    speculative = check_speculation(config, artifact.config, artifact.components)
     rows = runner_rows(config.max_concurrency, speculative)
     artifact, kv_tokens = kv_sizing.resolve_pool(
         config, artifact, default_dtype(), kv_dtype, max_context=max_context,
@@ -115,7 +117,7 @@ def build_engine(config: ServeConfig):
                        expert_parallel=config.expert_parallel,
                        state_slot_capacity=engine_config.state_slot_capacity(
                            artifact.config.has_state),
-                       **rows)
+                       **rows, **drafter_config(artifact, speculative))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     log.info("weights read and placed (and the device runtime started) in %.1f s, the rest "
              "placed and the runner built in %.1f s", read - started,
@@ -164,13 +166,16 @@ def _weight_shardings(structure, *, mesh, expert_parallel: bool):
         tensor_parallel.param_specs(structure, mesh.size, expert_parallel), mesh)
 
 
-def check_speculation(config: ServeConfig, model_config) -> SpeculativeConfig | None:
+def check_speculation(config: ServeConfig, model_config,
+                      components: dict | None = None) -> SpeculativeConfig | None:
     """--spec for this model, or ValueError (an unimplemented backend, mtp without a head,
-    a hybrid family under tensor parallelism, whose chained verify rows are not split, or
-    with --vision)."""
-    speculative = SpeculativeConfig.from_options(config.spec, config.draft_tokens)
+    dflash / dflash2 / --lm-head-draft without their component in `components`, a hybrid
+    family under tensor parallelism, whose chained verify rows are not split, or with
+    --vision)."""
+    speculative = SpeculativeConfig.from_options(config.spec, config.draft_tokens,
+                                                 config.lm_head_draft)
     if speculative is not None:
-        speculative.check_servable(model_config)
+        speculative.check_servable(model_config, components)
         # "auto" is resolved in the core; a mesh there makes the runner refuse instead
         if model_config.is_hybrid and str(config.tensor_parallel).isdigit() and \
                 int(config.tensor_parallel) > 1:
@@ -198,7 +203,15 @@ def runner_rows(lanes: int, speculative: SpeculativeConfig | None) -> dict:
     log.info("speculative decoding: %s, %d draft tokens, up to %d rows per step",
              speculative.backend, speculative.draft_tokens, rows)
     return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes,
-            "speculative": True, "mtp_drafts": speculative.mtp_drafts}
+            "speculative": True, "mtp_drafts": speculative.mtp_drafts,
+            "dflash_drafts": speculative.dflash_drafts}
+
+
+def drafter_config(artifact, speculative: SpeculativeConfig | None) -> dict:
+    """The runner's DFlash / DFlash2 config under --spec dflash / dflash2."""
+    if speculative is None or not speculative.dflash_drafts:
+        return {}
+    return {"dflash_config": artifact.dflash_config(speculative.backend)}
 
 
 def _start_runtime() -> None:

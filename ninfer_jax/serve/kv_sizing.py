@@ -96,10 +96,15 @@ def device_state_slots_of(config, model_config) -> int:
     return usable + 1 if usable else 0
 
 
-def bytes_per_token_of(model_config, dtype, *, mtp: bool = False) -> int:
+def bytes_per_token_of(model_config, dtype, *, mtp: bool = False, dflash=None) -> int:
     """Device bytes of one token's KV in every attention layer (fp8 pages' scales included);
-    `mtp`: the MTP head's layer too (--spec mtp keeps its KV in the same pages)."""
+    `mtp`: the MTP head's layer too (--spec mtp keeps its KV in the same pages); `dflash`: a
+    DFlash drafter's config, whose draft layers keep their context K/V there too."""
     from ninfer_jax.kernels import paged_attention  # JAX: the HTTP workers never import it
+
+    if dflash is not None:
+        return bytes_per_token_of(model_config, dtype, mtp=mtp) + dflash.num_layers * \
+            paged_attention.cache_bytes_per_token(dflash.num_kv_heads, dflash.head_dim, dtype)
 
     if model_config.is_gemma:  # per paged layer: full layers have their own heads and dims
         return sum(paged_attention.cache_bytes_per_token(
@@ -245,7 +250,8 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
     sizing = auto_kv_sizing(free_device_bytes=None if None in free else min(free),
                             available_host_bytes=host_available_bytes(),
                             bytes_per_token=bytes_per_token_of(
-                                artifact.config, kv_dtype, mtp="mtp" in artifact.params) // size,
+                                artifact.config, kv_dtype, mtp="mtp" in artifact.params,
+                                dflash=_loaded_drafter(artifact)) // size,
                             page_size=page_size, max_context=max_context,
                             scratch_bytes=(compile_scratch_bytes(artifact.params)
                                            + vision_scratch_bytes(artifact)) // size,
@@ -256,3 +262,11 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
         log.warning("--kv-capacity auto gives %d tokens, less than one --max-context of %d",
                     sizing.tokens, max_context)
     return sizing
+
+
+def _loaded_drafter(artifact):
+    """The DFlash / DFlash2 config of the drafter loaded with the weights, or None."""
+    for variant in ("dflash", "dflash2"):
+        if variant in (artifact.params or {}):
+            return artifact.dflash_config(variant)
+    return None

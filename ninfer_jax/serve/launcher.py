@@ -248,7 +248,7 @@ def run_server(config: ServeConfig) -> None:
         sys.exit(2)
     try:
         check_http_workers(config)
-        engine_setup.check_speculation(config, artifact.config)
+        engine_setup.check_speculation(config, artifact.config, artifact.components)
         core_env = engine_setup.core_environment(config, os.environ)
     except ValueError as exc:
         log.error("cannot serve: %s", exc)

@@ -81,7 +81,7 @@ def test_inspect_table_shows_the_hybrid_lines(moe_int8):
     assert lines["KV/token"].startswith("128 B")  # 1 layer x K,V x 1 head x 16 x 4 bytes
     assert lines["MoE"] == "8 experts, top-2, width 32, shared expert width 32"
     assert lines["MTP head"].startswith("1 layer(s)")
-    assert lines["components"] == "text, mtp, vision"
+    assert lines["components"] == "text, mtp, dflash, dflash2, draft_head, vision"
     assert lines["vision"].startswith("2 blocks of 32 (2 heads), patch 16x16x2, merge 2, "
                                       "deepstack taps none")
     assert "mtp.layers.0.experts_down" in result.output

@@ -218,6 +218,12 @@ def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset, weights)
     metadata["config"] = PRESETS[preset].config.to_dict()  # the 8B shapes, no 8B weights
     if PRESETS[preset].vision:  # and the full-size tower that feeds them
         metadata["vision_config"] = PRESETS[preset].vision.to_dict()
+    for variant in ("dflash", "dflash2"):  # and full-size drafters
+        if f"{variant}_config" in metadata:
+            from ninfer_jax.artifact.drafters import preset_dflash_config
+
+            metadata[f"{variant}_config"] = preset_dflash_config(
+                PRESETS[preset].config, variant, tiny=False).to_dict()
     assert check_metadata(metadata, pathlib.Path("m")) == PRESETS[preset].config
 
 

@@ -109,6 +109,25 @@ def test_acceptance_takes_the_matching_prefix():
         num_accepted(Draft(draft.tokens, probs=np.ones((3, 4))), np.array([5, 6, 7, 8]))
 
 
+def test_lm_head_draft_needs_a_device_drafter_and_the_component():
+    with pytest.raises(ValueError, match="--lm-head-draft needs --spec"):
+        SpeculativeConfig.from_options(None, None, lm_head_draft=True)
+    with pytest.raises(ValueError, match="--spec ngram has no proposal head"):
+        SpeculativeConfig.from_options("ngram", None, lm_head_draft=True)
+    with pytest.raises(ValueError, match="1..15"):
+        SpeculativeConfig.from_options("dflash2", 16, lm_head_draft=True)
+
+    class Hybrid:
+        has_state, is_hybrid, architecture, mtp_num_layers = True, True, "qwen3_5", 1
+
+    spec = SpeculativeConfig.from_options("dflash", 7, lm_head_draft=True)
+    spec.check_servable(Hybrid(), {"text": True, "dflash": True, "draft_head": True})
+    with pytest.raises(ValueError, match="draft_head component"):
+        spec.check_servable(Hybrid(), {"text": True, "dflash": True})
+    SpeculativeConfig("mtp", 3, lm_head_draft=True).check_servable(
+        Hybrid(), {"text": True, "mtp": True, "draft_head": True})
+
+
 def test_config_validates_ranges_and_backends():
     assert SpeculativeConfig.from_options(None, None) is None
     assert SpeculativeConfig.from_options("ngram", None).draft_tokens == 4
@@ -144,8 +163,14 @@ def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
     NGRAM.check_servable(Hybrid())
     NGRAM.check_servable(Gemma())
     for backend in ("dflash", "dflash2"):
-        with pytest.raises(ValueError, match="not implemented yet"):
-            SpeculativeConfig(backend, 3).check_servable(Dense())
+        spec = SpeculativeConfig(backend, 15)
+        with pytest.raises(ValueError, match="hybrid"):
+            spec.check_servable(Dense())
+        spec.check_servable(Hybrid())  # components unknown (no artifact read yet)
+        spec.check_servable(Hybrid(), {"text": True, backend: True})
+        with pytest.raises(ValueError, match=f"needs the artifact's {backend} component"):
+            spec.check_servable(Hybrid(), {"text": True, "mtp": True})
+        assert spec.dflash_drafts == 15 and spec.mtp_drafts == 0
     SpeculativeConfig("mtp", 3).check_servable(Hybrid())
     with pytest.raises(ValueError, match="MTP head"):
         SpeculativeConfig("mtp", 3).check_servable(Dense())

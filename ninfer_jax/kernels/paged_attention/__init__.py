@@ -17,6 +17,7 @@ from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     cache_bytes_per_token,
     cache_spec,
     get_kv_cache_shape,
+    paged_block_attention,
     write_kv,
 )
 

@@ -164,6 +164,48 @@ def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: fl
     return jnp.moveaxis(out, 2, 0).reshape(T, H, D).astype(q.dtype)
 
 
+def paged_block_attention(q, k_block, v_block, k_cache, v_cache, page_table, lengths, *,
+                          scale: float, window: int | None = None, causal: bool = False):
+    """A block of T queries per row over the row's paged keys 0..lengths-1 and the block's
+    own T keys, which are not in the pages (the DFlash drafter, model/dflash.py). q [B, T, H,
+    D], k_block / v_block [B, T, K, D]; query t sits at position lengths + t. Block keys are
+    all visible to every query (`causal`: only keys t' <= t); `window`: a query at position p
+    sees paged keys p - window + 1 .. only. Returns [B, T, H, D] in q's dtype."""
+    B, T, H, D = q.shape
+    K, page_size = k_cache.shape[1], k_cache.shape[2]
+    pages_per_block, table = _block_table(page_table, page_size)
+    qg = jnp.moveaxis(q.reshape(B, T, K, H // K, D), 1, 3).astype(jnp.float32) * scale
+    query_positions = lengths[:, None] + jnp.arange(T)[None]  # [B, T]
+
+    def attend_block(index, state):
+        pages = jax.lax.dynamic_slice_in_dim(table, index * pages_per_block, pages_per_block,
+                                             axis=1)  # [B, N]
+        k, v = _take_pages(k_cache, pages), _take_pages(v_cache, pages)  # [B, N, K, S, D]
+        scores = jnp.einsum("bkgtd,bnksd->bkgtns", qg, k)
+        keys = _key_positions(index, pages_per_block, page_size)[None, None]  # [1, 1, N, S]
+        valid = keys < lengths[:, None, None, None]
+        if window is not None:
+            valid &= keys > (query_positions - window)[:, :, None, None]
+        valid = jnp.broadcast_to(valid, (B, T, *keys.shape[2:]))
+        scores = jnp.where(valid[:, None, None], scores, -jnp.inf)
+        return _fold_block(state, scores,
+                           lambda probs: jnp.einsum("bkgtns,bnksd->bkgtd", probs, v))
+
+    num_blocks = _num_blocks(jnp.max(lengths), pages_per_block, page_size, table)
+    first = _first_block(jnp.min(lengths), window, pages_per_block, page_size)
+    state = _empty_state((B, K, H // K, T), D)
+    state = jax.lax.fori_loop(first, num_blocks, attend_block, state)
+    # the block's own keys as one more block (N = 1, S = T)
+    kb, vb = k_block.astype(jnp.float32), v_block.astype(jnp.float32)
+    scores = jnp.einsum("bkgtd,bskd->bkgts", qg, kb)[..., None, :]
+    if causal:
+        scores = jnp.where(jnp.tril(jnp.ones((T, T), bool))[:, None, :], scores, -jnp.inf)
+    _, total, weighted = _fold_block(
+        state, scores, lambda probs: jnp.einsum("bkgts,bskd->bkgtd", probs[..., 0, :], vb))
+    out = weighted / total[..., None]  # [B, K, G, T, D]
+    return jnp.moveaxis(out, 3, 1).reshape(B, T, H, D).astype(q.dtype)
+
+
 # ----------------------------------------------------------------------------- blocks
 
 

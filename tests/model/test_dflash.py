@@ -1,0 +1,294 @@
+"""--spec dflash / dflash2 on the real hybrid model (random tiny Qwen3.5 weights with random
+DFlash and DFlash2 drafters) through the JaxRunner and the scheduler. The drafters are
+checked against a numpy reference written from the public model's formula (model/dflash.py
+docstring): the drafts a running sequence holds equal the reference's, computed from scratch
+over its committed tokens, after a prompt of several chunks and after speculative rounds (so
+the context K/V, written chunk by chunk and round by round into the pages, is what a full
+recompute gives). DFlash2's window (8 here) is crossed, its convolutions and selector run.
+Greedy output equals plain decoding, alone and 8 concurrent, through pauses and prefix reuse;
+seeded sampled output is reproducible. The DFlash2 runner proposes through a reduced
+proposal head (--lm-head-draft): its drafts stay in the head's vocabulary."""
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ninfer_jax.artifact.components import vocabulary_subset_head
+from ninfer_jax.artifact.drafters import preset_dflash_config, random_dflash
+from ninfer_jax.artifact.presets import PRESETS
+from ninfer_jax.artifact.random_init import random_params
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.runner import JaxRunner
+from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.speculation import SpeculativeConfig
+from ninfer_jax.engine.state_slots import StateSlotPool
+from ninfer_jax.engine.step_loop import StepLoop
+from ninfer_jax.model import hybrid, ragged_batch
+
+VOCAB, PAGE, CONTEXT, LANES, SLOTS, PAGES, CHUNK, K = 64, 4, 96, 8, 10, 160, 8, 3
+SUBSET = 40  # the reduced proposal head's token ids: 0..SUBSET-1
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def artifact():
+    config = dataclasses.replace(PRESETS["qwen3.5-tiny"].config, vocab_size=VOCAB,
+                                 max_position_embeddings=CONTEXT)
+    params = random_params(config, seed=7, dtype="f32")
+    for layer, kind in zip(params["layers"], config.layer_types):
+        if kind == "linear_attention":  # the recurrent state decides tokens
+            layer["out"] = layer["out"] * 16.0
+    # the mask token's row at zero (a trained one is learnt): the random drafters then draft
+    # from their context instead of echoing the mask, and sometimes agree with the target
+    params["embed"][VOCAB - 1] = 0.0
+    drafters = {}
+    for variant in ("dflash", "dflash2"):
+        drafters[variant] = preset_dflash_config(config, variant, tiny=True)
+        params[variant] = random_dflash(drafters[variant], seed=3, dtype="f32")
+    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
+    params["draft_head"] = vocabulary_subset_head(head, range(SUBSET))
+    return types.SimpleNamespace(config=config, params=params, drafters=drafters)
+
+
+def make_runner(artifact, variant: str | None, head: bool = False):
+    params = {k: v for k, v in artifact.params.items()
+              if k not in ("dflash", "dflash2", "draft_head") or k == variant
+              or (k == "draft_head" and head)}
+    spec = SpeculativeConfig(variant, K) if variant else None
+    runner = JaxRunner(types.SimpleNamespace(config=artifact.config, params=params),
+                       num_pages=PAGES, page_size=PAGE,
+                       max_batch=spec.row_capacity(LANES) if spec else LANES,
+                       max_chunk_rows=LANES, max_context=CONTEXT, prefill_chunk=CHUNK,
+                       state_slot_capacity=SLOTS, step_shapes="essential",
+                       speculative=spec is not None, dflash_drafts=K if spec else 0,
+                       dflash_config=artifact.drafters.get(variant))
+    runner.warmup()
+    return runner
+
+
+@pytest.fixture(scope="module")
+def dflash_runner(artifact):
+    return make_runner(artifact, "dflash")
+
+
+@pytest.fixture(scope="module")
+def dflash2_runner(artifact):
+    return make_runner(artifact, "dflash2", head=True)
+
+
+@pytest.fixture(scope="module")
+def plain_runner(artifact):
+    return make_runner(artifact, None)
+
+
+def scheduler_for(runner, lanes=LANES, num_pages=PAGES, reuse=False):
+    spec = SpeculativeConfig(runner.dflash.variant, K) if runner.num_drafts else None
+    config = EngineConfig(max_concurrency=lanes, prefill_chunk=CHUNK, max_context=CONTEXT,
+                          prefix_reuse=reuse, speculative=spec)
+    return Scheduler(config, PagePool(num_pages), page_size=PAGE, max_batch=runner.max_batch,
+                     slots=StateSlotPool(SLOTS), max_chunk_rows=runner.max_chunk_rows)
+
+
+def generate(runner, prompts, sampling=GREEDY, max_tokens=24, lanes=LANES, **pool):
+    scheduler = scheduler_for(runner, lanes, **pool)
+    loop = StepLoop(scheduler, runner)
+    handles = [RequestHandle(GenerationRequest(f"r{i}", list(ids), sampling, max_tokens))
+               for i, ids in enumerate(prompts)]
+    for handle in handles:
+        scheduler.add(handle)
+    while scheduler.has_work() or loop.in_flight:
+        scheduler.apply_controls()
+        loop.advance()
+    finals = []
+    for handle in handles:
+        events = []
+        while (event := handle.next_event(timeout=0)) is not None:
+            events.append(event)
+        finals.append(events[-1])
+    return [list(f.output_ids) for f in finals], scheduler.counters
+
+
+def prompt(salt: int, length: int = 19) -> list[int]:
+    return np.random.default_rng(salt).integers(1, VOCAB, length).tolist()
+
+
+# ----------------------------------------------------------------------------- the reference
+
+
+def _norm(x, weight, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def _rope(x, positions, theta):
+    D = x.shape[-1]
+    half = D // 2
+    inv_freq = 1.0 / theta ** (np.arange(0, D, 2) / D)
+    angles = positions[:, None, None] * inv_freq
+    a, b = x[..., :half], x[..., half:]
+    return np.concatenate([a * np.cos(angles) - b * np.sin(angles),
+                           b * np.cos(angles) + a * np.sin(angles)], axis=-1)
+
+
+def _conv(x, dynamic, base, group):
+    T, H = x.shape
+    out = np.zeros((T, H // group, group))
+    for o in range(base.shape[0]):
+        shifted = np.concatenate([np.zeros((o, H)), x[:T - o]]).reshape(T, H // group, group)
+        out += (base[o].reshape(H // group, group) + dynamic[:, o, :, None]) * shifted
+    return out.reshape(T, H)
+
+
+def reference_drafts(artifact, variant, tokens, k, taps, head=None):
+    """The drafter's k greedy drafts after tokens x_0..x_{n-1}: context = the target's taps
+    at positions 0..n-2, block [x_{n-1}, MASK x k] at n-1..n-1+k, dense and non-causal."""
+    cfg, tree = artifact.drafters[variant], artifact.params[variant]
+    p, eps, D = artifact.params, cfg.rms_norm_eps, cfg.head_dim
+    NH, NK, T, n = cfg.num_heads, cfg.num_kv_heads, k + 1, len(tokens)
+    ctx = _norm(taps[:n - 1] @ tree["fc"], tree["hidden_norm"], eps)
+    x = p["embed"][[tokens[-1]] + [cfg.mask_token_id] * k].astype(np.float64)
+    block_pos = np.arange(n - 1, n - 1 + T, dtype=np.float64)
+    ctx_pos = np.arange(n - 1, dtype=np.float64)
+    window = cfg.sliding_window or 10 ** 9
+    visible = np.concatenate([(block_pos[:, None] - ctx_pos[None]) < window,
+                              np.ones((T, T), bool)], axis=1)  # [T, n - 1 + T]
+    v2 = variant == "dflash2"
+    for layer in tree["layers"]:
+        h = _norm(x, layer["attn_norm"], eps)
+        if v2:
+            dyn = (h @ layer["attn_conv_proj"]).reshape(T, 2, cfg.conv_kernel_size, -1)
+            h = _conv(h, dyn[:, 0], layer["attn_conv_base"][0], cfg.conv_group_size)
+        q = _rope(_norm((h @ layer["wq"]).reshape(T, NH, D), layer["q_norm"], eps), block_pos,
+                  cfg.rope_theta)
+        keys = np.concatenate([
+            _rope(_norm((ctx @ layer["wk"]).reshape(-1, NK, D), layer["k_norm"], eps), ctx_pos,
+                  cfg.rope_theta),
+            _rope(_norm((h @ layer["wk"]).reshape(T, NK, D), layer["k_norm"], eps), block_pos,
+                  cfg.rope_theta)])
+        values = np.concatenate([(ctx @ layer["wv"]).reshape(-1, NK, D),
+                                 (h @ layer["wv"]).reshape(T, NK, D)])
+        keys, values = np.repeat(keys, NH // NK, axis=1), np.repeat(values, NH // NK, axis=1)
+        scores = np.einsum("qhd,khd->hqk", q, keys) * D ** -0.5
+        scores = np.where(visible[None], scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        out = np.einsum("hqk,khd->qhd", weights, values).reshape(T, NH * D) @ layer["wo"]
+        if v2:
+            out = _conv(out, dyn[:, 1], layer["attn_conv_base"][1], cfg.conv_group_size)
+        x = x + out
+        h = _norm(x, layer["mlp_norm"], eps)
+        if v2:
+            dyn = (h @ layer["mlp_conv_proj"]).reshape(T, 2, cfg.conv_kernel_size, -1)
+            h = _conv(h, dyn[:, 0], layer["mlp_conv_base"][0], cfg.conv_group_size)
+        gate = h @ layer["w_gate"]
+        out = (gate / (1.0 + np.exp(-gate)) * (h @ layer["w_up"])) @ layer["w_down"]
+        if v2:
+            out = _conv(out, dyn[:, 1], layer["mlp_conv_base"][1], cfg.conv_group_size)
+        x = x + out
+    hidden = _norm(x[1:], tree["norm"], eps)
+    if head is not None:
+        logits = np.full((k, cfg.vocab_size), -np.inf)
+        logits[:, head["token_ids"]] = hidden @ head["weight"]
+    else:
+        table = p["embed"].T if artifact.config.tie_word_embeddings else p["lm_head"]
+        logits = hidden @ table
+    logits = logits * cfg.output_multiplier
+    if cfg.final_logit_softcapping:
+        logits = np.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
+    if not v2:
+        return np.argmax(logits, axis=-1).tolist()
+    selector, previous, drafts = tree["selector"], tokens[-1], []
+    projected = hidden @ selector["hidden_projection"]
+    for j in range(k):
+        candidates = np.argsort(-logits[j], kind="stable")[:cfg.selector_top_k]
+        scores = logits[j, candidates] + (
+            selector["successor"][candidates]
+            @ (selector["predecessor"][previous] * projected[j]))
+        previous = int(candidates[np.argmax(scores)])
+        drafts.append(previous)
+    return drafts
+
+
+def target_taps(artifact, variant, tokens):
+    """The target's residual after each tapped layer at every position, in one chunk."""
+    config = artifact.config
+    caches = hybrid.init_caches(config, num_pages=40, page_size=PAGE, num_state_slots=2,
+                                dtype=jnp.float32, kv_dtype=jnp.float32)
+    T = len(tokens)
+    batch = dataclasses.replace(
+        ragged_batch.chunk_only(jnp.asarray(tokens, jnp.int32), jnp.int32(0), jnp.int32(T),
+                                jnp.arange(1, 33, dtype=jnp.int32)),
+        chunk_state_slot=jnp.int32(1), row_state_slots=jnp.zeros(0, jnp.int32))
+    _, _, taps = hybrid.ragged(artifact.params, caches, batch, None, config=config,
+                               page_size=PAGE, taps=artifact.drafters[variant].target_layer_ids)
+    return np.asarray(taps, np.float64)
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_drafts_equal_the_reference_after_chunks_and_rounds(artifact, variant, request):
+    runner = request.getfixturevalue(f"{variant}_runner")
+    scheduler = scheduler_for(runner, lanes=1)
+    loop = StepLoop(scheduler, runner)
+    scheduler.add(RequestHandle(GenerationRequest("r", prompt(3), GREEDY, 40)))
+    held = {}  # tokens so far -> the drafts held after them
+    while scheduler.has_work() or loop.in_flight:
+        scheduler.apply_controls()
+        loop.advance()
+        seq = scheduler.resident[0] if scheduler.resident else None
+        if seq is not None and seq.device_draft is not None:
+            length, drafts = seq.device_draft
+            if length == len(seq.tokens):
+                held[tuple(seq.tokens)] = drafts.tolist()
+    final = max(held, key=len)
+    taps = target_taps(artifact, variant, list(final))
+    head = artifact.params["draft_head"] if variant == "dflash2" else None
+    assert min(map(len, held)) == 20 and len(held) >= 10  # the prompt took three chunks
+    assert scheduler.counters.spec_rounds > 0
+    for tokens, drafts in held.items():
+        assert drafts == reference_drafts(artifact, variant, tokens, K, taps, head), len(tokens)
+        if head is not None:
+            assert max(drafts) < SUBSET
+
+
+def test_greedy_equals_plain_decoding_alone_and_eight_concurrent(dflash_runner,
+                                                                  dflash2_runner,
+                                                                  plain_runner):
+    prompts = [prompt(salt) for salt in range(LANES)]
+    plain = [generate(plain_runner, [p], lanes=1)[0][0] for p in prompts]
+    alone, counters = generate(dflash_runner, prompts[:1], lanes=1)
+    assert alone == plain[:1] and counters.spec_rounds > 0
+    for runner in (dflash_runner, dflash2_runner):
+        together, counters = generate(runner, prompts)
+        assert together == plain and counters.spec_rounds > 0
+
+
+def test_pauses_and_prefix_reuse_keep_greedy_output(dflash_runner, plain_runner):
+    prompts = [prompt(salt) for salt in range(LANES)]
+    reference = generate(plain_runner, prompts)[0]
+    for reuse in (False, True):
+        paused, counters = generate(dflash_runner, prompts, num_pages=50, reuse=reuse)
+        assert counters.preemptions > 0 and counters.spec_rounds > 0
+        assert paused == reference
+
+
+def test_seeded_sampling_is_reproducible(dflash_runner, dflash2_runner):
+    """Sampled drafts come from the drafter's q and commit by rejection sampling, so the
+    tokens depend on which steps drafted (a round's token is not the plain draw of a
+    fallback step): the same requests in the same batch, or alone, give the same tokens
+    again, whatever ran on the runner before (the draft store and pages are reused)."""
+    prompts = [prompt(salt) for salt in range(4)]
+    sampled = SamplingParams(temperature=2.0, top_p=0.95, seed=11)
+    for runner in (dflash_runner, dflash2_runner):
+        together, counters = generate(runner, prompts, sampling=sampled)
+        assert counters.spec_rounds > 0 and counters.spec_accepted_tokens > 0
+        alone = generate(runner, prompts[2:3], sampling=sampled, lanes=1)[0]
+        assert generate(runner, prompts, sampling=sampled)[0] == together
+        assert generate(runner, prompts[2:3], sampling=sampled, lanes=1)[0] == alone
