@@ -6,7 +6,9 @@ stop string and max_tokens that cut an accepted run give the same text and usage
 anthropic and Responses dialects take `draft` too; /metrics, the request log's speculative
 object and the throughput line report the work. A hybrid artifact with its MTP head
 (`init-random --preset qwen3.5-tiny`) serves --spec mtp with the same text as `draft: false`.
-Start-up refuses the backends that are not built and --spec mtp without a head."""
+The same artifact's DFlash2 drafter with its reduced proposal head (--spec dflash2
+--lm-head-draft) gives the same text as `draft: false` too. Start-up refuses drafters a
+dense model cannot take and --spec mtp without a head."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -169,10 +171,12 @@ def refused(artifact, *flags):
                            *flags], capture_output=True, text=True, timeout=300)
 
 
-def test_startup_refuses_backends_not_built_and_mtp_without_a_head(default_artifact_path):
+def test_startup_refuses_drafters_the_model_cannot_take(default_artifact_path):
     for backend in ("dflash", "dflash2"):
         result = refused(default_artifact_path, "--spec", backend)
-        assert result.returncode == 2 and "not implemented yet" in result.stderr
+        assert result.returncode == 2 and "hybrid families" in result.stderr
+    result = refused(default_artifact_path, "--spec", "ngram", "--lm-head-draft")
+    assert result.returncode == 2 and "no proposal head" in result.stderr
     result = refused(default_artifact_path, "--spec", "mtp")
     assert result.returncode == 2 and "MTP head" in result.stderr
     result = refused(default_artifact_path, "--spec", "mtp", "--draft-tokens", "6")
@@ -182,22 +186,51 @@ def test_startup_refuses_backends_not_built_and_mtp_without_a_head(default_artif
 
 
 @pytest.fixture(scope="module")
-def mtp_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("mtp")
-    artifact = folder / "qwen3.5-tiny.ninfer"
+def hybrid_artifact(tmp_path_factory):
+    """A tiny random hybrid with its MTP head, DFlash / DFlash2 drafters and proposal head."""
+    artifact = tmp_path_factory.mktemp("hybrid") / "qwen3.5-tiny.ninfer"
     subprocess.run([str(NINFER), "init-random", "--preset", "qwen3.5-tiny", str(artifact),
                     "--quiet"], check=True)
+    return artifact
+
+
+def hybrid_server(artifact, folder, *spec):
     server = start_server(artifact, "--max-context", "512", "--prefill-chunk", "64",
-                          "--max-concurrency", "4", "--spec", "mtp", "--draft-tokens", "3",
-                          *FEW_SHAPES, "--request-log-jsonl", str(folder / "requests.jsonl"))
+                          "--max-concurrency", "4", *spec, *FEW_SHAPES,
+                          "--request-log-jsonl", str(folder / "requests.jsonl"))
     server.folder = folder
+    return server
+
+
+@pytest.fixture(scope="module")
+def mtp_server(hybrid_artifact, tmp_path_factory):
+    server = hybrid_server(hybrid_artifact, tmp_path_factory.mktemp("mtp"), "--spec", "mtp",
+                           "--draft-tokens", "3")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def dflash2_server(hybrid_artifact, tmp_path_factory):
+    server = hybrid_server(hybrid_artifact, tmp_path_factory.mktemp("dflash2"), "--spec",
+                           "dflash2", "--draft-tokens", "3", "--lm-head-draft")
     yield server
     server.stop()
 
 
 def test_hybrid_mtp_greedy_equals_draft_false_and_reports_its_rounds(mtp_server):
-    client = mtp_server.openai()
-    model = httpx.get(mtp_server.url + "/v1/models").json()["data"][0]["id"]
+    check_drafted_equals_plain(mtp_server, "mtp")
+
+
+def test_hybrid_dflash2_with_its_proposal_head_equals_draft_false(dflash2_server):
+    check_drafted_equals_plain(dflash2_server, "dflash2")
+
+
+def check_drafted_equals_plain(server, backend):
+    """Four greedy questions, plain then concurrent with drafts: the same text; the drafted
+    requests' log records name the backend and its rounds."""
+    client = server.openai()
+    model = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
 
     def ask(question, draft=True):
         return client.chat.completions.create(
@@ -211,12 +244,12 @@ def test_hybrid_mtp_greedy_equals_draft_false_and_reports_its_rounds(mtp_server)
     with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
         drafted = list(pool.map(ask, questions))
     assert [r.choices[0].message.content for r in drafted] == plain
-    assert scrape(mtp_server)["ninfer_spec_decode_rounds_total"] > 0
+    assert scrape(server)["ninfer_spec_decode_rounds_total"] > 0
     deadline = time.monotonic() + 10
-    while len(log_records(mtp_server, "request_done")) < 8 and time.monotonic() < deadline:
+    while len(log_records(server, "request_done")) < 8 and time.monotonic() < deadline:
         time.sleep(0.05)
     records = [r["timings_seconds"]["speculative"]
-               for r in log_records(mtp_server, "request_done")]
-    assert sum(r["backend"] == "mtp" and r["draft_window"] == 3 and r["rounds"] > 0
+               for r in log_records(server, "request_done")]
+    assert sum(r["backend"] == backend and r["draft_window"] == 3 and r["rounds"] > 0
                for r in records) == 4
     assert sum(r["backend"] is None for r in records) == 4

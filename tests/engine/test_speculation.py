@@ -119,6 +119,7 @@ def test_lm_head_draft_needs_a_device_drafter_and_the_component():
 
     class Hybrid:
         has_state, is_hybrid, architecture, mtp_num_layers = True, True, "qwen3_5", 1
+        has_recurrent_state = True
 
     spec = SpeculativeConfig.from_options("dflash", 7, lm_head_draft=True)
     spec.check_servable(Hybrid(), {"text": True, "dflash": True, "draft_head": True})
@@ -149,6 +150,7 @@ def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
 
     class Hybrid:
         has_state, is_hybrid, architecture, mtp_num_layers = True, True, "qwen3_5", 1
+        has_recurrent_state = True
         has_recurrent_state = True
 
     class Mamba:  # recurrent state the verify rows cannot chain
