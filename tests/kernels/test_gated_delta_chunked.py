@@ -243,3 +243,16 @@ def test_chunked_paths_on_the_gpu_match_the_reference(path, heads):
     out, final = fn(*bf16_values(args), state, jnp.int32(real))
     assert relative_error(out[:real], want_out[:real]) < 2e-2
     assert relative_error(final, want_final) < 2e-2
+
+
+def test_the_rows_kernel_switch_and_its_override(monkeypatch):
+    monkeypatch.delenv(gated_delta.ROWS_ENV, raising=False)
+    assert gated_delta.rows_kernel_on() == gated_delta.GPU_ROWS_KERNEL
+    monkeypatch.setenv(gated_delta.ROWS_ENV, "1")
+    assert gated_delta.rows_kernel_on()
+    monkeypatch.setenv(gated_delta.ROWS_ENV, "0")
+    monkeypatch.setattr(gated_delta, "GPU_ROWS_KERNEL", True)
+    assert not gated_delta.rows_kernel_on()
+    monkeypatch.setenv(gated_delta.ROWS_ENV, "yes")
+    with pytest.raises(ValueError, match="NINFER_GDN_ROWS_KERNEL"):
+        gated_delta.rows_kernel_on()

@@ -10,11 +10,12 @@ per-token scan, dispatched at trace time (kernels/dispatch.py).
 On the GPU a prefill chunk takes GPU_PREFILL's path, the one switch: "reference" until the
 new forms have run natively (tests/kernels/test_gated_delta_chunked.py `-m gpu` on the H200,
 then benchmarks/hybrid_bench.py's gdn_prefill A/B: benchmarks/results/run35's script); no
-device was lent after they were written, and the reference is the measured path (run 16). NINFER_GDN_PREFILL
-(kernel | wy | reference) overrides it for A/B runs; NINFER_FORCE_REFERENCE and CPU backends
-run the reference. Decode rows (gated_delta_rows) take the rows kernel on the GPU when
-GPU_ROWS_KERNEL is on: off until tests/kernels/test_gated_delta.py's GPU case has passed
-natively and hybrid_bench has timed it (never run yet); the reference otherwise. Speculative verify rows chained along a
+device was lent after they were written, and the reference is the measured path (run 16).
+NINFER_GDN_PREFILL (kernel | wy | reference) overrides it for A/B runs; NINFER_FORCE_REFERENCE
+and CPU backends run the reference. Decode rows (gated_delta_rows) take the rows kernel on
+the GPU when GPU_ROWS_KERNEL (or NINFER_GDN_ROWS_KERNEL=1) is on: off until
+tests/kernels/test_gated_delta.py's GPU case has passed natively and hybrid_bench has timed
+it (never run yet); the reference otherwise. Speculative verify rows chained along a
 sequence (chained_gated_delta) run in WY form on every backend.
 """
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE  # noqa: F401
 
 GPU_PREFILL = "reference"
 GPU_ROWS_KERNEL = False
+ROWS_ENV = "NINFER_GDN_ROWS_KERNEL"  # "1" / "0" overrides GPU_ROWS_KERNEL while tracing
 PREFILL_ENV = "NINFER_GDN_PREFILL"
 PREFILL_PATHS = ("kernel", "wy", "reference")
 
@@ -67,10 +69,19 @@ def gated_delta_step(q, k, v, g, beta, states):
     return reference.gated_delta_step(q, k, v, g, beta, states)
 
 
+def rows_kernel_on() -> bool:
+    """Whether decode rows take rows_kernel.py on a GPU: NINFER_GDN_ROWS_KERNEL if set
+    ("1" or "0"), else GPU_ROWS_KERNEL."""
+    override = os.environ.get(ROWS_ENV, "")
+    if override not in ("", "0", "1"):
+        raise ValueError(f"{ROWS_ENV}={override!r}: expected 1 or 0")
+    return override == "1" if override else GPU_ROWS_KERNEL
+
+
 def gated_delta_rows(q, k, v, g, beta, recurrent, slots):
     """One token for each of B rows, row i's state in slot slots[i] of `recurrent`, updated
     there; see reference.gated_delta_rows."""
-    if GPU_ROWS_KERNEL and dispatch.use_kernels():
+    if rows_kernel_on() and dispatch.use_kernels():
         result = rows_kernel.gated_delta_rows(q, k, v, g, beta, recurrent, slots)
         if result is not None:
             return result
