@@ -1,5 +1,6 @@
 """Drive a real JaxRunner through a fresh Scheduler + StepLoop, synchronously, for the engine
-tests of the families with recurrent state (test_hybrid_engine, test_nemotron_h_engine)."""
+tests of the families with recurrent state (test_hybrid_engine, test_nemotron_h_engine) and
+the speculative ones (`run_requests`: any scheduler, any requests)."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,12 +46,28 @@ def generate(runner, prompts, *, lanes=None, num_pages=64, slots=None, reuse=Tru
     _run(scheduler, loop)
     results = []
     for handle in handles:
-        events = []
-        while (event := handle.next_event(timeout=0)) is not None:
-            events.append(event)
+        events = _events(handle)
         assert events[-1].reason == "length", events[-1]
         results.append((events[0].cache_n, list(events[-1].output_ids), events[-1].counters))
     return results, scheduler
+
+
+def run_requests(scheduler, runner, requests) -> list:
+    """Submit every GenerationRequest at once to `scheduler`, step `runner` until all have
+    finished; the final event of each, in order."""
+    loop = StepLoop(scheduler, runner)
+    handles = [RequestHandle(request) for request in requests]
+    for handle in handles:
+        scheduler.add(handle)
+    _run(scheduler, loop)
+    return [_events(handle)[-1] for handle in handles]
+
+
+def _events(handle) -> list:
+    events = []
+    while (event := handle.next_event(timeout=0)) is not None:
+        events.append(event)
+    return events
 
 
 def _run(scheduler, loop) -> None:

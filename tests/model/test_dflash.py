@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import engine_drive
 from ninfer_jax.artifact.components import vocabulary_subset_head
 from ninfer_jax.artifact.drafters import preset_dflash_config, random_dflash
 from ninfer_jax.artifact.presets import PRESETS
@@ -97,20 +98,9 @@ def scheduler_for(runner, lanes=LANES, num_pages=PAGES, reuse=False):
 
 def generate(runner, prompts, sampling=GREEDY, max_tokens=24, lanes=LANES, **pool):
     scheduler = scheduler_for(runner, lanes, **pool)
-    loop = StepLoop(scheduler, runner)
-    handles = [RequestHandle(GenerationRequest(f"r{i}", list(ids), sampling, max_tokens))
-               for i, ids in enumerate(prompts)]
-    for handle in handles:
-        scheduler.add(handle)
-    while scheduler.has_work() or loop.in_flight:
-        scheduler.apply_controls()
-        loop.advance()
-    finals = []
-    for handle in handles:
-        events = []
-        while (event := handle.next_event(timeout=0)) is not None:
-            events.append(event)
-        finals.append(events[-1])
+    finals = engine_drive.run_requests(scheduler, runner, [
+        GenerationRequest(f"r{i}", list(ids), sampling, max_tokens)
+        for i, ids in enumerate(prompts)])
     return [list(f.output_ids) for f in finals], scheduler.counters
 
 

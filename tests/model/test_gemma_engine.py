@@ -15,6 +15,7 @@ import types
 import jax.numpy as jnp
 import pytest
 
+import engine_drive
 from engine_drive import CONTEXT, PAGE, VOCAB, generate, outputs, prompt
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
@@ -94,11 +95,10 @@ def test_speculative_rounds_commit_what_plain_decoding_does():
     its ring; rejected drafts' KV is overwritten later, as a page's would be (no chaining)."""
     from ninfer_jax.engine.config import EngineConfig
     from ninfer_jax.engine.pages import PagePool
-    from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+    from ninfer_jax.engine.request import GenerationRequest, SamplingParams
     from ninfer_jax.engine.scheduler import Scheduler
     from ninfer_jax.engine.speculation import SpeculativeConfig
     from ninfer_jax.engine.state_slots import StateSlotPool
-    from ninfer_jax.engine.step_loop import StepLoop
 
     spec, lanes = SpeculativeConfig("ngram", 3), 2
     config = gemma_config()
@@ -117,21 +117,10 @@ def test_speculative_rounds_commit_what_plain_decoding_does():
                          kv_capacity=63 * PAGE, speculative=spec),
             PagePool(64), page_size=PAGE, max_batch=runner.max_batch,
             max_chunk_rows=runner.max_chunk_rows, slots=StateSlotPool(4))
-        loop = StepLoop(scheduler, runner)
-        handles = [RequestHandle(GenerationRequest(f"r{i}", ids, SamplingParams(temperature=0.0),
-                                                   30, speculative=speculative))
-                   for i, ids in enumerate(prompts)]
-        for handle in handles:
-            scheduler.add(handle)
-        while scheduler.has_work() or loop.in_flight:
-            scheduler.apply_controls()
-            loop.advance()
-        finals = []
-        for handle in handles:
-            while (event := handle.next_event(timeout=0)) is not None:
-                final = event
-            finals.append(list(final.output_ids))
-        return finals, scheduler.counters
+        finals = engine_drive.run_requests(scheduler, runner, [
+            GenerationRequest(f"r{i}", ids, SamplingParams(temperature=0.0), 30,
+                              speculative=speculative) for i, ids in enumerate(prompts)])
+        return [list(f.output_ids) for f in finals], scheduler.counters
 
     plain, _ = run(False)
     drafted, counters = run(True)

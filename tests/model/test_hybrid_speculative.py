@@ -15,16 +15,16 @@ import types
 import numpy as np
 import pytest
 
+import engine_drive
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool
-from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.request import GenerationRequest, SamplingParams
 from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.speculation import SpeculativeConfig
 from ninfer_jax.engine.state_slots import StateSlotPool
-from ninfer_jax.engine.step_loop import StepLoop
 
 VOCAB, PAGE, CONTEXT, LANES, SLOTS, PAGES = 64, 4, 96, 8, 10, 160
 SPEC = SpeculativeConfig("ngram", 3)
@@ -99,22 +99,9 @@ def generate(runner, prompts, *, num_pages=PAGES, max_tokens=24, lanes=LANES, dr
                           max_chunk_rows=runner.max_chunk_rows)
     if drafter is not None:
         scheduler.spec.drafter = drafter
-    loop = StepLoop(scheduler, runner)
-    handles = [RequestHandle(GenerationRequest(f"r{i}", list(ids), GREEDY, max_tokens))
-               for i, ids in enumerate(prompts)]
-    for handle in handles:
-        scheduler.add(handle)
-    for _ in range(10_000):
-        scheduler.apply_controls()
-        if not loop.advance() and not scheduler.has_work():
-            loop.drain()
-            break
-    finals = []
-    for handle in handles:
-        events = []
-        while (event := handle.next_event(timeout=0)) is not None:
-            events.append(event)
-        finals.append(events[-1])
+    finals = engine_drive.run_requests(scheduler, runner, [
+        GenerationRequest(f"r{i}", list(ids), GREEDY, max_tokens)
+        for i, ids in enumerate(prompts)])
     checkpoints = scheduler.checkpoints
     assert scheduler.slots.num_used == (checkpoints.num_checkpoints if checkpoints else 0)
     return [list(f.output_ids) for f in finals], scheduler.counters

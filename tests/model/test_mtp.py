@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import engine_drive
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.engine.config import EngineConfig
@@ -76,21 +77,10 @@ def scheduler_for(runner, lanes=LANES, num_pages=PAGES, reuse=False):
 def generate(runner, prompts, sampling=GREEDY, max_tokens=24, lanes=LANES, **pool):
     """Every prompt at once; `sampling` one SamplingParams for all, or one per prompt."""
     scheduler = scheduler_for(runner, lanes, **pool)
-    loop = StepLoop(scheduler, runner)
     each = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
-    handles = [RequestHandle(GenerationRequest(f"r{i}", list(ids), params, max_tokens))
-               for i, (ids, params) in enumerate(zip(prompts, each))]
-    for handle in handles:
-        scheduler.add(handle)
-    while scheduler.has_work() or loop.in_flight:
-        scheduler.apply_controls()
-        loop.advance()
-    finals = []
-    for handle in handles:
-        events = []
-        while (event := handle.next_event(timeout=0)) is not None:
-            events.append(event)
-        finals.append(events[-1])
+    finals = engine_drive.run_requests(scheduler, runner, [
+        GenerationRequest(f"r{i}", list(ids), params, max_tokens)
+        for i, (ids, params) in enumerate(zip(prompts, each))])
     return [list(f.output_ids) for f in finals], scheduler.counters
 
 

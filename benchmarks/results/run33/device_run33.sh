@@ -2,13 +2,8 @@
 # Run 33: the Mamba-2 kernel natively (issue 19), Qwen3.5-27B prefill with images (issue 17's
 # last line), the Nemotron-H-8B shape's decode and prefill (issue 19). From the repository
 # root, carry [".whl"]:  bash benchmarks/results/run33/device_run33.sh [STAGES]
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. benchmarks/device_common.sh
 STAGES=${1:-mamba images nemotron}
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
-[ -d /tmp/site/falcon ] || python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.txt" 2>&1
 for stage in $STAGES; do
   stamp "$stage"

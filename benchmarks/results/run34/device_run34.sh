@@ -5,13 +5,8 @@
 # (verify rows chain their Gated DeltaNet state), then K = 3 with the MTP head drafting 3 in
 # every step, and MTP's acceptance on random weights (meaningless: it proves the head runs).
 # From the repository root, carry [".whl"]:  bash benchmarks/results/run34/device_run34.sh
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. benchmarks/device_common.sh
 STAGES=${1:-verify mtp}
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
-[ -d /tmp/site/falcon ] || python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 B="benchmarks/hybrid_bench.py --presets qwen3.5-27b --prompt 1024 --steps 16 --no-gdn --json"
 for stage in $STAGES; do
   stamp "$stage"

@@ -3,13 +3,8 @@
 # kernel, tests/kernels/test_gated_delta_chunked.py -m gpu), run 34's 27B verify steps again
 # with the chained rows in WY form, and the GDN prefill paths A/B on 4 layers of the 27B shape.
 # From the repository root, carry [".whl"]:  bash benchmarks/results/run35/device_run35.sh
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. benchmarks/device_common.sh
 STAGES=${1:-gdntest verify gdnbench}
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
-[ -d /tmp/site/falcon ] || python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 B="benchmarks/hybrid_bench.py --presets qwen3.5-27b --prompt 1024 --steps 16 --no-gdn --json"
 for stage in $STAGES; do
   stamp "$stage"

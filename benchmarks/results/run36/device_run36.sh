@@ -9,13 +9,8 @@
 # After the tests pass and the A/B says so, flip the switches in kernels/gated_delta
 # (GPU_PREFILL = "wy" or "kernel", GPU_ROWS_KERNEL = True). The sliding-window kernel is
 # benchmarks/pending/swa-window-kernel.patch (git apply; its own commands in docs/benchmarks.md).
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+. benchmarks/device_common.sh
 STAGES=${1:-gdntest moetest gdnbench}
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
-[ -d /tmp/site/falcon ] || python3 -m pip install -q --no-index --no-deps --no-compile \
-  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
 H="python3 benchmarks/hybrid_bench.py --json"
 for stage in $STAGES; do
   stamp "$stage"

@@ -1,0 +1,10 @@
+# Sourced by the device scripts (benchmarks/results/runNN/device_runNN.sh), from the
+# repository root on the device machine: $OUT, the stage stamps, the carried wheels installed
+# once per machine into /tmp/site, the import path and a compile cache that lives while the
+# machine stays warm.
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+t0=$(date +%s); stamp() { echo "[$(( $(date +%s) - t0 ))s] $*" | tee -a "$OUT/stages.log"; }
+[ -d /tmp/site/falcon ] || python3 -m pip install -q --no-index --no-deps --no-compile \
+  --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=.:benchmarks:/tmp/site JAX_COMPILATION_CACHE_DIR=/tmp/jaxcache
