@@ -157,10 +157,9 @@ __attribute__((target("f16c"))) inline BlockView view_f16c(const uint8_t* blk, i
 // 32 weight codes of a block as bytes (Q8_0 signed, Q4 nibbles 0..15 unsigned).
 __attribute__((target("avx2,fma"))) inline __m256i codes_avx2(const uint8_t* qs, int32_t fmt) {
   if (fmt == kQ8_0) return _mm256_loadu_si256((const __m256i*)qs);
-  __m128i packed = _mm_loadu_si128((const __m128i*)qs);
-  __m128i lo = _mm_and_si128(packed, _mm_set1_epi8(0x0f));
-  __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0x0f));
-  return _mm256_set_m128i(hi, lo);
+  const __m128i packed = _mm_loadu_si128((const __m128i*)qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed),
+                          _mm256_set1_epi8(0x0f));
 }
 
 // Q8_0's codes are signed but both byte dots take unsigned x signed: the sign trick moves the
@@ -241,6 +240,8 @@ constexpr int kTile = 4;  // activation rows sharing one unpacked weight block
 // output's arithmetic is that of one row and one column alone: acc += (d_w * d_x) * dot in
 // block order over 8 lanes, then the lane sum plus the offset summed in block order, so a row
 // gets the same bits whatever R, C, the batch and the thread split.
+constexpr int64_t kAheadTiles = 2;
+
 template <bool kVnni, int32_t kFmt, int R, int C>
 __attribute__((target("avx2,fma,f16c"))) inline void tile_x86(
     const uint8_t* w, int64_t row_bytes, int64_t n, int64_t nb, const QRow* xs, float* y,
@@ -251,38 +252,55 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_x86(
   const uint8_t* col[C];
   for (int c = 0; c < C; ++c) col[c] = w + (n + c) * row_bytes;
   __m256 acc[R][C];
-  float offset[R][C];
+  __m128 offset[R][C];  // lane 1: the offset's sum (lane 0 unused)
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) {
       acc[r][c] = _mm256_setzero_ps();
-      offset[r][c] = 0.f;
+      offset[r][c] = _mm_setzero_ps();
     }
+  // The C columns interleave C streams, which the hardware prefetcher follows badly from DRAM
+  // (576 x 49152 Q8_0, 30 MB: 2.6x slower than one column at a time without this); fetch the
+  // next tile's bytes, C * bb of them per block, as this tile goes.
+  const uint8_t* ahead = col[0] + kAheadTiles * C * row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
+    for (int p = 0; p < C * bb; p += 64) _mm_prefetch((const char*)ahead + b * C * bb + p, _MM_HINT_T0);
     __m256i qx[R];
-    float dx[R], sx[R];
+    __m128 dsx[R];  // the activation block's (d, s)
     for (int r = 0; r < R; ++r) {
       qx[r] = _mm256_loadu_si256((const __m256i*)(xs[r].q + b * kBlock));
-      dx[r] = xs[r].d[b];
-      sx[r] = xs[r].ds[b];
+      dsx[r] = _mm_unpacklo_ps(_mm_load_ss(xs[r].d + b), _mm_load_ss(xs[r].ds + b));
     }
     for (int c = 0; c < C; ++c) {
       const uint8_t* blk = col[c] + b * bb;
-      const float dw = _cvtsh_ss(load_u16(blk));
-      // Q4_0's codes are nibble - 8: 8 * d_w * (d_x * sum x) comes off; Q4_1 adds m * s.
-      const float coef = kFmt == kQ4_1 ? _cvtsh_ss(load_u16(blk + 2)) : -8.f * dw;
+      // The weight block's (d, m) in one conversion; Q4_0's (d, d), its offset being -8 * d.
+      uint32_t dm;
+      if (kFmt == kQ4_1) {
+        std::memcpy(&dm, blk, 4);
+      } else {
+        dm = load_u16(blk);
+        dm |= dm << 16;
+      }
+      const __m128 dmw = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dm));
       const __m256i codes = codes_avx2(blk + qs_at, kFmt);
       const __m256i wu = unsigned_codes(codes, signed_w);
       for (int r = 0; r < R; ++r) {
         const __m256i sx8 = signed_w ? _mm256_sign_epi8(qx[r], codes) : qx[r];
         const __m256i dot = kVnni ? dot_vnni(wu, sx8) : dot_maddubs(wu, sx8);
-        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx[r]), _mm256_cvtepi32_ps(dot),
+        const __m128 scales = _mm_mul_ps(dmw, dsx[r]);  // (d_w * d_x, m_w * s_x or d_w * s_x)
+        acc[r][c] = _mm256_fmadd_ps(_mm256_broadcastss_ps(scales), _mm256_cvtepi32_ps(dot),
                                     acc[r][c]);
-        if (!signed_w) offset[r][c] += coef * sx[r];
+        // Q4_0's codes are nibble - 8: 8 * d_w * (d_x * sum x) comes off (times 8 is exact,
+        // so the fused form rounds as the separate product and sum); Q4_1 adds m * s.
+        if (kFmt == kQ4_1) offset[r][c] = _mm_add_ps(offset[r][c], scales);
+        if (kFmt == kQ4_0)
+          offset[r][c] = _mm_fmadd_ps(scales, _mm_set1_ps(-8.f), offset[r][c]);
       }
     }
   }
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * N + n + c] = hsum_avx2(acc[r][c]) + offset[r][c];
+    for (int c = 0; c < C; ++c)
+      y[r * N + n + c] =
+          hsum_avx2(acc[r][c]) + _mm_cvtss_f32(_mm_movehdup_ps(offset[r][c]));
 }
 
 // Columns per tile for R rows: R * C accumulators and the R activation and C weight registers
