@@ -3,7 +3,8 @@
 // x is quantized per 32-block to int8 (scale d = max|x|/127, plus the block's integer sum for
 // the formats with an offset), then every block product is an integer dot of 32 int8 x
 // against 32 weight codes, scaled in f32. Paths: AVX-512 VNNI, AVX2, NEON, scalar, each compiled
-// for its own target and picked once at run time from the CPU's features. Output columns are
+// for its own target and picked once at run time from the CPU's features; the x86 paths also
+// quantize x with AVX2 and run tiles of rows x columns (tile_x86). Output columns are
 // split with XLA's intra-op thread pool when the weight is large enough to pay for the hand-off.
 #include <algorithm>
 #include <atomic>
