@@ -66,9 +66,21 @@ __attribute__((target("avx2,fma"))) void attend_avx2(
     const float* qs, int64_t G, int64_t D, int64_t L, const float* const* keys,
     const float* const* values, float* scores, float* acc, float* out) {
   constexpr int kMaxG = 8;
+  constexpr int64_t kAhead = 6;
   for (int64_t g0 = 0; g0 < G; g0 += kMaxG) {
     const int64_t gn = std::min<int64_t>(kMaxG, G - g0);
     for (int64_t t = 0; t < L; ++t) {
+      // Rows come from pages all over the pool, mostly from DRAM in a step: fetch the keys a
+      // few rows ahead, and this row's values for the pass after the softmax (8 rows at
+      // context 200, 30 layers' caches, cold: 365 -> ~300 us per layer on the 2-core host).
+      if (g0 == 0) {
+        const char* next = (const char*)keys[std::min<int64_t>(t + kAhead, L - 1)];
+        const char* value = (const char*)values[t];
+        for (int64_t b = 0; b < D * 4; b += 64) {
+          _mm_prefetch(next + b, _MM_HINT_T0);
+          _mm_prefetch(value + b, _MM_HINT_T1);
+        }
+      }
       __m256 part[kMaxG];
       for (int g = 0; g < gn; ++g) part[g] = _mm256_setzero_ps();
       for (int64_t d = 0; d < D; d += 8) {
