@@ -264,7 +264,8 @@ __attribute__((target("avx2,fma,f16c"))) inline void tile_x86(
   // next tile's bytes, C * bb of them per block, as this tile goes.
   const uint8_t* ahead = col[0] + kAheadTiles * C * row_bytes;
   for (int64_t b = 0; b < nb; ++b) {
-    for (int p = 0; p < C * bb; p += 64) _mm_prefetch((const char*)ahead + b * C * bb + p, _MM_HINT_T0);
+    for (int p = 0; p < C * bb; p += 64)
+      _mm_prefetch((const char*)ahead + b * C * bb + p, _MM_HINT_T0);
     __m256i qx[R];
     __m128 dsx[R];  // the activation block's (d, s)
     for (int r = 0; r < R; ++r) {
