@@ -33,14 +33,16 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
         from ninfer_jax.kernels.paged_attention import kernel
         return kernel.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
                                              scale=scale)
-    if _cpu_decode_ready(k_cache, v_cache):
+    if cpu_decode_ready(k_cache, v_cache):
         from ninfer_jax.kernels.paged_attention import cpu
         return cpu.paged_decode_attention(q, k_cache, v_cache, page_table, lengths, scale=scale)
     return reference.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
                                             scale=scale)
 
 
-def _cpu_decode_ready(k_cache, v_cache) -> bool:
+def cpu_decode_ready(k_cache, v_cache) -> bool:
+    """Whether decode rows over these caches run the C++ handler (cpu/): the CPU backend, not
+    forced to the reference, plain f32 pages, the extension built."""
     if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         return False
     if isinstance(k_cache, ScaledPages) or isinstance(v_cache, ScaledPages):

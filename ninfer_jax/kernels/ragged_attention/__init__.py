@@ -29,7 +29,7 @@ def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row
     if use_kernels():
         from ninfer_jax.kernels.ragged_attention import kernel
         return kernel.ragged_paged_attention(q, k_cache, v_cache, **args)
-    if paged_attention._cpu_decode_ready(k_cache, v_cache):
+    if paged_attention.cpu_decode_ready(k_cache, v_cache):
         from ninfer_jax.kernels.paged_attention import cpu
         return reference.compose(
             q, num_chunk_tokens,
