@@ -19,9 +19,12 @@ from ninfer_jax.kernels.paged_attention import ScaledPages, cpu
 from ninfer_jax.kernels.paged_attention import reference as paged_reference
 from test_ragged_attention import GRID, dense_attention, ragged_case
 
-pytestmark = pytest.mark.skipif(
-    not cpu.available() and not os.environ.get("CI"),
-    reason="CPU decode attention not built (pip install -e . builds it)")
+pytestmark = [
+    pytest.mark.skipif(not cpu.available() and not os.environ.get("CI"),
+                       reason="CPU decode attention not built (pip install -e . builds it)"),
+    pytest.mark.skipif(jax.default_backend() != "cpu",
+                       reason="a CPU handler; the GPU runs the Pallas decode kernel"),
+]
 
 STATIC = ("scale", "num_chunk_tokens")
 
