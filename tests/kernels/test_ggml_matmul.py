@@ -20,7 +20,9 @@ pytestmark = pytest.mark.skipif(
     not cpu.available() and not os.environ.get("CI"),
     reason="CPU block kernel not built (pip install -e . builds it)")
 
-SHAPES = [(1, 32, 1), (1, 576, 1536), (3, 64, 7), (5, 1536, 576), (8, 96, 33), (17, 160, 65)]
+# row tiles of 1-4 and their remainders, column tiles of 4 / 2 with 1-column tails, bands of 48
+SHAPES = [(1, 32, 1), (1, 576, 1536), (2, 64, 6), (3, 64, 7), (4, 96, 50), (5, 1536, 576),
+          (6, 32, 3), (8, 96, 33), (17, 160, 65)]
 
 
 def test_the_extension_is_built():
@@ -109,3 +111,50 @@ def test_activation_rounding_is_llamacpps(fmt):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     codes, d, _ = reference.quantize_activations(jnp.asarray(x[:1, :32]))
     assert np.asarray(codes)[0, 0, :4].tolist() == [-16.0, -14.0, -14.0, -12.0]
+
+
+def _activation_rounding_bound(x, leaf, fmt):
+    """Per output, the most the kernel may differ from x @ dequantize(w) because it rounds x to
+    llama.cpp's 8-bit blocks (from the arithmetic, not fitted): per block of 32 with scale
+    c = max|x| / 127, a code's x - c * q is at most c / 2; the f16 rounding of c moves each of
+    the <= 127 steps by at most e = c * 2^-11 + 2^-25 (half an f16 ulp, relative or, below
+    f16's normals, absolute); q4_1's offset uses s = f16(c * sum q) instead of d * sum q, off by
+    at most |c sum q| 2^-11 + 2^-25 + e |sum q|, times |m|. f32 sums of both sides: 1e-5 of
+    sum |x| |w| (~nb * 2^-24 is their worst)."""
+    w = formats.dequantize_numpy(leaf)  # [K, N]
+    K, N = w.shape
+    xb = x.reshape(x.shape[0], -1, 32).astype(np.float64)
+    amax = np.abs(xb).max(-1)
+    c = amax / 127.0
+    codes = np.round(xb * np.where(amax > 0, 127.0 / np.where(amax > 0, amax, 1), 0)[..., None])
+    e = c * 2.0**-11 + 2.0**-25
+    per_value = c / 2 + 127 * e  # [M, nb]
+    wb = np.abs(w.astype(np.float64)).reshape(-1, 32, N).sum(1)  # [nb, N]
+    bound = per_value @ wb
+    if fmt == "q4_1":
+        m = np.asarray(leaf[fmt]).reshape(N, -1, 20)[..., 2:4].copy().view(np.float16)[..., 0]
+        sums = np.abs(codes.sum(-1))
+        bound += (c * sums * 2.0**-11 + 2.0**-25 + e * sums) @ np.abs(m.T.astype(np.float64))
+    return bound + 1e-5 * (np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64)))
+
+
+@pytest.mark.parametrize("fmt", formats.BLOCK_FORMATS)
+def test_kernel_is_the_dequantized_product_up_to_activation_rounding(fmt):
+    # The jnp dequantize reference (what prefill chunks and NINFER_FORCE_REFERENCE run) is the
+    # exact product; the kernel may differ from it only by rounding x to 8 bits per block.
+    # The grid covers every row tile (1-4) and remainder up to CPU_KERNEL_MAX_ROWS, column
+    # tails and bands, one block to K = 1536, and activation blocks of very different scales.
+    rng = np.random.default_rng(21)
+    for K, N in ((32, 3), (96, 9), (576, 130), (1536, 21)):
+        leaf = _case(fmt, K, N, K + N)
+        for M in (1, 2, 3, 4, 5, 7, 9, quant_matmul.CPU_KERNEL_MAX_ROWS):
+            x = rng.standard_normal((M, K)).astype(np.float32)
+            x *= np.exp(rng.uniform(-6, 3, (M, K // 32, 1))).repeat(32, 1).reshape(M, K)
+            got = np.asarray(cpu.matmul(jnp.asarray(x), {fmt: jnp.asarray(leaf[fmt])}),
+                             np.float64)
+            want = np.asarray(reference.matmul(jnp.asarray(x), {fmt: jnp.asarray(leaf[fmt])}),
+                              np.float64)
+            error, bound = np.abs(got - want), _activation_rounding_bound(x, leaf, fmt)
+            assert (error <= bound).all(), (fmt, M, K, N, (error / bound).max())
+            # and the rounding is not nothing: the bound is a worst case, not a slack
+            assert error.max() > 1e-3 * bound.max(), (fmt, M, K, N)

@@ -1,15 +1,19 @@
 """Paged attention: the op's public entry points, dispatched at trace time.
 
 On a GPU backend decode runs the Pallas kernel (kernel.py) and prefill runs cuDNN flash attention
-over gathered pages (prefill.py); everywhere else, and whenever NINFER_FORCE_REFERENCE=1, both run
-the pure-jnp reference (reference.py). All three share the signatures and the cache layout
+over gathered pages (prefill.py); on the CPU, decode over f32 pages runs the C++ handler (cpu/,
+when built); everywhere else, and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp
+reference (reference.py). All three share the signatures and the cache layout
 defined in reference.py. The choice is made while tracing, so it costs nothing per step.
 """
 from __future__ import annotations
 
 import logging
+import os
 
-from ninfer_jax.kernels.dispatch import use_kernels
+import jax
+
+from ninfer_jax.kernels.dispatch import FORCE_REFERENCE_ENV, use_kernels
 from ninfer_jax.kernels.paged_attention import reference
 from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     DUMMY_PAGE,
@@ -30,8 +34,22 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
         from ninfer_jax.kernels.paged_attention import kernel
         return kernel.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
                                              scale=scale)
+    if cpu_decode_ready(k_cache, v_cache):
+        from ninfer_jax.kernels.paged_attention import cpu
+        return cpu.paged_decode_attention(q, k_cache, v_cache, page_table, lengths, scale=scale)
     return reference.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
                                             scale=scale)
+
+
+def cpu_decode_ready(k_cache, v_cache) -> bool:
+    """Whether decode rows over these caches run the C++ handler (cpu/): the CPU backend, not
+    forced to the reference, plain f32 pages, the extension built."""
+    if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+        return False
+    if isinstance(k_cache, ScaledPages) or isinstance(v_cache, ScaledPages):
+        return False
+    from ninfer_jax.kernels.paged_attention import cpu
+    return cpu.supports(k_cache, v_cache)
 
 
 def paged_prefill_attention(q, k_cache, v_cache, page_table, start, *, scale: float):

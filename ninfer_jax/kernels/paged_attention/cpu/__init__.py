@@ -1,0 +1,56 @@
+"""The CPU decode attention (decode_attention.cc) reached from jitted code through jax.ffi.
+
+`paged_decode_attention` has reference.paged_decode_attention's signature and takes f32 pages
+(the CPU's default KV dtype); `supports` says when it applies (the extension is built, the
+caches are plain f32 arrays). The shared library is built by the package's install
+(setup.py); the jnp reference stays the oracle and the fallback (8-bit or bf16 pages, no
+extension, NINFER_FORCE_REFERENCE).
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import importlib.machinery
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+TARGET = "ninfer_paged_decode_attention"
+LIBRARY_STEM = "_decode_attention"
+
+
+@functools.lru_cache(maxsize=1)
+def _library():
+    here = pathlib.Path(__file__).parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = here / f"{LIBRARY_STEM}{suffix}"
+        if path.exists():
+            library = ctypes.CDLL(str(path))
+            jax.ffi.register_ffi_target(
+                TARGET, jax.ffi.pycapsule(library.ninfer_paged_decode_attention),
+                platform="cpu")
+            return library
+    return None
+
+
+def available() -> bool:
+    """Whether the extension is built (it is registered with XLA on first call)."""
+    return _library() is not None
+
+
+def supports(k_cache, v_cache) -> bool:
+    """Plain f32 pages (not ScaledPages, not bf16) and the extension built."""
+    return (available() and not isinstance(k_cache, tuple) and not isinstance(v_cache, tuple)
+            and k_cache.dtype == jnp.float32 and v_cache.dtype == jnp.float32)
+
+
+def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float):
+    """q [B, H, D] against f32 pages [P, K, S, D]; see reference.paged_decode_attention."""
+    if _library() is None:
+        raise RuntimeError("the CPU decode attention is not built (pip install -e . builds it)")
+    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(q.shape, jnp.float32))
+    out = call(q.astype(jnp.float32), k_cache, v_cache, page_table.astype(jnp.int32),
+               lengths.astype(jnp.int32), scale=np.float32(scale))
+    return out.astype(q.dtype)

@@ -1,0 +1,96 @@
+"""The CPU decode attention (kernels/paged_attention/cpu, C++) against the jnp reference and a
+dense float64 softmax: the ragged dispatcher on the CPU (chunk through the reference, rows
+through the handler) over the ragged grid (verify rows, padding rows, odd chunk lengths,
+shuffled pages), both of the handler's paths (AVX2 for head dims in 8s, the plain loop
+otherwise), and which caches it takes. Without the built extension these tests skip, or fail
+when CI is set (CI must build it)."""
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernel_testkit import paged_setup
+from ninfer_jax.kernels import paged_attention, ragged_attention
+from ninfer_jax.kernels.paged_attention import ScaledPages, cpu
+from ninfer_jax.kernels.paged_attention import reference as paged_reference
+from test_ragged_attention import GRID, dense_attention, ragged_case
+
+pytestmark = [
+    pytest.mark.skipif(not cpu.available() and not os.environ.get("CI"),
+                       reason="CPU decode attention not built (pip install -e . builds it)"),
+    pytest.mark.skipif(jax.default_backend() != "cpu",
+                       reason="a CPU handler; the GPU runs the Pallas decode kernel"),
+]
+
+STATIC = ("scale", "num_chunk_tokens")
+
+
+def test_the_extension_is_built():
+    assert cpu.available(), "the CPU decode attention must be built (setup.py) where CI is set"
+
+
+@pytest.mark.parametrize("page_size,chunk_start,chunk_len,chunk_bucket,rows", GRID)
+@pytest.mark.parametrize("head_dim", [16, 12])  # the AVX2 path, the plain loop
+def test_cpu_dispatch_matches_the_reference_and_dense(page_size, chunk_start, chunk_len,
+                                                      chunk_bucket, rows, head_dim):
+    rng = np.random.default_rng(page_size + chunk_start + chunk_len)
+    q, k, v, args, real = ragged_case(rng, page_size=page_size, chunk_start=chunk_start,
+                                      chunk_len=chunk_len, chunk_bucket=chunk_bucket,
+                                      row_specs=rows, heads=6, kv_heads=2, head_dim=head_dim)
+    dispatched = jax.jit(ragged_attention.ragged_paged_attention, static_argnames=STATIC)
+    if rows:
+        assert cpu.TARGET in dispatched.lower(q, k, v, **args).as_text()
+    out = np.asarray(dispatched(q, k, v, **args))
+    want = np.asarray(jax.jit(ragged_attention.reference.ragged_paged_attention,
+                              static_argnames=STATIC)(q, k, v, **args))
+    np.testing.assert_allclose(out[real], want[real], rtol=2e-6, atol=2e-6)
+    qn, kn, vn = (np.asarray(a, np.float64) for a in (q, k, v))
+    for i, (sequence, position) in enumerate(rows):
+        row = chunk_bucket + i
+        if sequence is None:  # a padding row reads only the dummy page: finite, unused
+            assert np.all(np.isfinite(out[row]))
+            continue
+        expected = dense_attention(qn[row], kn, vn, args["row_tables"][i], position + 1,
+                                   args["scale"])
+        np.testing.assert_allclose(out[row], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_long_rows_and_a_row_alone_get_the_bits_they_get_in_a_batch():
+    # Rows are independent: a decode row alone and the same row among verify and padding rows
+    # get the same bits (speculation's exactness on CPU relies on it).
+    rng = np.random.default_rng(3)
+    lengths = [300, 17, 64]
+    k, v, tables, _ = paged_setup(rng, batch=3, lengths=lengths, num_kv_heads=3, head_dim=64,
+                                  page_size=16)
+    q = jnp.asarray(rng.standard_normal((3, 9, 64)), jnp.float32)
+    lens = jnp.asarray(lengths, jnp.int32)
+    call = jax.jit(lambda q, t, n: cpu.paged_decode_attention(q, k, v, t, n, scale=0.125))
+    batch = np.asarray(call(q, tables, lens))
+    want = np.asarray(paged_reference.paged_decode_attention(q, k, v, tables, lens, scale=0.125))
+    np.testing.assert_allclose(batch, want, rtol=2e-6, atol=2e-6)
+    for row in range(3):
+        alone = np.asarray(call(q[row:row + 1], tables[row:row + 1], lens[row:row + 1]))
+        np.testing.assert_array_equal(alone[0], batch[row])
+
+
+def test_only_plain_f32_pages_take_the_handler(monkeypatch):
+    rng = np.random.default_rng(4)
+    k, v, tables, _ = paged_setup(rng, batch=1, lengths=[20], num_kv_heads=2, head_dim=16,
+                                  page_size=8)
+    q = jnp.ones((1, 4, 16), jnp.float32)
+    lens = jnp.asarray([20], jnp.int32)
+
+    def lowered(k, v):
+        return jax.jit(lambda q: paged_attention.paged_decode_attention(
+            q, k, v, tables, lens, scale=0.25)).lower(q).as_text()
+
+    assert cpu.TARGET in lowered(k, v)
+    assert cpu.TARGET not in lowered(k.astype(jnp.bfloat16), v.astype(jnp.bfloat16))
+    codes = ScaledPages(k.astype(jnp.int8), jnp.ones(k.shape[:3], jnp.float32))
+    assert cpu.TARGET not in lowered(codes, codes)
+    monkeypatch.setenv("NINFER_FORCE_REFERENCE", "1")
+    assert cpu.TARGET not in lowered(k, v)
