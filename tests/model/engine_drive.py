@@ -63,6 +63,23 @@ def run_requests(scheduler, runner, requests) -> list:
     return [_events(handle)[-1] for handle in handles]
 
 
+def drafts_held(scheduler, runner, request) -> dict:
+    """Run one request alone; after every step in which its device drafter's drafts belong to
+    its tokens so far, record them: {tuple(tokens): drafts list} (MTP and DFlash tests)."""
+    loop = StepLoop(scheduler, runner)
+    scheduler.add(RequestHandle(request))
+    held = {}
+    while scheduler.has_work() or loop.in_flight:
+        scheduler.apply_controls()
+        loop.advance()
+        seq = scheduler.resident[0] if scheduler.resident else None
+        if seq is not None and seq.device_draft is not None:
+            length, drafts = seq.device_draft
+            if length == len(seq.tokens):
+                held[tuple(seq.tokens)] = drafts.tolist()
+    return held
+
+
 def _events(handle) -> list:
     events = []
     while (event := handle.next_event(timeout=0)) is not None:

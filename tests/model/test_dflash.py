@@ -24,12 +24,11 @@ from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool
-from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.request import GenerationRequest, SamplingParams
 from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.speculation import SpeculativeConfig
 from ninfer_jax.engine.state_slots import StateSlotPool
-from ninfer_jax.engine.step_loop import StepLoop
 from ninfer_jax.model import hybrid, ragged_batch
 
 VOCAB, PAGE, CONTEXT, LANES, SLOTS, PAGES, CHUNK, K = 64, 4, 96, 8, 10, 160, 8, 3
@@ -226,17 +225,8 @@ def target_taps(artifact, variant, tokens):
 def test_drafts_equal_the_reference_after_chunks_and_rounds(artifact, variant, request):
     runner = request.getfixturevalue(f"{variant}_runner")
     scheduler = scheduler_for(runner, lanes=1)
-    loop = StepLoop(scheduler, runner)
-    scheduler.add(RequestHandle(GenerationRequest("r", prompt(3), GREEDY, 40)))
-    held = {}  # tokens so far -> the drafts held after them
-    while scheduler.has_work() or loop.in_flight:
-        scheduler.apply_controls()
-        loop.advance()
-        seq = scheduler.resident[0] if scheduler.resident else None
-        if seq is not None and seq.device_draft is not None:
-            length, drafts = seq.device_draft
-            if length == len(seq.tokens):
-                held[tuple(seq.tokens)] = drafts.tolist()
+    held = engine_drive.drafts_held(scheduler, runner,  # tokens so far -> drafts after them
+                                    GenerationRequest("r", prompt(3), GREEDY, 40))
     final = max(held, key=len)
     taps = target_taps(artifact, variant, list(final))
     head = artifact.params["draft_head"] if variant == "dflash2" else None

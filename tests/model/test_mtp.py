@@ -21,12 +21,11 @@ from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool
-from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.request import GenerationRequest, SamplingParams
 from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.speculation import SpeculativeConfig
 from ninfer_jax.engine.state_slots import StateSlotPool
-from ninfer_jax.engine.step_loop import StepLoop
 from ninfer_jax.model import hybrid, ragged_batch
 
 VOCAB, PAGE, CONTEXT, LANES, SLOTS, PAGES, CHUNK = 64, 4, 96, 8, 10, 160, 8
@@ -171,17 +170,8 @@ def target_hidden(artifact, tokens):
 
 def test_drafts_equal_the_reference_after_chunks_and_rounds(artifact, mtp_runner):
     scheduler = scheduler_for(mtp_runner, lanes=1)
-    loop = StepLoop(scheduler, mtp_runner)
-    scheduler.add(RequestHandle(GenerationRequest("r", prompt(3), GREEDY, 40)))
-    held = {}  # tokens so far -> the drafts held after them
-    while scheduler.has_work() or loop.in_flight:
-        scheduler.apply_controls()
-        loop.advance()
-        seq = scheduler.resident[0] if scheduler.resident else None
-        if seq is not None and seq.device_draft is not None:
-            length, drafts = seq.device_draft
-            if length == len(seq.tokens):
-                held[tuple(seq.tokens)] = drafts.tolist()
+    held = engine_drive.drafts_held(scheduler, mtp_runner,  # tokens so far -> drafts after them
+                                    GenerationRequest("r", prompt(3), GREEDY, 40))
     final = max(held, key=len)
     hidden = target_hidden(artifact, list(final))
     # after the prompt's three chunks (chunk_next twice), then after rounds of all kinds

@@ -8,14 +8,13 @@ extension, NINFER_FORCE_REFERENCE).
 """
 from __future__ import annotations
 
-import ctypes
 import functools
-import importlib.machinery
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from ninfer_jax.kernels import cpu_extension
 
 TARGET = "ninfer_paged_decode_attention"
 LIBRARY_STEM = "_decode_attention"
@@ -23,16 +22,7 @@ LIBRARY_STEM = "_decode_attention"
 
 @functools.lru_cache(maxsize=1)
 def _library():
-    here = pathlib.Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"{LIBRARY_STEM}{suffix}"
-        if path.exists():
-            library = ctypes.CDLL(str(path))
-            jax.ffi.register_ffi_target(
-                TARGET, jax.ffi.pycapsule(library.ninfer_paged_decode_attention),
-                platform="cpu")
-            return library
-    return None
+    return cpu_extension.load(__file__, LIBRARY_STEM, TARGET)
 
 
 def available() -> bool:

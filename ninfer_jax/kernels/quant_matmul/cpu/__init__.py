@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import importlib.machinery
-import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ninfer_jax.kernels import cpu_extension
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, format_of
 
 TARGET = "ninfer_ggml_matmul"
@@ -28,17 +27,11 @@ PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512vnni": 3, "neon": 4}
 
 @functools.lru_cache(maxsize=1)
 def _library():
-    here = pathlib.Path(__file__).parent
-    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = here / f"{LIBRARY_STEM}{suffix}"
-        if path.exists():
-            library = ctypes.CDLL(str(path))
-            library.ninfer_ggml_path_name.restype = ctypes.c_char_p
-            library.ninfer_ggml_path_name.argtypes = [ctypes.c_int32]
-            jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(library.ninfer_ggml_matmul),
-                                        platform="cpu")
-            return library
-    return None
+    library = cpu_extension.load(__file__, LIBRARY_STEM, TARGET)
+    if library is not None:
+        library.ninfer_ggml_path_name.restype = ctypes.c_char_p
+        library.ninfer_ggml_path_name.argtypes = [ctypes.c_int32]
+    return library
 
 
 def available() -> bool:
