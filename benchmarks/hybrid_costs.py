@@ -52,19 +52,17 @@ def decode_bytes(config, params, *, rows: int, context: int, kv_itemsize: int,
     head = tree_bytes(params["embed"] if config.tie_word_embeddings else params["lm_head"])
     embed_rows = 0 if config.tie_word_embeddings else rows * H * embed_itemsize
     weights = layers + head + embed_rows + tree_bytes(params["final_norm"])
-    kinds = config.layer_types or ("full_attention",) * config.num_layers
-    num_attention = sum(kind != "linear_attention" for kind in kinds)
     kv = 0
     for i in config.cache_layers():  # each its own heads and dims (Gemma's full layers)
         per_token = 2 * config.layer_kv_heads(i) * config.layer_head_dim(i) * kv_itemsize
         read = min(context, config.sliding_window) if config.is_sliding_layer(i) else context
         kv += rows * per_token * (read + 2)  # read context + 1, write 1
     state = 0
-    if config.is_hybrid:
+    if config.has_recurrent_state:  # Gated DeltaNet or Mamba-2 layers
         shapes = config.state_shapes()
         per_row = (4 * int(np.prod(shapes["recurrent"]))  # float32
                    + state_itemsize * int(np.prod(shapes["conv"])))
-        state = (len(kinds) - num_attention) * rows * 2 * per_row  # read and write
+        state = len(config.state_layers()) * rows * 2 * per_row  # read and write
     experts = 0.0
     if config.num_experts:
         experts = sum(_layer_weight_bytes(layer, touched, config.num_experts)
