@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import types
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -29,7 +28,6 @@ from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.speculation import SpeculativeConfig
 from ninfer_jax.engine.state_slots import StateSlotPool
-from ninfer_jax.model import hybrid, ragged_batch
 
 VOCAB, PAGE, CONTEXT, LANES, SLOTS, PAGES, CHUNK, K = 64, 4, 96, 8, 10, 160, 8, 3
 SUBSET = 40  # the reduced proposal head's token ids: 0..SUBSET-1
@@ -205,16 +203,8 @@ def reference_drafts(artifact, variant, tokens, k, taps, head=None):
 
 def target_taps(artifact, variant, tokens):
     """The target's residual after each tapped layer at every position, in one chunk."""
-    config = artifact.config
-    caches = hybrid.init_caches(config, num_pages=40, page_size=PAGE, num_state_slots=2,
-                                dtype=jnp.float32, kv_dtype=jnp.float32)
-    T = len(tokens)
-    batch = dataclasses.replace(
-        ragged_batch.chunk_only(jnp.asarray(tokens, jnp.int32), jnp.int32(0), jnp.int32(T),
-                                jnp.arange(1, 33, dtype=jnp.int32)),
-        chunk_state_slot=jnp.int32(1), row_state_slots=jnp.zeros(0, jnp.int32))
-    _, _, taps = hybrid.ragged(artifact.params, caches, batch, None, config=config,
-                               page_size=PAGE, taps=artifact.drafters[variant].target_layer_ids)
+    taps = engine_drive.hybrid_one_chunk(artifact, tokens, PAGE,
+                                         taps=artifact.drafters[variant].target_layer_ids)
     return np.asarray(taps, np.float64)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import types
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -26,7 +25,6 @@ from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.speculation import SpeculativeConfig
 from ninfer_jax.engine.state_slots import StateSlotPool
-from ninfer_jax.model import hybrid, ragged_batch
 
 VOCAB, PAGE, CONTEXT, LANES, SLOTS, PAGES, CHUNK = 64, 4, 96, 8, 10, 160, 8
 SPEC = SpeculativeConfig("mtp", 3)
@@ -152,16 +150,7 @@ def reference_drafts(artifact, tokens, k, hidden):
 def target_hidden(artifact, tokens):
     """The target's final-normed states at every position (our hybrid forward, which
     test_hybrid_vs_transformers.py checks against transformers), in one chunk."""
-    config = artifact.config
-    caches = hybrid.init_caches(config, num_pages=40, page_size=PAGE, num_state_slots=2,
-                                dtype=jnp.float32, kv_dtype=jnp.float32)
-    T = len(tokens)
-    batch = dataclasses.replace(
-        ragged_batch.chunk_only(jnp.asarray(tokens, jnp.int32), jnp.int32(0), jnp.int32(T),
-                                jnp.arange(1, 33, dtype=jnp.int32)),
-        chunk_state_slot=jnp.int32(1), row_state_slots=jnp.zeros(0, jnp.int32))
-    _, _, hidden = hybrid.ragged(artifact.params, caches, batch, None, config=config,
-                                 page_size=PAGE, hidden=True)
+    hidden = engine_drive.hybrid_one_chunk(artifact, tokens, PAGE, hidden=True)
     return np.asarray(hidden, np.float64)
 
 
