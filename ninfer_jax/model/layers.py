@@ -29,7 +29,7 @@ def embed(table, tokens):
     if isinstance(table, dict):
         from ninfer_jax.kernels.quant_matmul import reference
         fmt = quant_matmul.format_of(table)
-        return reference.dequantize_blocks(jnp.take(table[fmt], tokens, axis=0), fmt)
+        return reference.dequantize_blocks(*reference.block_rows(table[fmt], fmt, tokens))
     return jnp.take(table, tokens, axis=0)
 
 

@@ -179,7 +179,10 @@ def expand_quantized(params, dtype):
     if isinstance(params, dict):
         if _is_quantized(params) and quant_matmul.format_of(params) in BLOCK_FORMATS and \
                 quant_matmul.cpu_kernel_available():
-            return dict(params)  # GGUF blocks: the CPU block kernel reads them as stored
+            # GGUF blocks: the CPU block kernel reads them, regrouped 16 columns at a time
+            # where this CPU has that layout's SIMD path (the same bytes)
+            from ninfer_jax.kernels.quant_matmul import cpu
+            return cpu.interleave(params)
         if _is_quantized(params):
             return reference.dequantize({k: jnp.asarray(v) for k, v in params.items()}, dtype)
         return {k: _expand_table(v, dtype) if k == "embed" else expand_quantized(v, dtype)
@@ -195,8 +198,11 @@ def _expand_table(table, dtype):
     from ninfer_jax.kernels import quant_matmul
     from ninfer_jax.kernels.quant_matmul import reference
 
-    if not isinstance(table, dict) or quant_matmul.cpu_kernel_available():
+    if not isinstance(table, dict):
         return table
+    if quant_matmul.cpu_kernel_available():  # a tied table is also the output projection
+        from ninfer_jax.kernels.quant_matmul import cpu
+        return cpu.interleave(table)
     fmt = quant_matmul.format_of(table)
     return reference.dequantize_blocks(jnp.asarray(table[fmt]), fmt, dtype)
 

@@ -158,3 +158,78 @@ def test_kernel_is_the_dequantized_product_up_to_activation_rounding(fmt):
             assert (error <= bound).all(), (fmt, M, K, N, (error / bound).max())
             # and the rounding is not nothing: the bound is a worst case, not a slack
             assert error.max() > 1e-3 * bound.max(), (fmt, M, K, N)
+
+
+# ------------------------------------------------------------------ the interleaved layout
+needs_interleaved = pytest.mark.skipif(not cpu.interleaved_simd(),
+                                       reason="no SIMD path for the interleaved layout here")
+
+
+@pytest.mark.parametrize("fmt", formats.BLOCK_FORMATS)
+def test_interleaving_keeps_every_weight_and_table_row(fmt):
+    leaf = _case(fmt, 96, 48, 31)
+    name = f"{fmt}x{formats.INTERLEAVE}"
+    interleaved = {name: formats.interleave_blocks(leaf[fmt], fmt)}
+    assert interleaved[name].shape == (3, 16 * 3 * formats.BLOCK_BYTES[fmt])
+    assert formats.logical_shape(interleaved) == (96, 48)
+    assert formats.stored_bytes(interleaved) == formats.stored_bytes(leaf)
+    want = formats.dequantize_numpy(leaf)
+    np.testing.assert_array_equal(formats.dequantize_numpy(interleaved), want)
+    np.testing.assert_array_equal(
+        np.asarray(reference.dequantize({name: jnp.asarray(interleaved[name])})), want)
+    # a tied table's lookup reads its rows out of the groups
+    tokens = jnp.asarray([[0, 17, 47], [33, 16, 15]])
+    raw, base = reference.block_rows(jnp.asarray(interleaved[name]), name, tokens)
+    assert base == fmt
+    np.testing.assert_array_equal(np.asarray(raw), np.asarray(leaf[fmt])[np.asarray(tokens)])
+
+
+@needs_interleaved
+@pytest.mark.parametrize("fmt", formats.BLOCK_FORMATS)
+def test_interleaved_kernel_matches_the_reference_with_the_same_bits_on_every_path(fmt):
+    # Every path does the same integer dots and the same f32 FMAs per column, so their bits
+    # agree; against the oracle only the summation order differs. Row tiles of 1-8 (AVX-512)
+    # and 1-4 (AVX2) with remainders, one block to K = 1536, one group to many.
+    for index, (M, K, N) in enumerate([(1, 32, 16), (2, 64, 32), (5, 576, 192), (8, 96, 48),
+                                       (11, 1536, 64), (67, 160, 16)]):
+        leaf = _case(fmt, K, N, 50 + index)
+        x = np.random.default_rng(60 + index).standard_normal((M, K)).astype(np.float32)
+        x[0, :32] = 0.0
+        want = np.asarray(reference.block_matmul(jnp.asarray(x), jnp.asarray(leaf[fmt]), fmt))
+        interleaved = cpu.interleave({fmt: jnp.asarray(leaf[fmt])})
+        assert list(interleaved) == [f"{fmt}x16"]
+        outs = {path: np.asarray(cpu.matmul(jnp.asarray(x), interleaved, path=path))
+                for path in cpu.available_paths()}
+        for path, got in outs.items():
+            scale = np.abs(want).max() + 1e-6
+            assert np.abs(got - want).max() / scale < 2e-5, (fmt, M, K, N, path)
+            np.testing.assert_array_equal(got, outs["scalar"], err_msg=f"{fmt} {M} {path}")
+
+
+@needs_interleaved
+def test_interleaved_rows_get_the_same_bits_alone_and_in_any_batch():
+    leaf = cpu.interleave({"q4_1": jnp.asarray(_case("q4_1", 576, 1536, 5)["q4_1"])})
+    x = jnp.asarray(np.random.default_rng(6).standard_normal((67, 576)), jnp.float32)
+    batch = np.asarray(cpu.matmul(x, leaf))
+    for row in (0, 9, 66):
+        np.testing.assert_array_equal(np.asarray(cpu.matmul(x[row:row + 1], leaf))[0],
+                                      batch[row])
+    np.testing.assert_array_equal(np.asarray(cpu.matmul(x[3:14], leaf)), batch[3:14])
+
+
+@needs_interleaved
+def test_load_interleaves_block_leaves_and_prefill_chunks_use_the_kernel():
+    from ninfer_jax.model import steps
+    params = {"embed": {"q8_0": _case("q8_0", 64, 32, 1)["q8_0"]},
+              "layers": [{"wq": {"q4_1": _case("q4_1", 64, 48, 2)["q4_1"]},
+                          "wo": {"q4_0": _case("q4_0", 64, 40, 3)["q4_0"]}}]}  # 40: kept
+    loaded = steps.expand_quantized(params, jnp.float32)
+    assert list(loaded["embed"]) == ["q8_0x16"] and list(loaded["layers"][0]["wq"]) == ["q4_1x16"]
+    assert list(loaded["layers"][0]["wo"]) == ["q4_0"]
+    chunk = jnp.ones((quant_matmul.CPU_KERNEL_MAX_ROWS * 4, 64), jnp.float32)
+    assert cpu.TARGET in jax.jit(quant_matmul.matmul).lower(
+        chunk, loaded["layers"][0]["wq"]).as_text()
+    np.testing.assert_allclose(
+        np.asarray(quant_matmul.matmul(chunk, loaded["layers"][0]["wq"])),
+        np.asarray(reference.matmul(chunk, {"q4_1": jnp.asarray(params["layers"][0]["wq"]["q4_1"])})),
+        rtol=0.02, atol=0.02)

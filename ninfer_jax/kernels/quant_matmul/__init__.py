@@ -6,7 +6,9 @@ DECODE_MAX_ROWS rows and the shape tiles; otherwise (prefill shapes, CPU, NINFER
 to the reference, which dequantizes in XLA and multiplies (reference.py). A GGUF block leaf
 (q8_0, q4_0, q4_1) on the CPU goes to the C++ block kernel (cpu/) when it is built and x has
 at most CPU_KERNEL_MAX_ROWS rows; larger chunks (prefill) dequantize and run XLA's f32 matmul,
-which is faster there (docs/benchmarks.md). The GPU never calls the CPU kernel.
+which is faster there for the row layout. The load's interleaved layout (q4_1x16 etc., made
+where the kernel has its SIMD path) goes to the kernel at any row count: 3-5x the
+dequantized product from 64 rows on (docs/benchmarks.md). The GPU never calls the CPU kernel.
 The model calls this from model/layers.py::linear; quantize() is for converters (host, numpy).
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from ninfer_jax.kernels.quant_matmul import reference
 from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
     BLOCK_FORMATS,
     FORMATS,
+    INTERLEAVED_FORMATS,
     QUANTIZED_FORMATS,
     describe,
     format_of,
@@ -39,6 +42,11 @@ def matmul(x, w, *, out_dtype=None):
             w = w[:x.shape[-1]]  # an expanded quantized leaf keeps its zero group-padding rows
         return jnp.matmul(x, w, preferred_element_type=out_dtype)
     rows = x.size // x.shape[-1]
+    if format_of(w) in INTERLEAVED_FORMATS:  # made at load only where the kernel runs
+        if not use_kernels() and _cpu_kernel_ready(x, w):
+            from ninfer_jax.kernels.quant_matmul import cpu
+            return cpu.matmul(x, w, out_dtype=out_dtype)
+        return reference.matmul(x, w, out_dtype=out_dtype)
     if format_of(w) in BLOCK_FORMATS:
         if not use_kernels() and rows <= CPU_KERNEL_MAX_ROWS and _cpu_kernel_ready(x, w):
             from ninfer_jax.kernels.quant_matmul import cpu

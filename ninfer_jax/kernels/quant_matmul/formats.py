@@ -26,8 +26,18 @@ K/32 blocks per OUTPUT column, as raw bytes (ggml's [N, K] tensor layout, transp
 where the block's element j < 16 is the low nibble of qs[j] and element j + 16 its high nibble.
 The leaf still stands for a [K, N] weight; a tied embedding table [V, H] in a block format is
 the same leaf as its [H, V] output projection (rows of blocks are the table's rows).
+
+On the CPU the load regroups a block leaf for the C++ kernel (never stored in an artifact):
+
+    q8_0x16, q4_0x16, q4_1x16   uint8 [N/16, K/32 * 16 * block bytes]
+
+the same bytes, per group of 16 output columns and per block one record: the 16 columns' d,
+(q4_1) their 16 m, then the codes in 4-byte groups, group j holding bytes 4j..4j+3 of qs (or
+q) of each column in turn (`interleave_order`; ggml_matmul.cc says why).
 """
 from __future__ import annotations
+
+import functools
 
 import ml_dtypes
 import numpy as np
@@ -44,6 +54,8 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 E2M1_VALUES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
 _E2M1_MIDPOINTS = (E2M1_VALUES[1:] + E2M1_VALUES[:-1]) / 2
 _TINY = 1e-12  # floor for scales of all-zero columns or groups
+INTERLEAVE = 16  # output columns per group of the CPU kernel's load-time layout
+INTERLEAVED_FORMATS = {f"{fmt}x{INTERLEAVE}": fmt for fmt in BLOCK_FORMATS}
 
 
 def format_of(leaf) -> str:
@@ -51,7 +63,8 @@ def format_of(leaf) -> str:
     if not isinstance(leaf, dict):
         return "bf16"
     names = [k for k in leaf if k not in ("scale", "global_scale")]
-    if len(names) != 1 or names[0] not in QUANTIZED_FORMATS:
+    if len(names) != 1 or (names[0] not in QUANTIZED_FORMATS and
+                           names[0] not in INTERLEAVED_FORMATS):
         raise ValueError(f"not a quantized weight leaf: keys {sorted(leaf)}")
     return names[0]
 
@@ -64,6 +77,9 @@ def logical_shape(leaf) -> tuple[int, int]:
     codes = leaf[fmt]
     if fmt in BLOCK_FORMATS:
         return codes.shape[1] // BLOCK_BYTES[fmt] * BLOCK_SIZE, codes.shape[0]
+    if fmt in INTERLEAVED_FORMATS:
+        record = INTERLEAVE * BLOCK_BYTES[INTERLEAVED_FORMATS[fmt]]
+        return codes.shape[1] // record * BLOCK_SIZE, codes.shape[0] * INTERLEAVE
     cols = codes.shape[1] * (2 if fmt in ("int4", "nvfp4") else 1)
     return codes.shape[0], cols
 
@@ -163,6 +179,46 @@ def _gguf_blocks(w, fmt):
     return {fmt: np.ascontiguousarray(gguf_quantize(np.ascontiguousarray(w.T), kind))}
 
 
+@functools.lru_cache(maxsize=32)
+def interleave_order(fmt: str, nb: int) -> np.ndarray:
+    """For a block format and K/32 blocks: the interleaved group's bytes [16 * nb * bb] as
+    indices into its 16 columns' block rows laid end to end ([16, nb * bb] flattened)."""
+    bb = BLOCK_BYTES[fmt]
+    qs_at = 4 if fmt == "q4_1" else 2
+    code_groups = (bb - qs_at) // 4
+    column = np.arange(INTERLEAVE)[:, None] * (nb * bb)  # [16, 1]
+    records = []
+    for b in range(nb):
+        at = column + b * bb
+        parts = [(at + np.arange(2)).ravel()]  # d of each column
+        if fmt == "q4_1":
+            parts.append((at + 2 + np.arange(2)).ravel())  # m of each column
+        codes = at[None] + qs_at + 4 * np.arange(code_groups)[:, None, None] + np.arange(4)
+        parts.append(codes.ravel())  # [group j, column, byte]
+        records.append(np.concatenate(parts))
+    return np.concatenate(records)
+
+
+def interleave_blocks(raw, fmt: str) -> np.ndarray:
+    """Block bytes [N, nb * bb] (N a multiple of 16) -> the interleaved [N/16, 16 * nb * bb]."""
+    raw = np.asarray(raw, np.uint8)
+    N, row = raw.shape
+    if N % INTERLEAVE:
+        raise ValueError(f"interleaving needs N a multiple of {INTERLEAVE}, got {N}")
+    order = interleave_order(fmt, row // BLOCK_BYTES[fmt])
+    return np.ascontiguousarray(raw.reshape(N // INTERLEAVE, INTERLEAVE * row)[:, order])
+
+
+@functools.lru_cache(maxsize=32)
+def deinterleave_order(fmt: str, nb: int) -> np.ndarray:
+    """interleave_order's inverse: for each column's block bytes ([16, nb * bb] flattened) its
+    index in the interleaved group."""
+    order = interleave_order(fmt, nb)
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(order.size)
+    return inverse
+
+
 def block_leaf(fmt: str, blocks) -> dict:
     """A leaf of GGUF block bytes [N, K/32 * block bytes] as read from a GGUF file."""
     return {fmt: np.ascontiguousarray(np.asarray(blocks, np.uint8))}
@@ -179,6 +235,12 @@ def dequantize_numpy(leaf) -> np.ndarray:
         return np.asarray(leaf, np.float32)
     if fmt in ("int8", "fp8"):
         return leaf[fmt].astype(np.float32) * leaf["scale"].astype(np.float32)[None, :]
+    if fmt in INTERLEAVED_FORMATS:
+        base = INTERLEAVED_FORMATS[fmt]
+        raw = np.asarray(leaf[fmt])
+        nb = raw.shape[1] // (INTERLEAVE * BLOCK_BYTES[base])
+        rows = raw[:, deinterleave_order(base, nb)].reshape(-1, nb * BLOCK_BYTES[base])
+        return dequantize_numpy({base: rows})
     if fmt in BLOCK_FORMATS:
         from gguf import GGMLQuantizationType
         from gguf.quants import dequantize as gguf_dequantize

@@ -12,8 +12,9 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels.quant_matmul.formats import (BLOCK_BYTES, BLOCK_FORMATS, BLOCK_SIZE,
-                                                      INT4_GROUP, INT4_OFFSET, NVFP4_GROUP,
-                                                      format_of)
+                                                      INT4_GROUP, INT4_OFFSET, INTERLEAVE,
+                                                      INTERLEAVED_FORMATS, NVFP4_GROUP,
+                                                      deinterleave_order, format_of)
 
 
 def unpack_nibbles(packed):
@@ -40,6 +41,8 @@ def dequantize(leaf, dtype=jnp.float32):
         return (leaf[fmt].astype(jnp.float32) * leaf["scale"][None, :]).astype(dtype)
     if fmt in BLOCK_FORMATS:
         return dequantize_blocks(leaf[fmt], fmt, dtype).T
+    if fmt in INTERLEAVED_FORMATS:
+        return dequantize_blocks(*deinterleave(leaf[fmt], fmt), dtype).T
     codes = unpack_nibbles(leaf[fmt])
     if fmt == "int4":
         values = codes.astype(jnp.float32) - INT4_OFFSET
@@ -79,6 +82,29 @@ def dequantize_blocks(raw, fmt, dtype=jnp.float32):
         codes = jnp.concatenate([qs & 0xF, qs >> 4], axis=-1).astype(jnp.float32)
         values = (codes - 8.0) * d if fmt == "q4_0" else codes * d + _f16_at(blocks, 2)[..., None]
     return values.reshape(*raw.shape[:-1], -1).astype(dtype)
+
+
+def deinterleave(raw, fmt):
+    """An interleaved leaf's bytes [N/16, 16 * nb * bb] -> (block rows [N, nb * bb], their
+    block format): the row layout again (formats.interleave_order's inverse)."""
+    base = INTERLEAVED_FORMATS[fmt]
+    row = raw.shape[1] // INTERLEAVE
+    order = deinterleave_order(base, row // BLOCK_BYTES[base])
+    return jnp.take(raw, order, axis=1).reshape(raw.shape[0] * INTERLEAVE, row), base
+
+
+def block_rows(raw, fmt, rows):
+    """Block rows [..., nb * bb] of a block table at indices `rows` (a tied embedding table's
+    lookup) and their block format, from either layout: an interleaved table gathers each
+    row's group and picks the row's bytes out of it."""
+    if fmt in BLOCK_FORMATS:
+        return jnp.take(raw, rows, axis=0), fmt
+    base = INTERLEAVED_FORMATS[fmt]
+    row = raw.shape[1] // INTERLEAVE
+    lanes = jnp.asarray(deinterleave_order(base, row // BLOCK_BYTES[base]).reshape(
+        INTERLEAVE, row))
+    groups = jnp.take(raw, rows // INTERLEAVE, axis=0)  # [..., 16 * row]
+    return jnp.take_along_axis(groups, jnp.take(lanes, rows % INTERLEAVE, axis=0), axis=-1), base
 
 
 def quantize_activations(x):

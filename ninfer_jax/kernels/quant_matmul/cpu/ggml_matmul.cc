@@ -61,6 +61,7 @@ struct QRow {
   const int8_t* q;
   const float* d;
   const float* ds;
+  const int32_t* sum;  // per block, the sum of the codes (the interleaved layout's offsets)
 };
 
 // f32 -> f16 bits, round to nearest even (as F16C's vcvtps2ph with imm 0); overflow -> inf.
@@ -86,7 +87,8 @@ float round_to_half(float f) { return half_to_float(float_to_half(f)); }
 // llama.cpp's q8_0 / q8_1 activation blocks: d = max|x| / 127 stored as f16, codes
 // round-half-even(x * 127 / max|x|), and (q8_1) s = d * sum(codes) stored as f16. The dots use
 // the f16-rounded d and s, so a product here is the one llama.cpp's vec_dot computes.
-void quantize_row(int32_t fmt, const float* x, int64_t K, int8_t* q, float* d, float* ds) {
+void quantize_row(int32_t fmt, const float* x, int64_t K, int8_t* q, float* d, float* ds,
+                  int32_t* sums) {
   for (int64_t b = 0; b < K / kBlock; ++b) {
     const float* xb = x + b * kBlock;
     float amax = 0.f;
@@ -100,6 +102,7 @@ void quantize_row(int32_t fmt, const float* x, int64_t K, int8_t* q, float* d, f
     }
     d[b] = round_to_half(scale);
     ds[b] = fmt == kQ4_1 ? round_to_half(scale * (float)sum) : d[b] * (float)sum;
+    sums[b] = sum;
   }
 }
 
@@ -199,7 +202,8 @@ __attribute__((target("f16c"))) inline float round_to_half_f16c(float f) {
 }
 
 __attribute__((target("avx2,fma,f16c")))
-void quantize_row_x86(int32_t fmt, const float* x, int64_t K, int8_t* q, float* d, float* ds) {
+void quantize_row_x86(int32_t fmt, const float* x, int64_t K, int8_t* q, float* d, float* ds,
+                      int32_t* sums) {
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
   for (int64_t b = 0; b < K / kBlock; ++b) {
     const float* xb = x + b * kBlock;
@@ -230,6 +234,7 @@ void quantize_row_x86(int32_t fmt, const float* x, int64_t K, int8_t* q, float* 
     _mm256_storeu_si256((__m256i*)(q + b * kBlock), packed);
     d[b] = round_to_half_f16c(scale);
     ds[b] = fmt == kQ4_1 ? round_to_half_f16c(scale * (float)total) : d[b] * (float)total;
+    sums[b] = total;
   }
 }
 
@@ -387,14 +392,223 @@ void rows_neon(int32_t fmt, const uint8_t* w, int64_t row_bytes, int64_t n0, int
 }
 #endif
 
+// ------------------------------------------------------------------ interleaved (x16) layout
+// The same blocks regrouped at load (formats.interleave_blocks) so that one vector holds 16
+// output columns: per group of 16 columns and per block b, one record of 16 * bb bytes:
+//   the 16 columns' d (f16) | Q4_1: their 16 m (f16) | codes: vector j (64 bytes) holds, for
+//   column c, 4 bytes at 4c: Q4 qs[4j..4j+3] (low nibbles: elements 4j+t, high: 16+4j+t),
+//   j < 4; Q8 q[4j..4j+3], j < 8.
+// A 4-byte dot of 16 columns against one broadcast group of 4 activation codes is then one
+// VNNI instruction, the 16 block dots land in the 16 lanes of one register, and a block's
+// scaling (d_w * d_x, and Q4_1's m * s) is one multiply and FMA for all 16 columns: the row
+// layout above pays a horizontal-free but per-column convert, multiply and FMA for every
+// block. Every path computes, per column and row, in block order:
+//   dot = sum(u * x) - off * sum(x)  (exact int32; u the unsigned code: Q4 nibble, Q8 q + 128;
+//                                    off 8 for Q4_0, 128 for Q8_0, 0 for Q4_1)
+//   acc = fma(d_w * d_x, float(dot), acc);  Q4_1: acc = fma(m_w, s_x, acc)
+// so the scalar, AVX2 and AVX-512 paths give the same bits, for any rows, tiles and threads.
+constexpr int kGroup = 16;
+
+inline int32_t load_i32(const int8_t* p) { int32_t v; std::memcpy(&v, p, 4); return v; }
+
+template <int32_t kFmt>
+constexpr int code_offset() { return kFmt == kQ8_0 ? 128 : kFmt == kQ4_0 ? 8 : 0; }
+
+void x16_scalar(int32_t fmt, const uint8_t* w, int64_t record_row, int64_t g0, int64_t g1,
+                int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+  const int bb = block_bytes(fmt), rec = kGroup * bb, codes_at = fmt == kQ4_1 ? 64 : 32;
+  const int off = fmt == kQ8_0 ? 128 : fmt == kQ4_0 ? 8 : 0;
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = w + g * record_row;
+    for (int64_t m = 0; m < M; ++m)
+      for (int c = 0; c < kGroup; ++c) {
+        float acc = 0.f;
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* r = group + b * rec;
+          int dot = 0;
+          for (int j = 0; j < 8; ++j)
+            for (int t = 0; t < 4; ++t) {
+              int u;
+              if (fmt == kQ8_0) {
+                u = (r[codes_at + 64 * j + 4 * c + t] ^ 0x80);
+              } else {
+                const uint8_t byte = r[codes_at + 64 * (j & 3) + 4 * c + t];
+                u = j < 4 ? byte & 0xf : byte >> 4;
+              }
+              dot += u * xs[m].q[b * kBlock + 4 * j + t];
+            }
+          dot -= off * xs[m].sum[b];
+          const float dw = half_to_float(load_u16(r + 2 * c));
+          acc = std::fma(dw * xs[m].d[b], (float)dot, acc);
+          if (fmt == kQ4_1) acc = std::fma(half_to_float(load_u16(r + 32 + 2 * c)), xs[m].ds[b], acc);
+        }
+        y[m * N + g * kGroup + c] = acc;
+      }
+  }
+}
+
+#ifdef NINFER_X86
+// AVX2 (no VNNI): each group as two halves of 8 columns; byte dots by maddubs, whose 16-bit
+// pair sums saturate past 32767: Q8 codes go signed through the sign trick (|w| * sign(x, w),
+// at most 2 * 128 * 127), nibbles as they are (at most 2 * 15 * 127).
+template <int32_t kFmt, int R>
+__attribute__((target("avx2,fma,f16c"))) void x16_half_avx2(
+    const uint8_t* group, int64_t nb, const QRow* xs, float* y, int64_t N, int64_t n, int h) {
+  constexpr int rec = kGroup * (kFmt == kQ8_0 ? 34 : kFmt == kQ4_0 ? 18 : 20);
+  constexpr int codes_at = kFmt == kQ4_1 ? 64 : 32;
+  const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rp = group + b * rec;
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rp + 16 * h)));
+    __m256 mw = _mm256_setzero_ps();
+    if (kFmt == kQ4_1) mw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(rp + 32 + 16 * h)));
+    __m256i u[8];
+    for (int j = 0; j < (kFmt == kQ8_0 ? 8 : 4); ++j) {
+      const __m256i v = _mm256_loadu_si256((const __m256i*)(rp + codes_at + 64 * j + 32 * h));
+      if (kFmt == kQ8_0) {
+        u[j] = v;  // signed codes
+      } else {
+        u[j] = _mm256_and_si256(v, low);
+        u[j + 4] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = xs[r].q + b * kBlock;
+      __m256i dot = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i bx = _mm256_set1_epi32(load_i32(xq + 4 * j));
+        const __m256i p = kFmt == kQ8_0
+            ? _mm256_maddubs_epi16(_mm256_sign_epi8(u[j], u[j]), _mm256_sign_epi8(bx, u[j]))
+            : _mm256_maddubs_epi16(u[j], bx);
+        dot = _mm256_add_epi32(dot, _mm256_madd_epi16(p, ones));
+      }
+      // Q8 here is already the signed dot: + 128 * sum(x) - 128 * sum(x)
+      if (kFmt == kQ4_0)
+        dot = _mm256_sub_epi32(dot, _mm256_set1_epi32(8 * xs[r].sum[b]));
+      const __m256 s = _mm256_mul_ps(dw, _mm256_set1_ps(xs[r].d[b]));
+      acc[r] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(dot), acc[r]);
+      if (kFmt == kQ4_1) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xs[r].ds[b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm256_storeu_ps(y + r * N + n + 8 * h, acc[r]);
+}
+
+template <int32_t kFmt>
+__attribute__((target("avx2,fma,f16c"))) void x16_fmt_avx2(
+    const uint8_t* w, int64_t record_row, int64_t g0, int64_t g1, int64_t nb, const QRow* xs,
+    int64_t M, float* y, int64_t N) {
+  constexpr int kRows = 4;  // 8 code registers + scales + 4 accumulators fit AVX2's 16
+  for (int64_t g = g0; g < g1; ++g)
+    for (int64_t m0 = 0; m0 < M; m0 += kRows)
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* group = w + g * record_row;
+        const QRow* x = xs + m0;
+        float* ym = y + m0 * N;
+        switch (std::min<int64_t>(kRows, M - m0)) {
+          case 1: x16_half_avx2<kFmt, 1>(group, nb, x, ym, N, g * kGroup, h); break;
+          case 2: x16_half_avx2<kFmt, 2>(group, nb, x, ym, N, g * kGroup, h); break;
+          case 3: x16_half_avx2<kFmt, 3>(group, nb, x, ym, N, g * kGroup, h); break;
+          default: x16_half_avx2<kFmt, 4>(group, nb, x, ym, N, g * kGroup, h); break;
+        }
+      }
+}
+
+void x16_avx2(int32_t fmt, const uint8_t* w, int64_t record_row, int64_t g0, int64_t g1,
+              int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+  if (fmt == kQ8_0) x16_fmt_avx2<kQ8_0>(w, record_row, g0, g1, nb, xs, M, y, N);
+  else if (fmt == kQ4_0) x16_fmt_avx2<kQ4_0>(w, record_row, g0, g1, nb, xs, M, y, N);
+  else x16_fmt_avx2<kQ4_1>(w, record_row, g0, g1, nb, xs, M, y, N);
+}
+
+// AVX-512 VNNI: a whole group in one register, up to 8 rows sharing each unpacked block.
+#define NINFER_AVX512 "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c"
+template <int32_t kFmt, int R>
+__attribute__((target(NINFER_AVX512))) void x16_tile_avx512(
+    const uint8_t* group, int64_t nb, const QRow* xs, float* y, int64_t N, int64_t n) {
+  constexpr int rec = kGroup * (kFmt == kQ8_0 ? 34 : kFmt == kQ4_0 ? 18 : 20);
+  constexpr int codes_at = kFmt == kQ4_1 ? 64 : 32;
+  const __m512i low = _mm512_set1_epi8(0x0f), flip = _mm512_set1_epi8((char)0x80);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* rp = group + b * rec;
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)rp));
+    __m512 mw = _mm512_setzero_ps();
+    if (kFmt == kQ4_1) mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(rp + 32)));
+    __m512i u[8];
+    for (int j = 0; j < (kFmt == kQ8_0 ? 8 : 4); ++j) {
+      const __m512i v = _mm512_loadu_si512((const void*)(rp + codes_at + 64 * j));
+      if (kFmt == kQ8_0) {
+        u[j] = _mm512_xor_si512(v, flip);  // q + 128 as an unsigned byte
+      } else {
+        u[j] = _mm512_and_si512(v, low);
+        u[j + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xq = xs[r].q + b * kBlock;
+      // two chains: half the latency of eight dependent dot instructions
+      __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+      for (int j = 0; j < 8; j += 2) {
+        even = _mm512_dpbusd_epi32(even, u[j], _mm512_set1_epi32(load_i32(xq + 4 * j)));
+        odd = _mm512_dpbusd_epi32(odd, u[j + 1], _mm512_set1_epi32(load_i32(xq + 4 * j + 4)));
+      }
+      __m512i dot = _mm512_add_epi32(even, odd);
+      if (code_offset<kFmt>())
+        dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(code_offset<kFmt>() * xs[r].sum[b]));
+      const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(xs[r].d[b]));
+      acc[r] = _mm512_fmadd_ps(s, _mm512_cvtepi32_ps(dot), acc[r]);
+      if (kFmt == kQ4_1) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xs[r].ds[b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + r * N + n, acc[r]);
+}
+
+template <int32_t kFmt>
+__attribute__((target(NINFER_AVX512))) void x16_fmt_avx512(
+    const uint8_t* w, int64_t record_row, int64_t g0, int64_t g1, int64_t nb, const QRow* xs,
+    int64_t M, float* y, int64_t N) {
+  constexpr int kRows = 8;
+  // all row tiles of a group before the next: its records (<= 16 KB at K = 1536) stay in L1
+  for (int64_t g = g0; g < g1; ++g) {
+    const uint8_t* group = w + g * record_row;
+    for (int64_t m0 = 0; m0 < M; m0 += kRows) {
+      const QRow* x = xs + m0;
+      float* ym = y + m0 * N;
+      const int64_t n = g * kGroup;
+      switch (std::min<int64_t>(kRows, M - m0)) {
+        case 1: x16_tile_avx512<kFmt, 1>(group, nb, x, ym, N, n); break;
+        case 2: x16_tile_avx512<kFmt, 2>(group, nb, x, ym, N, n); break;
+        case 3: x16_tile_avx512<kFmt, 3>(group, nb, x, ym, N, n); break;
+        case 4: x16_tile_avx512<kFmt, 4>(group, nb, x, ym, N, n); break;
+        case 5: x16_tile_avx512<kFmt, 5>(group, nb, x, ym, N, n); break;
+        case 6: x16_tile_avx512<kFmt, 6>(group, nb, x, ym, N, n); break;
+        case 7: x16_tile_avx512<kFmt, 7>(group, nb, x, ym, N, n); break;
+        default: x16_tile_avx512<kFmt, 8>(group, nb, x, ym, N, n); break;
+      }
+    }
+  }
+}
+
+void x16_avx512(int32_t fmt, const uint8_t* w, int64_t record_row, int64_t g0, int64_t g1,
+                int64_t nb, const QRow* xs, int64_t M, float* y, int64_t N) {
+  if (fmt == kQ8_0) x16_fmt_avx512<kQ8_0>(w, record_row, g0, g1, nb, xs, M, y, N);
+  else if (fmt == kQ4_0) x16_fmt_avx512<kQ4_0>(w, record_row, g0, g1, nb, xs, M, y, N);
+  else x16_fmt_avx512<kQ4_1>(w, record_row, g0, g1, nb, xs, M, y, N);
+}
+#endif  // NINFER_X86
+
 using RowsFn = void (*)(int32_t, const uint8_t*, int64_t, int64_t, int64_t, int64_t,
                         const QRow*, int64_t, float*, int64_t);
-using QuantizeFn = void (*)(int32_t, const float*, int64_t, int8_t*, float*, float*);
+using QuantizeFn = void (*)(int32_t, const float*, int64_t, int8_t*, float*, float*, int32_t*);
 
 struct Path {
   RowsFn fn;
   const char* name;
   QuantizeFn quantize = quantize_row;  // the x86 paths' own gives the same bits, faster
+  RowsFn x16 = x16_scalar;  // the interleaved layout's (same bits on every path)
 };
 
 Path pick_path() {
@@ -403,9 +617,9 @@ Path pick_path() {
   const bool f16c = __builtin_cpu_supports("f16c");  // every AVX2 CPU so far has it
   if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
       __builtin_cpu_supports("avx512vl") && f16c)
-    return {rows_x86<true>, "avx512vnni", quantize_row_x86};
+    return {rows_x86<true>, "avx512vnni", quantize_row_x86, x16_avx512};
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c)
-    return {rows_x86<false>, "avx2", quantize_row_x86};
+    return {rows_x86<false>, "avx2", quantize_row_x86, x16_avx2};
 #endif
 #if defined(__aarch64__)
   return {rows_neon, "neon"};
@@ -421,7 +635,7 @@ Path path_named(int32_t which) {
 #ifdef NINFER_X86
   if (which == 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
       __builtin_cpu_supports("f16c"))
-    return {rows_x86<false>, "avx2", quantize_row_x86};
+    return {rows_x86<false>, "avx2", quantize_row_x86, x16_avx2};
   if (which == 3 && std::strcmp(best.name, "avx512vnni") == 0) return best;
 #endif
 #if defined(__aarch64__)
@@ -435,31 +649,38 @@ Path path_named(int32_t which) {
 constexpr int64_t kSplitBytes = 1 << 19;
 
 ffi::Error GgmlMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                      ffi::ResultBuffer<ffi::F32> y, int32_t fmt, int32_t path) {
+                      ffi::ResultBuffer<ffi::F32> y, int32_t fmt, int32_t path, int32_t layout) {
   if (fmt < kQ8_0 || fmt > kQ4_1) return ffi::Error::InvalidArgument("unknown block format");
+  if (layout != 0 && layout != 1) return ffi::Error::InvalidArgument("unknown layout");
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2) return ffi::Error::InvalidArgument("x, w must be 2-D");
-  const int64_t M = xd[0], K = xd[1], N = wd[0], row_bytes = wd[1];
+  // layout 0: one row of blocks per column; 1: one row of records per group of 16 columns
+  const int64_t per_row = layout ? kGroup : 1;
+  const int64_t M = xd[0], K = xd[1], N = wd[0] * per_row, row_bytes = wd[1];
   const int64_t nb = K / kBlock;
-  if (K % kBlock || nb * block_bytes(fmt) != row_bytes)
+  if (K % kBlock || nb * block_bytes(fmt) * per_row != row_bytes)
     return ffi::Error::InvalidArgument("K does not match the weight's blocks");
   Path p = path_named(path);
   if (!p.fn) return ffi::Error::InvalidArgument("that SIMD path is not available on this CPU");
+  const RowsFn fn = layout ? p.x16 : p.fn;
+  const int64_t units = wd[0];  // columns, or groups of them, handed out to threads
 
   std::vector<int8_t> q(M * K);
   std::vector<float> d(M * nb), ds(M * nb);
+  std::vector<int32_t> sums(M * nb);
   std::vector<QRow> rows(M);
   const float* xp = x.typed_data();
   for (int64_t m = 0; m < M; ++m) {
-    p.quantize(fmt, xp + m * K, K, q.data() + m * K, d.data() + m * nb, ds.data() + m * nb);
-    rows[m] = {q.data() + m * K, d.data() + m * nb, ds.data() + m * nb};
+    p.quantize(fmt, xp + m * K, K, q.data() + m * K, d.data() + m * nb, ds.data() + m * nb,
+               sums.data() + m * nb);
+    rows[m] = {q.data() + m * K, d.data() + m * nb, ds.data() + m * nb, sums.data() + m * nb};
   }
   const uint8_t* wp = w.typed_data();
   float* yp = y->typed_data();
   const int64_t workers = std::min<int64_t>(pool.num_threads(), 8);
-  const int64_t parts = N * row_bytes >= kSplitBytes && workers > 1 ? workers : 1;
+  const int64_t parts = units * row_bytes >= kSplitBytes && workers > 1 ? workers : 1;
   if (parts == 1) {
-    p.fn(fmt, wp, row_bytes, 0, N, nb, rows.data(), M, yp, N);
+    fn(fmt, wp, row_bytes, 0, units, nb, rows.data(), M, yp, N);
     return ffi::Error::Success();
   }
   // Chunks of columns are claimed from a shared counter by this thread and by the pool tasks,
@@ -469,18 +690,20 @@ ffi::Error GgmlMatmul(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer
     std::atomic<int64_t> next{0}, done{0};
     std::vector<int8_t> q;
     std::vector<float> d, ds;
+    std::vector<int32_t> sums;
     std::vector<QRow> rows;
   };
   auto shared = std::make_shared<Shared>();
   shared->q = std::move(q);
   shared->d = std::move(d);
   shared->ds = std::move(ds);
+  shared->sums = std::move(sums);
   shared->rows = std::move(rows);
-  const int64_t chunks = parts * 4, step = (N + chunks - 1) / chunks;
+  const int64_t chunks = std::min(units, parts * 4), step = (units + chunks - 1) / chunks;
   auto work = [=] {
     for (int64_t i; (i = shared->next.fetch_add(1)) < chunks;) {
-      const int64_t n0 = std::min(N, i * step), n1 = std::min(N, n0 + step);
-      p.fn(fmt, wp, row_bytes, n0, n1, nb, shared->rows.data(), M, yp, N);
+      const int64_t n0 = std::min(units, i * step), n1 = std::min(units, n0 + step);
+      fn(fmt, wp, row_bytes, n0, n1, nb, shared->rows.data(), M, yp, N);
       shared->done.fetch_add(1, std::memory_order_release);
     }
   };
@@ -503,7 +726,11 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(ninfer_ggml_matmul, GgmlMatmul,
                                   .Arg<ffi::Buffer<ffi::U8>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<int32_t>("fmt")
-                                  .Attr<int32_t>("path"));
+                                  .Attr<int32_t>("path")
+                                  .Attr<int32_t>("layout"));
 
 // The path picked on this CPU, for logs and tests (ctypes).
 extern "C" const char* ninfer_ggml_path_name(int32_t which) { return path_named(which).name; }
+
+// Whether the interleaved layout has a SIMD path here (else the load keeps the row layout).
+extern "C" int32_t ninfer_ggml_interleaved_simd() { return pick_path().x16 != x16_scalar; }
