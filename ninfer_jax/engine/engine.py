@@ -13,6 +13,7 @@ Failed(EngineUnavailable), `healthy` turns false and later submissions are refus
 """
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -190,6 +191,10 @@ class Engine:
     def _run(self) -> None:
         try:
             self.runner.warmup()
+            # Everything loaded so far lives as long as the engine: out of the collector's
+            # generations, the collections that run every few hundred allocations of the
+            # step loop no longer walk it (1.5-2.5% of a CPU decode step's time before).
+            gc.freeze()
             self.ready.set()
             self._publish_stats()
             log.info("engine ready: %d KV pages of %d tokens, %d lanes", self.pool.capacity,

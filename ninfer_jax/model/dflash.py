@@ -256,7 +256,7 @@ def draft(params, caches, store, batch: ragged_batch.RaggedBatch, taps, sampled,
                           config=config, num_drafts=num_drafts)
     logits = head_logits(params, hidden, config, model_config=model_config,
                          draft_head=draft_head)  # [R, K, V]
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = sampling.argmax(logits)
     keys = jax.vmap(lambda words, index: jax.vmap(
         lambda j: spec_verify.draft_key(words, index + 1 + j))(jnp.arange(num_drafts)))(
         sampling_batch.seed_words, sampling_batch.sample_index)  # [R, K] keys

@@ -99,7 +99,7 @@ def draft(params, cache, store, batch: ragged_batch.RaggedBatch, hidden, sampled
 
     def pick(h, j):
         logits_j = logits(params, h, config)
-        greedy = jnp.argmax(logits_j, axis=-1).astype(jnp.int32)
+        greedy = sampling.argmax(logits_j)
         if not draws:
             return greedy, None
 

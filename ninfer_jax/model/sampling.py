@@ -52,7 +52,7 @@ def sample(logits, batch: SamplingBatch, *, draws: bool = True):
     logits exist, so step n+1 could not be queued behind step n (runner_bench run 10: at 64
     rows the pipelined step fell to the synchronous one, 11.5 ms, the device idle 47%)."""
     logits = logits.astype(jnp.float32) + batch.logit_bias
-    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    greedy = argmax(logits)
     if not draws:
         return greedy
 
@@ -66,6 +66,16 @@ def sample(logits, batch: SamplingBatch, *, draws: bool = True):
         return jnp.where(batch.is_greedy, greedy, drawn.astype(jnp.int32))
 
     return unless_all_greedy(batch.is_greedy, with_draws, lambda: greedy)
+
+
+def argmax(logits):
+    """jnp.argmax over the last axis (the first maximum, or the first NaN), int32, as two
+    plain reductions: XLA CPU runs argmax's (value, index) reduce as a scalar loop, 0.23 ms
+    for one row of a 49k vocabulary and 1.8 ms for 8 (0.08 and 0.24 ms this way)."""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    hit = (logits == top) | jnp.isnan(logits)
+    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    return jnp.min(jnp.where(hit, index, logits.shape[-1] - 1), axis=-1)
 
 
 def unless_all_greedy(is_greedy, with_draws, greedy_only):
@@ -88,7 +98,7 @@ def distributions(logits, batch: SamplingBatch):
                                              batch.top_p, batch.min_p)
     rows = jnp.arange(logits.shape[0])[:, None]
     probs = jnp.zeros_like(logits).at[rows, candidate_ids].set(jax.nn.softmax(filtered, -1))
-    one_hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.float32)
+    one_hot = jax.nn.one_hot(argmax(logits), logits.shape[-1], dtype=jnp.float32)
     return jnp.where(batch.is_greedy[:, None], one_hot, probs)
 
 

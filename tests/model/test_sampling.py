@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -135,3 +136,16 @@ def test_penalties_steer_greedy_and_sampled_rows_away_from_repeats():
     freq = empirical(logits[0], 2000, temperature=1.0, top_k=2, presence_penalty=0.5,
                      output_ids=(10,))
     np.testing.assert_allclose(freq[[10, 11]], [0.5, 0.5], atol=0.04)
+
+
+def test_argmax_is_jnp_argmax_with_ties_and_nans():
+    from ninfer_jax.model.sampling import argmax
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((6, 1000)).astype(np.float32)
+    logits[1, [7, 500]] = 9.0  # a tie: the first wins
+    logits[2, 999] = 9.0  # the last index
+    logits[3, [40, 900]] = np.nan  # the first NaN wins, as jnp.argmax
+    logits[4] = -np.inf
+    got = np.asarray(jax.jit(argmax)(jnp.asarray(logits)))
+    np.testing.assert_array_equal(got, np.asarray(jnp.argmax(jnp.asarray(logits), axis=-1)))
+    assert got[1:4].tolist() == [7, 999, 40] and got.dtype == np.int32
