@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,10 +40,32 @@ def tied_head(table):
     return table if isinstance(table, dict) else table.T
 
 
+def mean_square(x32):
+    """mean(x * x) over the last axis, keepdims, f32; on the CPU with the same bits for a row
+    whatever the number of rows. XLA CPU vectorizes a reduction differently for [1, H] and
+    [4, H] (row 0 of a norm differed in the last bit for 57% of random inputs), and with block
+    weights (activations rounded to 8 bits per block) a last-bit difference can move a code
+    and then a greedy token: verify rows must compute what a decode row computes. A fixed
+    tree of elementwise adds of halves has one order per element, however it is vectorized."""
+    def fixed_tree(v):
+        while v.shape[-1] > 1:
+            half = v.shape[-1] // 2
+            folded = v[..., :half] + v[..., half:2 * half]
+            if v.shape[-1] % 2:  # the odd column joins the first
+                folded = jnp.concatenate([folded[..., :1] + v[..., -1:], folded[..., 1:]], -1)
+            v = folded
+        return v * (1.0 / x32.shape[-1])
+
+    squares = x32 * x32
+    return jax.lax.platform_dependent(
+        squares, cpu=fixed_tree,
+        default=lambda v: jnp.mean(v, axis=-1, keepdims=True))
+
+
 def rms_norm(x, weight, eps: float):
     """RMSNorm over the last axis, computed in f32 and returned in x's dtype."""
     x32 = x.astype(jnp.float32)
-    normed = x32 * jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps))
+    normed = x32 * jnp.reciprocal(jnp.sqrt(mean_square(x32) + eps))
     return (normed * weight.astype(jnp.float32)).astype(x.dtype)
 
 
@@ -50,7 +73,7 @@ def zero_centred_rms_norm(x, weight, eps: float):
     """RMSNorm whose weight is stored as an offset from one (the hybrid Qwen families): scales
     by (1 + w), added in f32 so a bf16 weight near zero keeps its precision."""
     x32 = x.astype(jnp.float32)
-    normed = x32 * jnp.reciprocal(jnp.sqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps))
+    normed = x32 * jnp.reciprocal(jnp.sqrt(mean_square(x32) + eps))
     return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
 
 
