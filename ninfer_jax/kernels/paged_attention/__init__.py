@@ -43,7 +43,7 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
 
 def cpu_decode_ready(k_cache, v_cache) -> bool:
     """Whether decode rows over these caches run the C++ handler (cpu/): the CPU backend, not
-    forced to the reference, plain f32 pages, the extension built."""
+    forced to the reference, plain f32, bf16 or f16 pages, the extension built."""
     if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         return False
     if isinstance(k_cache, ScaledPages) or isinstance(v_cache, ScaledPages):
