@@ -2,8 +2,8 @@
 dense float64 softmax: the ragged dispatcher on the CPU (chunk through the reference, rows
 through the handler) over the ragged grid (verify rows, padding rows, odd chunk lengths,
 shuffled pages), the handler's paths (on an AVX-512 host: AVX-512 for head dims in 16s, AVX2
-for other multiples of 8, the plain loop otherwise), bf16 and f16 pages, rows spread over the
-thread pool, and which caches it takes. Without the built extension these tests skip, or fail
+for other multiples of 8, the plain loop otherwise), bf16 and f16 pages, and which caches it
+takes. Without the built extension these tests skip, or fail
 when CI is set (CI must build it)."""
 from __future__ import annotations
 
@@ -86,11 +86,10 @@ def test_half_pages_match_the_reference_and_dense(page_dtype, head_dim):
         np.testing.assert_allclose(out[row], expected, rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.parametrize("lengths", [[300, 17, 64], [1500, 17, 900, 1]])  # one thread, the pool
+@pytest.mark.parametrize("lengths", [[300, 17, 64], [1500, 17, 900, 1]])
 def test_long_rows_and_a_row_alone_get_the_bits_they_get_in_a_batch(lengths):
     # Rows are independent: a decode row alone and the same row among verify and padding rows
-    # get the same bits (speculation's exactness on CPU relies on it), also when the batch is
-    # large enough to be spread over the thread pool.
+    # get the same bits (speculation's exactness on CPU relies on it).
     rng = np.random.default_rng(3)
     batch = len(lengths)
     k, v, tables, _ = paged_setup(rng, batch=batch, lengths=lengths, num_kv_heads=3,

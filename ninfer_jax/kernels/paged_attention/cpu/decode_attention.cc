@@ -9,15 +9,14 @@
 //
 // Paths, picked once at run time from the CPU's features: AVX-512 and AVX2 + FMA + F16C (the
 // body in decode_attention_simd.h, compiled once per ISA; head dims in 16s / 8s), and a
-// portable scalar loop for anything else. (row, kv head) pairs are spread over XLA's
-// intra-op thread pool when the step reads enough KV bytes to pay for the hand-off; each pair
-// is computed by one thread in a fixed order, so a row gets the same bits alone or in any batch.
+// portable scalar loop for anything else. Each (row, kv head) is computed alone in a fixed
+// order, so a row gets the same bits alone or in any batch. One thread: spreading the pairs
+// over XLA's intra-op pool measured no gain on the 2-vCPU host, where one core already reads
+// KV at the ~20 GB/s the VM gets from memory (docs/benchmarks.md).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <memory>
 #include <vector>
 
 // NINFER_PORTABLE builds only the scalar path (how a non-x86 build runs, testable on x86).
@@ -259,10 +258,6 @@ AttendFn<T> attend_for(int64_t D) {
   return paths[D % 16 == 0 ? 0 : D % 8 == 0 ? 1 : 2];
 }
 
-// Below this many KV bytes in a step one thread does it all: a pool hand-off costs more than
-// the other thread's share saves.
-constexpr int64_t kSplitBytes = 1 << 20;
-
 template <typename T>
 struct Call {
   const float* q;
@@ -281,6 +276,7 @@ struct Call {
   }
 
   void attend(int64_t b, int64_t kh) const {
+    // Scratch reused across calls; per thread, as XLA may run two executions at once.
     thread_local std::vector<float> qs, scores, total;
     thread_local std::vector<const T*> keys, values;
     const int64_t L = length(b), Lp = (L + kPad - 1) / kPad * kPad;
@@ -305,39 +301,7 @@ struct Call {
 };
 
 template <typename T>
-void run(ffi::ThreadPool& pool, const Call<T>& call, int64_t B) {
-  int64_t bytes = 0;
-  for (int64_t b = 0; b < B; ++b) bytes += 2 * call.length(b) * call.K * call.D * sizeof(T);
-  const int64_t items = B * call.K;
-  const int64_t workers = std::min<int64_t>(pool.num_threads(), items);
-  if (bytes < kSplitBytes || workers < 2) {
-    for (int64_t i = 0; i < items; ++i) call.attend(i / call.K, i % call.K);
-    return;
-  }
-  // Pairs are claimed from a shared counter by this thread and the pool tasks, so the caller
-  // never waits on a task that has not started; the counters are shared because a late task
-  // may outlive the call (it then finds nothing left and touches nothing else).
-  struct Shared {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto shared = std::make_shared<Shared>();
-  auto work = [shared, call, items] {
-    for (int64_t i; (i = shared->next.fetch_add(1)) < items;) {
-      call.attend(i / call.K, i % call.K);
-      shared->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t i = 1; i < workers; ++i) pool.Schedule(decltype(work)(work));
-  work();
-  while (shared->done.load(std::memory_order_acquire) < items) {
-#ifdef NINFER_X86
-    _mm_pause();
-#endif
-  }
-}
-
-template <typename T>
-ffi::Error attend_pages(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& q, ffi::AnyBuffer& k_cache,
+ffi::Error attend_pages(ffi::Buffer<ffi::F32>& q, ffi::AnyBuffer& k_cache,
                         ffi::AnyBuffer& v_cache, ffi::Buffer<ffi::S32>& page_table,
                         ffi::Buffer<ffi::S32>& lengths, ffi::Result<ffi::Buffer<ffi::F32>>& out,
                         float scale) {
@@ -347,11 +311,12 @@ ffi::Error attend_pages(ffi::ThreadPool& pool, ffi::Buffer<ffi::F32>& q, ffi::An
   Call<T> call{q.typed_data(), (const T*)k_cache.untyped_data(),
                (const T*)v_cache.untyped_data(), page_table.typed_data(), lengths.typed_data(),
                out->typed_data(), H, K, H / K, D, cd[0], cd[2], td[1], scale, attend_for<T>(D)};
-  run(pool, call, B);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kh = 0; kh < K; ++kh) call.attend(b, kh);
   return ffi::Error::Success();
 }
 
-ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
+ffi::Error DecodeAttention(ffi::Buffer<ffi::F32> q, ffi::AnyBuffer k_cache,
                            ffi::AnyBuffer v_cache, ffi::Buffer<ffi::S32> page_table,
                            ffi::Buffer<ffi::S32> lengths, ffi::ResultBuffer<ffi::F32> out,
                            float scale) {
@@ -365,11 +330,11 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
     return ffi::Error::InvalidArgument("q, caches, table and lengths do not agree");
   switch (k_cache.element_type()) {
     case ffi::DataType::F32:
-      return attend_pages<float>(pool, q, k_cache, v_cache, page_table, lengths, out, scale);
+      return attend_pages<float>(q, k_cache, v_cache, page_table, lengths, out, scale);
     case ffi::DataType::BF16:
-      return attend_pages<Bf16>(pool, q, k_cache, v_cache, page_table, lengths, out, scale);
+      return attend_pages<Bf16>(q, k_cache, v_cache, page_table, lengths, out, scale);
     case ffi::DataType::F16:
-      return attend_pages<F16>(pool, q, k_cache, v_cache, page_table, lengths, out, scale);
+      return attend_pages<F16>(q, k_cache, v_cache, page_table, lengths, out, scale);
     default:
       return ffi::Error::InvalidArgument("pages must be f32, bf16 or f16");
   }
@@ -379,7 +344,6 @@ ffi::Error DecodeAttention(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::A
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(ninfer_paged_decode_attention, DecodeAttention,
                               ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
