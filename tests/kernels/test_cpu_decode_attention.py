@@ -123,3 +123,20 @@ def test_plain_pages_take_the_handler_and_8bit_codes_do_not(monkeypatch):
     assert cpu.TARGET not in lowered(codes, codes)
     monkeypatch.setenv("NINFER_FORCE_REFERENCE", "1")
     assert cpu.TARGET not in lowered(k, v)
+
+
+@pytest.mark.parametrize("page_dtype", [jnp.bfloat16, jnp.float16])
+def test_16bit_pages_are_written_in_place_with_the_reference_bits(page_dtype):
+    # XLA's CPU scatter into bf16 rewrites the whole cache; the handler copies the slots.
+    rng = np.random.default_rng(5)
+    k = jnp.asarray(rng.standard_normal((6, 3, 4, 16)), page_dtype)
+    v = k * 2
+    k_new, v_new = (jnp.asarray(rng.standard_normal((3, 3, 16)), jnp.float32) for _ in "kv")
+    slots = jnp.asarray([5, 0, 23], jnp.int32)  # page 1, the dummy page, the last slot
+    write = jax.jit(paged_attention.write_kv)
+    assert cpu.WRITE_TARGET in write.lower(k, v, k_new, v_new, slots).as_text()
+    want = paged_reference.write_kv(k, v, k_new, v_new, slots)
+    for got, expected in zip(write(k, v, k_new, v_new, slots), want):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+    assert cpu.WRITE_TARGET not in write.lower(k.astype(jnp.float32), v.astype(jnp.float32),
+                                               k_new, v_new, slots).as_text()

@@ -1,8 +1,8 @@
 """Paged attention: the op's public entry points, dispatched at trace time.
 
 On a GPU backend decode runs the Pallas kernel (kernel.py) and prefill runs cuDNN flash attention
-over gathered pages (prefill.py); on the CPU, decode over f32 pages runs the C++ handler (cpu/,
-when built); everywhere else, and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp
+over gathered pages (prefill.py); on the CPU, decode over f32, bf16 or f16 pages runs the C++
+handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else, and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp
 reference (reference.py). All three share the signatures and the cache layout
 defined in reference.py. The choice is made while tracing, so it costs nothing per step.
 """
@@ -22,7 +22,6 @@ from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     cache_spec,
     get_kv_cache_shape,
     paged_block_attention,
-    write_kv,
 )
 
 log = logging.getLogger(__name__)
@@ -39,6 +38,16 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
         return cpu.paged_decode_attention(q, k_cache, v_cache, page_table, lengths, scale=scale)
     return reference.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
                                             scale=scale)
+
+
+def write_kv(k_cache, v_cache, k_new, v_new, slots):
+    """Store k_new/v_new [N, K, D] at flat slots [N]; see reference.write_kv. 16-bit pages on
+    the CPU are written in place by the C++ handler (XLA's CPU scatter into them rewrites the
+    whole cache)."""
+    if cpu_decode_ready(k_cache, v_cache) and k_cache.dtype.itemsize == 2:
+        from ninfer_jax.kernels.paged_attention import cpu
+        return cpu.write_kv(k_cache, v_cache, k_new, v_new, slots)
+    return reference.write_kv(k_cache, v_cache, k_new, v_new, slots)
 
 
 def cpu_decode_ready(k_cache, v_cache) -> bool:

@@ -17,12 +17,17 @@ import numpy as np
 from ninfer_jax.kernels import cpu_extension
 
 TARGET = "ninfer_paged_decode_attention"
+WRITE_TARGET = "ninfer_paged_write_kv16"
 LIBRARY_STEM = "_decode_attention"
 
 
 @functools.lru_cache(maxsize=1)
 def _library():
-    return cpu_extension.load(__file__, LIBRARY_STEM, TARGET)
+    library = cpu_extension.load(__file__, LIBRARY_STEM, TARGET)
+    if library is not None:
+        jax.ffi.register_ffi_target(
+            WRITE_TARGET, jax.ffi.pycapsule(getattr(library, WRITE_TARGET)), platform="cpu")
+    return library
 
 
 def available() -> bool:
@@ -48,3 +53,18 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     out = call(q.astype(jnp.float32), k_cache, v_cache, page_table.astype(jnp.int32),
                lengths.astype(jnp.int32), scale=np.float32(scale))
     return out.astype(q.dtype)
+
+
+def write_kv(k_cache, v_cache, k_new, v_new, slots):
+    """reference.write_kv for bf16 or f16 pages, in place (each result aliases its cache): the
+    values rounded to the page dtype as the reference's astype does."""
+    if _library() is None:
+        raise RuntimeError("the CPU decode attention is not built (pip install -e . builds it)")
+    slots = slots.astype(jnp.int32)
+
+    def write(cache, new):
+        call = jax.ffi.ffi_call(WRITE_TARGET, jax.ShapeDtypeStruct(cache.shape, cache.dtype),
+                                input_output_aliases={0: 0})
+        return call(cache, new.astype(cache.dtype), slots)
+
+    return write(k_cache, k_new), write(v_cache, v_new)
