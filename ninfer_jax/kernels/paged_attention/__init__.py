@@ -2,9 +2,9 @@
 
 On a GPU backend decode runs the Pallas kernel (kernel.py) and prefill runs cuDNN flash attention
 over gathered pages (prefill.py); on the CPU, decode over f32, bf16 or f16 pages runs the C++
-handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else, and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp
-reference (reference.py). All three share the signatures and the cache layout
-defined in reference.py. The choice is made while tracing, so it costs nothing per step.
+handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else,
+and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp reference (reference.py). All
+three share the signatures and the cache layout defined in reference.py. The choice is made while tracing, so it costs nothing per step.
 """
 from __future__ import annotations
 
