@@ -24,12 +24,14 @@ def _extensions():
     return [Extension(
         f"ninfer_jax.kernels.{name}",
         sources=[f"ninfer_jax/kernels/{source}"],
+        depends=[f"ninfer_jax/kernels/{header}" for header in headers],  # rebuilt, and in sdists
         include_dirs=[_ffi_include_dir()],
         language="c++",
         extra_compile_args=["-std=c++17", "-O3", "-w"],
-    ) for name, source in (
-        ("quant_matmul.cpu._ggml_matmul", "quant_matmul/cpu/ggml_matmul.cc"),
-        ("paged_attention.cpu._decode_attention", "paged_attention/cpu/decode_attention.cc"),
+    ) for name, source, headers in (
+        ("quant_matmul.cpu._ggml_matmul", "quant_matmul/cpu/ggml_matmul.cc", ()),
+        ("paged_attention.cpu._decode_attention", "paged_attention/cpu/decode_attention.cc",
+         ("paged_attention/cpu/decode_attention_simd.h",)),
     )]
 
 

@@ -1,10 +1,10 @@
 """Paged attention: the op's public entry points, dispatched at trace time.
 
 On a GPU backend decode runs the Pallas kernel (kernel.py) and prefill runs cuDNN flash attention
-over gathered pages (prefill.py); on the CPU, decode over f32 pages runs the C++ handler (cpu/,
-when built); everywhere else, and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp
-reference (reference.py). All three share the signatures and the cache layout
-defined in reference.py. The choice is made while tracing, so it costs nothing per step.
+over gathered pages (prefill.py); on the CPU, decode over f32, bf16 or f16 pages runs the C++
+handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else,
+and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp reference (reference.py). All
+three share the signatures and the cache layout defined in reference.py. The choice is made while tracing, so it costs nothing per step.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     cache_spec,
     get_kv_cache_shape,
     paged_block_attention,
-    write_kv,
 )
 
 log = logging.getLogger(__name__)
@@ -41,9 +40,19 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
                                             scale=scale)
 
 
+def write_kv(k_cache, v_cache, k_new, v_new, slots):
+    """Store k_new/v_new [N, K, D] at flat slots [N]; see reference.write_kv. 16-bit pages on
+    the CPU are written in place by the C++ handler (XLA's CPU scatter into them rewrites the
+    whole cache)."""
+    if cpu_decode_ready(k_cache, v_cache) and k_cache.dtype.itemsize == 2:
+        from ninfer_jax.kernels.paged_attention import cpu
+        return cpu.write_kv(k_cache, v_cache, k_new, v_new, slots)
+    return reference.write_kv(k_cache, v_cache, k_new, v_new, slots)
+
+
 def cpu_decode_ready(k_cache, v_cache) -> bool:
     """Whether decode rows over these caches run the C++ handler (cpu/): the CPU backend, not
-    forced to the reference, plain f32 pages, the extension built."""
+    forced to the reference, plain f32, bf16 or f16 pages, the extension built."""
     if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         return False
     if isinstance(k_cache, ScaledPages) or isinstance(v_cache, ScaledPages):
