@@ -41,15 +41,26 @@ def case_logits(llm, case, mode: str) -> np.ndarray:
 
 
 def score(cases, rows_per_case) -> dict:
-    agreed = steps = 0
-    differences = []
+    """As the golden test scores us, plus its near-tie measure: for each miss, how much lower
+    the golden's logit of the pick is than the golden's top-1 (the test's NEAR_TIE bound), and
+    how many picks fall outside the golden's top-5."""
+    agreed = steps = outside_top5 = 0
+    differences, miss_gaps = [], []
     for case, rows in zip(cases, rows_per_case):
         for row, top5 in zip(rows, case["teacher_forced_top5"]):
-            agreed += int(np.argmax(row)) == top5[0][0]
+            pick = int(np.argmax(row))
+            agreed += pick == top5[0][0]
             steps += 1
             differences += [abs(float(row[token]) - value) for token, value in top5]
+            theirs = dict(top5)
+            if pick != top5[0][0]:
+                if pick in theirs:
+                    miss_gaps.append(top5[0][1] - theirs[pick])
+                else:
+                    outside_top5 += 1
     return {"agreed": agreed, "steps": steps, "top1_agreement": agreed / steps,
-            "mean_abs_logit_difference": float(np.mean(differences))}
+            "mean_abs_logit_difference": float(np.mean(differences)),
+            "widest_miss_gap": max(miss_gaps, default=0.0), "outside_top5": outside_top5}
 
 
 def main() -> None:

@@ -27,10 +27,17 @@ from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS
 from runner_driver import generate, teacher_forced
 
-# Minimum agreed steps of 366, per conversion (--weights of `ninfer convert`).
-MIN_TOP1_AGREED = {"f32": 354,  # 96.5% of 366, rounded up: the exact forward
-                   "gguf": 348}  # llama.cpp's own score on this file (batch mode)
-NEAR_TIE = 0.5  # llama.cpp's own gap between its first and our choice, in logits
+# Minimum agreed steps of 366, per conversion (--weights of `ninfer convert`), and the most
+# llama.cpp's own first choice may lead ours by, in logits, where we differ. The f32 forward is
+# exact, so its misses are near-ties. The block artifact rounds activations to 8 bits per block
+# as llama.cpp does, whose noise (~0.15-0.2 logits) is chaotic: ulp-level changes upstream
+# (a norm's summation order, the attention kernel) moved it over 345-355 agreed steps and its
+# widest miss over 0.34-0.54 (docs/numerics.md); llama.cpp's own builds span 348-366 on this
+# file. Its bounds sit under that spread; the kernel's arithmetic is checked exactly in
+# tests/kernels/test_ggml_matmul.py.
+MIN_TOP1_AGREED = {"f32": 354,  # 96.5% of 366, rounded up
+                   "gguf": 343}
+NEAR_TIE = {"f32": 0.5, "gguf": 0.75}
 
 
 @pytest.fixture(scope="module", params=sorted(MIN_TOP1_AGREED))
@@ -72,7 +79,7 @@ def test_teacher_forced_top1_agrees_with_llamacpp(golden, runner, weights):
         for step, (ours, top5) in enumerate(zip(predicted, case["teacher_forced_top5"])):
             theirs = dict(top5)
             assert ours in theirs, f"{case['name']} step {step}: {ours} not in {top5}"
-            assert top5[0][1] - theirs[ours] < NEAR_TIE, f"{case['name']} step {step}"
+            assert top5[0][1] - theirs[ours] < NEAR_TIE[weights], f"{case['name']} step {step}"
             agreed += ours == top5[0][0]
             steps += 1
     assert steps == 366
