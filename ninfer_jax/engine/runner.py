@@ -78,13 +78,14 @@ def default_dtype():
 
 # fp8 (e4m3) and int8 pages carry a float32 scale per token and kv head (paged_attention's
 # ScaledPages); every reader widens the codes to the compute dtype and applies the scales.
-KV_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "fp8": jnp.float8_e4m3fn,
-             "int8": jnp.int8}
+KV_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16,
+             "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
 
 
 def kv_dtype_for(name: str):
-    """`--kv-dtype`: auto stores KV in the compute dtype. On CPU bf16 pages halve the pool's
-    memory (attention reads them back into f32), fp8/int8 pages quarter it. The GPU kernels
+    """`--kv-dtype`: auto stores KV in the compute dtype. On CPU bf16 or f16 pages halve the
+    pool's memory and what decode attention reads (it widens them in registers), fp8/int8
+    pages quarter it. The GPU kernels
     widen what they load to the compute dtype, which is exact for bf16, fp8 and int8 pages
     under bf16 compute; f32 pages there would only double the bytes read, so they are refused
     rather than silently narrowed."""
@@ -95,6 +96,9 @@ def kv_dtype_for(name: str):
         raise ValueError(f"--kv-dtype {name} is not supported (choose auto, "
                          f"{', '.join(KV_DTYPES)})")
     dtype = KV_DTYPES[name]
+    if use_kernels() and name == "f16":  # the GPU kernels widen pages to bf16, not from f16
+        raise ValueError("--kv-dtype f16 is for the CPU (llama.cpp's KV format there); on the "
+                         "GPU use auto, bf16, fp8 or int8")
     if use_kernels() and jnp.dtype(dtype).itemsize > jnp.dtype(compute).itemsize:
         raise ValueError(f"--kv-dtype {name} is not available with the GPU kernels, which "
                          f"compute in {jnp.dtype(compute).name} (use auto, bf16, fp8 or int8)")

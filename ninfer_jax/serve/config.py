@@ -134,9 +134,10 @@ class ServeConfig:
         "proposal head (its draft_head component, a vocabulary-subset lm_head) instead of "
         "the full lm_head; refused when the artifact has none.", is_flag=True)
     kv_dtype: str = option(
-        "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU; fp8 "
-        "(e4m3) and int8: 8-bit codes with a scale per token and KV head, about half of "
-        "bf16's bytes).", choices=("auto", "f32", "bf16", "fp8", "int8"))
+        "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU; f16: CPU "
+        "only, llama.cpp's KV format, half of f32's bytes; fp8 (e4m3) and int8: 8-bit codes "
+        "with a scale per token and KV head, about half of bf16's bytes).",
+        choices=("auto", "f32", "bf16", "f16", "fp8", "int8"))
     # templates and reasoning
     # path of a Jinja file overriding the artifact's
     chat_template: str | None = option(None, type=str, path="existing")

@@ -166,4 +166,5 @@ def test_default_artifact_metadata(default_artifact_path):
     assert (config.architecture, config.num_layers, config.hidden_size, config.vocab_size,
             config.tie_word_embeddings) == ("llama", 30, 576, 49152, True)
     assert config.rope_theta == 100000.0
-    assert artifact.weight_formats == {"embed": "f32", "layers": "f32", "norms": "f32"}
+    # make setup keeps the GGUF's blocks (DEFAULT_WEIGHTS): q8_0 table, q4_1 layers
+    assert artifact.weight_formats == {"embed": "q8_0", "layers": "q4_1", "norms": "f32"}
