@@ -7,6 +7,7 @@ other top-level entries alone, then runs of layers of at least `part_bytes`) and
 `workers` threads takes the next part through every stage:
 
     read      orbax restores only that part's arrays (weights_io.restore_part) to numpy
+    quantize  (`quantize`: ninfer serve --weights) the float projections in that format
     cast      floats in the compute dtype, on the host (steps.cast_leaves, as before)
     put       one device_put of the part, waited for (so at most `workers` parts are on the
               host at once, and `workers` transfers are in flight); `via_pinned`: copied
@@ -44,7 +45,7 @@ from typing import Any, Callable
 
 import jax
 
-from ninfer_jax.artifact import weights_io
+from ninfer_jax.artifact import convert_common, weights_io
 from ninfer_jax.errors import ArtifactError
 from ninfer_jax.model import fused_projections, steps
 
@@ -67,6 +68,10 @@ class PipelineOptions:
     # each part copied into pinned host memory first (threads copy in parallel), then sent
     # from there (a DMA, no driver staging of pageable memory); off: one device_put from numpy
     via_pinned: bool = False
+    # `ninfer serve --weights`: the float projection matrices quantized on the host as each
+    # part is read, before the join (convert_common.quantize_projections, what `ninfer
+    # convert --weights` stores), so no second artifact is needed
+    quantize: str | None = None
 
 
 def placement(config, dtype=None, *, fuse: bool = True,
@@ -106,6 +111,8 @@ def _place(structure, parts, read_part, config, dtype, fuse, options) -> dict:
 
     def load(part: weights_io.Part) -> dict:
         host = read_part(part)
+        if options.quantize:
+            host = convert_common.quantize_projections(host, options.quantize)
         compute_dtype, device_fuse = device.get()
         if leaves and not device_fuse and "layers" in host:
             host["layers"] = [fused_projections.fuse_layer(layer, 1, leaves)

@@ -133,6 +133,12 @@ class ServeConfig:
         False, "With --spec mtp|dflash|dflash2: propose through the artifact's reduced "
         "proposal head (its draft_head component, a vocabulary-subset lm_head) instead of "
         "the full lm_head; refused when the artifact has none.", is_flag=True)
+    weights: str | None = option(
+        None, "Quantize the artifact's float projection matrices at load (what `ninfer "
+        "convert --weights` would store; no second artifact): q8_0, q4_0, q4_1 for the CPU "
+        "block kernel, int8, fp8, int4, nvfp4 for the GPU kernels. Refused on an artifact "
+        "whose projections are already quantized, and with --tensor-parallel.",
+        choices=("q8_0", "q4_0", "q4_1", "int8", "fp8", "int4", "nvfp4"))
     kv_dtype: str = option(
         "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU; f16: CPU "
         "only, llama.cpp's KV format, half of f32's bytes; fp8 (e4m3) and int8: 8-bit codes "

@@ -84,14 +84,21 @@ def build_engine(config: ServeConfig):
 
         runtime = threading.Thread(target=_start_runtime, name="ninfer-runtime", daemon=True)
         runtime.start()
-        text_config = load_artifact(config.artifact, weights=False).config
+        described = load_artifact(config.artifact, weights=False)
+        check_weights(config, described.weight_formats, described.config)
+        options = weight_pipeline.PipelineOptions(quantize=config.weights)
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
                                  mtp=config.spec == "mtp", vision=config.vision,
                                  dflash=config.spec if config.spec in ("dflash", "dflash2") else None,
                                  draft_head=config.lm_head_draft,
-                                 placement=weight_pipeline.placement(text_config))
+                                 placement=weight_pipeline.placement(described.config,
+                                                                     options=options))
+        if config.weights:
+            log.info("projections quantized to %s at load (--weights)", config.weights)
         runtime.join()
     else:  # each device reads only its shards of the weights (orbax, target shardings)
+        if config.weights:  # --tensor-parallel auto resolved to several devices
+            raise ValueError(f"--weights {config.weights} is not built for tensor parallelism")
         artifact = load_artifact(config.artifact, weights=True, verify=config.verify_checksums,
                                  shardings=functools.partial(
                                      _weight_shardings, mesh=mesh,
@@ -164,6 +171,32 @@ def _weight_shardings(structure, *, mesh, expert_parallel: bool):
 
     return tensor_parallel.shardings(
         tensor_parallel.param_specs(structure, mesh.size, expert_parallel), mesh)
+
+
+def check_weights(config: ServeConfig, weight_formats: dict, model_config) -> None:
+    """--weights for this artifact, or ValueError: its projections must still be float (a
+    stored format is not re-quantized), on one device (tensor parallelism splits plain
+    weights only), and a GGUF block format needs the dense projections' inputs in whole
+    blocks of 32."""
+    if config.weights is None:
+        return
+    from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, BLOCK_SIZE
+
+    inputs = {"hidden_size": model_config.hidden_size,
+              "intermediate_size": model_config.intermediate_size,
+              "num_heads x head_dim": model_config.num_heads * model_config.head_dim}
+    ragged = [f"{name} {value}" for name, value in inputs.items() if value % BLOCK_SIZE]
+    if config.weights in BLOCK_FORMATS and ragged:
+        raise ValueError(f"--weights {config.weights} needs the projections' inputs in "
+                         f"blocks of {BLOCK_SIZE}: {', '.join(ragged)}")
+    stored = weight_formats.get("layers")
+    if stored not in ("f32", "bf16"):
+        raise ValueError(f"--weights {config.weights}: the artifact's projections are "
+                         f"already {stored}; serve it without --weights")
+    if str(config.tensor_parallel).isdigit() and int(config.tensor_parallel) > 1:
+        raise ValueError(f"--weights {config.weights} is not built for --tensor-parallel "
+                         "(its shards are split from float weights); convert the artifact "
+                         "with `ninfer convert --weights` instead")
 
 
 def check_speculation(config: ServeConfig, model_config,

@@ -249,6 +249,7 @@ def run_server(config: ServeConfig) -> None:
     try:
         check_http_workers(config)
         engine_setup.check_speculation(config, artifact.config, artifact.components)
+        engine_setup.check_weights(config, artifact.weight_formats, artifact.config)
         core_env = engine_setup.core_environment(config, os.environ)
     except ValueError as exc:
         log.error("cannot serve: %s", exc)

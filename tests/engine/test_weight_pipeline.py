@@ -30,6 +30,9 @@ def _contents(kind: str):
 
     if kind == "llama":
         return tiny_contents(tiny_config(num_layers=5))
+    if kind == "llama-32":  # every K a multiple of the GGUF blocks' 32
+        return tiny_contents(tiny_config(num_layers=3, hidden_size=32, intermediate_size=64,
+                                         head_dim=8))
     if kind == "qwen3-int8":
         return convert_common.apply_quantization(
             tiny_contents(tiny_config(architecture="qwen3", num_layers=3)), "int8")
@@ -43,7 +46,7 @@ def _contents(kind: str):
 def saved(tmp_path_factory):
     root = tmp_path_factory.mktemp("pipeline")
     return {kind: save_artifact(root / f"{kind}.ninfer", _contents(kind))
-            for kind in ("llama", "qwen3-int8", "qwen3.5")}
+            for kind in ("llama", "llama-32", "qwen3-int8", "qwen3.5")}
 
 
 def _assert_same_leaves(expected, found):
@@ -173,3 +176,23 @@ def test_a_failure_cancels_the_rest_while_an_earlier_part_still_runs(saved):
     # while the first read ran (its failing worker may take one more before the cancel);
     # then the whole tree's read
     assert len(started) <= 4 and started[-1] == weights_io.whole_part(structure)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "int8"])
+def test_serve_weights_quantizes_each_part_as_convert_would(saved, fmt):
+    # `ninfer serve --weights FMT`: the float projections quantized as the parts are read,
+    # the same leaves as converting the artifact with --weights FMT and loading that
+    from ninfer_jax.artifact import convert_common
+
+    path = saved["llama-32"]
+    sequential = load_artifact(path)
+    converted = convert_common.quantize_projections(
+        {k: v for k, v in sequential.params.items()}, fmt)
+    expected = place_params(converted, sequential.config, jnp.float32)
+    pipelined = load_artifact(path, placement=weight_pipeline.placement(
+        sequential.config, jnp.float32, options=Options(part_bytes=0, quantize=fmt)))
+    _assert_same_leaves(expected, pipelined.params)
+    layer = pipelined.params["layers"][0]
+    assert sorted(layer["wqkv"]) == sorted(expected["layers"][0]["wqkv"])
+    assert fmt in layer["wqkv"] and fmt in layer["w_down"]
+    assert not isinstance(pipelined.params["embed"], dict)  # the table stays float

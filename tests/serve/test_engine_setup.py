@@ -121,3 +121,62 @@ def test_speculation_on_a_hybrid_is_refused_under_tensor_parallelism_and_with_vi
         check_speculation(config(spec="mtp"), hybrid)  # mtp_num_layers 0: no head
     with pytest.raises(ValueError, match="--vision"):
         check_speculation(config(spec="ngram", vision=True), hybrid)
+
+
+def test_weights_is_refused_where_it_cannot_quantize():
+    from ninfer_jax.model.config import ModelConfig
+    from ninfer_jax.serve.engine_setup import check_weights
+
+    dense = ModelConfig(architecture="llama", vocab_size=8, hidden_size=64,
+                        intermediate_size=96, num_layers=1, num_heads=2, num_kv_heads=1,
+                        head_dim=32)
+    floats = {"embed": "f32", "layers": "f32", "norms": "f32"}
+    check_weights(config(), {"layers": "q4_1"}, dense)  # no --weights: nothing to check
+    for fmt in ("q8_0", "q4_1", "int8", "nvfp4"):
+        check_weights(config(weights=fmt), floats, dense)
+    with pytest.raises(ValueError, match="already q4_1"):
+        check_weights(config(weights="q8_0"), {"layers": "q4_1"}, dense)
+    with pytest.raises(ValueError, match="--tensor-parallel"):
+        check_weights(config(weights="int8", tensor_parallel=2), floats, dense)
+    odd = ModelConfig(architecture="llama", vocab_size=8, hidden_size=48, intermediate_size=96,
+                      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=24)
+    with pytest.raises(ValueError, match="hidden_size 48, num_heads x head_dim 48"):
+        check_weights(config(weights="q4_0"), floats, odd)
+    check_weights(config(weights="int8"), floats, odd)  # per-channel: any K
+
+
+def test_weights_q8_0_serves_what_the_converted_artifact_serves(tmp_path):
+    # build_engine as `ninfer serve ART --weights q8_0` runs it in the core: the float
+    # projections arrive quantized (interleaved for the kernel where this CPU has its path)
+    # and decode the tokens that `ninfer convert --weights q8_0`'s artifact decodes
+    import pathlib
+    import sys
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "artifact"))
+    sys.path.insert(0, str(pathlib.Path(__file__).parents[1] / "model"))
+    from runner_driver import generate
+    from tiny_artifacts import tiny_config, tiny_contents
+
+    from ninfer_jax.artifact import convert_common
+    from ninfer_jax.artifact.format import load_artifact, save_artifact
+    from ninfer_jax.engine.runner import JaxRunner
+    from ninfer_jax.kernels.quant_matmul import formats
+    from ninfer_jax.serve.engine_setup import build_engine
+
+    contents = tiny_contents(tiny_config(num_layers=2, hidden_size=32, intermediate_size=64,
+                                         head_dim=8))
+    path = save_artifact(tmp_path / "tiny.ninfer", contents)
+    engine = build_engine(ServeConfig(artifact=str(path), weights="q8_0", max_context=64,
+                                      max_concurrency=1))
+    runner = engine.runner
+    layer = runner.params["layers"][0]
+    kinds = {formats.format_of(layer[key]) for key in ("wqkv", "wo", "w_gate_up", "w_down")}
+    assert kinds and kinds <= {"q8_0", "q8_0x16"}, kinds
+    assert not isinstance(runner.params["embed"], dict)  # the table stays float
+    converted = save_artifact(tmp_path / "q8.ninfer",
+                              convert_common.apply_quantization(contents, "q8_0"))
+    reference = JaxRunner(load_artifact(converted), num_pages=runner.num_pages,
+                          page_size=runner.page_size, max_batch=1,
+                          max_context=runner.max_context,
+                          prefill_chunk=runner.chunk_buckets[-1])
+    prompt = [[5, 17, 99, 3, 42, 7]]
+    assert generate(runner, prompt, 8) == generate(reference, prompt, 8)
