@@ -82,8 +82,9 @@ KV_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16,
              "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
 
 
-def kv_dtype_for(name: str):
-    """`--kv-dtype`: auto stores KV in the compute dtype. On CPU bf16 or f16 pages halve the
+def kv_dtype_for(name: str, *, block_weights: bool = False):
+    """`--kv-dtype`: auto stores KV in the compute dtype, or in f16 for GGUF block weights
+    (`block_weights`) on the CPU. On CPU bf16 or f16 pages halve the
     pool's memory and what decode attention reads (it widens them in registers), fp8/int8
     pages quarter it. The GPU kernels
     widen what they load to the compute dtype, which is exact for bf16, fp8 and int8 pages
@@ -91,7 +92,11 @@ def kv_dtype_for(name: str):
     rather than silently narrowed."""
     compute = default_dtype()
     if name == "auto":
-        return compute
+        # GGUF block weights on the CPU round activations as llama.cpp does; their KV goes in
+        # llama.cpp's f16 too: half the bytes decode attention reads (189 against 158 tok/s
+        # served at one stream, docs/benchmarks.md), golden agreement within the block
+        # artifact's spread (docs/numerics.md)
+        return jnp.dtype(jnp.float16) if block_weights and not use_kernels() else compute
     if name not in KV_DTYPES:
         raise ValueError(f"--kv-dtype {name} is not supported (choose auto, "
                          f"{', '.join(KV_DTYPES)})")

@@ -140,8 +140,9 @@ class ServeConfig:
         "whose projections are already quantized, and with --tensor-parallel.",
         choices=("q8_0", "q4_0", "q4_1", "int8", "fp8", "int4", "nvfp4"))
     kv_dtype: str = option(
-        "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU; f16: CPU "
-        "only, llama.cpp's KV format, half of f32's bytes; fp8 (e4m3) and int8: 8-bit codes "
+        "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU, but f16 "
+        "for GGUF block weights on the CPU; f16: CPU only, llama.cpp's KV format, half of "
+        "f32's bytes; fp8 (e4m3) and int8: 8-bit codes "
         "with a scale per token and KV head, about half of bf16's bytes).",
         choices=("auto", "f32", "bf16", "f16", "fp8", "int8"))
     # templates and reasoning

@@ -105,7 +105,8 @@ def build_engine(config: ServeConfig):
                                      expert_parallel=config.expert_parallel))
     read = time.perf_counter()
     max_context = effective_max_context(config, artifact)
-    kv_dtype = kv_dtype_for(config.kv_dtype)
+    kv_dtype = kv_dtype_for(config.kv_dtype, block_weights=uses_block_weights(
+        config, artifact.weight_formats))
     speculative = check_speculation(config, artifact.config, artifact.components)
     rows = runner_rows(config.max_concurrency, speculative)
     artifact, kv_tokens = kv_sizing.resolve_pool(
@@ -171,6 +172,13 @@ def _weight_shardings(structure, *, mesh, expert_parallel: bool):
 
     return tensor_parallel.shardings(
         tensor_parallel.param_specs(structure, mesh.size, expert_parallel), mesh)
+
+
+def uses_block_weights(config: ServeConfig, weight_formats: dict) -> bool:
+    """Whether the projections are GGUF blocks: stored so, or quantized so at load."""
+    from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS
+
+    return weight_formats.get("layers") in BLOCK_FORMATS or config.weights in BLOCK_FORMATS
 
 
 def check_weights(config: ServeConfig, weight_formats: dict, model_config) -> None:

@@ -150,6 +150,9 @@ def test_bf16_kv_pages_on_cpu_keep_the_greedy_tokens(tiny, runner):
     import jax.numpy as jnp
 
     assert kv_dtype_for("auto") == jnp.float32 and kv_dtype_for("bf16") == jnp.bfloat16
+    # GGUF block weights on the CPU: llama.cpp's f16 pages unless asked otherwise
+    assert kv_dtype_for("auto", block_weights=True) == jnp.float16
+    assert kv_dtype_for("f32", block_weights=True) == jnp.float32
     with pytest.raises(ValueError, match="int4"):
         kv_dtype_for("int4")
     half = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,

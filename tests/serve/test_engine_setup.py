@@ -180,3 +180,12 @@ def test_weights_q8_0_serves_what_the_converted_artifact_serves(tmp_path):
                           prefill_chunk=runner.chunk_buckets[-1])
     prompt = [[5, 17, 99, 3, 42, 7]]
     assert generate(runner, prompt, 8) == generate(reference, prompt, 8)
+
+
+def test_block_weights_are_stored_ones_or_quantized_at_load():
+    from ninfer_jax.serve.engine_setup import uses_block_weights
+
+    assert uses_block_weights(config(), {"layers": "q4_1"})
+    assert uses_block_weights(config(weights="q8_0"), {"layers": "bf16"})
+    assert not uses_block_weights(config(), {"layers": "f32"})
+    assert not uses_block_weights(config(weights="int8"), {"layers": "bf16"})
