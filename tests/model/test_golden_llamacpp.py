@@ -23,7 +23,7 @@ from ninfer_jax.artifact.default_model import (
     ensure_default_artifact,
     gguf_path,
 )
-from ninfer_jax.engine.runner import JaxRunner
+from ninfer_jax.engine.runner import JaxRunner, kv_dtype_for
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS
 from runner_driver import generate, teacher_forced
 
@@ -65,8 +65,10 @@ def is_conversion(artifact, weights: str) -> bool:
 @pytest.fixture(scope="module")
 def runner(artifact, golden):
     cases = golden["cases"]
+    # the KV pages `ninfer serve` gives this artifact (f16 for the block artifact on a CPU)
     return JaxRunner(artifact, num_pages=160, max_batch=len(cases), max_context=256,
-                     prefill_chunk=128)
+                     prefill_chunk=128, kv_dtype=kv_dtype_for(
+                         "auto", block_weights=artifact.weight_formats["layers"] in BLOCK_FORMATS))
 
 
 def test_teacher_forced_top1_agrees_with_llamacpp(golden, runner, weights):
