@@ -2,8 +2,9 @@
 dispatched at trace time (kernels/dispatch.py).
 
 On a GPU backend it runs kernel.py (the cuDNN prefill for the chunk, the Pallas decode kernel
-for the rows); on the CPU the rows run the C++ decode attention over f32 pages when it is
-built (paged_attention/cpu; the chunk stays the reference's); everywhere else, and whenever
+for the rows); on the CPU the rows and the chunk's queries (as rows: chunk_as_rows) run the
+C++ decode attention when it is built and takes the pages (paged_attention/cpu); everywhere
+else, and whenever
 NINFER_FORCE_REFERENCE=1, reference.py. Both share
 the signature and paged_attention's cache layout (write K/V with paged_attention.write_kv).
 A sliding `window` (Gemma's local layers) runs the reference on every backend: the GPU
@@ -11,10 +12,27 @@ kernels take no window yet.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.kernels.paged_attention import reference as paged_reference
 from ninfer_jax.kernels.ragged_attention import reference
+
+
+def chunk_as_rows(chunk_table, chunk_start, num_tokens: int, page_size: int):
+    """A chunk's queries as decode rows: (tables [T, W], lengths [T]), query i seeing keys
+    0..chunk_start + i, its K/V written first, as causal prefill does. On the CPU the chunk
+    runs the decode rows' own C++ attention, so a token's output has the same bits whether
+    it was prefilled in a chunk of any size, after a cached prefix, or decoded: with 8-bit
+    activation blocks (the block artifact) XLA's chunk attention, whose summation order
+    depends on the chunk's shape, made a request whose prompt came back from the context
+    cache decode other greedy tokens than the same request before. Padding rows past the
+    chunk's real tokens read keys the table covers (it covers start + T - 1) and are unused."""
+    lengths = jnp.minimum(chunk_start + jnp.arange(num_tokens, dtype=jnp.int32) + 1,
+                          chunk_table.shape[0] * page_size)
+    tables = jnp.broadcast_to(chunk_table, (num_tokens, chunk_table.shape[0]))
+    return tables, lengths
 
 
 def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row_tables,
@@ -33,8 +51,9 @@ def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row
         from ninfer_jax.kernels.paged_attention import cpu
         return reference.compose(
             q, num_chunk_tokens,
-            chunk=lambda qc: paged_reference.paged_prefill_attention(
-                qc, k_cache, v_cache, chunk_table, chunk_start, scale=scale),
+            chunk=lambda qc: cpu.paged_decode_attention(
+                qc, k_cache, v_cache, *chunk_as_rows(chunk_table, chunk_start, qc.shape[0],
+                                                     k_cache.shape[2]), scale=scale),
             rows=lambda qr: cpu.paged_decode_attention(qr, k_cache, v_cache, row_tables,
                                                        row_lengths, scale=scale))
     return reference.ragged_paged_attention(q, k_cache, v_cache, **args)
