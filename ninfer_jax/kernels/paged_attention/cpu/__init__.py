@@ -23,11 +23,7 @@ LIBRARY_STEM = "_decode_attention"
 
 @functools.lru_cache(maxsize=1)
 def _library():
-    library = cpu_extension.load(__file__, LIBRARY_STEM, TARGET)
-    if library is not None:
-        jax.ffi.register_ffi_target(
-            WRITE_TARGET, jax.ffi.pycapsule(getattr(library, WRITE_TARGET)), platform="cpu")
-    return library
+    return cpu_extension.load(__file__, LIBRARY_STEM, TARGET, WRITE_TARGET)
 
 
 def available() -> bool:
