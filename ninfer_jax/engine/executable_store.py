@@ -9,8 +9,10 @@ directly. Anything unreadable or stale is ignored and compiled again.
 
 The key covers: the JAX/jaxlib versions, the backend and device kind, the model config, the
 params tree (names, shapes, dtypes), the KV cache shapes, every static argument and the
-step's shape, and a hash of the source of the code that is traced into the step (model/,
-kernels/, this package's runner), so editing the model never loads an old executable.
+step's shape, a hash of the source of the code that is traced into the step (model/,
+kernels/, this package's runner), so editing the model never loads an old executable, and the
+environment switches read while tracing (TRACE_ENV), so an A/B run under an override never
+loads the executable traced without it.
 Files live under $JAX_COMPILATION_CACHE_DIR/ninfer-executables (no directory: no store).
 """
 from __future__ import annotations
@@ -28,6 +30,9 @@ log = logging.getLogger(__name__)
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1]
 TRACED_SOURCES = ("model", "kernels", "engine/runner.py")
+# Read by kernels/ at trace time: each changes the traced step (kernels/dispatch.py,
+# kernels/gated_delta). Run 36 lost its A/B to their absence here.
+TRACE_ENV = ("NINFER_FORCE_REFERENCE", "NINFER_GDN_PREFILL", "NINFER_GDN_ROWS_KERNEL")
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,7 +51,8 @@ def source_hash() -> str:
 class ExecutableStore:
     def __init__(self, directory: str | os.PathLike, fingerprint: dict):
         self.directory = pathlib.Path(directory)
-        fingerprint = dict(fingerprint, source=source_hash())
+        fingerprint = dict(fingerprint, source=source_hash(),
+                           env={name: os.environ.get(name) for name in TRACE_ENV})
         self._base = hashlib.sha256(
             json.dumps(fingerprint, sort_keys=True, default=str).encode()).hexdigest()
 

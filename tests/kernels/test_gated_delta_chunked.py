@@ -215,8 +215,8 @@ def test_on_a_gpu_the_switch_picks_the_path_and_the_override_wins(monkeypatch):
     monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
     monkeypatch.delenv(gated_delta.PREFILL_ENV, raising=False)
     assert gated_delta.prefill_path() == gated_delta.GPU_PREFILL
-    monkeypatch.setattr(gated_delta, "GPU_PREFILL", "kernel")
-    assert gated_delta.prefill_path() == "kernel"
+    monkeypatch.setattr(gated_delta, "GPU_PREFILL", "reference")
+    assert gated_delta.prefill_path() == "reference"
     monkeypatch.setenv(gated_delta.PREFILL_ENV, "wy")
     assert gated_delta.prefill_path() == "wy"
     monkeypatch.setenv(gated_delta.PREFILL_ENV, "fast")
