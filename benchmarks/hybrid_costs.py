@@ -16,7 +16,7 @@ import numpy as np
 
 from ninfer_jax.kernels.gated_delta import CHUNK_SIZE
 
-EXPERT_LEAVES = ("experts_gate_up", "experts_down")
+EXPERT_LEAVES = ("experts_gate_up", "experts_up", "experts_down")  # experts_up: squared-ReLU (Nemotron-H)
 
 
 def nbytes(leaf) -> int:

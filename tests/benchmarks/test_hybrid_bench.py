@@ -9,6 +9,7 @@ import json
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import hybrid_bench
 import hybrid_costs
@@ -40,20 +41,25 @@ def test_expected_distinct_experts():
     assert hybrid_costs.expected_distinct_experts(256, 8, 10_000) == 256
 
 
-def test_decode_bytes_count_each_weight_once_and_only_selected_experts():
-    config = dataclasses.replace(PRESETS["qwen3.6-tiny-moe"].config, vocab_size=512)
+@pytest.mark.parametrize("preset", ["qwen3.6-tiny-moe", "nemotron-3-nano-tiny"])
+def test_decode_bytes_count_each_weight_once_and_only_selected_experts(preset):
+    # nemotron: squared-ReLU experts (experts_up, no gate), whose bytes run 37 first counted whole
+    config = dataclasses.replace(PRESETS[preset].config, vocab_size=512)
     params = jax.eval_shape(lambda: hybrid_bench.device_params(config, jnp.bfloat16))
     one = hybrid_costs.decode_bytes(config, params, rows=1, context=0, kv_itemsize=2,
                                     state_itemsize=2)
     experts = sum(hybrid_costs.tree_bytes(layer[name]) for layer in params["layers"]
-                  for name in hybrid_costs.EXPERT_LEAVES)
+                  for name in hybrid_costs.EXPERT_LEAVES if name in layer)
     k, E = config.num_experts_per_tok, config.num_experts
-    assert one["expert_bytes"] == experts * k // E
+    assert experts and one["expert_bytes"] == experts * k // E
+    embed_row = 0 if config.tie_word_embeddings else config.hidden_size * 2
     # tied embeddings: the table is read whole as the LM head, no separate row
-    assert one["weight_bytes"] == hybrid_costs.tree_bytes(params) - experts + experts * k // E
+    assert one["weight_bytes"] == \
+        hybrid_costs.tree_bytes(params) - experts + experts * k // E + embed_row
     assert one["bytes"] == one["weight_bytes"] + one["kv_bytes"] + one["state_bytes"]
-    # one attention layer: k and v of 2 KV heads x 16 dims read at position 0 and written
-    assert one["kv_bytes"] == 2 * (2 * 1 * 16 * 2)
+    if preset == "qwen3.6-tiny-moe":
+        # one attention layer: k and v of 2 KV heads x 16 dims read at position 0 and written
+        assert one["kv_bytes"] == 2 * (2 * 1 * 16 * 2)
     many = hybrid_costs.decode_bytes(config, params, rows=64, context=0, kv_itemsize=2,
                                      state_itemsize=2)
     assert one["expert_bytes"] < many["expert_bytes"] <= experts
