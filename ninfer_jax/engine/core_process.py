@@ -13,7 +13,8 @@ handle.cancel/stop_at); one sender that drains the outbox into one `Batch` per w
 wake-up (the engine's handles and scheduling listener only enqueue there); the accept
 thread; the builder; and the main thread, which waits for "stop" on the launcher's control
 pipe, its EOF (the launcher died) or SIGTERM, then fails what is in flight
-(Engine.shutdown), flushes the outbox and exits. A worker that disconnects has its requests
+(Engine.shutdown), flushes the outbox and logs and exits without waiting for threads that
+still work (a background compile). A worker that disconnects has its requests
 cancelled. SIGINT is ignored: a terminal's Ctrl-C reaches the launcher, which stops us.
 """
 from __future__ import annotations
@@ -124,6 +125,14 @@ def _core_main(spec: CoreSpec, address: str, authkey: bytes, control) -> None:
             log.warning("the launcher went away; stopping the engine core")
             break
     server.shutdown()
+    # What still runs now is disposable: a GPU runner's background compile of the remaining
+    # step shapes (its stores are written atomically). A normal exit would join that pool
+    # (concurrent.futures does at interpreter exit) and hold the core for minutes: run 36's
+    # server was killed 15 s after every stop. Flush what we own, then leave at once.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def describe_runtime(engine=None) -> dict:

@@ -6,10 +6,12 @@ fake_engine's. Factories here are module-level so the spawned process can import
 """
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import json
 import os
 import tempfile
+import time
 
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.core_process import CoreSpec, start_core
@@ -34,6 +36,17 @@ def env_probe(path: str, names: tuple, **options) -> Engine:
     """fake_engine, after writing what the factory sees of `names` in os.environ to `path`."""
     with open(path, "w", encoding="utf-8") as handle:
         json.dump({name: os.environ.get(name) for name in names}, handle)
+    return fake_engine(**options)
+
+
+_BACKGROUND: list = []
+
+
+def compiling_in_background(seconds: float, **options) -> Engine:
+    """fake_engine, with a thread pool busy for `seconds`, as JaxRunner's background compile
+    of the remaining step shapes is on a GPU (concurrent.futures joins such threads at exit)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    _BACKGROUND.append(pool.submit(time.sleep, seconds))
     return fake_engine(**options)
 
 

@@ -20,7 +20,7 @@ from ninfer_jax.errors import (
 )
 from ninfer_jax.engine.policies import BlankToken, PolicyChain, ThinkingBudget
 
-from core_testkit import env_probe, start_fake_core
+from core_testkit import compiling_in_background, env_probe, start_fake_core
 from engine_testkit import expected_output, make_request, prompt_of
 
 
@@ -184,6 +184,16 @@ def test_core_shutdown_fails_in_flight_requests(core_factory):
     assert core.process.exitcode == 0
     end = list(handle.events())[-1]
     assert isinstance(end, Failed) and isinstance(end.error, EngineUnavailable)
+
+
+def test_core_stops_while_a_background_compile_still_runs(core_factory):
+    # Run 36: the H200 server's core outlived its stop by 15 s and was killed: at exit Python
+    # joined the runner's compile pool, still compiling the remaining step shapes.
+    start, connect = core_factory
+    core = start(factory=compiling_in_background, seconds=600)
+    connect(core)
+    core.stop()
+    assert core.process.exitcode == 0  # exited by itself, not killed (-9)
 
 
 def test_core_environment_is_applied_before_the_factory_runs(core_factory, tmp_path):
