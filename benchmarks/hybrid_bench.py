@@ -9,7 +9,8 @@ one GPU (GLM-4.5-Air: ~200 GB); the fraction of the GEMV ceiling does not depend
     python benchmarks/hybrid_bench.py [--presets qwen3.5-27b,qwen3.6-35b-a3b]
         [--batches 1,8,64] [--context 1024] [--prompt 4096] [--steps 32]
         [--prefill-chunk 1024] [--min-rows N] [--layers N] [--images N --image-size PX]
-        [--verify K,... [--mtp K] [--mtp-acceptance TOKENS]] [--no-gdn] [--json] [--smoke]
+        [--verify K,... [--mtp K] [--mtp-acceptance TOKENS]] [--no-gdn] [--profile DIR]
+        [--json] [--smoke]
 
 Per preset (one at a time; its params and runner are freed before the next): the params
 pytree the artifact loader would produce (config.expected_shapes, norms and Gated DeltaNet
@@ -146,10 +147,13 @@ def device_params(config, storage_dtype, seed: int = 0, mtp: bool = False) -> di
 
 # ---------------------------------------------------------------------------- timing
 
-def time_decode(runner, batch: int, context: int, steps: int) -> float:
+def time_decode(runner, batch: int, context: int, steps: int,
+                trace_dir: str | None = None) -> float:
     """Seconds per pipelined decode step of `batch` rows at positions context, context + 1, ...
-    (runner_bench's loop; each row on its own state slot)."""
-    rate, _ = runner_bench.time_decode(runner, batch, context, steps, pipelined=True)
+    (runner_bench's loop; each row on its own state slot); with `trace_dir`, the same steps
+    once more under jax.profiler."""
+    rate, _ = runner_bench.time_decode(runner, batch, context, steps, pipelined=True,
+                                       trace_dir=trace_dir)
     return batch / rate
 
 
@@ -289,7 +293,13 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
           "params_s": made - started, "compile_s": time.perf_counter() - made,
           "shapes": [list(s) for s in shapes], **limits})
     for position, batch in enumerate(sorted(batches, key=lambda b: b != 1)):  # batch 1 first
-        emit({**header, **_decode_record(runner, config, batch, args, limits)})
+        trace_dir = f"{args.profile}/{name}/batch{batch}" if args.profile else None
+        emit({**header, **_decode_record(runner, config, batch, args, limits, trace_dir)})
+        if trace_dir:
+            from trace_summary import summarize
+
+            for summary in summarize(trace_dir, args.steps, top=40):
+                emit({**header, "op": "profile", "batch": batch, **summary})
         if position == 0:
             emit({**header, **_prefill_record(runner, config, args, limits)})
             if args.images:
@@ -307,8 +317,9 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
     gc.collect()
 
 
-def _decode_record(runner, config, batch: int, args, limits: dict) -> dict:
-    step_s = time_decode(runner, batch, args.context, args.steps)
+def _decode_record(runner, config, batch: int, args, limits: dict,
+                   trace_dir: str | None = None) -> dict:
+    step_s = time_decode(runner, batch, args.context, args.steps, trace_dir)
     rows = fit_bucket(runner.row_buckets, batch, "rows")
     sizes = dict(context=args.context + args.steps // 2, kv_itemsize=runner.kv_dtype.itemsize,
                  state_itemsize=jnp.dtype(runner.dtype).itemsize)
@@ -414,6 +425,10 @@ def parse_args(argv=None):
                              "(random weights: proves the head runs, acceptance meaningless)")
     parser.add_argument("--no-gdn", action="store_true",
                         help="skip the Gated DeltaNet layer-alone records")
+    parser.add_argument("--profile", metavar="DIR",
+                        help="also trace each batch's decode steps under jax.profiler into DIR "
+                             "and emit where the device's time went (trace_summary.py: kernels "
+                             "by name, per step)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check: the tiny presets at tiny sizes")
