@@ -40,6 +40,7 @@ class HostOnlyRunner:
         self._packer = packed_inputs.HostPacker()
         self.vocab_size = vocab_size
         self.has_state = False  # a dense model: no state slots
+        self.num_drafts, self.dflash = 0, None  # no speculation
 
     def warmup(self):
         pass
