@@ -1,0 +1,37 @@
+#!/bin/bash
+# Run 38 (written 2026-12-05, for the next session's device time). Each group fits one
+# 10-minute call; from the repository root, carry [".whl"], in this order of value:
+#   bash benchmarks/results/run38/device_run38.sh "hybrid"   (~7 min) issue 11's missing
+#       figures with both GDN kernels on: the full 27B at batch 1/8/64 (64 never measured),
+#       the 35B-A3B at 1/8/64 with a per-kernel profile of its decode steps (why batch 1 is
+#       4.6 ms for 6 GB: 38% of the GEMV ceiling, target 300 tok/s)
+#   bash benchmarks/results/run38/device_run38.sh "live"     (~9 min) issue 10's live levels
+#       (C = 1 / 8 / 64 against the same run's bare step, every shape compiled first)
+#   bash benchmarks/results/run38/device_run38.sh "dflash"   (~5 min) issue 12's drafting cost
+# Tar $OUT's folders at the end of a call (at most 8 files come back).
+. benchmarks/device_common.sh
+STAGES=${1:-hybrid}
+H="python3 benchmarks/hybrid_bench.py --json"
+run() { local name=$1 cap=$2; shift 2; stamp "$name"
+  timeout "$cap" "$@" > "$OUT/$name.jsonl" 2> "$OUT/$name.log"; stamp "$name rc=$?"; }
+for stage in $STAGES; do
+  case $stage in
+    hybrid)
+      run hybrid-27b 280 $H --presets qwen3.5-27b --batches 1,8,64 --no-gdn
+      run hybrid-35b 200 $H --presets qwen3.6-35b-a3b --batches 1,8,64 --no-gdn \
+        --profile /tmp/prof;;
+    live)
+      stamp live
+      timeout 560 python3 benchmarks/gpu_serve_bench.py --out "$OUT/gsb" --total 550 \
+        --stages install,artifact,step,warm,load --levels 1,8,64 \
+        --runner-args "--batches 1,8,64 --context 384 --prompt 256 --steps 32 --json" \
+        --caps "install=60,artifact=100,step=120,warm=90,compiled=150,level=80" \
+        > "$OUT/gsb.out" 2>&1
+      stamp "live rc=$?"; sed -n '/^stage  /,$p' "$OUT/gsb.out" | tee -a "$OUT/stages.log";;
+    dflash)
+      for v in dflash dflash2; do
+        run dflash-27b-$v 150 python3 benchmarks/dflash_bench.py --preset qwen3.5-27b \
+          --variant $v --rows 1,8 --drafts 7,15 --context 4096; done;;
+  esac
+done
+for f in "$OUT"/*.log; do case $f in */stages.log) ;; *) tail -c 3000 "$f" > "$f.tail"; rm -f "$f";; esac; done
