@@ -8,6 +8,9 @@
 #   bash benchmarks/results/run38/device_run38.sh "live"     (~9 min) issue 10's live levels
 #       (C = 1 / 8 / 64 against the same run's bare step, every shape compiled first)
 #   bash benchmarks/results/run38/device_run38.sh "dflash"   (~5 min) issue 12's drafting cost
+#   bash benchmarks/results/run38/device_run38.sh "swa"      (~8 min) issue 19: the sliding-window
+#       kernel (benchmarks/pending/swa-window-kernel.patch, applied to the device's copy only):
+#       its native tests, the window kernel bench, Gemma 4 31B against run 29's 21.2 / 137.5 tok/s
 # Tar $OUT's folders at the end of a call (at most 8 files come back).
 . benchmarks/device_common.sh
 STAGES=${1:-hybrid}
@@ -32,6 +35,15 @@ for stage in $STAGES; do
       for v in dflash dflash2; do
         run dflash-27b-$v 150 python3 benchmarks/dflash_bench.py --preset qwen3.5-27b \
           --variant $v --rows 1,8 --drafts 7,15 --context 4096; done;;
+    swa)
+      git apply benchmarks/pending/swa-window-kernel.patch || { stamp "swa: patch failed"; continue; }
+      stamp swa-tests
+      timeout 200 python3 -m pytest -rA -p no:cacheprovider tests/kernels/test_window_attention.py \
+        tests/kernels/test_paged_attention.py tests/kernels/test_ragged_attention.py \
+        tests/kernels/test_fp8_pages.py > "$OUT/pytest-swa.log" 2>&1
+      stamp "swa-tests rc=$?"; tail -n 3 "$OUT/pytest-swa.log" | tee -a "$OUT/stages.log"
+      run swa-kernel 90 python3 benchmarks/kernel_bench.py window
+      run swa-gemma 200 $H --presets gemma4-31b --batches 1,8;;
   esac
 done
-for f in "$OUT"/*.log; do case $f in */stages.log) ;; *) tail -c 3000 "$f" > "$f.tail"; rm -f "$f";; esac; done
+for f in "$OUT"/*.log; do case $f in */stages.log|*/pytest-*) ;; *) tail -c 3000 "$f" > "$f.tail"; rm -f "$f";; esac; done
