@@ -35,9 +35,16 @@ def expected_distinct_experts(num_experts: int, top_k: int, rows: int) -> float:
 
 
 def _layer_weight_bytes(layer: dict, experts_touched: float, num_experts: int) -> float:
+    """Dense leaves whole, routed experts by the count touched; a shared expert folded in as
+    expert E (fused_projections.fold_shared_expert) is touched by every step."""
     dense = sum(tree_bytes(leaf) for name, leaf in layer.items() if name not in EXPERT_LEAVES)
-    per_expert = sum(tree_bytes(layer[name]) for name in EXPERT_LEAVES if name in layer)
-    return dense + (per_expert / num_experts * experts_touched if per_expert else 0.0)
+    experts = [layer[name] for name in EXPERT_LEAVES if name in layer]
+    if not experts:
+        return dense
+    stored = jax.tree_util.tree_leaves(experts[0])[0].shape[0]
+    per_expert = sum(tree_bytes(leaf) for leaf in experts) / stored
+    touched = experts_touched + (stored - num_experts if experts_touched else 0)
+    return dense + per_expert * touched
 
 
 def decode_bytes(config, params, *, rows: int, context: int, kv_itemsize: int,
@@ -82,8 +89,9 @@ def active_matmul_params(config, params) -> int:
             size = int(np.prod(leaf.shape))
             if leaf.ndim < 2 or name == "conv":
                 continue  # norms, per-head vectors, the depthwise conv (a few taps)
-            if name in EXPERT_LEAVES:
-                size = size // config.num_experts * config.num_experts_per_tok
+            if name in EXPERT_LEAVES:  # the k routed experts, plus a folded shared one
+                stored = leaf.shape[0]
+                size = size // stored * (config.num_experts_per_tok + stored - config.num_experts)
             total += size
     return total
 

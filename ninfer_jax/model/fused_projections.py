@@ -19,7 +19,16 @@ as much as their bytes in a decode step:
     shared_w_gate_up   [H, 2Is]                   shared_w_gate | shared_w_up
     router_shared_gate [H, E + 1]                 router | shared_gate  (f32 logits)
 
-model/hybrid.py, gated_deltanet.py and moe_mlp.py split them again. Under tensor parallelism
+model/hybrid.py, gated_deltanet.py and moe_mlp.py split them again. With the shared-expert
+fold on (FOLD_SHARED_EXPERT, or NINFER_FOLD_SHARED_EXPERT=1 at load), a MoE layer whose shared
+expert is as wide as its routed ones also gets it as expert E of the routed tensors:
+
+    experts_gate_up    [E + 1, H, 2I]             experts_gate_up | shared_w_gate_up
+    experts_down       [E + 1, I, H]              experts_down | shared_w_down
+
+and moe_mlp routes every token to it with its sigmoid gate as the weight, so the routed
+kernels compute it beside the k chosen experts (two GEMVs and a gating fusion fewer per MoE
+layer in a decode step; the 35B-A3B's batch-1 step is 4.6 ms of small kernels, run 37). Under tensor parallelism
 (`groups` = the mesh size) the columns are ordered per shard instead, so a column split gives
 each device whole heads and its own slice of F (model/tensor_parallel.py); quantized leaves
 then stay unfused. Plain float weights always
@@ -35,6 +44,8 @@ on the device, so the device never holds both layouts; device leaves are joined 
 device, and the parts stay there as long as the caller keeps them.
 """
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +64,16 @@ HYBRID_FUSED_LEAVES = {**FUSED_LEAVES, "in_qkvzba": ("in_qkv", "in_z", "in_b", "
                        "router_shared_gate": ("router", "shared_gate")}
 # quantized formats whose arrays all join along their last (output) axis
 JOINABLE_FORMATS = ("int8", "fp8", "int4")
+# Off until an H200 A/B has timed it (benchmarks/results/run38/device_run38.sh "hybrid").
+FOLD_SHARED_EXPERT = False
+FOLD_ENV = "NINFER_FOLD_SHARED_EXPERT"  # "1" / "0" overrides FOLD_SHARED_EXPERT at load
+
+
+def fold_shared_expert_on() -> bool:
+    override = os.environ.get(FOLD_ENV, "")
+    if override not in ("", "0", "1"):
+        raise ValueError(f"{FOLD_ENV}={override!r}: expected 1 or 0")
+    return override == "1" if override else FOLD_SHARED_EXPERT
 
 
 def fused_leaves(config: ModelConfig, groups: int = 1) -> dict | None:
@@ -86,6 +107,27 @@ def fuse_layer(layer: dict, groups: int = 1, groups_of_leaves: dict = FUSED_LEAV
             for part in parts:
                 del layer[part]
             layer[fused] = joined
+    if groups == 1 and "shared_w_gate_up" in groups_of_leaves and fold_shared_expert_on():
+        layer = fold_shared_expert(layer)
+    return layer
+
+
+def fold_shared_expert(layer: dict) -> dict:
+    """`layer` with its gated shared expert appended to the routed experts as expert E (see
+    the module docstring), or unchanged when it has none, it is quantized or its width
+    differs from the routed experts'."""
+    names = ("experts_gate_up", "experts_down", "shared_w_gate_up", "shared_w_down")
+    if not all(name in layer and not isinstance(layer[name], dict) for name in names):
+        return layer
+    if "router_shared_gate" not in layer and "shared_gate" not in layer:
+        return layer  # an ungated shared expert is not this fold's
+    gate_up, down, shared_gate_up, shared_down = (layer[name] for name in names)
+    if (tuple(shared_gate_up.shape) != tuple(gate_up.shape[1:])
+            or tuple(shared_down.shape) != tuple(down.shape[1:])):
+        return layer
+    layer = {name: leaf for name, leaf in layer.items() if name not in names[2:]}
+    layer["experts_gate_up"] = _concatenate([gate_up, shared_gate_up[None]], axis=0)
+    layer["experts_down"] = _concatenate([down, shared_down[None]], axis=0)
     return layer
 
 

@@ -9,7 +9,9 @@ are the chosen experts' unbiased scores (renormalised when norm_topk_prob) times
 routed_scaling_factor, and the shared experts are added ungated.
 Leaves: see model/config.py (router, router_bias, experts_gate_up, experts_down, shared_*);
 on one device the runner joins router | shared_gate into router_shared_gate and
-shared_w_gate | shared_w_up into shared_w_gate_up (model/fused_projections.py).
+shared_w_gate | shared_w_up into shared_w_gate_up (model/fused_projections.py), and with its
+shared-expert fold the shared expert becomes expert E of the routed tensors: every token then
+takes it as a (k+1)-th assignment weighted by its sigmoid gate.
 Under expert parallelism the routed experts are experts_gate_up_ep / experts_down_ep, split by
 expert index over the tensor-parallel mesh (model/tensor_parallel.py, `expert_parallel`).
 
@@ -48,6 +50,15 @@ def moe_mlp(x, layer, config: ModelConfig, mesh=None, live=None):
         expert_ids, expert_weights = route(x, layer["router"], config)
     if live is not None:
         expert_ids, expert_weights = without_padding_experts(expert_ids, expert_weights, live)
+    if is_folded(layer, config):  # the shared expert is expert E (fused_projections)
+        if shared_logit is None:
+            shared_logit = linear(x, layer["shared_gate"], out_dtype=jnp.float32)
+        gate = jax.nn.sigmoid(shared_logit.astype(jnp.float32))
+        if live is not None:
+            gate = jnp.where(live[:, None], gate, 0.0)
+        expert_ids = jnp.concatenate(
+            [expert_ids, jnp.full((x.shape[0], 1), config.num_experts, jnp.int32)], axis=-1)
+        expert_weights = jnp.concatenate([expert_weights, gate], axis=-1)
     if "experts_gate_up_ep" in layer:
         routed = tensor_parallel.expert_parallel(moe.routed_experts, mesh)
         experts = layer["experts_gate_up_ep"], layer["experts_down_ep"]
@@ -65,6 +76,12 @@ def moe_mlp(x, layer, config: ModelConfig, mesh=None, live=None):
             shared = (gate * shared.astype(jnp.float32)).astype(x.dtype)
         out = out + shared
     return out
+
+
+def is_folded(layer, config: ModelConfig) -> bool:
+    """Whether the layer's routed tensors end with its shared expert (one more than E)."""
+    return ("experts_gate_up" in layer and not isinstance(layer["experts_gate_up"], dict)
+            and layer["experts_gate_up"].shape[0] == config.num_experts + 1)
 
 
 def without_padding_experts(expert_ids, expert_weights, live):

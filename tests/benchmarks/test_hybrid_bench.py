@@ -118,3 +118,18 @@ def test_verify_steps_with_the_mtp_head_drafting(capsys):
     (acceptance,) = [r for r in records if r["op"] == "mtp_acceptance"]
     assert acceptance["rounds"] > 0 and acceptance["drafted"] >= acceptance["rounds"]
     assert not any(r["op"].startswith("gdn") for r in records)
+
+
+def test_a_folded_shared_expert_costs_what_it_did_unfolded(monkeypatch):
+    from ninfer_jax.model import fused_projections
+
+    config = dataclasses.replace(PRESETS["qwen3.6-tiny-moe"].config, vocab_size=512)
+    params = jax.eval_shape(lambda: hybrid_bench.device_params(config, jnp.bfloat16))
+    costs = []
+    for fold in ("0", "1"):
+        monkeypatch.setenv(fused_projections.FOLD_ENV, fold)
+        tree = jax.eval_shape(lambda p: fused_projections.fuse_projections(p, config), params)
+        costs.append((hybrid_costs.decode_bytes(config, tree, rows=1, context=0,
+                                                kv_itemsize=2, state_itemsize=2)["bytes"],
+                      hybrid_costs.active_matmul_params(config, tree)))
+    assert costs[0] == costs[1]

@@ -24,7 +24,7 @@ from ninfer_jax.kernels.paged_attention import DUMMY_PAGE, get_kv_cache_shape
 from ninfer_jax.kernels.quant_matmul.formats import dequantize_numpy
 from ninfer_jax.model import hybrid, llama
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.fused_projections import (FUSED_LEAVES, HYBRID_FUSED_LEAVES,
+from ninfer_jax.model.fused_projections import (FOLD_ENV, FUSED_LEAVES, HYBRID_FUSED_LEAVES,
                                                fuse_projections)
 from ninfer_jax.model.steps import FROM_HOST, RaggedBatch
 
@@ -147,22 +147,33 @@ def test_mixed_formats_stay_apart_and_hybrids_under_tensor_parallelism_are_uncha
     assert set(fuse_projections(hybrid_params, hybrid_config)["layers"][0]) == {"w_gate_up"}
 
 
-def test_fused_hybrid_gives_the_unfused_logits():
+@pytest.mark.parametrize("fold", ["0", "1"])
+def test_fused_hybrid_gives_the_unfused_logits(fold, monkeypatch):
     """The hybrid families' joined leaves (wqkv, in_qkvzba, shared_w_gate_up,
     router_shared_gate; w_gate_up as the dense families') hold their parts' columns in
-    order, and two decode steps beside a padding row give the unfused model's logits."""
+    order, and two decode steps beside a padding row give the unfused model's logits; with
+    the shared-expert fold the shared expert is the routed tensors' last expert."""
+    monkeypatch.setenv(FOLD_ENV, fold)
     config = dataclasses.replace(PRESETS["qwen3.6-tiny-moe"].config, vocab_size=96)
     params = random_params(config, seed=3, dtype="f32")
     fused = fuse_projections(params, config)
-    joined = set()
+    joined, folded = set(), 0
     for layer, original in zip(fused["layers"], params["layers"]):
         for name, parts in HYBRID_FUSED_LEAVES.items():
-            if name in layer:
+            if name in layer or (name == "shared_w_gate_up" and "experts_gate_up" in layer
+                                 and layer["experts_gate_up"].shape[0] > config.num_experts):
                 joined.add(name)
                 assert not set(parts) & set(layer)
-                np.testing.assert_array_equal(
-                    layer[name], np.concatenate([original[p] for p in parts], axis=1))
+                want = np.concatenate([original[p] for p in parts], axis=1)
+                got = layer.get(name, layer["experts_gate_up"][-1])
+                np.testing.assert_array_equal(got, want)
+        if "experts_gate_up" in layer and layer["experts_gate_up"].shape[0] > config.num_experts:
+            folded += 1
+            assert "shared_w_down" not in layer
+            np.testing.assert_array_equal(layer["experts_down"][-1], original["shared_w_down"])
     assert joined == {"wqkv", "in_qkvzba", "router_shared_gate", "shared_w_gate_up"}
+    assert folded == (sum(map(config.is_moe_layer, range(config.num_layers)))
+                      if fold == "1" else 0)
     decode = jax.jit(functools.partial(hybrid.decode, config=config, page_size=PAGE_SIZE))
     tokens = np.random.default_rng(5).integers(0, 96, 2).astype(np.int32)
     tables = np.stack([np.arange(1, 1 + WIDTH, dtype=np.int32),

@@ -4,7 +4,8 @@
 #   bash benchmarks/results/run38/device_run38.sh "hybrid"   (~7 min) issue 11's missing
 #       figures with both GDN kernels on: the full 27B at batch 1/8/64 (64 never measured),
 #       the 35B-A3B at 1/8/64 with a per-kernel profile of its decode steps (why batch 1 is
-#       4.6 ms for 6 GB: 38% of the GEMV ceiling, target 300 tok/s)
+#       4.6 ms for 6 GB: 38% of the GEMV ceiling, target 300 tok/s), then the same with the
+#       shared expert folded into the routed kernels (A/B; flip FOLD_SHARED_EXPERT if it wins)
 #   bash benchmarks/results/run38/device_run38.sh "live"     (~9 min) issue 10's live levels
 #       (C = 1 / 8 / 64 against the same run's bare step, every shape compiled first)
 #   bash benchmarks/results/run38/device_run38.sh "dflash"   (~5 min) issue 12's drafting cost
@@ -22,7 +23,10 @@ for stage in $STAGES; do
     hybrid)
       run hybrid-27b 280 $H --presets qwen3.5-27b --batches 1,8,64 --no-gdn
       run hybrid-35b 200 $H --presets qwen3.6-35b-a3b --batches 1,8,64 --no-gdn \
-        --profile /tmp/prof;;
+        --profile /tmp/prof
+      # the shared expert folded into the routed kernels (fused_projections.FOLD_SHARED_EXPERT)
+      NINFER_FOLD_SHARED_EXPERT=1 run hybrid-35b-fold 130 $H --presets qwen3.6-35b-a3b \
+        --batches 1,8 --no-gdn;;
     live)
       stamp live
       timeout 560 python3 benchmarks/gpu_serve_bench.py --out "$OUT/gsb" --total 550 \
