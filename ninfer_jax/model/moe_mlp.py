@@ -99,10 +99,13 @@ def route(x, router, config: ModelConfig):
 
 def top_experts(logits, config: ModelConfig):
     """route() from the router's f32 logits [N, E]."""
-    probs = jax.nn.softmax(logits, axis=-1)
-    weights, ids = jax.lax.top_k(probs, config.num_experts_per_tok)
     if config.norm_topk_prob:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        # The softmax over E renormalised over the k kept is the softmax of the k logits
+        # (its normaliser cancels), and the softmax keeps the logits' order: one reduction
+        # over k instead of two over E, two fewer kernels per MoE layer in a decode step.
+        top, ids = jax.lax.top_k(logits, config.num_experts_per_tok)
+        return ids.astype(jnp.int32), jax.nn.softmax(top, axis=-1)
+    weights, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), config.num_experts_per_tok)
     return ids.astype(jnp.int32), weights
 
 
