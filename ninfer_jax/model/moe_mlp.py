@@ -104,7 +104,8 @@ def top_experts(logits, config: ModelConfig):
         # (its normaliser cancels), and the softmax keeps the logits' order: one reduction
         # over k instead of two over E, two fewer kernels per MoE layer in a decode step.
         top, ids = jax.lax.top_k(logits, config.num_experts_per_tok)
-        return ids.astype(jnp.int32), jax.nn.softmax(top, axis=-1)
+        scaled = jnp.exp(top - top[:, :1])  # top_k sorts: column 0 is each row's max
+        return ids.astype(jnp.int32), scaled / jnp.sum(scaled, axis=-1, keepdims=True)
     weights, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), config.num_experts_per_tok)
     return ids.astype(jnp.int32), weights
 
