@@ -100,6 +100,37 @@ def hybrid_one_chunk(artifact, tokens, page_size: int, **outputs):
                          page_size=page_size, **outputs)[2]
 
 
+def seeded_outputs(generate, runner, prompt, *, draws=1000, lanes=8, max_tokens=4,
+                   temperature=1.5) -> tuple[np.ndarray, int]:
+    """`draws` seeds (0..draws-1) of one prompt, `lanes` requests per run: (the output ids
+    int [draws, max_tokens], the drafts accepted in all). `generate(runner, prompts,
+    sampling=[SamplingParams per prompt], max_tokens=...)` is the test module's own,
+    returning (outputs, the scheduler's counters)."""
+    rows, accepted = [], 0
+    for base in range(0, draws, lanes):
+        seeds = [SamplingParams(temperature=temperature, seed=base + i) for i in range(lanes)]
+        ids, counters = generate(runner, [prompt] * lanes, sampling=seeds,
+                                 max_tokens=max_tokens)
+        rows += ids
+        accepted += counters.spec_accepted_tokens
+    return np.array(rows), accepted
+
+
+def assert_same_distribution(plain, drafted, positions, min_p=1e-3) -> None:
+    """Per output position, the tokens of two seeded runs (seeded_outputs) follow one
+    distribution: a chi-square contingency test, tokens rarer than 10 in both runs together
+    pooled into one column so that every expected count is large enough."""
+    from scipy import stats
+
+    for position in positions:
+        tokens = sorted(set(plain[:, position]) | set(drafted[:, position]))
+        table = np.array([[np.sum(run[:, position] == t) for t in tokens]
+                          for run in (plain, drafted)])
+        rare = table.sum(axis=0) < 10
+        table = np.column_stack([table[:, ~rare], table[:, rare].sum(axis=1)])
+        assert stats.chi2_contingency(table).pvalue > min_p, position
+
+
 def _events(handle) -> list:
     events = []
     while (event := handle.next_event(timeout=0)) is not None:

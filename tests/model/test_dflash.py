@@ -94,10 +94,12 @@ def scheduler_for(runner, lanes=LANES, num_pages=PAGES, reuse=False):
 
 
 def generate(runner, prompts, sampling=GREEDY, max_tokens=24, lanes=LANES, **pool):
+    """Every prompt at once; `sampling` one SamplingParams for all, or one per prompt."""
     scheduler = scheduler_for(runner, lanes, **pool)
+    each = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
     finals = engine_drive.run_requests(scheduler, runner, [
-        GenerationRequest(f"r{i}", list(ids), sampling, max_tokens)
-        for i, ids in enumerate(prompts)])
+        GenerationRequest(f"r{i}", list(ids), params, max_tokens)
+        for i, (ids, params) in enumerate(zip(prompts, each))])
     return [list(f.output_ids) for f in finals], scheduler.counters
 
 
@@ -262,3 +264,27 @@ def test_seeded_sampling_is_reproducible(dflash_runner, dflash2_runner):
         alone = generate(runner, prompts[2:3], sampling=sampled, lanes=1)[0]
         assert generate(runner, prompts, sampling=sampled)[0] == together
         assert generate(runner, prompts[2:3], sampling=sampled, lanes=1)[0] == alone
+
+
+SEEDED_TEMPERATURE = 3.0  # flat enough that the random drafters' draws are often accepted
+
+
+@pytest.fixture(scope="module")
+def plain_seeded(plain_runner):
+    return engine_drive.seeded_outputs(generate, plain_runner, prompt(1), lanes=LANES,
+                                       temperature=SEEDED_TEMPERATURE)[0]
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_sampled_tokens_follow_plain_sampling_over_many_seeds(variant, plain_seeded, request):
+    """1,000 seeds of one prompt, 4 tokens each, plain and with the drafter: per output
+    position the token counts agree (chi-square contingency, as for MTP in test_mtp.py).
+    Positions 1..3 come from rounds whose drafts are drawn from the drafter's q (DFlash2:
+    the selector's q over its candidates, through the reduced proposal head) and commit by
+    rejection sampling; some are accepted, most rejected, so both the accepted drafts and
+    the residual draws count."""
+    runner = request.getfixturevalue(f"{variant}_runner")
+    drafted, accepted = engine_drive.seeded_outputs(generate, runner, prompt(1), lanes=LANES,
+                                                    temperature=SEEDED_TEMPERATURE)
+    assert accepted > 100
+    engine_drive.assert_same_distribution(plain_seeded, drafted, range(1, 4))
