@@ -125,7 +125,7 @@ class Lifecycle:
         (`host_state`): cached pages alone cannot rebuild the recurrent state."""
         if not self.slots.is_enabled:
             return
-        if seq.num_computed and seq.state_source is None and seq.host_state is None:
+        if self.slots.has_state and seq.num_computed and seq.state_source is None and seq.host_state is None:
             raise RuntimeError(f"seq {seq.seq_id} would take a fresh state slot at position "
                                f"{seq.num_computed}; its state must start at 0")
         seq.state_slot = self.slots.alloc()

@@ -174,7 +174,7 @@ def refused(artifact, *flags):
 def test_startup_refuses_drafters_the_model_cannot_take(default_artifact_path):
     for backend in ("dflash", "dflash2"):
         result = refused(default_artifact_path, "--spec", backend)
-        assert result.returncode == 2 and "hybrid families" in result.stderr
+        assert result.returncode == 2 and f"{backend} component" in result.stderr
     result = refused(default_artifact_path, "--spec", "ngram", "--lm-head-draft")
     assert result.returncode == 2 and "no proposal head" in result.stderr
     result = refused(default_artifact_path, "--spec", "mtp")

@@ -80,23 +80,25 @@ def drafts_held(scheduler, runner, request) -> dict:
     return held
 
 
-def hybrid_one_chunk(artifact, tokens, page_size: int, **outputs):
-    """hybrid.ragged over `tokens` as one chunk from position 0 on fresh f32 caches (state
+def one_chunk(artifact, tokens, page_size: int, **outputs):
+    """The artifact's family's ragged step (hybrid.ragged, or llama.ragged for dense
+    llama / qwen3) over `tokens` as one chunk from position 0 on fresh f32 caches (state
     slot 1); `outputs` picks the extra result (hidden=True, or taps=layer ids), returned."""
     import dataclasses
 
     import jax.numpy as jnp
 
-    from ninfer_jax.model import hybrid, ragged_batch
+    from ninfer_jax.model import ragged_batch, steps
 
     config = artifact.config
-    caches = hybrid.init_caches(config, num_pages=40, page_size=page_size, num_state_slots=2,
+    family = steps.FAMILIES[config.architecture]
+    caches = family.init_caches(config, num_pages=40, page_size=page_size, num_state_slots=2,
                                 dtype=jnp.float32, kv_dtype=jnp.float32)
     batch = dataclasses.replace(
         ragged_batch.chunk_only(jnp.asarray(tokens, jnp.int32), jnp.int32(0),
                                 jnp.int32(len(tokens)), jnp.arange(1, 33, dtype=jnp.int32)),
         chunk_state_slot=jnp.int32(1), row_state_slots=jnp.zeros(0, jnp.int32))
-    return hybrid.ragged(artifact.params, caches, batch, None, config=config,
+    return family.ragged(artifact.params, caches, batch, None, config=config,
                          page_size=page_size, **outputs)[2]
 
 

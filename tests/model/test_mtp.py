@@ -150,7 +150,7 @@ def reference_drafts(artifact, tokens, k, hidden):
 def target_hidden(artifact, tokens):
     """The target's final-normed states at every position (our hybrid forward, which
     test_hybrid_vs_transformers.py checks against transformers), in one chunk."""
-    hidden = engine_drive.hybrid_one_chunk(artifact, tokens, PAGE, hidden=True)
+    hidden = engine_drive.one_chunk(artifact, tokens, PAGE, hidden=True)
     return np.asarray(hidden, np.float64)
 
 
