@@ -351,3 +351,11 @@ def test_dense_target_pauses_and_prefix_reuse_keep_greedy_output(dense_runners):
     """A dense sequence takes a fresh draft-store slot at any position (a prefix hit needs
     no checkpoint) and gives it back at a pause."""
     check_pauses_and_prefix_reuse(dense_runners["dflash"], dense_runners[None])
+    # a prompt that extends a finished one's starts from its cached pages
+    first, longer = prompt(1), prompt(1) + prompt(2, length=5)
+    scheduler = scheduler_for(dense_runners["dflash"], reuse=True)
+    for ids in (first, longer):
+        final, = engine_drive.run_requests(scheduler, dense_runners["dflash"],
+                                           [GenerationRequest("r", ids, GREEDY, 24)])
+    assert scheduler.counters.cached_tokens > 0
+    assert list(final.output_ids) == generate(dense_runners[None], [longer], lanes=1)[0][0]
