@@ -291,7 +291,9 @@ def test_sampled_tokens_follow_plain_sampling_over_many_seeds(variant, plain_see
     Positions 1..3 come from rounds whose drafts are drawn from the drafter's q (DFlash2:
     the selector's q over its candidates, through the reduced proposal head) and commit by
     rejection sampling; some are accepted, most rejected, so both the accepted drafts and
-    the residual draws count."""
+    the residual draws count. A uniform q in the draft store instead of the drafter's fails
+    it (tried), and so does DFlash2's q read one draft position off; subtler errors (q
+    squared) pass here, the random drafters' q being nearly flat where p has its mass."""
     runner = request.getfixturevalue(f"{variant}_runner")
     drafted, accepted = engine_drive.seeded_outputs(generate, runner, prompt(1), lanes=LANES,
                                                     temperature=SEEDED_TEMPERATURE)
