@@ -224,7 +224,8 @@ class JaxRunner:
         self._kv = None
         self._init_state_slots(state_slot_capacity)
         # Speculation on a hybrid family: verify rows of one sequence share its state slot
-        # and chain (ragged_batch.chain_depths); dense families need nothing.
+        # and chain (ragged_batch.chain_depths); dense families need nothing (under a DFlash
+        # drafter their rows carry draft-store slots, which find the chains, but no state).
         # (Gemma's sliding rings are position-addressed KV: its verify rows need no chain.)
         self.needs_chained_rows = self.config.has_recurrent_state
         self.chained_rows = self.needs_chained_rows and speculative
