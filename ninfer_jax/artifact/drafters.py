@@ -193,9 +193,9 @@ def add_draft_head(contents, vocab: int) -> None:
 
 
 def preset_dflash_config(config: ModelConfig, variant: str, *, tiny: bool) -> DFlashConfig:
-    """The drafter init-random gives a hybrid preset: the published Qwen3.6-27B-DFlash
-    shape (5 layers over target layers spread from 1 to L - 3, block 16) with the target's
-    attention and MLP sizes; tiny: 2 layers. DFlash2 adds the public fixture's extras (conv
+    """The drafter init-random gives a preset (hybrid, or dense llama / qwen3 with
+    --drafters): the published Qwen3.6-27B-DFlash shape (5 layers over target layers spread
+    from 1 to L - 3, block 16) with the target's attention and MLP sizes; tiny: 2 layers. DFlash2 adds the public fixture's extras (conv
     taps 2 in groups of 16, a rank-256 selector over the top 16, window 2048, soft-cap 20),
     shrunk when tiny (window 8, so short tests cross it; rank 4)."""
     layers = 2 if tiny else 5

@@ -8,7 +8,8 @@ the chat template and format.
 heads with the preset's grouping), so every preset can be built and loaded in CI. Hybrid
 presets also get their MTP head (the artifact's mtp component), random DFlash and DFlash2
 drafters and a reduced proposal head (artifact/drafters.py; by default at tiny dimensions
-only, `drafters=True` at any size),
+only, `drafters=True` at any size); dense llama / qwen3 presets get the drafters and head
+with `drafters=True` only,
 and presets with a vision tower
 their `vision` component (presets.tiny_vision when shrunk). Tower weights: LayerNorm weights
 around 1, biases ~ N(0, 0.02), the learned positions ~ N(0, 0.1), matrices ~ N(0, 1/fan_in).
@@ -40,6 +41,7 @@ from ninfer_jax.artifact.qwen_vocab import qwen_tokenizer_json
 from ninfer_jax.artifact.templates import builtin_template
 from ninfer_jax.artifact.tensor_groups import is_norm
 from ninfer_jax.model.config import ModelConfig
+from ninfer_jax.model.dflash_config import DENSE_TARGETS as DENSE_DFLASH_TARGETS
 from ninfer_jax.model.vision.config import VisionConfig
 
 DRAFT_HEAD_VOCAB = 32768  # the reduced proposal head's token ids: 0..this-1
@@ -155,9 +157,13 @@ def init_random(preset_name: str, *, seed: int = 0, dtype: str | None = None,
     contents.params = random_params(config, seed=seed, dtype=dtype, progress=progress)
     if vision:
         contents.params["vision"] = random_vision_params(vision, seed=seed, dtype=dtype)
-    if drafters is None:
-        drafters = config.hidden_size <= 256
-    if drafters and config.is_hybrid:
+    if drafters is None:  # by default tiny hybrid presets only; dense ones when asked
+        drafters = config.is_hybrid and config.hidden_size <= 256
+    if drafters and not (config.is_hybrid or config.architecture in DENSE_DFLASH_TARGETS):
+        raise ValueError(f"--drafters: DFlash drafters serve hybrid and dense "
+                         f"{' / '.join(DENSE_DFLASH_TARGETS)} models, not "
+                         f"{config.architecture}")
+    if drafters:
         from ninfer_jax.artifact.drafters import (add_draft_head, add_drafter,
                                                   preset_dflash_config, random_dflash)
 

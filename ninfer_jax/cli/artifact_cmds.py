@@ -69,8 +69,9 @@ def convert(src, out, name, dtype, weights, dflash, lm_head_draft_vocab, force, 
                    "tokens, chat template and format, qk-norm, tying, RoPE, head grouping.")
 @click.option("--name", default=None, help="Public model name (default: the preset).")
 @click.option("--drafters/--no-drafters", default=None,
-              help="Hybrid presets: add random DFlash and DFlash2 drafters and a reduced "
-                   "proposal head (default: with tiny dimensions only).")
+              help="Add random DFlash and DFlash2 drafters and a reduced proposal head: "
+                   "hybrid presets (default: with tiny dimensions only) and dense llama / "
+                   "qwen3 ones (only when given).")
 @click.option("--force", is_flag=True, help="Replace OUT if it already exists.")
 @click.option("--quiet", is_flag=True, help="No per-tensor progress on stderr.")
 def init_random(preset, out, seed, dtype, weights, tiny, name, drafters, force, quiet):

@@ -52,7 +52,9 @@ class Engine:
         self.config = config
         self.pool = PagePool(runner.num_pages)
         # The runner sized the device state for its model (0 slots: dense, or no state).
-        self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0))
+        # (Dense under a DFlash drafter: slots of its draft store, no state.)
+        self.slots = StateSlotPool(getattr(runner, "state_slot_capacity", 0),
+                                   holds_state=getattr(runner, "slots_hold_state", True))
         page_bytes = getattr(runner, "page_bytes", 0)  # a runner without a host tier: 0
         state_bytes = getattr(runner, "state_bytes", 0)
         self.host = HostPagePool(config.host_pages(page_bytes, state_bytes), page_bytes,

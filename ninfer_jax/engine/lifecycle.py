@@ -122,10 +122,12 @@ class Lifecycle:
     def _take_slot(self, seq: Sequence) -> None:
         """A hybrid sequence becoming resident takes a slot. Its state starts from zero at
         position 0, or from a checkpoint copied in (`state_source`) or its pause snapshot
-        (`host_state`): cached pages alone cannot rebuild the recurrent state."""
+        (`host_state`): cached pages alone cannot rebuild the recurrent state. (Draft-store
+        slots of a dense model, `holds_state` False, hold nothing to rebuild.)"""
         if not self.slots.is_enabled:
             return
-        if seq.num_computed and seq.state_source is None and seq.host_state is None:
+        if self.slots.has_state and seq.num_computed and seq.state_source is None and \
+                seq.host_state is None:
             raise RuntimeError(f"seq {seq.seq_id} would take a fresh state slot at position "
                                f"{seq.num_computed}; its state must start at 0")
         seq.state_slot = self.slots.alloc()

@@ -54,6 +54,7 @@ from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.model import fused_projections, packed_inputs, sampling, steps
+from ninfer_jax.model.dflash_config import DENSE_TARGETS as DENSE_DFLASH_TARGETS
 from ninfer_jax.model import tensor_parallel as tp
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,8 @@ class JaxRunner:
         self._kv = None
         self._init_state_slots(state_slot_capacity)
         # Speculation on a hybrid family: verify rows of one sequence share its state slot
-        # and chain (ragged_batch.chain_depths); dense families need nothing.
+        # and chain (ragged_batch.chain_depths); dense families need nothing (under a DFlash
+        # drafter their rows carry draft-store slots, which find the chains, but no state).
         # (Gemma's sliding rings are position-addressed KV: its verify rows need no chain.)
         self.needs_chained_rows = self.config.has_recurrent_state
         self.chained_rows = self.needs_chained_rows and speculative
@@ -243,13 +245,21 @@ class JaxRunner:
         # sample in the same step; its draft layers' KV are more cache entries in the pages.
         self.dflash = dflash_config if dflash_drafts else None
         if dflash_drafts:
-            if mtp_drafts or dflash_config is None or not self.chained_rows or \
+            dense = self.config.architecture in DENSE_DFLASH_TARGETS
+            if mtp_drafts or dflash_config is None or \
+                    not (self.chained_rows or (dense and speculative)) or \
                     dflash_config.variant not in self.params:
-                raise ValueError("DFlash drafts need a hybrid model loaded with the drafter "
-                                 "(load_artifact(..., dflash=variant)), its config, and "
-                                 "speculative=True")
+                raise ValueError("DFlash drafts need a hybrid or dense llama / qwen3 model "
+                                 "loaded with the drafter (load_artifact(..., "
+                                 "dflash=variant)), its config, and speculative=True")
+            if dense and self.mesh is not None:
+                raise ValueError("DFlash drafts on a dense model are not built for "
+                                 "--tensor-parallel")
             dflash_config.check_target(self.config)
             self.num_drafts = dflash_drafts
+            if dense:  # slots that hold the sequences' draft store only (no state)
+                self.has_slots = True
+                self.state_slot_capacity = state_slot_capacity or max_batch
         self._kv_spec = self._family.cache_shapes(self.config, **self._cache_sizes())
         self._kv_shardings = None
         if self.mesh is not None:  # the caches split on their head axes, per device
@@ -261,7 +271,8 @@ class JaxRunner:
                 self._kv_spec, self._kv_shardings)
         # The host tier's copies (engine/page_store.py); page_bytes sizes its budget.
         self.page_bytes = page_store.page_bytes(self._kv_spec, num_pages)
-        self.state_bytes = page_store.state_bytes(self._kv_spec)  # one slot's (0: dense)
+        # one slot's (0: dense, whose draft-store slots are never saved)
+        self.state_bytes = page_store.state_bytes(self._kv_spec) if self.has_state else 0
         self._page_store = page_store.HostPageStore(self.mesh)
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
@@ -379,8 +390,12 @@ class JaxRunner:
 
     def _init_state_slots(self, capacity: int | None) -> None:
         """Hybrid families: one state slot per lane unless told (the engine passes
-        --max-concurrency + --device-state-slots); dense ones have none."""
+        --max-concurrency + --device-state-slots); dense ones have none, except under a
+        DFlash drafter, whose draft store (model/dflash.py) is per slot: `slots_hold_state`
+        False then, the slots hold that store only (one per lane unless told)."""
         self.has_state = self.config.has_state
+        self.has_slots = self.has_state  # steps carry state slots (set again for DFlash)
+        self.slots_hold_state = self.has_state  # the engine's StateSlotPool(holds_state=)
         if not self.has_state:
             capacity = 0
         self.state_slot_capacity = self.max_batch if capacity is None else capacity
@@ -388,7 +403,7 @@ class JaxRunner:
 
     def _cache_sizes(self) -> dict:
         """The keyword arguments of the family's init_caches / cache_shapes."""
-        slots = self.state_slot_capacity + 1 if self.has_state else 0  # + the dummy slot
+        slots = self.state_slot_capacity + 1 if self.has_slots else 0  # + the dummy slot
         return dict(num_pages=self.num_pages, page_size=self.page_size, num_state_slots=slots,
                     **({"step_tokens": self.step_tokens} if self.config.has_sliding_rings
                        else {}),
@@ -640,7 +655,7 @@ class JaxRunner:
                     "chained_rows": self.chained_rows, "mtp_drafts": self.num_drafts,
                     "dflash": self.dflash.to_dict() if self.dflash is not None else None,
                     "draft_head": "draft_head" in self.params}
-                   if self.has_state else {})}
+                   if self.has_slots else {})}
 
     def _compile(self, shape: tuple[int, int], variant: str = "draws") -> None:
         """Compile one shape's executable: "draws" (the full sampler), "greedy" (no draws)
@@ -697,7 +712,7 @@ class JaxRunner:
 
     def _layout(self, chunk: int, rows: int) -> packed_inputs.PackedLayout:
         return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width,
-                                          state_slots=self.has_state,
+                                          state_slots=self.has_slots,
                                           chained_rows=self.chained_rows,
                                           mtp_drafts=self.num_drafts * (self.dflash is None),
                                           dflash_drafts=self.num_drafts * (self.dflash
@@ -831,7 +846,7 @@ class JaxRunner:
         fields = dict(chunk_tokens=chunk_tokens, chunk_start=start, chunk_len=length,
                       chunk_table=chunk_table, row_tokens=tokens, row_src=sources,
                       row_positions=positions, row_tables=tables)
-        if self.has_state:
+        if self.has_slots:
             fields.update(_state_fields(unit, rows, num_rows, self.state_slot_capacity))
         if self.num_drafts and self.dflash is None:
             next_token = unit.next_token if unit is not None else None

@@ -128,7 +128,7 @@ class Scheduler:
         self.cache = PrefixCache(pool, page_size, self.host) if config.prefix_reuse else None
         self.checkpoints = None  # hybrid models with prefix reuse: their state checkpoints
         self._state_copies: list[StateCopy] = []  # state snapshot copies, without checkpoints
-        if self.cache is not None and self.slots.is_enabled:
+        if self.cache is not None and self.slots.has_state:
             # A hybrid's spilled pages are worth keeping only below a checkpoint, so its
             # checkpoints spill into the same budget, ranked as their nodes.
             self.checkpoints = StateCheckpoints(self.slots, self.cache.host,
@@ -433,8 +433,8 @@ class Scheduler:
         the budget): its slot holds the state after exactly num_computed tokens, because no
         step of it is in flight and queued slot copies run before this one."""
         num_pages = pages_for(seq.num_computed, self.page_size)
-        units = self.host.state_units if self.slots.is_enabled else 0
-        if not self.host.is_enabled or not num_pages or (self.slots.is_enabled and not units):
+        units = self.host.state_units if self.slots.has_state else 0
+        if not self.host.is_enabled or not num_pages or (self.slots.has_state and not units):
             return "replay"
         need = num_pages + units
         if self.host.num_free < need and (

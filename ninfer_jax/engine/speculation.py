@@ -39,7 +39,9 @@ chain and is refused whatever the backend.
 Backends: `ngram` (prompt lookup, host side, below); `mtp` (the artifact's MTP head,
 model/mtp.py), `dflash` and `dflash2` (the artifact's DFlash / DFlash2 drafter components,
 model/dflash.py) draft inside the compiled step from its hidden states, K tokens after each
-sample, on hybrid models. `--lm-head-draft` makes those device drafters propose through the
+sample: MTP on hybrid models with the head, DFlash on hybrid models and on dense llama /
+qwen3 ones (whose sequences then hold a slot for the draft store only,
+engine/state_slots.py). `--lm-head-draft` makes those device drafters propose through the
 artifact's reduced proposal head (its draft_head component: a vocabulary-subset lm_head).
 """
 from __future__ import annotations
@@ -49,13 +51,15 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from ninfer_jax.model.dflash_config import DENSE_TARGETS
+
 # backend -> (fewest, most, default) draft tokens; a default of None means --draft-tokens
 # must be given. ngram drafts cost no device work, only verify rows.
 DRAFT_RANGES = {"ngram": (1, 15, 4), "mtp": (1, 5, 3), "dflash": (1, 15, 7),
                 "dflash2": (1, 15, 7)}
 BACKENDS = tuple(DRAFT_RANGES)
 IMPLEMENTED = ("ngram", "mtp", "dflash", "dflash2")
-DEVICE_BACKENDS = ("mtp", "dflash", "dflash2")  # draft inside the step (need a hybrid model)
+DEVICE_BACKENDS = ("mtp", "dflash", "dflash2")  # draft inside the step (check_servable: where)
 # State families whose verify rows cannot chain (only Gated DeltaNet's do: model/hybrid.py).
 STATE_REFUSAL = ("speculative decoding needs chained verify rows over the recurrent state, "
                  "built for Gated DeltaNet only, not for {architecture} (Mamba-2); serve it "
@@ -120,9 +124,10 @@ class SpeculativeConfig:
             raise ValueError(f"--spec mtp needs a model with an MTP head; "
                              f"{model_config.architecture} artifact has none")
         if self.backend in ("dflash", "dflash2"):
-            if not model_config.is_hybrid:
-                raise ValueError(f"--spec {self.backend} drafts inside the hybrid families' "
-                                 f"step; {model_config.architecture} is not one (use ngram)")
+            if not (model_config.is_hybrid or model_config.architecture in DENSE_TARGETS):
+                raise ValueError(f"--spec {self.backend} drafts inside the step of the hybrid "
+                                 f"families and of dense {' / '.join(DENSE_TARGETS)}; "
+                                 f"{model_config.architecture} is neither (use ngram)")
             if components is not None and not components.get(self.backend):
                 raise ValueError(f"--spec {self.backend} needs the artifact's {self.backend} "
                                  "component; this artifact has none (ninfer convert "

@@ -17,7 +17,12 @@ checkpoint (engine/state_checkpoints.py, whose checkpoints hold slots of this po
 is given back when the sequence is paused or ends.
 
 Dense models have no state: their pool has capacity 0, `is_enabled` is False and nothing is
-ever allocated. Only the engine thread touches a pool; it has no locks.
+ever allocated, except under a DFlash drafter (--spec dflash / dflash2), whose draft store
+(the proposal q of a sequence's pending drafts, model/dflash.py) is per slot: that pool has
+`holds_state` False, one slot per lane, taken and given back as above, and nothing to keep
+(no checkpoints, no host copies, a fresh slot at any position: a step writes a sequence's
+store together with the drafts it reads it for, and a pause drops held drafts).
+Only the engine thread touches a pool; it has no locks.
 """
 from __future__ import annotations
 
@@ -47,16 +52,23 @@ def state_slot_capacity(*, has_state: bool, max_concurrency: int, extra_slots: i
 
 
 class StateSlotPool(NumberedPool):
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, holds_state: bool = True):
         if capacity < 0:
             raise ValueError("a state slot pool cannot have a negative capacity")
         super().__init__(capacity)
+        self.holds_state = holds_state
         self._held = [False] * (capacity + 1)
 
     @property
     def is_enabled(self) -> bool:
         """Whether the model has state slots at all (False for dense models)."""
         return self.capacity > 0
+
+    @property
+    def has_state(self) -> bool:
+        """Whether held slots carry a state the scheduler must keep (hybrid models); False
+        for no slots and for a dense model's draft-store slots."""
+        return self.is_enabled and self.holds_state
 
     @property
     def num_slots(self) -> int:

@@ -6,6 +6,9 @@ import dataclasses
 from typing import Any
 
 VARIANTS = ("dflash", "dflash2")
+# Dense architectures a drafter may serve (their module, model/llama.py, gives the taps);
+# the hybrid families (ModelConfig.is_hybrid) are the others.
+DENSE_TARGETS = ("llama", "qwen3")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import paged_attention
-from ninfer_jax.model import multimodal, ragged_batch, tensor_parallel
+from ninfer_jax.model import dflash, multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import (apply_rope, embed, linear, mrope_tables, rms_norm,
                                      rope_inverse_frequencies, rope_tables, swiglu_mlp, tied_head)
@@ -41,17 +41,22 @@ from ninfer_jax.model.vision.mrope import frequency_axes
 
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
-           page_size: int, mesh=None, media: MediaRows | None = None):
+           page_size: int, mesh=None, media: MediaRows | None = None,
+           taps: tuple[int, ...] = ()):
     """One ragged step: every chunk and row token writes its K/V, the chunk attends causally
     over its sequence and each row token to keys 0..its position. `prev_out` (int32, or None)
     supplies the row tokens with row_src >= 0; `media` (model/multimodal.py) brings vision
     embeddings, MRoPE positions and deepstack features (None: text only, today's exact path).
     Returns the f32 logits of the 1 + B sampled rows (row 0: after the chunk's last real token,
     meaningless when C == 0) and the caches. `mesh` (static): the tensor-parallel mesh the
-    params and caches are placed on (model/tensor_parallel.py), or None on one device."""
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out), config,
-                     page_size, mesh, media)
-    return ragged_batch.sampled_logits(x, batch, lambda rows: _logits(params, rows, config)), kv
+    params and caches are placed on (model/tensor_parallel.py), or None on one device.
+    `taps` (static layer indexes) adds a third result: the residual stream after each of
+    those layers, concatenated [C + B, len(taps) * H] (the DFlash drafters' context,
+    model/dflash.py)."""
+    x, kv, tapped = _forward(params, kv, batch, ragged_batch.step_tokens(batch, prev_out),
+                             config, page_size, mesh, media, taps)
+    logits = ragged_batch.sampled_logits(x, batch, lambda rows: _logits(params, rows, config))
+    return (logits, kv, tapped) if taps else (logits, kv)
 
 
 def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelConfig,
@@ -60,8 +65,8 @@ def prefill(params, kv, tokens, start, num_tokens, page_table, *, config: ModelC
     their KV goes to the dummy page and their outputs are ignored. `media` as in `ragged`.
     Returns the f32 logits of the last real token and the updated caches."""
     batch = ragged_batch.chunk_only(tokens, start, num_tokens, page_table)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
-                     mesh, media)
+    x, kv, _ = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                        mesh, media)
     return _logits(params, jnp.take(x, num_tokens - 1, axis=0), config), kv
 
 
@@ -70,14 +75,15 @@ def decode(params, kv, tokens, positions, page_tables, *, config: ModelConfig, p
     """One new token per row. Padding rows carry DUMMY_PAGE page tables (and position 0), so
     their cache writes land in the dummy page. Returns f32 logits [B, V] and the caches."""
     batch = ragged_batch.rows_only(tokens, positions, page_tables)
-    x, kv = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
-                     mesh)
+    x, kv, _ = _forward(params, kv, batch, ragged_batch.step_tokens(batch), config, page_size,
+                        mesh)
     return _logits(params, x, config), kv
 
 
 def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mesh=None,
-             media: MediaRows | None = None):
-    """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H]."""
+             media: MediaRows | None = None, taps: tuple[int, ...] = ()):
+    """The decoder over the step's C + B rows `tokens`; returns the final residual [N, H],
+    the caches and the residual after each layer in `taps`, concatenated (None without)."""
     attend = tensor_parallel.attention_op(batch, scale=config.head_dim ** -0.5, mesh=mesh)
     groups = tensor_parallel.num_groups(mesh)
     inv_freq = rope_inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -85,20 +91,21 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
     slots = ragged_batch.step_slots(batch, page_size)
     if media is None:
         rope = rope_tables(ragged_batch.step_positions(batch), inv_freq)
-        return _layers(params, kv, x, rope, slots, attend, config, groups)
+        return _layers(params, kv, x, rope, slots, attend, config, groups, taps=taps)
     axes = frequency_axes(config.mrope_section, config.head_dim // 2)
     rope = mrope_tables(media.rope_positions, inv_freq, axes)
     deepstack = multimodal.deepstack_rows(media, x.shape[0])
     return _layers(params, kv, multimodal.chunk_embeddings(x, media), rope, slots, attend,
-                   config, groups, deepstack)
+                   config, groups, deepstack, taps)
 
 
 def _layers(params, kv, x, rope, slots, attend, config: ModelConfig, groups: int,
-            deepstack=None):
+            deepstack=None, taps: tuple[int, ...] = ()):
     """Run every decoder layer over rows x [N, H] with rotary tables `rope` (cos, sin), adding
-    deepstack[i] [N, H] after layer i when given; returns the final residual and new caches."""
+    deepstack[i] [N, H] after layer i when given; returns the final residual, the new caches
+    and the residual after each layer in `taps`, concatenated (None without)."""
     cos, sin = rope
-    new_kv = []
+    new_kv, tapped = [], {}
     for index, (layer, cache) in enumerate(zip(params["layers"], kv)):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         attn_out, cache = _attention(h, layer, cache, cos, sin, slots, attend, config, groups)
@@ -107,7 +114,9 @@ def _layers(params, kv, x, rope, slots, attend, config: ModelConfig, groups: int
         if deepstack is not None and index < deepstack.shape[0]:
             x = x + deepstack[index].astype(x.dtype)
         new_kv.append(cache)
-    return x, new_kv
+        if index in taps:
+            tapped[index] = x
+    return x, new_kv, (jnp.concatenate([tapped[i] for i in taps], axis=-1) if taps else None)
 
 
 def _attention(h, layer, cache, cos, sin, slots, attend, config: ModelConfig, groups: int):
@@ -144,13 +153,22 @@ def _logits(params, x, config: ModelConfig):
 
 
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
-                 dtype, kv_dtype):
+                 dtype, kv_dtype, dflash_drafts: int = 0, dflash_config=None):
     """The caches' jax.ShapeDtypeStructs: one (k, v) pair per layer. Dense families have no
-    recurrent state, so `num_state_slots` and the compute `dtype` are unused."""
-    del num_state_slots, dtype
+    recurrent state, so the compute `dtype` is unused. `dflash_drafts` K > 0 appends one
+    (k, v) per layer of the drafter `dflash_config` and the draft store (model/dflash.py:
+    draft_q f32 [num_state_slots, K, V], the proposal q of each sequence's pending drafts;
+    under a drafter the runner gives dense sequences slots that hold this store only)."""
+    del dtype
     spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
                                       config.head_dim, kv_dtype)
-    return [(spec, spec) for _ in range(config.num_layers)]
+    caches = [(spec, spec) for _ in range(config.num_layers)]
+    if not dflash_drafts:
+        return caches
+    store = {"draft_q": jax.ShapeDtypeStruct((num_state_slots, dflash_drafts,
+                                              config.vocab_size), jnp.float32)}
+    return caches + dflash.cache_shapes(dflash_config, num_pages=num_pages,
+                                        page_size=page_size, kv_dtype=kv_dtype) + [store]
 
 
 def init_caches(config: ModelConfig, **sizes):

@@ -123,8 +123,8 @@ def build_engine(config: ServeConfig):
                        tensor_parallel=1 if mesh is None else mesh.size,
                        vision=config.vision,
                        expert_parallel=config.expert_parallel,
-                       state_slot_capacity=engine_config.state_slot_capacity(
-                           artifact.config.has_state),
+                       state_slot_capacity=runner_state_slots(
+                           engine_config, artifact.config, speculative),
                        **rows, **drafter_config(artifact, speculative))
     engine = Engine(runner, engine_config, eos_ids=artifact.eos_ids)
     log.info("weights read and placed (and the device runtime started) in %.1f s, the rest "
@@ -211,8 +211,8 @@ def check_speculation(config: ServeConfig, model_config,
                       components: dict | None = None) -> SpeculativeConfig | None:
     """--spec for this model, or ValueError (an unimplemented backend, mtp without a head,
     dflash / dflash2 / --lm-head-draft without their component in `components`, a hybrid
-    family under tensor parallelism, whose chained verify rows are not split, or with
-    --vision)."""
+    family under tensor parallelism, whose chained verify rows are not split, a hybrid with
+    --vision, dflash / dflash2 with --tensor-parallel or --vision)."""
     speculative = SpeculativeConfig.from_options(config.spec, config.draft_tokens,
                                                  config.lm_head_draft)
     if speculative is not None:
@@ -222,11 +222,18 @@ def check_speculation(config: ServeConfig, model_config,
                 int(config.tensor_parallel) > 1:
             raise ValueError(f"--spec on a hybrid model ({model_config.architecture}) is not "
                              "built for --tensor-parallel; serve it on one device")
+        if speculative.dflash_drafts and str(config.tensor_parallel).isdigit() and \
+                int(config.tensor_parallel) > 1:  # its caches and store are not split
+            raise ValueError(f"--spec {speculative.backend} is not built for "
+                             "--tensor-parallel; serve it on one device")
         # chained verify rows and MTP drafts are not tested with MRoPE positions and media
         # rows (dense families speculate with media: their verify rows carry rope_delta)
         if model_config.is_hybrid and config.vision:
             raise ValueError(f"--spec on a hybrid model ({model_config.architecture}) is not "
                              "built for --vision; serve media without --spec")
+        if speculative.dflash_drafts and config.vision:  # MRoPE positions: not tested
+            raise ValueError(f"--spec {speculative.backend} is not built for --vision; "
+                             "serve media with --spec ngram or without --spec")
     return speculative
 
 
@@ -246,6 +253,17 @@ def runner_rows(lanes: int, speculative: SpeculativeConfig | None) -> dict:
     return {"max_batch": rows, "max_chunk_rows": None if use_kernels() else lanes,
             "speculative": True, "mtp_drafts": speculative.mtp_drafts,
             "dflash_drafts": speculative.dflash_drafts}
+
+
+def runner_state_slots(engine_config, model_config,
+                       speculative: SpeculativeConfig | None) -> int:
+    """The runner's usable state slots: a hybrid's lanes + spare ones; a dense model under a
+    DFlash drafter one per lane (they hold its draft store only); else none."""
+    if model_config.has_state:
+        return engine_config.state_slot_capacity(True)
+    if speculative is not None and speculative.dflash_drafts:
+        return engine_config.max_concurrency
+    return 0
 
 
 def drafter_config(artifact, speculative: SpeculativeConfig | None) -> dict:

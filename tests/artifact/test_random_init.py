@@ -227,6 +227,20 @@ def test_full_size_metadata_is_valid_before_any_weight_is_drawn(preset, weights)
     assert check_metadata(metadata, pathlib.Path("m")) == PRESETS[preset].config
 
 
+def test_dense_presets_get_drafters_only_when_asked():
+    """Dense llama / qwen3 presets take random DFlash / DFlash2 drafters (and the reduced
+    proposal head) with drafters=True, fitting the target; other dense families refuse."""
+    assert not init_random("qwen3-tiny").components["dflash"]
+    contents = init_random("qwen3-tiny", drafters=True)
+    for variant in ("dflash", "dflash2"):
+        assert contents.components[variant] and variant in contents.params
+        drafter = contents.metadata()[f"{variant}_config"]
+        assert drafter["hidden_size"] == contents.config.hidden_size
+    assert contents.components["draft_head"]
+    with pytest.raises(ValueError, match="not gemma4"):
+        init_random("gemma4-tiny", drafters=True)
+
+
 def test_inconsistent_metadata_fails_before_writing(tmp_path):
     from ninfer_jax.artifact.format import save_artifact
     from ninfer_jax.errors import ArtifactError

@@ -7,8 +7,9 @@ anthropic and Responses dialects take `draft` too; /metrics, the request log's s
 object and the throughput line report the work. A hybrid artifact with its MTP head
 (`init-random --preset qwen3.5-tiny`) serves --spec mtp with the same text as `draft: false`.
 The same artifact's DFlash2 drafter with its reduced proposal head (--spec dflash2
---lm-head-draft) gives the same text as `draft: false` too. Start-up refuses drafters a
-dense model cannot take and --spec mtp without a head."""
+--lm-head-draft) gives the same text as `draft: false` too, and so does a dense artifact with
+random drafters (`init-random --preset qwen3-tiny --drafters`) under --spec dflash. Start-up
+refuses drafters an artifact does not have and --spec mtp without a head."""
 from __future__ import annotations
 
 import concurrent.futures
@@ -174,7 +175,7 @@ def refused(artifact, *flags):
 def test_startup_refuses_drafters_the_model_cannot_take(default_artifact_path):
     for backend in ("dflash", "dflash2"):
         result = refused(default_artifact_path, "--spec", backend)
-        assert result.returncode == 2 and "hybrid families" in result.stderr
+        assert result.returncode == 2 and f"{backend} component" in result.stderr
     result = refused(default_artifact_path, "--spec", "ngram", "--lm-head-draft")
     assert result.returncode == 2 and "no proposal head" in result.stderr
     result = refused(default_artifact_path, "--spec", "mtp")
@@ -216,6 +217,23 @@ def dflash2_server(hybrid_artifact, tmp_path_factory):
                            "dflash2", "--draft-tokens", "3", "--lm-head-draft")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def dense_dflash_server(tmp_path_factory):
+    """A tiny random dense qwen3 with random DFlash / DFlash2 drafters, under --spec dflash:
+    its sequences hold draft-store slots (engine/state_slots.py)."""
+    folder = tmp_path_factory.mktemp("dense-dflash")
+    artifact = folder / "qwen3-tiny.ninfer"
+    subprocess.run([str(NINFER), "init-random", "--preset", "qwen3-tiny", str(artifact),
+                    "--drafters", "--quiet"], check=True)
+    server = hybrid_server(artifact, folder, "--spec", "dflash", "--draft-tokens", "3")
+    yield server
+    server.stop()
+
+
+def test_dense_dflash_greedy_equals_draft_false(dense_dflash_server):
+    check_drafted_equals_plain(dense_dflash_server, "dflash")
 
 
 def test_hybrid_mtp_greedy_equals_draft_false_and_reports_its_rounds(mtp_server):

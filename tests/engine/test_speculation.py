@@ -166,12 +166,13 @@ def test_unimplemented_backends_and_mtp_without_a_head_are_refused():
     NGRAM.check_servable(Gemma())
     for backend in ("dflash", "dflash2"):
         spec = SpeculativeConfig(backend, 15)
-        with pytest.raises(ValueError, match="hybrid"):
-            spec.check_servable(Dense())
-        spec.check_servable(Hybrid())  # components unknown (no artifact read yet)
-        spec.check_servable(Hybrid(), {"text": True, backend: True})
-        with pytest.raises(ValueError, match=f"needs the artifact's {backend} component"):
-            spec.check_servable(Hybrid(), {"text": True, "mtp": True})
+        with pytest.raises(ValueError, match="gemma4 is neither"):
+            spec.check_servable(Gemma())
+        for target in (Hybrid(), Dense()):  # dense llama / qwen3: draft-store slots
+            spec.check_servable(target)  # components unknown (no artifact read yet)
+            spec.check_servable(target, {"text": True, backend: True})
+            with pytest.raises(ValueError, match=f"needs the artifact's {backend} component"):
+                spec.check_servable(target, {"text": True, "mtp": True})
         assert spec.dflash_drafts == 15 and spec.mtp_drafts == 0
     SpeculativeConfig("mtp", 3).check_servable(Hybrid())
     with pytest.raises(ValueError, match="MTP head"):

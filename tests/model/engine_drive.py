@@ -80,24 +80,57 @@ def drafts_held(scheduler, runner, request) -> dict:
     return held
 
 
-def hybrid_one_chunk(artifact, tokens, page_size: int, **outputs):
-    """hybrid.ragged over `tokens` as one chunk from position 0 on fresh f32 caches (state
+def one_chunk(artifact, tokens, page_size: int, **outputs):
+    """The artifact's family's ragged step (hybrid.ragged, or llama.ragged for dense
+    llama / qwen3) over `tokens` as one chunk from position 0 on fresh f32 caches (state
     slot 1); `outputs` picks the extra result (hidden=True, or taps=layer ids), returned."""
     import dataclasses
 
     import jax.numpy as jnp
 
-    from ninfer_jax.model import hybrid, ragged_batch
+    from ninfer_jax.model import ragged_batch, steps
 
     config = artifact.config
-    caches = hybrid.init_caches(config, num_pages=40, page_size=page_size, num_state_slots=2,
+    family = steps.FAMILIES[config.architecture]
+    caches = family.init_caches(config, num_pages=40, page_size=page_size, num_state_slots=2,
                                 dtype=jnp.float32, kv_dtype=jnp.float32)
     batch = dataclasses.replace(
         ragged_batch.chunk_only(jnp.asarray(tokens, jnp.int32), jnp.int32(0),
                                 jnp.int32(len(tokens)), jnp.arange(1, 33, dtype=jnp.int32)),
         chunk_state_slot=jnp.int32(1), row_state_slots=jnp.zeros(0, jnp.int32))
-    return hybrid.ragged(artifact.params, caches, batch, None, config=config,
+    return family.ragged(artifact.params, caches, batch, None, config=config,
                          page_size=page_size, **outputs)[2]
+
+
+def seeded_outputs(generate, runner, prompt, *, draws=1000, lanes=8, max_tokens=4,
+                   temperature=1.5) -> tuple[np.ndarray, int]:
+    """`draws` seeds (0..draws-1) of one prompt, `lanes` requests per run: (the output ids
+    int [draws, max_tokens], the drafts accepted in all). `generate(runner, prompts,
+    sampling=[SamplingParams per prompt], max_tokens=...)` is the test module's own,
+    returning (outputs, the scheduler's counters)."""
+    rows, accepted = [], 0
+    for base in range(0, draws, lanes):
+        seeds = [SamplingParams(temperature=temperature, seed=base + i) for i in range(lanes)]
+        ids, counters = generate(runner, [prompt] * lanes, sampling=seeds,
+                                 max_tokens=max_tokens)
+        rows += ids
+        accepted += counters.spec_accepted_tokens
+    return np.array(rows), accepted
+
+
+def assert_same_distribution(plain, drafted, positions, min_p=1e-3) -> None:
+    """Per output position, the tokens of two seeded runs (seeded_outputs) follow one
+    distribution: a chi-square contingency test, tokens rarer than 10 in both runs together
+    pooled into one column so that every expected count is large enough."""
+    from scipy import stats
+
+    for position in positions:
+        tokens = sorted(set(plain[:, position]) | set(drafted[:, position]))
+        table = np.array([[np.sum(run[:, position] == t) for t in tokens]
+                          for run in (plain, drafted)])
+        rare = table.sum(axis=0) < 10
+        table = np.column_stack([table[:, ~rare], table[:, rare].sum(axis=1)])
+        assert stats.chi2_contingency(table).pvalue > min_p, position
 
 
 def _events(handle) -> list:

@@ -89,15 +89,18 @@ def scheduler_for(runner, lanes=LANES, num_pages=PAGES, reuse=False):
     spec = SpeculativeConfig(runner.dflash.variant, K) if runner.num_drafts else None
     config = EngineConfig(max_concurrency=lanes, prefill_chunk=CHUNK, max_context=CONTEXT,
                           prefix_reuse=reuse, speculative=spec)
+    slots = StateSlotPool(runner.state_slot_capacity, holds_state=runner.slots_hold_state)
     return Scheduler(config, PagePool(num_pages), page_size=PAGE, max_batch=runner.max_batch,
-                     slots=StateSlotPool(SLOTS), max_chunk_rows=runner.max_chunk_rows)
+                     slots=slots, max_chunk_rows=runner.max_chunk_rows)
 
 
 def generate(runner, prompts, sampling=GREEDY, max_tokens=24, lanes=LANES, **pool):
+    """Every prompt at once; `sampling` one SamplingParams for all, or one per prompt."""
     scheduler = scheduler_for(runner, lanes, **pool)
+    each = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
     finals = engine_drive.run_requests(scheduler, runner, [
-        GenerationRequest(f"r{i}", list(ids), sampling, max_tokens)
-        for i, ids in enumerate(prompts)])
+        GenerationRequest(f"r{i}", list(ids), params, max_tokens)
+        for i, (ids, params) in enumerate(zip(prompts, each))])
     return [list(f.output_ids) for f in finals], scheduler.counters
 
 
@@ -203,7 +206,7 @@ def reference_drafts(artifact, variant, tokens, k, taps, head=None):
 
 def target_taps(artifact, variant, tokens):
     """The target's residual after each tapped layer at every position, in one chunk."""
-    taps = engine_drive.hybrid_one_chunk(artifact, tokens, PAGE,
+    taps = engine_drive.one_chunk(artifact, tokens, PAGE,
                                          taps=artifact.drafters[variant].target_layer_ids)
     return np.asarray(taps, np.float64)
 
@@ -213,13 +216,17 @@ def target_taps(artifact, variant, tokens):
 
 @pytest.mark.parametrize("variant", ["dflash", "dflash2"])
 def test_drafts_equal_the_reference_after_chunks_and_rounds(artifact, variant, request):
-    runner = request.getfixturevalue(f"{variant}_runner")
+    check_drafts(artifact, request.getfixturevalue(f"{variant}_runner"), variant)
+
+
+def check_drafts(artifact, runner, variant):
+    """The drafts a sequence holds after every step equal the reference's over its tokens."""
     scheduler = scheduler_for(runner, lanes=1)
     held = engine_drive.drafts_held(scheduler, runner,  # tokens so far -> drafts after them
                                     GenerationRequest("r", prompt(3), GREEDY, 40))
     final = max(held, key=len)
     taps = target_taps(artifact, variant, list(final))
-    head = artifact.params["draft_head"] if variant == "dflash2" else None
+    head = artifact.params["draft_head"] if "draft_head" in runner.params else None
     assert min(map(len, held)) == 20 and len(held) >= 10  # the prompt took three chunks
     assert scheduler.counters.spec_rounds > 0
     for tokens, drafts in held.items():
@@ -241,6 +248,10 @@ def test_greedy_equals_plain_decoding_alone_and_eight_concurrent(dflash_runner,
 
 
 def test_pauses_and_prefix_reuse_keep_greedy_output(dflash_runner, plain_runner):
+    check_pauses_and_prefix_reuse(dflash_runner, plain_runner)
+
+
+def check_pauses_and_prefix_reuse(dflash_runner, plain_runner):
     prompts = [prompt(salt) for salt in range(LANES)]
     reference = generate(plain_runner, prompts)[0]
     for reuse in (False, True):
@@ -262,3 +273,91 @@ def test_seeded_sampling_is_reproducible(dflash_runner, dflash2_runner):
         alone = generate(runner, prompts[2:3], sampling=sampled, lanes=1)[0]
         assert generate(runner, prompts, sampling=sampled)[0] == together
         assert generate(runner, prompts[2:3], sampling=sampled, lanes=1)[0] == alone
+
+
+SEEDED_TEMPERATURE = 3.0  # flat enough that the random drafters' draws are often accepted
+
+
+@pytest.fixture(scope="module")
+def plain_seeded(plain_runner):
+    return engine_drive.seeded_outputs(generate, plain_runner, prompt(1), lanes=LANES,
+                                       temperature=SEEDED_TEMPERATURE)[0]
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_sampled_tokens_follow_plain_sampling_over_many_seeds(variant, plain_seeded, request):
+    """1,000 seeds of one prompt, 4 tokens each, plain and with the drafter: per output
+    position the token counts agree (chi-square contingency, as for MTP in test_mtp.py).
+    Positions 1..3 come from rounds whose drafts are drawn from the drafter's q (DFlash2:
+    the selector's q over its candidates, through the reduced proposal head) and commit by
+    rejection sampling; some are accepted, most rejected, so both the accepted drafts and
+    the residual draws count. A uniform q in the draft store instead of the drafter's fails
+    it (tried), and so does DFlash2's q read one draft position off; subtler errors (q
+    squared) pass here, the random drafters' q being nearly flat where p has its mass."""
+    runner = request.getfixturevalue(f"{variant}_runner")
+    drafted, accepted = engine_drive.seeded_outputs(generate, runner, prompt(1), lanes=LANES,
+                                                    temperature=SEEDED_TEMPERATURE)
+    assert accepted > 100
+    engine_drive.assert_same_distribution(plain_seeded, drafted, range(1, 4))
+
+
+# ----------------------------------------------------------------------------- dense targets
+
+
+@pytest.fixture(scope="module")
+def dense_artifact():
+    """The qwen3-tiny preset (dense, QK-norm) with random DFlash and DFlash2 drafters: its
+    sequences hold a slot for the drafters' draft store only (engine/state_slots.py)."""
+    config = dataclasses.replace(PRESETS["qwen3-tiny"].config, vocab_size=VOCAB,
+                                 max_position_embeddings=CONTEXT)
+    assert config.architecture == "qwen3" and not config.has_state
+    params = random_params(config, seed=7, dtype="f32")
+    for layer in params["layers"]:  # the context decides tokens (else each repeats the last)
+        layer["wo"], layer["w_down"] = layer["wo"] * 8.0, layer["w_down"] * 8.0
+    params["embed"][VOCAB - 1] = 0.0  # the mask token's row (as above)
+    drafters = {}
+    for variant in ("dflash", "dflash2"):  # (a seed whose drafts are sometimes accepted)
+        drafters[variant] = preset_dflash_config(config, variant, tiny=True)
+        params[variant] = random_dflash(drafters[variant], seed=5, dtype="f32")
+    return types.SimpleNamespace(config=config, params=params, drafters=drafters)
+
+
+@pytest.fixture(scope="module")
+def dense_runners(dense_artifact):
+    return {variant: make_runner(dense_artifact, variant)
+            for variant in (None, "dflash", "dflash2")}
+
+
+def test_dense_target_greedy_equals_plain_decoding_alone_and_eight_concurrent(dense_runners):
+    plain_runner = dense_runners[None]
+    assert plain_runner.state_slot_capacity == 0
+    prompts = [prompt(salt) for salt in range(LANES)]
+    plain = [generate(plain_runner, [p], lanes=1)[0][0] for p in prompts]
+    for variant in ("dflash", "dflash2"):
+        runner = dense_runners[variant]
+        assert runner.state_slot_capacity == SLOTS and not runner.slots_hold_state
+        alone, counters = generate(runner, prompts[:1], lanes=1)
+        assert alone == plain[:1] and counters.spec_rounds > 0
+        together, counters = generate(runner, prompts)
+        assert together == plain and counters.spec_rounds > 0
+        assert counters.spec_accepted_tokens > 0
+
+
+@pytest.mark.parametrize("variant", ["dflash", "dflash2"])
+def test_dense_target_drafts_equal_the_reference(dense_artifact, dense_runners, variant):
+    """The target's taps come from llama.ragged here (the drafter code is shared)."""
+    check_drafts(dense_artifact, dense_runners[variant], variant)
+
+
+def test_dense_target_pauses_and_prefix_reuse_keep_greedy_output(dense_runners):
+    """A dense sequence takes a fresh draft-store slot at any position (a prefix hit needs
+    no checkpoint) and gives it back at a pause."""
+    check_pauses_and_prefix_reuse(dense_runners["dflash"], dense_runners[None])
+    # a prompt that extends a finished one's starts from its cached pages
+    first, longer = prompt(1), prompt(1) + prompt(2, length=5)
+    scheduler = scheduler_for(dense_runners["dflash"], reuse=True)
+    for ids in (first, longer):
+        final, = engine_drive.run_requests(scheduler, dense_runners["dflash"],
+                                           [GenerationRequest("r", ids, GREEDY, 24)])
+    assert scheduler.counters.cached_tokens > 0
+    assert list(final.output_ids) == generate(dense_runners[None], [longer], lanes=1)[0][0]

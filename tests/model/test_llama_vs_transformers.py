@@ -15,7 +15,7 @@ import pytest
 
 from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
 from ninfer_jax.kernels import paged_attention
-from ninfer_jax.model import llama
+from ninfer_jax.model import llama, ragged_batch
 
 PAGE_SIZE = 4
 NUM_PAGES = 40
@@ -34,7 +34,28 @@ def reference(request, tmp_path_factory):
     params = jax.tree_util.tree_map(jnp.asarray, load_params(checkpoint, config))
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, config.vocab_size, PROMPT_LEN + NUM_DECODE)
-    return config, params, tokens, reference_logits(model, tokens)
+    import torch
+
+    with torch.no_grad():  # the residual stream after each layer but the last (normed there)
+        hidden = model(torch.tensor([tokens[:PROMPT_LEN].tolist()]),
+                       output_hidden_states=True).hidden_states[1:-1]
+    return (config, params, tokens, reference_logits(model, tokens),
+            np.concatenate([h[0].float().numpy() for h in hidden], axis=-1))
+
+
+def test_taps_are_the_residual_stream_after_each_layer(reference):
+    """llama.ragged's `taps` (the DFlash drafters' context) over a prompt in one chunk:
+    transformers' hidden_states[i + 1] for each layer i, concatenated."""
+    config, params, tokens, _, expected = reference
+    taps = tuple(range(config.num_layers - 1))
+    batch = ragged_batch.chunk_only(jnp.asarray(tokens[:PROMPT_LEN], jnp.int32), jnp.int32(0),
+                                    jnp.int32(PROMPT_LEN), jnp.arange(1, NUM_PAGES,
+                                                                      dtype=jnp.int32))
+    ragged = jax.jit(functools.partial(llama.ragged, config=config, page_size=PAGE_SIZE,
+                                       taps=taps))
+    _, _, tapped = ragged(params, empty_kv(config), batch, None)
+    assert len(taps) >= 1 and tapped.shape == expected.shape
+    np.testing.assert_allclose(np.asarray(tapped), expected, atol=TOLERANCE, rtol=0)
 
 
 def empty_kv(config):
@@ -44,7 +65,7 @@ def empty_kv(config):
 
 
 def test_chunked_prefill_then_decode_matches_transformers(reference):
-    config, params, tokens, expected = reference
+    config, params, tokens, expected, _ = reference
     total = PROMPT_LEN + NUM_DECODE
     # Pages in a scrambled order, never the dummy page: a non-contiguous sequence.
     page_table = np.random.default_rng(2).permutation(np.arange(1, NUM_PAGES))[

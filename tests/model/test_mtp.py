@@ -150,7 +150,7 @@ def reference_drafts(artifact, tokens, k, hidden):
 def target_hidden(artifact, tokens):
     """The target's final-normed states at every position (our hybrid forward, which
     test_hybrid_vs_transformers.py checks against transformers), in one chunk."""
-    hidden = engine_drive.hybrid_one_chunk(artifact, tokens, PAGE, hidden=True)
+    hidden = engine_drive.one_chunk(artifact, tokens, PAGE, hidden=True)
     return np.asarray(hidden, np.float64)
 
 
@@ -204,20 +204,7 @@ def test_sampled_tokens_follow_plain_sampling_over_many_seeds(mtp_runner, plain_
     position the token counts agree (chi-square contingency). Position 0 is the prefill's
     sample; 1..3 come from rounds, most drafts rejected by the random head, so the residual
     draws matter. Reading the verify's q one draft later fails it (tried)."""
-    from scipy import stats
-
-    def outputs(runner):
-        rows = []
-        for base in range(0, 1000, LANES):
-            seeds = [SamplingParams(temperature=1.5, seed=base + i) for i in range(LANES)]
-            rows += generate(runner, [prompt(1)] * LANES, sampling=seeds, max_tokens=4)[0]
-        return np.array(rows)
-
-    plain, drafted = outputs(plain_runner), outputs(mtp_runner)
-    for position in range(1, 4):
-        tokens = sorted(set(plain[:, position]) | set(drafted[:, position]))
-        table = np.array([[np.sum(run[:, position] == t) for t in tokens]
-                          for run in (plain, drafted)])
-        rare = table.sum(axis=0) < 10  # pooled, so every expected count is large enough
-        table = np.column_stack([table[:, ~rare], table[:, rare].sum(axis=1)])
-        assert stats.chi2_contingency(table).pvalue > 1e-3, position
+    (plain, _), (drafted, _) = (engine_drive.seeded_outputs(generate, runner, prompt(1),
+                                                            lanes=LANES)
+                                for runner in (plain_runner, mtp_runner))
+    engine_drive.assert_same_distribution(plain, drafted, range(1, 4))

@@ -123,6 +123,25 @@ def test_speculation_on_a_hybrid_is_refused_under_tensor_parallelism_and_with_vi
         check_speculation(config(spec="ngram", vision=True), hybrid)
 
 
+def test_dflash_on_a_dense_model_gets_draft_store_slots_and_refuses_tp_and_vision():
+    from ninfer_jax.engine.config import EngineConfig
+    from ninfer_jax.model.config import ModelConfig
+    from ninfer_jax.serve.engine_setup import check_speculation, runner_state_slots
+
+    dense = ModelConfig(architecture="qwen3", vocab_size=8, hidden_size=8, intermediate_size=8,
+                        num_layers=2, num_heads=1, num_kv_heads=1, head_dim=8)
+    engine = EngineConfig.from_serve_config(config(max_concurrency=3))
+    for backend in ("dflash", "dflash2"):
+        speculative = check_speculation(config(spec=backend), dense, {backend: True})
+        assert runner_state_slots(engine, dense, speculative) == 3  # one per lane, no spare
+        for flags in ({"tensor_parallel": 2}, {"vision": True}):
+            with pytest.raises(ValueError, match=f"--spec {backend} is not built for"):
+                check_speculation(config(spec=backend, **flags), dense, {backend: True})
+    ngram = check_speculation(config(spec="ngram"), dense)
+    assert runner_state_slots(engine, dense, ngram) == 0
+    assert runner_state_slots(engine, dense, None) == 0
+
+
 def test_weights_is_refused_where_it_cannot_quantize():
     from ninfer_jax.model.config import ModelConfig
     from ninfer_jax.serve.engine_setup import check_weights
