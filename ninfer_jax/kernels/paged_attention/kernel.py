@@ -18,7 +18,8 @@ and empty splits store nothing; with few splits the XLA merge is cheaper than on
 (about 5 us per layer, run 18) and every split stores its partials. Query heads are padded
 to 16 rows (the minimum Triton matmul tile); the padding rows are zeros and are dropped after
 the merge.
-Layout: k_cache, v_cache [P, K, S, D] or fp8 ScaledPages (reference.py); partials o [NS, B, K, Gp, D] f32,
+Layout: k_cache, v_cache [P, K, S, D] or 8-bit ScaledPages (reference.py; 4-bit pages are
+read by the reference, `supports`); partials o [NS, B, K, Gp, D] f32,
 m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE, ScaledPages
+from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE, FourBitPages, ScaledPages
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
 
 MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
@@ -131,10 +132,20 @@ def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int
     out_ref[...] = (acc / jnp.maximum(running_sum, 1e-30)[:, None]).astype(out_ref.dtype)
 
 
+def supports(k_cache, v_cache) -> bool:
+    """Plain pages or 8-bit ScaledPages for both caches; not 4-bit pages (FourBitPages: the
+    k8v4 and nvfp4 formats, which the reference reads)."""
+    return (isinstance(k_cache, ScaledPages) == isinstance(v_cache, ScaledPages)
+            and not isinstance(k_cache, FourBitPages) and not isinstance(v_cache, FourBitPages))
+
+
 def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,
                            tuning: DecodeTuning | None = None, interpret: bool = False):
     """One query token per row. q [B, H, D]; page_table [B, W]; lengths [B] valid keys per row.
     Returns [B, H, D] in q's dtype (see reference.py for the contract)."""
+    if not supports(k_cache, v_cache):
+        raise ValueError(f"the Pallas decode kernel does not read {type(k_cache).__name__} / "
+                         f"{type(v_cache).__name__} pages (use the reference)")
     B, H, D = q.shape
     _, K, S, _ = k_cache.shape  # ScaledPages has the codes' shape
     G = H // K
