@@ -153,3 +153,17 @@ def test_four_bit_pages_need_head_dims_in_blocks_of_16():
         cache_specs(2, 4, 2, 8, NVFP4)
     with pytest.raises(ValueError, match="multiple of 16"):
         cache_specs(2, 4, 2, 24, K8V4)
+
+
+def test_kv_dtype_names_the_formats_and_warns_of_the_reference_on_gpu(monkeypatch, caplog):
+    """`--kv-dtype k8v4|nvfp4` give the KVFormats (their names are what the start-up log
+    shows); with the GPU kernels the runner says that their decode runs the reference."""
+    from ninfer_jax.engine import runner
+
+    assert runner.kv_dtype_for("k8v4") is K8V4 and runner.kv_dtype_for("nvfp4") is NVFP4
+    assert (K8V4.name, NVFP4.name) == ("k8v4", "nvfp4")
+    assert not caplog.records
+    monkeypatch.setattr(runner, "use_kernels", lambda: True)
+    with caplog.at_level("WARNING"):
+        assert runner.kv_dtype_for("nvfp4") is NVFP4
+    assert "reference" in caplog.text and "nvfp4" in caplog.text
