@@ -1,8 +1,8 @@
 """4-bit KV pages (`--kv-dtype k8v4`: int8 keys and int4 values; `nvfp4`: E2M1 keys and values;
 FourBitPages: two codes per byte, an e4m3 scale per 16 elements, a float32 scale per token and
-kv head): what write_kv stores against a numpy twin of the format, the references attending
-over exactly those values, their error against f32 pages, and the GPU dispatch sending them
-to the reference (the Pallas decode kernel does not read them)."""
+kv head): what write_kv stores against a numpy twin of the format, the references and the
+Pallas decode kernel (interpret mode, its CUDA lowering, natively on a GPU) attending over
+exactly those values, and their error against f32 pages."""
 from __future__ import annotations
 
 import functools
@@ -18,8 +18,9 @@ from ninfer_jax.kernels.paged_attention import kernel, prefill, reference
 from ninfer_jax.kernels.paged_attention.reference import (
     K8V4, NVFP4, E2M1Pages, Int4Pages, ScaledPages, cache_specs, widen)
 from ninfer_jax.kernels.ragged_attention import kernel as ragged_kernel
+from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning
 from ninfer_jax.kernels.ragged_attention import reference as ragged_reference
-from kernel_testkit import paged_setup, relative_error
+from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, paged_setup, relative_error
 
 FORMATS = {"k8v4": K8V4, "nvfp4": NVFP4}
 
@@ -121,31 +122,73 @@ def test_references_attend_over_the_stored_values_within_a_bound_of_f32(name):
             assert relative_error(out, run(chunk, *f32, table[0], jnp.int32(25))) < bound
 
 
-def test_gpu_dispatch_sends_four_bit_pages_to_the_reference(monkeypatch):
-    """The Pallas kernel refuses 4-bit pages (it would misread them); with the GPU kernels
-    selected, decode and ragged rows over them (k8v4: int8 keys the kernel could read, int4
-    values it cannot) run the reference instead."""
-    rng, _, packed, wide, table, lens = setup(2, [29, 3], K8V4)
-    q = jnp.asarray(rng.standard_normal((2, 8, 32)), jnp.float32)
-    assert not kernel.supports(*packed) and kernel.supports(*wide)
-    assert not kernel.supports(*cache_specs(4, 8, 2, 32, NVFP4))
-    assert kernel.supports(*cache_specs(4, 8, 2, 32, jnp.int8))
-    with pytest.raises(ValueError, match="does not read"):
-        kernel.paged_decode_attention(q, *packed, table, lens, scale=0.25, interpret=True)
-    monkeypatch.setattr(paged_attention, "use_kernels", lambda: True)
-    out = paged_attention.paged_decode_attention(q, *packed, table, lens, scale=0.25)
+@cpu_only
+@pytest.mark.parametrize("name,merge_min_splits", [("k8v4", 1), ("nvfp4", 10**6)])
+def test_decode_kernel_in_interpret_mode_reads_four_bit_pages(name, merge_min_splits,
+                                                               monkeypatch):
+    """The Pallas decode kernel (interpret mode; the merge kernel and the XLA merge) over
+    4-bit pages equals the reference over the widened values; a plain / quantized mix is
+    refused there and runs the reference through the dispatch."""
+    monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", merge_min_splits)
+    rng, _, packed, wide, table, lens = setup(2, [29, 3, 16], FORMATS[name])
+    q = jnp.asarray(rng.standard_normal((3, 8, 32)), jnp.float32)
+    tuning = DecodeTuning(pages_per_block=2, pages_per_split=4,
+                          num_splits=-(-table.shape[1] // 4))
+    out = kernel.paged_decode_attention(q, *packed, table, lens, scale=0.25, tuning=tuning,
+                                        interpret=True)
     want = reference.paged_decode_attention(q, *wide, table, lens, scale=0.25)
     assert relative_error(out, want) < 1e-5
-    ragged_q = jnp.asarray(rng.standard_normal((6, 8, 32)), jnp.float32)  # 4 chunk + 2 rows
+    assert kernel.supports(*packed) and not kernel.supports(wide[0], packed[1])
+    with pytest.raises(ValueError, match="does not read"):
+        kernel.paged_decode_attention(q, wide[0], packed[1], table, lens, scale=0.25)
+    monkeypatch.setattr(paged_attention, "use_kernels", lambda: True)
+    mixed = paged_attention.paged_decode_attention(q, wide[0], packed[1], table, lens,
+                                                   scale=0.25)
+    assert relative_error(mixed, want) < 1e-5
+
+
+@cpu_only
+def test_ragged_kernel_rows_and_chunk_read_four_bit_pages():
+    """The GPU ragged composition (interpret-mode decode rows, the two-part prefill through
+    XLA) over k8v4 pages equals the ragged reference over the widened values."""
+    rng, _, packed, wide, table, lens = setup(3, [29, 3], K8V4)
+    q = jnp.asarray(rng.standard_normal((6, 8, 32)), jnp.float32)  # 4 chunk tokens + 2 rows
     args = dict(chunk_table=table[0], chunk_start=jnp.int32(20), row_tables=table,
                 row_lengths=lens)
     static = dict(scale=0.25, num_chunk_tokens=4)
     out = jax.jit(functools.partial(ragged_kernel.ragged_paged_attention, interpret=True,
-                                    prefill_implementation="xla", **static))(
-        ragged_q, *packed, **args)
+                                    prefill_implementation="xla", **static))(q, *packed, **args)
     want = jax.jit(functools.partial(ragged_reference.ragged_paged_attention, **static))(
-        ragged_q, *wide, **args)
+        q, *wide, **args)
     assert relative_error(out, want) < 1e-5
+
+
+def cuda_pages(fmt, lengths, seed):
+    rng = np.random.default_rng(seed)
+    k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths, num_kv_heads=8,
+                                    head_dim=128, page_size=16)
+    return rng, written((k, v), fmt), table, lens
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_decode_kernel_on_four_bit_pages_lowers_for_cuda(name):
+    _, packed, table, lens = cuda_pages(FORMATS[name], [300, 5, 77], 3)
+    q = jnp.zeros((3, 32, 128), jnp.bfloat16)
+    text = lowers_for_cuda(lambda *a: kernel.paged_decode_attention(*a, scale=0.1),
+                           q, *packed, table, lens)
+    assert "ninfer_paged_decode" in text
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", FORMATS)
+@pytest.mark.parametrize("lengths", [[1, 1000, 4097, 333], [384] * 64])
+def test_decode_kernel_on_gpu_reads_four_bit_pages(name, lengths):
+    rng, packed, table, lens = cuda_pages(FORMATS[name], lengths, len(lengths))
+    q = jnp.asarray(rng.standard_normal((len(lengths), 32, 128)), jnp.bfloat16)
+    out = kernel.paged_decode_attention(q, *packed, table, lens, scale=128 ** -0.5)
+    want = reference.paged_decode_attention(q, *(widen(c) for c in packed), table, lens,
+                                            scale=128 ** -0.5)
+    assert relative_error(out, want) < 2e-2
 
 
 def test_four_bit_pages_need_head_dims_in_blocks_of_16():
@@ -155,15 +198,12 @@ def test_four_bit_pages_need_head_dims_in_blocks_of_16():
         cache_specs(2, 4, 2, 24, K8V4)
 
 
-def test_kv_dtype_names_the_formats_and_warns_of_the_reference_on_gpu(monkeypatch, caplog):
+def test_kv_dtype_names_the_formats(monkeypatch):
     """`--kv-dtype k8v4|nvfp4` give the KVFormats (their names are what the start-up log
-    shows); with the GPU kernels the runner says that their decode runs the reference."""
+    shows), with the GPU kernels too (they read the pages)."""
     from ninfer_jax.engine import runner
 
     assert runner.kv_dtype_for("k8v4") is K8V4 and runner.kv_dtype_for("nvfp4") is NVFP4
     assert (K8V4.name, NVFP4.name) == ("k8v4", "nvfp4")
-    assert not caplog.records
     monkeypatch.setattr(runner, "use_kernels", lambda: True)
-    with caplog.at_level("WARNING"):
-        assert runner.kv_dtype_for("nvfp4") is NVFP4
-    assert "reference" in caplog.text and "nvfp4" in caplog.text
+    assert runner.kv_dtype_for("nvfp4") is NVFP4

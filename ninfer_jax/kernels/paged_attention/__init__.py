@@ -1,10 +1,8 @@
 """Paged attention: the op's public entry points, dispatched at trace time.
 
-On a GPU backend decode runs the Pallas kernel (kernel.py) and prefill runs cuDNN flash attention
-over gathered pages (prefill.py), except that decode over 4-bit pages (`--kv-dtype k8v4`,
-`nvfp4`: FourBitPages, which the Pallas kernel does not read yet) runs the reference there; on
-the CPU, decode over f32, bf16 or f16 pages runs the C++
-handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else,
+On a GPU backend decode runs the Pallas kernel (kernel.py, over plain, 8-bit and 4-bit pages)
+and prefill runs cuDNN flash attention over gathered pages (prefill.py); on the CPU, decode
+over f32, bf16 or f16 pages runs the C++ handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else,
 and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp reference (reference.py). All
 three share the signatures and the cache layout defined in reference.py. The choice is made while tracing, so it costs nothing per step.
 """
@@ -58,8 +56,8 @@ def write_kv(k_cache, v_cache, k_new, v_new, slots):
 
 
 def gpu_decode_ready(k_cache, v_cache) -> bool:
-    """Whether the Pallas decode kernel reads these caches: not 4-bit pages (FourBitPages),
-    which go to the reference on every backend."""
+    """Whether the Pallas decode kernel reads this pair of caches (kernel.supports: both plain
+    or both quantized, as cache_specs builds them); any other pair runs the reference."""
     from ninfer_jax.kernels.paged_attention import kernel
     return kernel.supports(k_cache, v_cache)
 
