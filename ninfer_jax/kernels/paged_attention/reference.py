@@ -29,9 +29,8 @@ see (decode: the shortest row, so a padding row of length 1 keeps it at block 0)
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
