@@ -1,7 +1,7 @@
 """Kernel microbenchmarks on the GPU: paged decode/prefill attention and quantized matmuls,
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
-    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [prefill] [quant] [qsweep]
+    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [kv4] [prefill] [quant] [qsweep]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -19,6 +19,7 @@ import numpy as np
 
 from benchlib import (Recorder, copy_bandwidth, environment, gemv_bandwidth, matmul_rate,
                       time_op)
+from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.paged_attention import kernel as attn_kernel
 from ninfer_jax.kernels.paged_attention import prefill as attn_prefill
 from ninfer_jax.kernels.paged_attention import reference as attn_reference
@@ -58,36 +59,46 @@ def paged_inputs(batch, context, heads=32, kv_heads=8, head_dim=128, page_size=1
     return q, k, v, jnp.asarray(table), lengths
 
 
-def scaled_pages(cache, kv_dtype):
-    """bf16 pages [P, K, S, D] rewritten as 8-bit ScaledPages by write_kv, token by token."""
+def scaled_pages(cache, kv_dtype, part=0):
+    """bf16 pages [P, K, S, D] rewritten by write_kv, token by token, as the `part` (0 keys,
+    1 values) pages of `kv_dtype` (8-bit ScaledPages, or a KVFormat's 8- or 4-bit pages)."""
     P, K, S, D = cache.shape
-    empty = jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype),
-                         attn_reference.cache_spec(P, S, K, D, kv_dtype))
+    specs = attn_reference.cache_specs(P, S, K, D, kv_dtype)
+    empty = [jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype), s) for s in specs]
     tokens = jnp.moveaxis(cache, 2, 1).reshape(P * S, K, D)
-    pages, _ = jax.jit(attn_reference.write_kv)(empty, empty, tokens, tokens, jnp.arange(P * S))
-    return pages
+    pages = jax.jit(attn_reference.write_kv)(*empty, tokens, tokens, jnp.arange(P * S))
+    return pages[part]
 
 
 def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, tag="",
                  table_context=None, kv_dtype=None):
+    """The Pallas decode kernel over bf16 (kv_dtype None) or kv_dtype pages (a pair it does
+    not read through the dispatch, which runs the XLA reference; `path` says which)."""
     q, k, v, table, lengths = paged_inputs(batch, context, page_size=page_size,
                                            table_context=table_context)
+    k_bf16, v_bf16 = k, v
     if kv_dtype is not None:
-        k, v = scaled_pages(k, kv_dtype), scaled_pages(v, kv_dtype)
+        k, v = scaled_pages(k, kv_dtype, 0), scaled_pages(v, kv_dtype, 1)
     scale = 128 ** -0.5
-    fn = functools.partial(attn_kernel.paged_decode_attention, scale=scale, tuning=tuning)
     ref_fn = jax.jit(functools.partial(attn_reference.paged_decode_attention, scale=scale))
+    if attn_kernel.supports(k, v):
+        path = "pallas"
+        fn = functools.partial(attn_kernel.paged_decode_attention, scale=scale, tuning=tuning)
+    else:
+        path = "xla_reference"
+        fn = functools.partial(paged_attention.paged_decode_attention, scale=scale)
     out = jax.jit(fn)(q, k, v, table, lengths)
     err = rel_err(out, ref_fn(q, k, v, table, lengths))
+    err_bf16 = rel_err(out, ref_fn(q, k_bf16, v_bf16, table, lengths))
     seconds = time_op(fn, q, k, v, table, lengths)
-    moved = attn_kernel.decode_bytes([context] * batch, 8, 128, 2)
-    if kv_dtype is not None:  # 8-bit codes plus a 4-byte scale per token and head
-        moved = moved * (128 + 4) // (2 * 128)
+    # every valid token's codes and scales read once
+    moved = batch * context * attn_reference.cache_bytes_per_token(
+        8, 128, jnp.bfloat16 if kv_dtype is None else kv_dtype)
+    name = "bfloat16" if kv_dtype is None else attn_reference.kv_format(kv_dtype).name
     row = dict(op="decode_attention", batch=batch, context=context, page_size=page_size,
-               table_context=table_context or context,
-               kv_dtype=jnp.dtype(kv_dtype).name if kv_dtype is not None else "bfloat16",
+               table_context=table_context or context, kv_dtype=name, path=path,
                tuning=str(tuning) if tuning else "default", us=seconds * 1e6,
-               tbps=moved / seconds / 1e12, err=err, tag=tag)
+               tbps=moved / seconds / 1e12, err=err, err_vs_bf16_pages=err_bf16, tag=tag)
     if reference:
         row["xla_reference_us"] = time_op(ref_fn, q, k, v, table, lengths, iters=3) * 1e6
     rec.add(**row)
@@ -118,6 +129,16 @@ def kv8_section():
         for kv_dtype in (None, jnp.float8_e4m3fn, jnp.int8):
             bench_decode(batch, context, table_context=table_context, kv_dtype=kv_dtype,
                          tag="kv8")
+
+
+def kv4_section():
+    """The decode kernel over bf16, fp8, int8, k8v4 and nvfp4 pages at 32k x 8 and 4k x 1
+    (issue 14: fp8 KV at 32k x 8 >= 1.7x bf16's tok/s; the 4-bit formats widen their codes
+    in registers, `err_vs_bf16_pages` is each format's quantization error)."""
+    for batch, context in [(8, 32768), (1, 4096)]:
+        for kv_dtype in (None, jnp.float8_e4m3fn, jnp.int8, attn_reference.K8V4,
+                         attn_reference.NVFP4):
+            bench_decode(batch, context, kv_dtype=kv_dtype, tag="kv4")
 
 
 def rows_sweep_section():
@@ -243,8 +264,9 @@ def ceilings_section():
 
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
-            "rows": rows_sweep_section, "kv8": kv8_section, "prefill": prefill_section, "quant": quant_section,
-            "qsweep": quant_sweep_section, "qquick": quant_quick_section}
+            "rows": rows_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
+            "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
+            "qquick": quant_quick_section}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(SECTIONS):

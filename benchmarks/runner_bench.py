@@ -3,7 +3,8 @@
     python benchmarks/runner_bench.py [ARTIFACT] [--batches 1,8] [--context 200]
         [--prompt 256] [--steps 64] [--max-context N] [--keep-quantized] [--stable-buffers]
         [--no-fuse] [--json] [--profile DIR] [--modes pipelined,sync]
-        [--kv-dtype auto|bf16|fp8|int8] [--decode-split-tokens N] [--merge-min-splits N]
+        [--kv-dtype auto|bf16|fp8|int8|k8v4|nvfp4] [--decode-split-tokens N]
+        [--merge-min-splits N]
         [--verify 1,3,7,15] [--mtp K] [--mtp-acceptance TOKENS]
         [--tensor-parallel N [--expert-parallel]]
 
@@ -196,7 +197,7 @@ def main():
                         help="decode timing modes, comma separated (pipelined, sync)")
     parser.add_argument("--kv-dtype", default="auto",
                         help="KV page storage, as `ninfer serve --kv-dtype` (auto, bf16, fp8, "
-                             "int8, f32)")
+                             "int8, k8v4, nvfp4, f32)")
     parser.add_argument("--decode-split-tokens", type=int, metavar="N",
                         help="A/B: the paged decode kernel's smallest context split "
                              "(kernels/paged_attention/tuning.py MIN_SPLIT_TOKENS)")

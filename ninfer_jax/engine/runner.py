@@ -78,18 +78,24 @@ def default_dtype():
 
 
 # fp8 (e4m3) and int8 pages carry a float32 scale per token and kv head (paged_attention's
-# ScaledPages); every reader widens the codes to the compute dtype and applies the scales.
+# ScaledPages); k8v4 (int8 keys, int4 values) and nvfp4 (E2M1 keys and values) are
+# paged_attention.KVFormats whose 4-bit pages carry an e4m3 scale per 16 elements and a float32
+# one per token and kv head (FourBitPages). Every reader widens the codes to the compute dtype
+# and applies the scales (on the CPU the jnp reference reads 8- and 4-bit pages).
 KV_DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16,
-             "fp8": jnp.float8_e4m3fn, "int8": jnp.int8}
+             "fp8": jnp.float8_e4m3fn, "int8": jnp.int8,
+             "k8v4": paged_attention.K8V4, "nvfp4": paged_attention.NVFP4}
 
 
 def kv_dtype_for(name: str, *, block_weights: bool = False):
     """`--kv-dtype`: auto stores KV in the compute dtype, or in f16 for GGUF block weights
     (`block_weights`) on the CPU. On CPU bf16 or f16 pages halve the
     pool's memory and what decode attention reads (it widens them in registers), fp8/int8
-    pages quarter it. The GPU kernels
-    widen what they load to the compute dtype, which is exact for bf16, fp8 and int8 pages
-    under bf16 compute; f32 pages there would only double the bytes read, so they are refused
+    pages quarter it, k8v4 and nvfp4 pages (4-bit codes and their scales) take less still;
+    decode attention over 8- and 4-bit pages runs the jnp reference there. The GPU kernels
+    widen what they load to the compute dtype, which is exact for bf16, fp8, int8, k8v4 and
+    nvfp4 pages under bf16 compute (a 4-bit level times an e4m3 block scale has at most 7
+    significant bits); f32 pages there would only double the bytes read, so they are refused
     rather than silently narrowed."""
     compute = default_dtype()
     if name == "auto":
@@ -105,6 +111,8 @@ def kv_dtype_for(name: str, *, block_weights: bool = False):
     if use_kernels() and name == "f16":  # the GPU kernels widen pages to bf16, not from f16
         raise ValueError("--kv-dtype f16 is for the CPU (llama.cpp's KV format there); on the "
                          "GPU use auto, bf16, fp8 or int8")
+    if isinstance(dtype, paged_attention.KVFormat):  # 8- and 4-bit codes, widened exactly
+        return dtype
     if use_kernels() and jnp.dtype(dtype).itemsize > jnp.dtype(compute).itemsize:
         raise ValueError(f"--kv-dtype {name} is not available with the GPU kernels, which "
                          f"compute in {jnp.dtype(compute).name} (use auto, bf16, fp8 or int8)")
@@ -198,7 +206,7 @@ class JaxRunner:
         # sliding rings are sized by it (model/gemma.py).
         self.step_tokens = step_tokens_of(prefill_chunk, max_batch)
         self.dtype = dtype or default_dtype()
-        self.kv_dtype = jnp.dtype(kv_dtype or self.dtype)
+        self.kv_dtype = paged_attention.kv_format(kv_dtype or self.dtype)
         kernels = use_kernels()
         # Tensor parallelism: None on one device, else a mesh the params and caches are
         # split over (model/tensor_parallel.py); it is a static argument of every step.

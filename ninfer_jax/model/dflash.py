@@ -48,9 +48,9 @@ from ninfer_jax.model.dflash_config import VARIANTS, DFlashConfig  # noqa: F401
 
 def cache_shapes(config: DFlashConfig, *, num_pages: int, page_size: int, kv_dtype):
     """One paged (k, v) spec per draft layer."""
-    spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
-                                      config.head_dim, kv_dtype)
-    return [(spec, spec) for _ in range(config.num_layers)]
+    specs = paged_attention.cache_specs(num_pages, page_size, config.num_kv_heads,
+                                        config.head_dim, kv_dtype)
+    return [specs for _ in range(config.num_layers)]
 
 
 # ----------------------------------------------------------------------------- the context

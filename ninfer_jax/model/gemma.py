@@ -24,7 +24,7 @@ The contract of model/llama.py. What Gemma 4 adds (params: model/config.py):
   config.cache_layers() entry, each shaped for its layer's kv heads and head dim;
 - embeddings are scaled by sqrt(H), the LM head is tied, logits are soft-capped.
 
-Caches: the full layers' (k, v) are paged (paged_attention.cache_spec over the pool's pages,
+Caches: the full layers' (k, v) are paged (paged_attention.cache_specs over the pool's pages,
 the sequence's page table), so they grow with the sequence. A sliding layer needs only its
 window, so its KV lives in a ring per state slot (engine/state_slots.py; every sequence holds
 one while resident, as the hybrids' recurrent state): {"k", "v"} each [S, R, NK, page, D]
@@ -246,14 +246,13 @@ def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_sta
     for i in config.cache_layers():
         NK, D = config.layer_kv_heads(i), config.layer_head_dim(i)
         if i not in rings:
-            spec = paged_attention.cache_spec(num_pages, page_size, NK, D, kv_dtype)
-            specs.append((spec, spec))
+            specs.append(paged_attention.cache_specs(num_pages, page_size, NK, D, kv_dtype))
             continue
-        flat = paged_attention.cache_spec(num_state_slots * ring_pages, page_size, NK, D,
-                                          kv_dtype)
-        spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
+        flat = paged_attention.cache_specs(num_state_slots * ring_pages, page_size, NK, D,
+                                           kv_dtype)
+        k_spec, v_spec = jax.tree.map(lambda s: jax.ShapeDtypeStruct(
             (num_state_slots, ring_pages, *s.shape[1:]), s.dtype), flat)
-        specs.append({"k": spec, "v": spec})
+        specs.append({"k": k_spec, "v": v_spec})
     return specs
 
 

@@ -15,7 +15,7 @@ then a dense SwiGLU MLP or, on MoE layers, model/moe_mlp.py. Every norm but the 
 output norm is zero-centred (1 + w).
 
 Caches: a list with one entry per layer, the engine's interface (build it with init_caches):
-    full_attention    (k, v), each shaped by paged_attention.cache_spec (kv_dtype)
+    full_attention    (k, v), each shaped by paged_attention.cache_specs (kv_dtype)
     linear_attention  {"conv": [S, K-1, conv_dim] compute dtype,
                        "recurrent": [S, Hv, dk, dv] float32}
 S state slots counting slot 0 (DUMMY_STATE_SLOT), which padding rows read and write.
@@ -108,8 +108,8 @@ def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_sta
     K > 0 appends the MTP head's (k, v) and its draft store (model/mtp.py), `dflash_drafts`
     K > 0 one (k, v) per layer of the drafter `dflash_config` and the store
     (model/dflash.py)."""
-    kv_spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
-                                         config.head_dim, kv_dtype)
+    kv_spec = paged_attention.cache_specs(num_pages, page_size, config.num_kv_heads,
+                                          config.head_dim, kv_dtype)
     state = config.state_shapes()
     linear_spec = {
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
@@ -117,10 +117,10 @@ def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_sta
     num_drafts = mtp_drafts or dflash_drafts
     store = {"draft_q": jax.ShapeDtypeStruct((num_state_slots, num_drafts, config.vocab_size),
                                              jnp.float32)}
-    drafter = ([(kv_spec, kv_spec)] if mtp_drafts else
+    drafter = ([kv_spec] if mtp_drafts else
                dflash.cache_shapes(dflash_config, num_pages=num_pages, page_size=page_size,
                                    kv_dtype=kv_dtype) if dflash_drafts else [])
-    return [(kv_spec, kv_spec) if kind == "full_attention" else dict(linear_spec)
+    return [kv_spec if kind == "full_attention" else dict(linear_spec)
             for kind in config.layer_types] + drafter + ([store] if num_drafts else [])
 
 

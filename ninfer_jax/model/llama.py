@@ -14,11 +14,11 @@ the text-only path, unchanged.
 `init_caches` / `cache_shapes` build the caches the runner donates (the family interface every
 family module provides; dense families ignore the state-slot count).
 `params` is the pytree documented in model/config.py; `kv` is a list with one (k, v) pair per
-layer, each shaped by `paged_attention.cache_spec` (fp8 pages carry their scales). Cache writes and
-attention go through tensor_parallel.attention_op only (paged_attention.write_kv, then
-kernels.ragged_attention; per shard under a tensor-parallel mesh), so the GPU kernels plug in
-there. Activations run in the params' dtype (f32 on CPU, bf16 on GPU); norms, RoPE and
-logits are computed in f32.
+layer, each shaped by `paged_attention.cache_specs` (8- and 4-bit pages carry their scales).
+Cache writes and attention go through tensor_parallel.attention_op only
+(paged_attention.write_kv, then kernels.ragged_attention; per shard under a tensor-parallel
+mesh), so the GPU kernels plug in there. Activations run in the params' dtype (f32 on CPU,
+bf16 on GPU); norms, RoPE and logits are computed in f32.
 
 Layers are a Python loop (unrolled in the compiled step) over per-layer cache arrays: each cache
 is donated and updated in place, which a lax.scan over stacked caches cannot do (see
@@ -160,9 +160,9 @@ def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_sta
     draft_q f32 [num_state_slots, K, V], the proposal q of each sequence's pending drafts;
     under a drafter the runner gives dense sequences slots that hold this store only)."""
     del dtype
-    spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
-                                      config.head_dim, kv_dtype)
-    caches = [(spec, spec) for _ in range(config.num_layers)]
+    specs = paged_attention.cache_specs(num_pages, page_size, config.num_kv_heads,
+                                        config.head_dim, kv_dtype)
+    caches = [specs for _ in range(config.num_layers)]
     if not dflash_drafts:
         return caches
     store = {"draft_q": jax.ShapeDtypeStruct((num_state_slots, dflash_drafts,

@@ -18,7 +18,7 @@ residual block x + mixer(rms_norm(x)), the mixer given by config.layer_types[i]:
 Norms are plain RMSNorms; the LM head is untied unless tie_word_embeddings.
 
 Caches: one entry per layer that has one, in layer order (MLP and MoE layers have none):
-    attention  (k, v), each shaped by paged_attention.cache_spec (kv_dtype)
+    attention  (k, v), each shaped by paged_attention.cache_specs (kv_dtype)
     mamba      {"conv": [S, K-1, conv_dim] compute dtype, "recurrent": [S, Hm, P, N] f32}
 S state slots counting slot 0 (DUMMY_STATE_SLOT), which padding rows read and write.
 Shape letters: N rows of a step (C chunk tokens + B row tokens), W page-table width.
@@ -71,13 +71,13 @@ def decode(params, kv, tokens, positions, page_tables, state_slots=None, *,
 def cache_shapes(config: ModelConfig, *, num_pages: int, page_size: int, num_state_slots: int,
                  dtype, kv_dtype):
     """The cache list as jax.ShapeDtypeStruct leaves (see the module docstring)."""
-    kv_spec = paged_attention.cache_spec(num_pages, page_size, config.num_kv_heads,
-                                         config.head_dim, kv_dtype)
+    kv_spec = paged_attention.cache_specs(num_pages, page_size, config.num_kv_heads,
+                                          config.head_dim, kv_dtype)
     state = config.state_shapes()
     mamba_spec = {
         "conv": jax.ShapeDtypeStruct((num_state_slots, *state["conv"]), dtype),
         "recurrent": jax.ShapeDtypeStruct((num_state_slots, *state["recurrent"]), jnp.float32)}
-    return [(kv_spec, kv_spec) if kind == "attention" else dict(mamba_spec)
+    return [kv_spec if kind == "attention" else dict(mamba_spec)
             for kind in config.layer_types if kind in ("attention", "mamba")]
 
 

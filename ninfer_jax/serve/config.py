@@ -143,8 +143,11 @@ class ServeConfig:
         "auto", "KV page storage (auto: the compute dtype, f32 on CPU, bf16 on GPU, but f16 "
         "for GGUF block weights on the CPU; f16: CPU only, llama.cpp's KV format, half of "
         "f32's bytes; fp8 (e4m3) and int8: 8-bit codes "
-        "with a scale per token and KV head, about half of bf16's bytes).",
-        choices=("auto", "f32", "bf16", "f16", "fp8", "int8"))
+        "with a scale per token and KV head, about half of bf16's bytes; k8v4: int8 keys and "
+        "int4 values, nvfp4: E2M1 keys and values, 4-bit codes with an e4m3 scale per 16 and "
+        "a float32 one per token and KV head, about 0.41x and 0.30x of bf16's bytes at head "
+        "dim 128; head dims must be multiples of 16).",
+        choices=("auto", "f32", "bf16", "f16", "fp8", "int8", "k8v4", "nvfp4"))
     # templates and reasoning
     # path of a Jinja file overriding the artifact's
     chat_template: str | None = option(None, type=str, path="existing")

@@ -97,9 +97,10 @@ def device_state_slots_of(config, model_config) -> int:
 
 
 def bytes_per_token_of(model_config, dtype, *, mtp: bool = False, dflash=None) -> int:
-    """Device bytes of one token's KV in every attention layer (fp8 pages' scales included);
-    `mtp`: the MTP head's layer too (--spec mtp keeps its KV in the same pages); `dflash`: a
-    DFlash drafter's config, whose draft layers keep their context K/V there too."""
+    """Device bytes of one token's KV in every attention layer (the scales of 8- and 4-bit
+    pages included); `mtp`: the MTP head's layer too (--spec mtp keeps its KV in the same
+    pages); `dflash`: a DFlash drafter's config, whose draft layers keep their context K/V
+    there too."""
     from ninfer_jax.kernels import paged_attention  # JAX: the HTTP workers never import it
 
     if dflash is not None:

@@ -23,10 +23,10 @@ PAGE, LANES, CONTEXT, CHUNK = 4, 2, 64, 16
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def tiny_llama():
+def tiny_llama(head_dim=4):
     config = ModelConfig(architecture="llama", vocab_size=264, hidden_size=16,
                          intermediate_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
-                         head_dim=4)
+                         head_dim=head_dim)
     rng, params = np.random.default_rng(0), {}
     for name, shape in config.expected_shapes().items():
         convert_common.add_to_params(params, name, rng.standard_normal(shape).astype(np.float32),
@@ -34,13 +34,17 @@ def tiny_llama():
     return types.SimpleNamespace(config=config, params=params), config.vocab_size
 
 
-@pytest.fixture(scope="module", params=["tiny", "tiny-int8-pages", "default"])
+@pytest.fixture(scope="module", params=["tiny", "tiny-int8-pages", "tiny-k8v4-pages",
+                                        "tiny-nvfp4-pages", "default"])
 def runner(request):
     from ninfer_jax.engine.runner import JaxRunner, kv_dtype_for
 
-    kv_dtype = kv_dtype_for("int8" if request.param == "tiny-int8-pages" else "auto")
-    if request.param.startswith("tiny"):  # int8 pages: codes and scales travel together
-        artifact, vocab = tiny_llama()
+    # 8- and 4-bit pages: codes and every scale travel together (4-bit codes come in blocks
+    # of 16 elements, so those models have a head dim of 16)
+    pages = request.param.removeprefix("tiny-").removesuffix("-pages")
+    kv_dtype = kv_dtype_for(pages if request.param.endswith("-pages") else "auto")
+    if request.param.startswith("tiny"):
+        artifact, vocab = tiny_llama(head_dim=16 if pages in ("k8v4", "nvfp4") else 4)
     else:
         from ninfer_jax.artifact.format import load_artifact
 

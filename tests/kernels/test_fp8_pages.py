@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ninfer_jax.kernels.paged_attention import kernel, prefill, reference
-from ninfer_jax.kernels.paged_attention.reference import ScaledPages, cache_spec, widen
+from ninfer_jax.kernels.paged_attention.reference import ScaledPages, cache_specs, widen
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning
 from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, paged_setup, relative_error
 
@@ -20,7 +20,7 @@ def scaled_copy(cache):
     """The f32 cache [P, K, S, D] written token by token into fp8 pages by write_kv."""
     P, K, S, D = cache.shape
     empty = jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype),
-                         cache_spec(P, S, K, D, jnp.float8_e4m3fn))
+                         cache_specs(P, S, K, D, jnp.float8_e4m3fn)[0])
     tokens = jnp.moveaxis(cache, 2, 1).reshape(P * S, K, D)  # slot order: page * S + offset
     slots = jnp.arange(P * S)
     pages, _ = reference.write_kv(empty, empty, tokens, tokens, slots)
@@ -34,7 +34,7 @@ def test_write_kv_keeps_each_vector_to_its_own_range():
     magnitudes = np.array([1e4, 1.0, 1e-4, 0.0], np.float32)
     values = rng.standard_normal((4, 2, 16)).astype(np.float32) * magnitudes[:, None, None]
     cache = jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype),
-                         cache_spec(3, 2, 2, 16, jnp.float8_e4m3fn))
+                         cache_specs(3, 2, 2, 16, jnp.float8_e4m3fn)[0])
     slots = jnp.array([2, 3, 4, 5])  # pages 1 and 2
     k_cache, _ = reference.write_kv(cache, cache, jnp.asarray(values), jnp.asarray(values), slots)
     assert isinstance(k_cache, ScaledPages) and k_cache.codes.dtype == jnp.float8_e4m3fn

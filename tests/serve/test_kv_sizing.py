@@ -55,6 +55,16 @@ def test_bytes_per_token_follows_the_kv_dtype():
     # 8-bit codes plus a float32 scale per token, kv head, k and v: 2 * 30 * 3 * (64 + 4).
     for dtype in (jnp.float8_e4m3fn, jnp.int8):
         assert kv_sizing.bytes_per_token_of(SMOLLM2, dtype) == 2 * 30 * 3 * 68
+    # 4-bit pages: 32 bytes of codes, 4 e4m3 block scales and a float32 scale per head of 64;
+    # k8v4's keys are int8 pages (64 + 4), nvfp4's keys 4-bit as its values.
+    from ninfer_jax.kernels.paged_attention import K8V4, NVFP4
+    assert kv_sizing.bytes_per_token_of(SMOLLM2, K8V4) == 30 * 3 * (68 + 40)
+    assert kv_sizing.bytes_per_token_of(SMOLLM2, NVFP4) == 2 * 30 * 3 * 40
+    # so --kv-capacity auto fits more tokens in the same memory
+    tokens = {dtype: kv_sizing.cpu_auto_kv_tokens(GIB, kv_sizing.bytes_per_token_of(
+        SMOLLM2, dtype), page_size=16, max_context=1 << 20)
+        for dtype in (jnp.bfloat16, jnp.int8, K8V4, NVFP4)}
+    assert tokens[jnp.bfloat16] < tokens[jnp.int8] < tokens[K8V4] < tokens[NVFP4]
 
 
 def test_the_mtp_head_adds_one_attention_layer_per_token():

@@ -1,8 +1,8 @@
 """Paged attention: the op's public entry points, dispatched at trace time.
 
-On a GPU backend decode runs the Pallas kernel (kernel.py) and prefill runs cuDNN flash attention
-over gathered pages (prefill.py); on the CPU, decode over f32, bf16 or f16 pages runs the C++
-handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else,
+On a GPU backend decode runs the Pallas kernel (kernel.py, over plain, 8-bit and 4-bit pages)
+and prefill runs cuDNN flash attention over gathered pages (prefill.py); on the CPU, decode
+over f32, bf16 or f16 pages runs the C++ handler (cpu/, when built), which also writes K/V into 16-bit pages in place; everywhere else,
 and whenever NINFER_FORCE_REFERENCE=1, both run the pure-jnp reference (reference.py). All
 three share the signatures and the cache layout defined in reference.py. The choice is made while tracing, so it costs nothing per step.
 """
@@ -17,9 +17,14 @@ from ninfer_jax.kernels.dispatch import FORCE_REFERENCE_ENV, use_kernels
 from ninfer_jax.kernels.paged_attention import reference
 from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     DUMMY_PAGE,
+    K8V4,
+    NVFP4,
+    FourBitPages,
+    KVFormat,
     ScaledPages,
     cache_bytes_per_token,
-    cache_spec,
+    cache_specs,
+    kv_format,
     get_kv_cache_shape,
     paged_block_attention,
 )
@@ -29,7 +34,7 @@ log = logging.getLogger(__name__)
 
 def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float):
     """One query token per row; see reference.paged_decode_attention."""
-    if use_kernels():
+    if use_kernels() and gpu_decode_ready(k_cache, v_cache):
         from ninfer_jax.kernels.paged_attention import kernel
         return kernel.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
                                              scale=scale)
@@ -50,12 +55,19 @@ def write_kv(k_cache, v_cache, k_new, v_new, slots):
     return reference.write_kv(k_cache, v_cache, k_new, v_new, slots)
 
 
+def gpu_decode_ready(k_cache, v_cache) -> bool:
+    """Whether the Pallas decode kernel reads this pair of caches (kernel.supports: both plain
+    or both quantized, as cache_specs builds them); any other pair runs the reference."""
+    from ninfer_jax.kernels.paged_attention import kernel
+    return kernel.supports(k_cache, v_cache)
+
+
 def cpu_decode_ready(k_cache, v_cache) -> bool:
     """Whether decode rows over these caches run the C++ handler (cpu/): the CPU backend, not
-    forced to the reference, plain f32, bf16 or f16 pages, the extension built."""
+    forced to the reference, plain (not 8- or 4-bit) f32, bf16 or f16 pages, the extension built."""
     if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
         return False
-    if isinstance(k_cache, ScaledPages) or isinstance(v_cache, ScaledPages):
+    if isinstance(k_cache, tuple) or isinstance(v_cache, tuple):  # 8- or 4-bit codes
         return False
     from ninfer_jax.kernels.paged_attention import cpu
     return cpu.supports(k_cache, v_cache)

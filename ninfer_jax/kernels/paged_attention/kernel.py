@@ -18,8 +18,10 @@ and empty splits store nothing; with few splits the XLA merge is cheaper than on
 (about 5 us per layer, run 18) and every split stores its partials. Query heads are padded
 to 16 rows (the minimum Triton matmul tile); the padding rows are zeros and are dropped after
 the merge.
-Layout: k_cache, v_cache [P, K, S, D] or fp8 ScaledPages (reference.py); partials o [NS, B, K, Gp, D] f32,
-m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
+Layout: k_cache, v_cache [P, K, S, D], 8-bit ScaledPages or 4-bit E2M1Pages / Int4Pages
+(reference.py; a block of 4-bit codes is widened in registers: nibbles split and interleaved
+by a join, levels by integer arithmetic, times the block's e4m3 scales); partials
+o [NS, B, K, Gp, D] f32, m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE, ScaledPages
+from ninfer_jax.kernels.paged_attention.reference import (DUMMY_PAGE, E2M1Pages, Int4Pages,
+                                                          ScaledPages)
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
 
 MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
@@ -49,17 +52,65 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, *refs, scale: float,
-                   page_size: int, pages_per_block: int, pages_per_split: int,
-                   store_empty: bool, scaled: bool):
-    """One (row, kv head, split) program. table_ref holds this split's pages only. With
-    `scaled` (fp8 pages) refs starts with the key and value scales [P, K, S]: a key's scale
-    multiplies its logit column and a value's scale its probability, so the products run on
-    the widened codes and no dequantized tile is formed."""
-    if scaled:
-        ks_ref, vs_ref, o_ref, m_ref, l_ref = refs
+# How the kernel reads each cache (static): plain pages, 8-bit codes with a scale per token
+# ("scaled"), or 4-bit codes two per byte with an e4m3 scale per 16 elements and one per token
+# ("e2m1", "int4").
+PLAIN, SCALED, E2M1, INT4 = "plain", "scaled", "e2m1", "int4"
+
+
+def cache_kind(cache) -> str:
+    if isinstance(cache, E2M1Pages):
+        return E2M1
+    if isinstance(cache, Int4Pages):
+        return INT4
+    return SCALED if isinstance(cache, ScaledPages) else PLAIN
+
+
+def cache_leaves(cache) -> list:
+    """The arrays a cache passes to the kernel: codes, then the e4m3 block scales of 4-bit
+    pages; the per-token scale of scaled and 4-bit pages comes after both caches' leaves."""
+    kind = cache_kind(cache)
+    if kind == PLAIN:
+        return [cache]
+    return [cache.codes] + ([cache.block_scale] if kind in (E2M1, INT4) else [])
+
+
+def _four_bit_values(codes, block_scale, kind: str, dtype):
+    """codes [T, D/2] uint8 (element 2i in the low nibble), block_scale [T, D/16] e4m3 ->
+    [T, D] in `dtype`: level(code) x its block's scale (the per-token scale is applied to the
+    logits or probabilities). Levels by arithmetic, no table: int4 by sign extension, E2M1 as
+    0.5 * mantissa below exponent 1, else (2 + mantissa) * 2^exponent / 4."""
+    T, half = codes.shape
+    codes = codes.astype(jnp.int32)
+    nibbles = jnp.stack([codes & 15, codes >> 4], axis=-1).reshape(T, 2 * half)
+    if kind == INT4:
+        levels = ((nibbles ^ 8) - 8).astype(jnp.float32)
     else:
-        o_ref, m_ref, l_ref = refs
+        exponent, mantissa = (nibbles >> 1) & 3, (nibbles & 1).astype(jnp.float32)
+        magnitude = jnp.where(exponent == 0, 0.5 * mantissa,
+                              (2.0 + mantissa) * (1 << exponent).astype(jnp.float32) * 0.25)
+        levels = jnp.where(nibbles >= 8, -magnitude, magnitude)
+    blocks = block_scale.shape[1]
+    scales = jnp.broadcast_to(block_scale.astype(jnp.float32)[:, :, None],
+                              (T, blocks, 2 * half // blocks)).reshape(T, 2 * half)
+    return (levels * scales).astype(dtype)
+
+
+def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
+                   page_size: int, pages_per_block: int, pages_per_split: int,
+                   store_empty: bool, k_kind: str, v_kind: str):
+    """One (row, kv head, split) program. table_ref holds this split's pages only. refs: each
+    cache's leaves (cache_leaves: codes, then 4-bit pages' block scales), then the key's and
+    the value's per-token scale [P, K, S] when they have one, then the outputs. A key's
+    per-token scale multiplies its logit column and a value's its probability, so the
+    products run on the widened codes (times their block scales for 4-bit pages) and no
+    fully dequantized tile is formed."""
+    refs = list(refs)
+    k_leaves = [refs.pop(0) for _ in range(1 + (k_kind in (E2M1, INT4)))]
+    v_leaves = [refs.pop(0) for _ in range(1 + (v_kind in (E2M1, INT4)))]
+    ks_ref = refs.pop(0) if k_kind != PLAIN else None
+    vs_ref = refs.pop(0) if v_kind != PLAIN else None
+    o_ref, m_ref, l_ref = refs
     head, split = pl.program_id(1), pl.program_id(2)
     block_tokens = pages_per_block * page_size
     length = length_ref[0]
@@ -69,16 +120,27 @@ def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, *refs, scale: flo
     q = q_ref[...]  # [Gp, D]
     num_rows, head_dim = q.shape
 
+    def _widened(leaves, kind, page_ids):
+        """A block's keys or values [block, D] in q's dtype (codes widened; 4-bit codes times
+        their block scales)."""
+        codes = leaves[0][page_ids, head]
+        codes = codes.reshape(block_tokens, codes.shape[-1])
+        if kind in (E2M1, INT4):
+            block_scale = leaves[1][page_ids, head]
+            block_scale = block_scale.reshape(block_tokens, block_scale.shape[-1])
+            return _four_bit_values(codes, block_scale, kind, q.dtype)
+        return codes.astype(q.dtype)
+
     def body(i, carry):
         acc, running_max, running_sum = carry
         page_ids = table_ref[pl.ds(i * pages_per_block, pages_per_block)]
         # Pages past the row's length may hold anything; read the dummy page instead.
         page_start = first_token + (i * pages_per_block + jnp.arange(pages_per_block)) * page_size
         page_ids = jnp.where(page_start < length, page_ids, DUMMY_PAGE)
-        k = k_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
-        v = v_ref[page_ids, head].reshape(block_tokens, head_dim).astype(q.dtype)
+        k, v = (_widened(leaves, kind, page_ids) for leaves, kind in
+                ((k_leaves, k_kind), (v_leaves, v_kind)))
         logits = pltriton.dot(q, k, trans_b=True) * scale  # [Gp, block] f32
-        if scaled:
+        if ks_ref is not None:
             logits = logits * ks_ref[page_ids, head].reshape(block_tokens)[None, :]
         token = first_token + i * block_tokens + jnp.arange(block_tokens)
         logits = jnp.where((token < length)[None, :], logits, MASK_VALUE)
@@ -86,8 +148,8 @@ def _decode_kernel(length_ref, table_ref, q_ref, k_ref, v_ref, *refs, scale: flo
         correction = jnp.exp(running_max - new_max)
         probs = jnp.exp(logits - new_max[:, None])
         running_sum = running_sum * correction + probs.sum(axis=1)
-        weights = probs * vs_ref[page_ids, head].reshape(block_tokens)[None, :] if scaled \
-            else probs
+        weights = probs * vs_ref[page_ids, head].reshape(block_tokens)[None, :] \
+            if vs_ref is not None else probs
         acc = acc * correction[:, None] + pltriton.dot(weights.astype(v.dtype), v)
         return acc, new_max, running_sum
 
@@ -131,10 +193,19 @@ def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int
     out_ref[...] = (acc / jnp.maximum(running_sum, 1e-30)[:, None]).astype(out_ref.dtype)
 
 
+def supports(k_cache, v_cache) -> bool:
+    """Plain pages for both caches, or quantized pages (8-bit ScaledPages, 4-bit E2M1Pages or
+    Int4Pages, as --kv-dtype fp8, int8, k8v4 and nvfp4 pair them) for both."""
+    return (cache_kind(k_cache) == PLAIN) == (cache_kind(v_cache) == PLAIN)
+
+
 def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,
                            tuning: DecodeTuning | None = None, interpret: bool = False):
     """One query token per row. q [B, H, D]; page_table [B, W]; lengths [B] valid keys per row.
     Returns [B, H, D] in q's dtype (see reference.py for the contract)."""
+    if not supports(k_cache, v_cache):
+        raise ValueError(f"the Pallas decode kernel does not read {type(k_cache).__name__} / "
+                         f"{type(v_cache).__name__} pages (use the reference)")
     B, H, D = q.shape
     _, K, S, _ = k_cache.shape  # ScaledPages has the codes' shape
     G = H // K
@@ -171,14 +242,14 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
                  store_empty: bool, interpret: bool):
     B, K, Gp, D = qg.shape
     NS = tuning.num_splits
-    scaled = isinstance(k_cache, ScaledPages)
+    k_kind, v_kind = cache_kind(k_cache), cache_kind(v_cache)
     kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
                                pages_per_block=tuning.pages_per_block,
                                pages_per_split=tuning.pages_per_split,
-                               store_empty=store_empty, scaled=scaled)
+                               store_empty=store_empty, k_kind=k_kind, v_kind=v_kind)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
-    caches = [k_cache.codes, v_cache.codes, k_cache.scale, v_cache.scale] if scaled \
-        else [k_cache, v_cache]
+    caches = cache_leaves(k_cache) + cache_leaves(v_cache) + [
+        cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]
     return pl.pallas_call(
         kernel,
         grid=(B, K, NS),

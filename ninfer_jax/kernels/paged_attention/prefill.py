@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels.paged_attention.reference import ScaledPages, _gather, widen
+from ninfer_jax.kernels.paged_attention.reference import _gather, widen
 
 NEG_LARGE = -1e30  # log-sum-exp of an empty context part
 
@@ -27,10 +27,7 @@ def _own_keys(cache, page_table, start, T, dtype):
     positions = start + jnp.arange(T)
     pages = jnp.take(page_table, positions // page_size, mode="clip")
     offsets = positions % page_size
-    if isinstance(cache, ScaledPages):
-        return widen(ScaledPages(cache.codes[pages, :, offsets, :],
-                                 cache.scale[pages, :, offsets]), dtype)
-    return cache[pages, :, offsets, :].astype(dtype)
+    return widen(jax.tree.map(lambda leaf: leaf[pages, :, offsets], cache), dtype)
 
 
 def _attend(q, k, v, *, scale, is_causal, kv_length, implementation):

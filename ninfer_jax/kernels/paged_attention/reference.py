@@ -1,11 +1,17 @@
 """Pure-jnp reference twin of the paged attention kernels (the CPU path and the test oracle).
 
-Cache layout (owned by this op; the page pool asks `get_kv_cache_shape`, `cache_spec`):
+Cache layout (owned by this op; the page pool asks `get_kv_cache_shape`, `cache_specs`):
     k_cache, v_cache: [P, K, S, D]  P pages, K kv heads, S tokens per page, D head dim
     or, for 8-bit pages, ScaledPages(codes [P, K, S, D] float8_e4m3fn or int8, scale [P, K, S]
     f32): each token's head vector is stored as codes * scale with scale = its absmax / the
     code's largest value (448 for e4m3, 127 for int8), so the codes span the vector's own
-    range (with a unit scale, fp8 pages lost the default model's greedy text after 5 tokens).
+    range (with a unit scale, fp8 pages lost the default model's greedy text after 5 tokens);
+    or, for 4-bit pages (FourBitPages: nvfp4's keys and values, k8v4's values), two 4-bit
+    codes per byte [P, K, S, D/2] uint8 (element 2i in the low nibble), an e4m3 scale per 16
+    elements [P, K, S, D/16] and a float32 scale per token and kv head [P, K, S] (NVFP4's
+    two-level scaling, with the tensor's global scale per token since pages are written a
+    token at a time). `--kv-dtype k8v4` stores int8 ScaledPages keys and Int4Pages values,
+    `nvfp4` E2M1Pages keys and values.
 A token at sequence position t lives in page `page_table[t // S]`, slot `t % S`.
 Page DUMMY_PAGE is never owned by a sequence: padding rows write there and padded page-table
 entries point there, so every index stays in bounds without a branch.
@@ -23,14 +29,19 @@ see (decode: the shortest row, so a padding row of length 1 keeps it at block 0)
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 DUMMY_PAGE = 0
 # 8-bit page codes and the largest value each stores (what a vector's absmax maps to).
 CODE_MAX = {jnp.dtype(jnp.float8_e4m3fn): 448.0, jnp.dtype(jnp.int8): 127.0}
+# 4-bit pages: elements per e4m3 block scale (NVFP4's 16) and that scale's largest value.
+FOUR_BIT_BLOCK = 16
+BLOCK_SCALE_MAX = 448.0
 # Keys per block: big enough that the loop runs few iterations (each costs a fixed overhead on
 # CPU), small enough that the last block wastes little past the last real key.
 BLOCK_TOKENS = 64
@@ -46,25 +57,89 @@ class ScaledPages(NamedTuple):
         return self.codes.shape
 
 
+class FourBitPages(NamedTuple):
+    """4-bit pages: codes two per byte, an e4m3 scale per FOUR_BIT_BLOCK elements and a
+    float32 scale per (page, kv head, token). Element = level(code) * block_scale * scale.
+    Subclasses say which 16 levels the codes index (a pytree's type is static)."""
+    codes: jax.Array  # [P, K, S, D/2] uint8
+    block_scale: jax.Array  # [P, K, S, D/16] float8_e4m3fn
+    scale: jax.Array  # [P, K, S] float32
+
+    @property
+    def shape(self):
+        return (*self.codes.shape[:3], 2 * self.codes.shape[3])
+
+
+class E2M1Pages(FourBitPages):
+    """nvfp4: each code is an E2M1 float (sign bit, then 0 0.5 1 1.5 2 3 4 6 by its 3 bits)."""
+    __slots__ = ()
+
+
+class Int4Pages(FourBitPages):
+    """k8v4's values: each code a two's-complement int4 in -7..7."""
+    __slots__ = ()
+
+
+# Each 4-bit code's value, indexed by the nibble; the largest magnitude each stores.
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+FOUR_BIT_LEVELS = {E2M1Pages: E2M1_MAGNITUDES + tuple(-m for m in E2M1_MAGNITUDES),
+                   Int4Pages: tuple(range(8)) + tuple(range(-8, 0))}
+FOUR_BIT_MAX = {E2M1Pages: 6.0, Int4Pages: 7.0}
+
+
+@dataclasses.dataclass(frozen=True)
+class KVFormat:
+    """A KV page format whose keys and values are not one numpy dtype (`--kv-dtype k8v4`,
+    `nvfp4`); `name` is what logs and inspect show, as a dtype's name is for the others."""
+    name: str
+    key: object  # int8 (ScaledPages) or a FourBitPages subclass
+    value: object
+
+
+K8V4 = KVFormat("k8v4", jnp.dtype(jnp.int8), Int4Pages)
+NVFP4 = KVFormat("nvfp4", E2M1Pages, E2M1Pages)
+
+
+def kv_format(kv_dtype):
+    """A KVFormat as it is, anything else as its numpy dtype."""
+    return kv_dtype if isinstance(kv_dtype, KVFormat) else jnp.dtype(kv_dtype)
+
+
 def get_kv_cache_shape(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int):
     return (num_pages, num_kv_heads, page_size, head_dim)
 
 
-def cache_spec(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, kv_dtype):
-    """One k or v cache as jax.ShapeDtypeStruct leaves: an array, or ScaledPages for the
-    8-bit codes (fp8, int8)."""
+def cache_specs(num_pages: int, page_size: int, num_kv_heads: int, head_dim: int, kv_dtype):
+    """One layer's (k, v) caches as jax.ShapeDtypeStruct leaves: arrays, ScaledPages for the
+    8-bit codes (fp8, int8), FourBitPages for 4-bit ones (a KVFormat's keys and values)."""
+    kv_dtype = kv_format(kv_dtype)
+    if isinstance(kv_dtype, KVFormat):
+        return tuple(_spec(num_pages, page_size, num_kv_heads, head_dim, part)
+                     for part in (kv_dtype.key, kv_dtype.value))
+    spec = _spec(num_pages, page_size, num_kv_heads, head_dim, kv_dtype)
+    return spec, spec
+
+
+def _spec(num_pages, page_size, num_kv_heads, head_dim, stored):
     shape = get_kv_cache_shape(num_pages, page_size, num_kv_heads, head_dim)
-    if jnp.dtype(kv_dtype) in CODE_MAX:
-        return ScaledPages(jax.ShapeDtypeStruct(shape, kv_dtype),
+    if isinstance(stored, type) and issubclass(stored, FourBitPages):
+        if head_dim % FOUR_BIT_BLOCK:
+            raise ValueError(f"4-bit KV pages need a head dim that is a multiple of "
+                             f"{FOUR_BIT_BLOCK}, not {head_dim}")
+        return stored(jax.ShapeDtypeStruct((*shape[:3], head_dim // 2), jnp.uint8),
+                      jax.ShapeDtypeStruct((*shape[:3], head_dim // FOUR_BIT_BLOCK),
+                                           jnp.float8_e4m3fn),
+                      jax.ShapeDtypeStruct(shape[:3], jnp.float32))
+    if jnp.dtype(stored) in CODE_MAX:
+        return ScaledPages(jax.ShapeDtypeStruct(shape, stored),
                            jax.ShapeDtypeStruct(shape[:3], jnp.float32))
-    return jax.ShapeDtypeStruct(shape, kv_dtype)
+    return jax.ShapeDtypeStruct(shape, stored)
 
 
 def cache_bytes_per_token(num_kv_heads: int, head_dim: int, kv_dtype) -> int:
-    """Bytes one token takes in one layer's k and v caches together (scales included)."""
-    if jnp.dtype(kv_dtype) in CODE_MAX:
-        return 2 * num_kv_heads * (head_dim + 4)
-    return 2 * num_kv_heads * head_dim * jnp.dtype(kv_dtype).itemsize
+    """Bytes one token takes in one layer's k and v caches together (codes and scales)."""
+    leaves = jax.tree.leaves(cache_specs(1, 1, num_kv_heads, head_dim, kv_dtype))
+    return sum(int(np.prod(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize for leaf in leaves)
 
 
 def write_kv(k_cache, v_cache, k_new, v_new, slots):
@@ -75,6 +150,10 @@ def write_kv(k_cache, v_cache, k_new, v_new, slots):
 
 
 def _write(cache, new, pages, offsets):
+    if isinstance(cache, FourBitPages):
+        stored = quantize_four_bit(type(cache), new)
+        return type(cache)(*(leaf.at[pages, :, offsets].set(part)
+                             for leaf, part in zip(cache, stored)))
     if not isinstance(cache, ScaledPages):
         return cache.at[pages, :, offsets, :].set(new.astype(cache.dtype))
     new = new.astype(jnp.float32)
@@ -88,8 +167,53 @@ def _write(cache, new, pages, offsets):
                        cache.scale.at[pages, :, offsets].set(scale))
 
 
+def quantize_four_bit(kind, new):
+    """new [..., D] -> kind's (codes [..., D/2] uint8, block_scale [..., D/16] e4m3,
+    scale [...] f32). The token's largest block maps to block scale 448 and level max; each
+    element rounds to the nearest level (ties to even, as ml_dtypes' float4_e2m1fn and
+    np.round do) and saturates at the largest."""
+    new = new.astype(jnp.float32)
+    level_max = FOUR_BIT_MAX[kind]
+    blocks = new.reshape(*new.shape[:-1], -1, FOUR_BIT_BLOCK)
+    block_max = jnp.max(jnp.abs(blocks), axis=-1)  # [..., D/16]
+    scale = jnp.max(block_max, axis=-1) / (level_max * BLOCK_SCALE_MAX)  # [...]
+    # An all-zero vector (block) keeps scale 0 and codes 0; dividing by 1 avoids 0/0.
+    block_scale = (block_max / level_max / jnp.where(scale > 0, scale, 1.0)[..., None]
+                   ).astype(jnp.float8_e4m3fn)
+    step = block_scale.astype(jnp.float32) * scale[..., None]
+    x = blocks / jnp.where(step > 0, step, 1.0)[..., None]
+    if kind is E2M1Pages:
+        magnitude = jnp.abs(x)
+        index = jnp.zeros(x.shape, jnp.uint8)
+        levels = E2M1_MAGNITUDES
+        for upper in range(1, len(levels)):  # ties go to the even index (an even mantissa)
+            middle = (levels[upper - 1] + levels[upper]) / 2
+            index += (magnitude >= middle if upper % 2 == 0 else magnitude > middle
+                      ).astype(jnp.uint8)
+        nibbles = index | jnp.where(jnp.signbit(x) & (index > 0), 8, 0).astype(jnp.uint8)
+    else:
+        nibbles = jnp.clip(jnp.round(x), -level_max, level_max).astype(jnp.int8)
+        nibbles = nibbles.astype(jnp.uint8) & 15
+    nibbles = nibbles.reshape(*new.shape[:-1], -1, 2)
+    codes = nibbles[..., 0] | (nibbles[..., 1] << 4)
+    return codes, block_scale, scale
+
+
+def widen_four_bit(cache, dtype=jnp.float32):
+    """FourBitPages (or any leading slice of them) -> [..., D] values of `dtype`."""
+    levels = jnp.asarray(FOUR_BIT_LEVELS[type(cache)], jnp.float32)
+    nibbles = jnp.stack([cache.codes & 15, cache.codes >> 4], axis=-1)
+    values = jnp.take(levels, nibbles.astype(jnp.int32))  # [..., D/2, 2]
+    values = values.reshape(*values.shape[:-2], -1, FOUR_BIT_BLOCK)
+    values = values * cache.block_scale.astype(jnp.float32)[..., None]
+    values = values.reshape(*values.shape[:-2], -1) * cache.scale[..., None]
+    return values.astype(dtype)
+
+
 def widen(cache, dtype=jnp.float32):
     """A cache (or a gathered slice of one, any leading shape) as plain values of `dtype`."""
+    if isinstance(cache, FourBitPages):
+        return widen_four_bit(cache, dtype)
     if isinstance(cache, ScaledPages):
         return (cache.codes.astype(jnp.float32) * cache.scale[..., None]).astype(dtype)
     return cache.astype(dtype)
@@ -97,10 +221,7 @@ def widen(cache, dtype=jnp.float32):
 
 def take_pages(cache, pages):
     """Rows of a cache for page ids `pages` (any shape), still stored (codes and scales)."""
-    if isinstance(cache, ScaledPages):
-        return ScaledPages(jnp.take(cache.codes, pages, axis=0, mode="clip"),
-                           jnp.take(cache.scale, pages, axis=0, mode="clip"))
-    return jnp.take(cache, pages, axis=0, mode="clip")
+    return jax.tree.map(lambda leaf: jnp.take(leaf, pages, axis=0, mode="clip"), cache)
 
 
 def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,

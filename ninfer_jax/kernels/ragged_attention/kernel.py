@@ -2,7 +2,8 @@
 
 This is deliberately not a new Pallas kernel: it composes paged_attention's GPU pieces, the
 chunk region through the cuDNN two-part prefill (paged_attention/prefill.py) and the row region
-through the split-K Pallas decode kernel (paged_attention/kernel.py). The two regions want
+through the split-K Pallas decode kernel (paged_attention/kernel.py; a cache pair it does not
+read, kernel.supports, through paged_attention's reference). The two regions want
 different work splits: a chunk is many queries of one sequence, best served by flash
 attention tiled over queries and keys; rows are single queries of many sequences, best served
 by one program per (row, kv head, context split). One fused kernel would have to pick one split
@@ -42,6 +43,9 @@ def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row
                                                            chunk_start, scale=scale)
 
     def rows(qr):
+        if not decode_kernel.supports(k_cache, v_cache):  # a plain / quantized mix
+            return paged_reference.paged_decode_attention(qr, k_cache, v_cache, row_tables,
+                                                          row_lengths, scale=scale)
         return decode_kernel.paged_decode_attention(qr, k_cache, v_cache, row_tables,
                                                     row_lengths, scale=scale,
                                                     tuning=decode_tuning, interpret=interpret)
