@@ -8,7 +8,11 @@
 #       shared expert folded into the routed kernels (A/B; flip FOLD_SHARED_EXPERT if it wins)
 #   bash benchmarks/results/run38/device_run38.sh "live"     (~9 min) issue 10's live levels
 #       (C = 1 / 8 / 64 against the same run's bare step, every shape compiled first)
-#   bash benchmarks/results/run38/device_run38.sh "dflash"   (~5 min) issue 12's drafting cost
+#   bash benchmarks/results/run38/device_run38.sh "kv"       (~7 min) issue 14: the 4-bit KV pages
+#       (k8v4, nvfp4) natively in the Pallas decode kernel, then decode attention at 32k x 8 and
+#       4k x 1 per KV dtype against bf16 (kernel_bench kv4; every row's `path` must be pallas)
+#   bash benchmarks/results/run38/device_run38.sh "dflash"   (~8 min) issue 12's drafting cost
+#       on the 27B (hybrid) and 8B (dense) shapes, and DFlash on dense targets natively
 #   bash benchmarks/results/run38/device_run38.sh "swa"      (~8 min) issue 19: the sliding-window
 #       kernel (benchmarks/pending/swa-window-kernel.patch, applied to the device's copy only):
 #       its native tests, the window kernel bench, Gemma 4 31B against run 29's 21.2 / 137.5 tok/s
@@ -37,8 +41,21 @@ for stage in $STAGES; do
       stamp "live rc=$?"; sed -n '/^stage  /,$p' "$OUT/gsb.out" | tee -a "$OUT/stages.log";;
     dflash)
       for v in dflash dflash2; do
-        run dflash-27b-$v 150 python3 benchmarks/dflash_bench.py --preset qwen3.5-27b \
-          --variant $v --rows 1,8 --drafts 7,15 --context 4096; done;;
+        run dflash-27b-$v 120 python3 benchmarks/dflash_bench.py --preset qwen3.5-27b \
+          --variant $v --rows 1,8 --drafts 7,15 --context 4096
+        run dflash-8b-$v 90 python3 benchmarks/dflash_bench.py --preset qwen3-8b \
+          --variant $v --rows 1,8 --drafts 7,15 --context 4096; done
+      stamp dflash-tests
+      timeout 150 python3 -m pytest -rA -p no:cacheprovider tests/model/test_dflash.py \
+        > "$OUT/pytest-dflash.log" 2>&1
+      stamp "dflash-tests rc=$?"; tail -n 3 "$OUT/pytest-dflash.log" | tee -a "$OUT/stages.log";;
+    kv)
+      stamp kv-tests
+      timeout 240 python3 -m pytest -rA -p no:cacheprovider -m gpu tests/kernels/test_four_bit_pages.py \
+        tests/kernels/test_fp8_pages.py tests/kernels/test_paged_attention.py \
+        tests/kernels/test_ragged_attention.py > "$OUT/pytest-kv.log" 2>&1
+      stamp "kv-tests rc=$?"; tail -n 3 "$OUT/pytest-kv.log" | tee -a "$OUT/stages.log"
+      run kv4-bench 200 python3 benchmarks/kernel_bench.py kv4;;
     swa)
       git apply benchmarks/pending/swa-window-kernel.patch || { stamp "swa: patch failed"; continue; }
       stamp swa-tests
