@@ -25,6 +25,7 @@ import functools
 import logging
 import logging.config
 import multiprocessing
+import multiprocessing.connection
 import os
 import secrets
 import signal
@@ -79,17 +80,22 @@ class CoreProcess:
         getattr(multiprocessing.process, "_children", set()).discard(self.process)
 
     def stop(self, timeout: float = SHUTDOWN_TIMEOUT_S + 5) -> None:
-        if os.getpid() != self._owner_pid or not self.process.is_alive():
+        if os.getpid() != self._owner_pid or self._exited(0):
             return  # a forked worker unwinding the launcher's stack, or already gone
         try:
             self.control.send("stop")
         except OSError:
             pass
-        self.process.join(timeout)
-        if self.process.is_alive():
+        if not self._exited(timeout):
             log.warning("the engine core did not stop in %.0f s; killing it", timeout)
             self.process.kill()
-            self.process.join(5)
+        self.process.join(5)  # its exit code, unless gunicorn reaped it first
+
+    def _exited(self, timeout: float) -> bool:
+        """Whether the core has exited, waiting up to `timeout` s. Read from the process's
+        sentinel, not is_alive(): gunicorn's master reaps every child on SIGCHLD, the core
+        included, and multiprocessing then never learns its exit code (is_alive stays True)."""
+        return bool(multiprocessing.connection.wait([self.process.sentinel], timeout))
 
 
 def start_core(spec: CoreSpec, address: str) -> CoreProcess:

@@ -4,6 +4,7 @@ Every test spawns its core the way the launcher does (core_testkit.start_fake_co
 socket protocol, pickling, the sender's batching and process death are all real.
 """
 import json
+import logging
 import os
 import pickle
 import signal
@@ -194,6 +195,21 @@ def test_core_stops_while_a_background_compile_still_runs(core_factory):
     connect(core)
     core.stop()
     assert core.process.exitcode == 0  # exited by itself, not killed (-9)
+
+
+def test_a_core_reaped_by_someone_else_counts_as_stopped(core_factory, caplog):
+    # gunicorn's master reaps every child on SIGCHLD, the core included; multiprocessing then
+    # never learns its exit code and is_alive() stays True (run 36: every stop waited 15 s and
+    # killed a core that was already gone).
+    start, connect = core_factory
+    core = start()
+    connect(core)
+    core.control.send("stop")
+    os.waitpid(core.process.pid, 0)  # as gunicorn's SIGCHLD handler does
+    assert core.process.is_alive()  # what misled stop()
+    with caplog.at_level(logging.WARNING, logger="ninfer_jax.engine"):
+        core.stop()
+    assert "did not stop" not in caplog.text
 
 
 def test_core_environment_is_applied_before_the_factory_runs(core_factory, tmp_path):
