@@ -41,6 +41,7 @@ class HostOnlyRunner:
         self.vocab_size = vocab_size
         self.has_state = False  # a dense model: no state slots
         self.num_drafts, self.dflash = 0, None  # no speculation
+        self.has_slots = False  # nor slots (a DFlash drafter would give dense models some)
 
     def warmup(self):
         pass
