@@ -43,6 +43,7 @@ import dataclasses
 import queue
 import threading
 import time
+import weakref
 from typing import Callable, Sequence
 
 import numpy as np
@@ -200,8 +201,8 @@ class FakeRunner:
             self._execute(launched)
             return launched
         if self._device is None:
-            self._device = threading.Thread(target=self._device_loop, name="fake-device",
-                                            daemon=True)
+            self._device = threading.Thread(target=_device_loop, name="fake-device",
+                                            args=(weakref.ref(self), self._queue), daemon=True)
             self._device.start()
         self._queue.put(launched)
         return launched
@@ -243,10 +244,6 @@ class FakeRunner:
         if launched.error is not None:
             raise launched.error
         return launched.result
-
-    def _device_loop(self) -> None:
-        while True:
-            self._execute(self._queue.get())
 
     def _execute(self, launched: _Launched) -> None:
         try:
@@ -396,3 +393,20 @@ class FakeRunner:
         if (context == EMPTY_SLOT).any():
             raise AssertionError("a step read KV that was never written")
         return context
+
+
+def _device_loop(runner_ref, work: queue.Queue) -> None:
+    """The fake device's thread: runs launched steps in order. It holds its runner weakly and
+    ends once the runner is gone, so a test suite does not keep a thread per runner."""
+    while True:
+        try:
+            launched = work.get(timeout=0.5)
+        except queue.Empty:
+            if runner_ref() is None:
+                return
+            continue
+        runner = runner_ref()
+        if runner is None:
+            return
+        runner._execute(launched)
+        del runner
