@@ -2,23 +2,14 @@
 done it) and its tokenizer, shared by serve and e2e tests."""
 from __future__ import annotations
 
-import faulthandler
 import json
 import pathlib
-import sys
 
 import pytest
 
 # llama.cpp's reference outputs for the default model, vendored unchanged from shared/golden
 # so a fresh clone (CI) has them.
 GOLDEN_PATH = pathlib.Path(__file__).parent / "golden" / "smollm2_llamacpp.json"
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_configure(config):
-    # A native crash dumps the crashing thread alone: pytest's dump of every thread stops at
-    # 100 and missed it (a segfault in CI on 2026-12-05, behind idle fake-device threads).
-    faulthandler.enable(file=sys.stderr, all_threads=False)
 
 
 @pytest.fixture(scope="session")
