@@ -304,7 +304,11 @@ class JaxRunner:
         self.max_chunk_rows = self.chunk_rows[-1]
         self.width = math.ceil(max_context / page_size)  # page-table entries per row
         self.background_compile = kernels if background_compile is None else background_compile
-        self.compile_threads = compile_threads or min(8, os.cpu_count() or 1)
+        # XLA:CPU (JAX 0.10) has crashed compiling two steps at once: a segmentation fault in
+        # backend_compile_and_load on a compile thread, three fresh-clone CI runs of
+        # 2026-12-04/05. The CPU compiles one shape at a time; the GPU keeps its threads.
+        self.compile_threads = compile_threads or (min(8, os.cpu_count() or 1) if kernels
+                                                   else 1)
         # `stable_buffers`: every buffer a step reads or writes keeps its device address
         # from step to step. XLA's command buffer (CUDA graph) records addresses, and any
         # allocation that moved makes the next launch update the graph: 1.0-1.4 ms of host
@@ -608,7 +612,8 @@ class JaxRunner:
         come last: until they exist, greedy steps run the shapes with draws (same tokens)."""
         started = time.perf_counter()
         try:
-            self._compile_all(shapes, greedy_shapes, threads=BACKGROUND_COMPILE_THREADS)
+            self._compile_all(shapes, greedy_shapes,
+                              threads=min(BACKGROUND_COMPILE_THREADS, self.compile_threads))
             log.info("background compile: %d more step shapes in %.1f s",
                      len(shapes) + len(greedy_shapes), time.perf_counter() - started)
         except Exception:  # the essential shapes still serve every step
