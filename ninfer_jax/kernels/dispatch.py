@@ -12,8 +12,11 @@ import jax
 FORCE_REFERENCE_ENV = "NINFER_FORCE_REFERENCE"
 
 
+def forced_reference() -> bool:
+    """True when NINFER_FORCE_REFERENCE asks for the references on every backend."""
+    return os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0")
+
+
 def use_kernels() -> bool:
     """True when the GPU kernels should run (GPU backend, not forced to the reference)."""
-    if os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
-        return False
-    return jax.default_backend() == "gpu"
+    return not forced_reference() and jax.default_backend() == "gpu"

@@ -9,11 +9,10 @@ three share the signatures and the cache layout defined in reference.py. The cho
 from __future__ import annotations
 
 import logging
-import os
 
 import jax
 
-from ninfer_jax.kernels.dispatch import FORCE_REFERENCE_ENV, use_kernels
+from ninfer_jax.kernels.dispatch import forced_reference, use_kernels
 from ninfer_jax.kernels.paged_attention import reference
 from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     DUMMY_PAGE,
@@ -65,7 +64,7 @@ def gpu_decode_ready(k_cache, v_cache) -> bool:
 def cpu_decode_ready(k_cache, v_cache) -> bool:
     """Whether decode rows over these caches run the C++ handler (cpu/): the CPU backend, not
     forced to the reference, plain (not 8- or 4-bit) f32, bf16 or f16 pages, the extension built."""
-    if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+    if jax.default_backend() != "cpu" or forced_reference():
         return False
     if isinstance(k_cache, tuple) or isinstance(v_cache, tuple):  # 8- or 4-bit codes
         return False

@@ -13,12 +13,11 @@ The model calls this from model/layers.py::linear; quantize() is for converters 
 """
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
 
-from ninfer_jax.kernels.dispatch import FORCE_REFERENCE_ENV, use_kernels
+from ninfer_jax.kernels.dispatch import forced_reference, use_kernels
 from ninfer_jax.kernels.quant_matmul import reference
 from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
     BLOCK_FORMATS,
@@ -61,7 +60,7 @@ def matmul(x, w, *, out_dtype=None):
 
 
 def _cpu_kernel_ready(x, w) -> bool:
-    if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+    if jax.default_backend() != "cpu" or forced_reference():
         return False
     from ninfer_jax.kernels.quant_matmul import cpu
     return cpu.supports(x, w)
@@ -69,7 +68,7 @@ def _cpu_kernel_ready(x, w) -> bool:
 
 def cpu_kernel_available() -> bool:
     """Whether block leaves run the CPU kernel here (so they should not be expanded at load)."""
-    if jax.default_backend() != "cpu" or os.environ.get(FORCE_REFERENCE_ENV, "") not in ("", "0"):
+    if jax.default_backend() != "cpu" or forced_reference():
         return False
     from ninfer_jax.kernels.quant_matmul import cpu
     return cpu.available()

@@ -7,17 +7,17 @@ C++ decode attention when it is built and takes the pages (paged_attention/cpu);
 else, and whenever
 NINFER_FORCE_REFERENCE=1, reference.py. Both share
 the signature and paged_attention's cache layout (write K/V with paged_attention.write_kv).
-A sliding `window` (Gemma's local layers) runs the reference on every backend: the GPU
-kernels take no window yet.
+A sliding `window` (Gemma's local layers) runs windowed.py on every backend (one gather of
+the pages a window spans; the reference when forced): the GPU kernels take no window.
 """
 from __future__ import annotations
 
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import paged_attention
-from ninfer_jax.kernels.dispatch import use_kernels
+from ninfer_jax.kernels.dispatch import forced_reference, use_kernels
 from ninfer_jax.kernels.paged_attention import reference as paged_reference
-from ninfer_jax.kernels.ragged_attention import reference
+from ninfer_jax.kernels.ragged_attention import reference, windowed
 
 
 def chunk_as_rows(chunk_table, chunk_start, num_tokens: int, page_size: int):
@@ -43,7 +43,9 @@ def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row
     args = dict(chunk_table=chunk_table, chunk_start=chunk_start, row_tables=row_tables,
                 row_lengths=row_lengths, scale=scale, num_chunk_tokens=num_chunk_tokens)
     if window is not None:
-        return reference.ragged_paged_attention(q, k_cache, v_cache, window=window, **args)
+        if forced_reference():
+            return reference.ragged_paged_attention(q, k_cache, v_cache, window=window, **args)
+        return windowed.ragged_paged_attention(q, k_cache, v_cache, window=window, **args)
     if use_kernels():
         from ninfer_jax.kernels.ragged_attention import kernel
         return kernel.ragged_paged_attention(q, k_cache, v_cache, **args)
