@@ -13,6 +13,10 @@
 #       4k x 1 per KV dtype against bf16 (kernel_bench kv4; every row's `path` must be pallas)
 #   bash benchmarks/results/run38/device_run38.sh "dflash"   (~8 min) issue 12's drafting cost
 #       on the 27B (hybrid) and 8B (dense) shapes, and DFlash on dense targets natively
+#   bash benchmarks/results/run38/device_run38.sh "gemma"    (~5 min) issue 19 on main: Gemma 4 31B
+#       with its sliding layers on the windowed gather (ragged_attention/windowed.py, no loop;
+#       run 29's 21.2 / 137.5 tok/s walked the whole table in the reference), and the gather
+#       against the reference's block walk for one sliding layer (window_attention_bench)
 #   bash benchmarks/results/run38/device_run38.sh "swa"      (~8 min) issue 19: the sliding-window
 #       kernel (benchmarks/pending/swa-window-kernel.patch, applied to the device's copy only):
 #       its native tests, the window kernel bench, Gemma 4 31B against run 29's 21.2 / 137.5 tok/s
@@ -56,6 +60,12 @@ for stage in $STAGES; do
         tests/kernels/test_ragged_attention.py > "$OUT/pytest-kv.log" 2>&1
       stamp "kv-tests rc=$?"; tail -n 3 "$OUT/pytest-kv.log" | tee -a "$OUT/stages.log"
       run kv4-bench 200 python3 benchmarks/kernel_bench.py kv4;;
+    gemma)
+      run window-gather 90 python3 benchmarks/window_attention_bench.py --batches 1,8,64 \
+        --contexts 1024,4096
+      run window-gather-32k 60 python3 benchmarks/window_attention_bench.py --batches 1,8 \
+        --contexts 32768
+      run gemma-main 200 $H --presets gemma4-31b --batches 1,8;;
     swa)
       git apply benchmarks/pending/swa-window-kernel.patch || { stamp "swa: patch failed"; continue; }
       stamp swa-tests
