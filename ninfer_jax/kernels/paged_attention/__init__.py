@@ -13,7 +13,7 @@ import logging
 import jax
 
 from ninfer_jax.kernels.dispatch import forced_reference, use_kernels
-from ninfer_jax.kernels.paged_attention import reference
+from ninfer_jax.kernels.paged_attention import block, reference
 from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     DUMMY_PAGE,
     K8V4,
@@ -25,7 +25,6 @@ from ninfer_jax.kernels.paged_attention.reference import (  # noqa: F401
     cache_specs,
     kv_format,
     get_kv_cache_shape,
-    paged_block_attention,
 )
 
 log = logging.getLogger(__name__)
@@ -42,6 +41,18 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
         return cpu.paged_decode_attention(q, k_cache, v_cache, page_table, lengths, scale=scale)
     return reference.paged_decode_attention(q, k_cache, v_cache, page_table, lengths,
                                             scale=scale)
+
+
+def paged_block_attention(q, k_block, v_block, k_cache, v_cache, page_table, lengths, *,
+                          scale: float, window: int | None = None, causal: bool = False):
+    """A block of T queries per row over its paged keys and its own keys (the DFlash drafter);
+    see reference.paged_block_attention. block.py where its parts apply (a sliding window:
+    every backend; no window: the GPU's decode kernel), else, or when forced, the reference."""
+    fast = not forced_reference() and (
+        window is not None or (use_kernels() and gpu_decode_ready(k_cache, v_cache)))
+    impl = block.paged_block_attention if fast else reference.paged_block_attention
+    return impl(q, k_block, v_block, k_cache, v_cache, page_table, lengths, scale=scale,
+                window=window, causal=causal)
 
 
 def write_kv(k_cache, v_cache, k_new, v_new, slots):

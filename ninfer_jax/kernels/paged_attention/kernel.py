@@ -229,6 +229,40 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     return out[:, :, :G, :].reshape(B, H, D)
 
 
+def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,
+                            tuning: DecodeTuning | None = None, interpret: bool = False):
+    """T queries per row that all see the row's paged keys 0..lengths-1 (the DFlash drafter's
+    block, reference.paged_block_attention's paged part). q [B, T, H, D] -> (out [B, T, H, D]
+    f32, log-sum-exp [B, T, H] f32; a row with no key gets ~MASK_VALUE, so a merge weighs it
+    0). The T queries join the G heads of their kv head as one group of T * G dot rows: every
+    page is read once per row and kv head, as in decode, and one program scores the block."""
+    if not supports(k_cache, v_cache):
+        raise ValueError(f"the Pallas decode kernel does not read {type(k_cache).__name__} / "
+                         f"{type(v_cache).__name__} pages (use the reference)")
+    B, T, H, D = q.shape
+    _, K, S, _ = k_cache.shape
+    G = H // K
+    R = T * G
+    Rp = max(MIN_DOT_ROWS, _next_power_of_2(R))
+    W = page_table.shape[1]
+    if tuning is None:
+        tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W)
+    padded_width = tuning.num_splits * tuning.pages_per_split
+    table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
+                    constant_values=DUMMY_PAGE)
+    qg = jnp.moveaxis(q.reshape(B, T, K, G, D), 1, 2).reshape(B, K, R, D)
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, Rp - R), (0, 0)))
+    o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths.astype(jnp.int32), scale=scale,
+                           tuning=tuning, store_empty=True, interpret=interpret)
+    out = merge_splits(o, m, l)[:, :, :R]  # [B, K, R, D]
+    peak = m.max(axis=0)
+    total = (jnp.exp(m - peak[None]) * l).sum(axis=0)
+    lse = (peak + jnp.log(jnp.maximum(total, 1e-30)))[:, :, :R]  # [B, K, R]
+    out = jnp.moveaxis(out.reshape(B, K, T, G, D), 2, 1).reshape(B, T, H, D)
+    lse = jnp.moveaxis(lse.reshape(B, K, T, G), 2, 1).reshape(B, T, H)
+    return out, lse
+
+
 def merge_splits(o, m, l):
     """Combine per-split partials o [NS, ..., D], m/l [NS, ...] into the normalised output."""
     global_max = m.max(axis=0)
