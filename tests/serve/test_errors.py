@@ -151,6 +151,7 @@ def test_unsupported_behaviour_is_rejected_by_field(secured, fields, param):
     {"metadata": {"a": "b"}, "user": "u", "service_tier": "auto", "prompt_cache_key": "k",
      "safety_identifier": "s", "some_unknown_field": {"x": 1}},
     {"repetition_penalty": 1}, {"mm_processor_kwargs": {"x": None}},
+    {"guided_decoding_backend": "xgrammar"},
     {"modalities": ["text"]}, {"draft": False}, {"store": False},
     {"messages": [{"role": "user", "content": "x"},
                   {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "r"}]},
@@ -188,6 +189,9 @@ def test_error_bodies_are_valid_json_with_request_ids_unique(secured):
     ({"user": 5}, "user"),
     ({"safety_identifier": ["s"]}, "safety_identifier"),
     ({"service_tier": 1}, "service_tier"),
+    ({"guided_decoding_backend": 1}, "guided_decoding_backend"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+      "continue_final_message": True, "add_generation_prompt": True}, "add_generation_prompt"),
 ])
 def test_malformed_advisory_values_are_client_errors(secured, fields, param):
     """A malformed value is the client's bug even where the field is advisory or names a

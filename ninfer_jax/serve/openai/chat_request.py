@@ -23,8 +23,9 @@ MAX_STOP_STRINGS = 4
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 # Constrained-decoding aliases from other servers: rejected explicitly, never ignored.
+# (vLLM's guided_decoding_backend only picks the engine for those, so alone it is neutral.)
 CONSTRAINED_ALIASES = ("grammar", "structured_outputs", "guided_json", "guided_regex",
-                       "guided_choice", "guided_grammar", "guided_decoding_backend")
+                       "guided_choice", "guided_grammar")
 _SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
                     "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0)}
 
@@ -110,7 +111,7 @@ def check_advisory(body: dict) -> None:
     """Advisory identifiers change nothing here, but a non-string one is still the client's
     bug (a 400 naming it), as it is at OpenAI. `metadata` stays free-form: clients of
     OpenAI-compatible servers put structured tracing data there."""
-    for name in ("user", "safety_identifier", "service_tier"):
+    for name in ("user", "safety_identifier", "service_tier", "guided_decoding_backend"):
         opt_string(body.get(name), name)
 
 
