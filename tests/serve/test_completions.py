@@ -67,3 +67,10 @@ def test_rejections_name_the_field(client, prompt, fields, param):
     response = complete(client, prompt, **fields)
     assert response.status_code in (400, 404)
     assert response.json["error"]["param"] == param
+
+
+@pytest.mark.parametrize("prompt", [[True, False], [1, "a"], [{"text": "x"}, "y"]])
+def test_malformed_prompt_lists_are_invalid_not_batches(client, prompt):
+    """Only a list of several prompts is a batch (unsupported); other lists are malformed."""
+    error = complete(client, prompt).json["error"]
+    assert (error["param"], error["code"]) == ("prompt", "invalid_request")

@@ -151,6 +151,7 @@ def test_unsupported_behaviour_is_rejected_by_field(secured, fields, param):
     {"metadata": {"a": "b"}, "user": "u", "service_tier": "auto", "prompt_cache_key": "k",
      "safety_identifier": "s", "some_unknown_field": {"x": 1}},
     {"repetition_penalty": 1}, {"mm_processor_kwargs": {"x": None}},
+    {"guided_decoding_backend": "xgrammar"},
     {"modalities": ["text"]}, {"draft": False}, {"store": False},
     {"messages": [{"role": "user", "content": "x"},
                   {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "r"}]},
@@ -180,3 +181,31 @@ def test_error_bodies_are_valid_json_with_request_ids_unique(secured):
     ids = {post(secured, chat_body(n=3)).headers["x-request-id"] for _ in range(3)}
     assert len(ids) == 3
     json.dumps(post(secured, chat_body(n=3)).json)
+
+
+@pytest.mark.parametrize("fields,param", [
+    ({"response_format": {}}, "response_format.type"),
+    ({"response_format": {"type": "xml"}}, "response_format.type"),
+    ({"user": 5}, "user"),
+    ({"safety_identifier": ["s"]}, "safety_identifier"),
+    ({"service_tier": 1}, "service_tier"),
+    ({"guided_decoding_backend": 1}, "guided_decoding_backend"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
+      "continue_final_message": True, "add_generation_prompt": True}, "add_generation_prompt"),
+])
+def test_malformed_advisory_values_are_client_errors(secured, fields, param):
+    """A malformed value is the client's bug even where the field is advisory or names a
+    behaviour we reject: it is invalid_request on the field, not 200 or 'unsupported'."""
+    assert_openai_error(post(secured, chat_body(**fields)), 400, param=param,
+                        code="invalid_request")
+
+
+def test_messages_say_what_the_field_accepts(secured):
+    error = assert_openai_error(post(secured, chat_body(top_k=21)), 400, param="top_k")
+    assert "<= 20" in error["message"] and "None" not in error["message"]
+    content = chat_body(messages=[{"role": "user", "content": 5}])
+    error = assert_openai_error(post(secured, content), 400, param="messages[0].content")
+    assert "a string or an array" in error["message"]
+    no_role = chat_body(messages=[{"content": "x"}])
+    error = assert_openai_error(post(secured, no_role), 400, param="messages[0].role")
+    assert error["message"].endswith("got null.")

@@ -102,6 +102,8 @@ def test_results_reordered_to_call_order_and_validated():
     ([_call("c1"), _call("c2"), _result("c1")], "input[2].call_id"),  # partial
     ([_call("c1", "f"), _result("c1", name="g")], "input[1].name"),  # name assertion
     ([{"role": "user", "content": "q"}, _result("c1")], "input[1].call_id"),  # no calls before
+    ([_call("c1"), {"role": "user", "content": "next"}], "input[1]"),  # results skipped
+    ([_call("c1"), _call("c2"), {"role": "developer", "content": "d"}], "input[2]"),
 ])
 def test_invalid_tool_history(raw, param):
     error = _error(raw)

@@ -55,6 +55,11 @@ def test_defaults():
     ({"metadata": {"k": 1}}, ("metadata.k", "invalid_request")),
     ({"text": {"format": {"type": "json_object"}}}, ("text.format", "unsupported_parameter")),
     ({"text": {"verbosity": "high"}}, ("text.verbosity", "unsupported_parameter")),
+    ({"text": {"verbosity": "loud"}}, ("text.verbosity", "invalid_request")),
+    ({"text": {"format": {}}}, ("text.format.type", "invalid_request")),
+    ({"text": {"format": {"type": "yaml"}}}, ("text.format.type", "invalid_request")),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}},
+     ("text.format", "unsupported_parameter")),
     ({"truncation": "auto"}, ("truncation", "unsupported_parameter")),
     ({"top_logprobs": 2}, ("top_logprobs", "unsupported_parameter")),
     ({"service_tier": "priority"}, ("service_tier", "unsupported_parameter")),
@@ -227,3 +232,13 @@ def test_forced_choices_become_the_shared_tool_choice():
         "tools": [{"type": "function", "name": "get_weather"}]})
     assert request.tools.choice.mode == "required"
     assert [t.qualified_name for t in request.tools.effective] == ["get_weather"]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"input": 5}, "input"),
+    ({"input": [{"type": "message", "role": "user", "content": None}]}, "input[0].content"),
+])
+def test_input_shape_errors_say_a_string_is_accepted(body, param):
+    with pytest.raises(InvalidRequest) as info:
+        _parse(**body)
+    assert info.value.param == param and "a string or an array" in info.value.message

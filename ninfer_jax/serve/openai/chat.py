@@ -44,9 +44,13 @@ def _prompt_options(body: dict, messages) -> PromptOptions:
         raise InvalidRequest("'continue_final_message' needs a final assistant message.",
                              param="continue_final_message")
     add_generation_prompt = opt_bool(body.get("add_generation_prompt"), "add_generation_prompt")
+    if continue_final and add_generation_prompt:
+        raise InvalidRequest("'add_generation_prompt' and 'continue_final_message' cannot both "
+                             "be true: the reply either opens a new turn or continues the "
+                             "final one.", param="add_generation_prompt")
     return PromptOptions(
         add_generation_prompt=not continue_final if add_generation_prompt is None
-        else add_generation_prompt and not continue_final,
+        else add_generation_prompt,
         continue_final_message=continue_final, enable_thinking=merged.enable_thinking,
         preserve_thinking=merged.preserve_thinking, reasoning_effort=merged.template_effort,
         template_kwargs=merged.extra_kwargs)

@@ -14,9 +14,9 @@ import json
 import secrets
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
-from ninfer_jax.serve.core.fields import (check_image_detail, media_url, opt_bool,
+from ninfer_jax.serve.core.fields import (check_image_detail, invalid, media_url, opt_bool,
                                           opt_string, require_list, require_object,
-                                          require_string)
+                                          require_string, type_name)
 from ninfer_jax.text.conversation import MediaPart, Message, ToolCall, ToolSpec
 
 _TEXT_PARTS = ("text", "refusal")
@@ -48,7 +48,9 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
         return ""
     if isinstance(value, str):
         return value
-    parts = require_list(value, param)
+    if not isinstance(value, list):
+        raise invalid(param, "a string or an array of content parts", value)
+    parts = value
     texts: list[str] = []
     for index, part in enumerate(parts):
         where = f"{param}[{index}]"
@@ -154,8 +156,9 @@ def parse_messages(value, *, vision: bool = False, implicit_cache: bool = True) 
         raw = require_object(raw, param)
         role = raw.get("role")
         if role not in _ROLES:
+            shown = repr(role) if isinstance(role, str) else type_name(role)
             raise InvalidRequest(f"'{param}.role' must be one of {', '.join(_ROLES)}; "
-                                 f"got {role!r}.", param=f"{param}.role")
+                                 f"got {shown}.", param=f"{param}.role")
         _check_name(raw, role, param)
         marks: list = []
         media: list[MediaPart] = []

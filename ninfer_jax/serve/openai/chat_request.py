@@ -20,10 +20,12 @@ from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_backgroun
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
 
 MAX_STOP_STRINGS = 4
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 # Constrained-decoding aliases from other servers: rejected explicitly, never ignored.
+# (vLLM's guided_decoding_backend only picks the engine for those, so alone it is neutral.)
 CONSTRAINED_ALIASES = ("grammar", "structured_outputs", "guided_json", "guided_regex",
-                       "guided_choice", "guided_grammar", "guided_decoding_backend")
+                       "guided_choice", "guided_grammar")
 _SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
                     "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0)}
 
@@ -105,8 +107,17 @@ def implicit_cache(body: dict) -> bool:
     return check_enum(mode, "prompt_cache_options.mode", ("implicit", "explicit")) == "implicit"
 
 
+def check_advisory(body: dict) -> None:
+    """Advisory identifiers change nothing here, but a non-string one is still the client's
+    bug (a 400 naming it), as it is at OpenAI. `metadata` stays free-form: clients of
+    OpenAI-compatible servers put structured tracing data there."""
+    for name in ("user", "safety_identifier", "service_tier", "guided_decoding_backend"):
+        opt_string(body.get(name), name)
+
+
 def check_common_unsupported(body: dict) -> None:
     """Fields shared by Chat and Completions whose requested behaviour cannot be provided."""
+    check_advisory(body)
     n = opt_int(body.get("n"), "n", 1)
     if n not in (None, 1):
         raise unsupported("n", "only one choice is generated per request")
@@ -148,7 +159,8 @@ def check_chat_unsupported(body: dict) -> None:
         raise unsupported("top_logprobs", "log probabilities are not computed")
     fmt = body.get("response_format")
     if fmt is not None:
-        kind = require_object(fmt, "response_format").get("type")
+        kind = check_enum(require_object(fmt, "response_format").get("type"),
+                          "response_format.type", RESPONSE_FORMATS)
         if kind != "text":
             raise unsupported("response_format", "JSON output needs constrained decoding")
     modalities = body.get("modalities")

@@ -53,7 +53,8 @@ def prompt_ids(value, ctx: ServingContext) -> tuple[list[int], str]:
             raise InvalidRequest(f"'prompt' holds token id {bad}, outside the vocabulary "
                                  f"(0..{vocab - 1}).", param="prompt")
         return list(value), ctx.tokenizer.decode(value)
-    if isinstance(value, list) and len(value) > 1:
+    if isinstance(value, list) and len(value) > 1 and all(
+            isinstance(item, str) or _is_token_list(item) for item in value):
         raise fields.unsupported("prompt", "one prompt per request (batch prompts are not "
                                  "supported)")
     raise InvalidRequest("'prompt' must be a non-empty string or a list of token ids.",

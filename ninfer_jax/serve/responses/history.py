@@ -4,8 +4,9 @@ Contiguous assistant-owned Items (reasoning, assistant messages, function calls)
 assistant turn in the only order a chat template can render: reasoning, then content, then
 calls; any other order is `invalid_assistant_history`. A run of function_call_output Items
 must answer exactly the calls of the assistant turn right before it (matched by call_id,
-reordered to call order); otherwise `invalid_tool_history`. A history may begin with
-results (a truncated or imported conversation).
+reordered to call order), and a turn with calls must be followed by those results before
+any other message; otherwise `invalid_tool_history`. A history may begin with results (a
+truncated or imported conversation) and end at calls not yet answered.
 
 Cache-write candidates (OpenAI prompt caching) are computed here too, because they depend
 on where each Item's content ends in the lowered messages.
@@ -82,12 +83,23 @@ class _Lowering:
         self._flush_results()
         if kind == "message" and item["role"] != "assistant":
             self._flush_turn()
+            self._check_answered(param)
             text = "".join(_part_text(p) for p in item["content"])
             media = _parts_media(item["content"], f"{param}.content")
             self._append(Message(role=item["role"], content=text, media=media),
                          marked=_ends_with_breakpoint(item["content"]), cacheable=True)
         else:
             self._add_to_turn(item, param)
+
+    def _check_answered(self, param: str) -> None:
+        """A turn's calls are answered before the conversation moves on (as at OpenAI: "no
+        tool output found"); a history may still end at calls the client has yet to run."""
+        messages = self.history.messages
+        if messages and messages[-1].role == "assistant" and messages[-1].tool_calls:
+            missing = ", ".join(call.id for call in messages[-1].tool_calls)
+            raise _history_error(param, "This item follows function calls without their "
+                                 f"function_call_output items (call_id(s): {missing}).",
+                                 "invalid_tool_history")
 
     def finish(self) -> LoweredHistory:
         self._flush_turn()

@@ -40,6 +40,7 @@ UNSUPPORTED_FIELDS = {
     "personality": "Personalities are not supported.",
 }
 METADATA_MAX_PAIRS, METADATA_MAX_KEY, METADATA_MAX_VALUE = 16, 64, 512
+TEXT_FORMATS = ("text", "json_object", "json_schema")
 
 
 @dataclasses.dataclass
@@ -103,12 +104,15 @@ def _text_config(value) -> dict:
     value = {} if value is None else fields.require_object(value, "text")
     text_format = value.get("format")
     if text_format is not None:
-        text_format = fields.require_object(text_format, "text.format")
-        if text_format.get("type") != "text":
+        kind = fields.check_enum(fields.require_object(text_format, "text.format").get("type"),
+                                 "text.format.type", TEXT_FORMATS)
+        if kind != "text":
             raise Unsupported("Only text.format {'type':'text'} is supported; structured "
                               "outputs and JSON mode need constrained decoding.",
                               param="text.format")
     verbosity = value.get("verbosity")
+    if verbosity is not None:
+        fields.check_enum(verbosity, "text.verbosity", ("low", "medium", "high"))
     if verbosity not in (None, "medium"):
         raise Unsupported("Only medium verbosity is supported.", param="text.verbosity")
     echo = {"format": {"type": "text"}}
