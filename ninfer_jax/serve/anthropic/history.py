@@ -169,6 +169,8 @@ class _Lowering:
         else:
             self._results_unchecked(leading)
         self._plain("user", rest)
+        if not blocks:  # content [] is an empty turn, as content "" is; never dropped
+            self.out.messages.append(Message(role="user", content=""))
 
     def _results(self, calls, leading, rest) -> None:
         param = (leading or rest or [({}, "messages")])[0][1]
@@ -238,7 +240,12 @@ class _Lowering:
             elif kind == "text":
                 turn.content += require_string(block.get("text"), f"{param}.text")
             else:
-                turn.tool_calls.append(_tool_call(block, param))
+                call = _tool_call(block, param)
+                if any(c.id == call.id for c in turn.tool_calls):
+                    # Results are matched by id: a repeated id could never be answered.
+                    raise _history_error(f"{param}.id", f"tool_use id '{call.id}' is repeated "
+                                         "in this assistant turn.", "invalid_tool_history")
+                turn.tool_calls.append(call)
             self._mark(block, param, index, is_last=n == len(blocks) - 1 and kind == "text")
         self.out.messages.append(turn)
 

@@ -123,7 +123,8 @@ def opt_int(value, param: str, low: int | None = None, high: int | None = None) 
     if isinstance(value, bool) or not isinstance(value, int):
         raise invalid(param, "an integer", value)
     if (low is not None and value < low) or (high is not None and value > high):
-        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        bounds = (f">= {low}" if high is None else f"<= {high}" if low is None
+                  else f"in [{low}, {high}]")
         raise InvalidRequest(f"'{param}' must be {bounds}, got {value}.", param=param)
     return value
 
