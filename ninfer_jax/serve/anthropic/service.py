@@ -14,7 +14,7 @@ import logging
 from typing import Iterator
 
 from ninfer_jax.engine.request import RequestHandle
-from ninfer_jax.errors import InternalError, NinferError
+from ninfer_jax.errors import InternalError, NinferError, Unsupported
 from ninfer_jax.serve.core import generation
 from ninfer_jax.serve.anthropic.output import MessageBuilder, usage_object
 from ninfer_jax.serve.anthropic.request import AnthropicRequest, parse_request
@@ -43,8 +43,15 @@ class MessagesService:
         self.ctx = ctx
 
     def _parse(self, body, *, count_only: bool = False) -> AnthropicRequest:
-        return parse_request(body, default_max_tokens=self.ctx.config.default_max_tokens,
-                             count_only=count_only, vision=self.ctx.config.vision)
+        request = parse_request(body, default_max_tokens=self.ctx.config.default_max_tokens,
+                                count_only=count_only, vision=self.ctx.config.vision)
+        if request.thinking_mode == "enabled" and self.ctx.reasoning_markers is None:
+            # Enabled (unlike adaptive) promises thinking under a budget; a model with no
+            # thinking channel would silently answer without it.
+            raise Unsupported("thinking.type 'enabled' needs a model with a thinking mode; "
+                              "this model's artifact declares none. Use 'adaptive' or "
+                              "'disabled'.", param="thinking.type")
+        return request
 
     def count_tokens(self, body) -> dict:
         request = self._parse(body, count_only=True)
