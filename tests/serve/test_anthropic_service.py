@@ -107,6 +107,12 @@ def test_max_tokens_and_context_window(service_for):
     small = service_for("word " * 60, max_context=40)
     message = _create(small, max_tokens=None)
     assert message["stop_reason"] == "model_context_window_exceeded"
+    # An explicit max_tokens that exactly fills the context was itself reached: the
+    # client's own limit is the stop reason, as when it ends short of the context.
+    prompt = small.count_tokens(_body())["input_tokens"]
+    message = _create(small, max_tokens=40 - prompt)
+    assert message["usage"]["output_tokens"] == 40 - prompt
+    assert message["stop_reason"] == "max_tokens"
 
 
 def test_tool_use_output(service_for):

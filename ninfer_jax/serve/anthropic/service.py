@@ -80,11 +80,15 @@ class MessagesService:
         elif delta.kind == "content":
             run.builder.text(delta.text)
 
-    def _stop_reason(self, result: GenerationResult) -> tuple[str, str | None]:
+    def _stop_reason(self, run: MessagesRun, result: GenerationResult) -> tuple[str, str | None]:
         if result.finish_reason == "tool_calls":
             return "tool_use", None
         if result.finish_reason == "length":
-            if result.prompt_tokens + result.completion_tokens >= self.ctx.max_context:
+            # The client's own max_tokens, once reached, is the reason even when it also
+            # filled the context exactly; only a limit the context imposed is the window's.
+            asked = run.request.max_tokens
+            if (asked is None or result.completion_tokens < asked) and (
+                    result.prompt_tokens + result.completion_tokens >= self.ctx.max_context):
                 return "model_context_window_exceeded", None
             return "max_tokens", None
         if result.matched_stop is not None:
@@ -94,7 +98,7 @@ class MessagesService:
     def _finish(self, run: MessagesRun, result: GenerationResult) -> dict:
         for call in result.tool_calls:
             run.builder.tool_use(call.name, call.arguments)
-        reason, sequence = self._stop_reason(result)
+        reason, sequence = self._stop_reason(run, result)
         usage = usage_object(result.prompt_tokens, result.cached_tokens,
                              result.completion_tokens)
         return run.builder.finish(reason, usage, stop_sequence=sequence)
