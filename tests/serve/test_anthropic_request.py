@@ -142,6 +142,20 @@ def test_empty_content_list_is_an_empty_turn_like_an_empty_string():
         assert _roles(request) == [("user", "q"), ("assistant", "a"), ("user", "")]
 
 
+@pytest.mark.parametrize("body, param", [
+    ({"system": 5}, "system"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": {"text": "x"}}]}]},
+     "messages[0].content[0].content"),
+])
+def test_content_type_errors_name_both_accepted_forms(body, param):
+    with pytest.raises(InvalidRequest) as info:
+        _parse(**body)
+    assert info.value.param == param
+    assert "a string or an array of content blocks" in info.value.message
+
+
 def test_bound_messages_name_only_real_bounds():
     with pytest.raises(InvalidRequest) as info:
         _parse(top_k=50)
