@@ -156,6 +156,14 @@ def test_content_type_errors_name_both_accepted_forms(body, param):
     assert "a string or an array of content blocks" in info.value.message
 
 
+@pytest.mark.parametrize("kind", [None, ["text"], {"type": "text"}, 3])
+def test_a_block_type_that_is_no_string_is_a_400_on_it(kind):
+    for body in ({"messages": [{"role": "user", "content": [{"type": kind, "text": "x"}]}]},
+                 {"system": [{"type": kind, "text": "x"}]}):
+        param = "system[0].type" if "system" in body else "messages[0].content[0].type"
+        assert _error(**body) == (param, "invalid_request")
+
+
 def test_bound_messages_name_only_real_bounds():
     with pytest.raises(InvalidRequest) as info:
         _parse(top_k=50)

@@ -78,7 +78,7 @@ def _blocks(content, param: str) -> list[tuple[dict, str]]:
 
 
 def _check_block_type(block: dict, param: str, vision: bool = False) -> str:
-    kind = block.get("type")
+    kind = require_string(block.get("type"), f"{param}.type")  # a list or object is unhashable
     if kind in UNSUPPORTED_BLOCKS:
         raise Unsupported(f"'{kind}' blocks are not supported: this server has no "
                           f"{UNSUPPORTED_BLOCKS[kind]}.", param=f"{param}.type")
