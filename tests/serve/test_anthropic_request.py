@@ -105,6 +105,9 @@ def test_thinking_history_and_tool_round_trip():
       {"role": "user", "content": "no results"}], "messages[2].content"),
     ([{"role": "user", "content": "q"},
       {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+      {"role": "user", "content": []}], "messages"),
+    ([{"role": "user", "content": "q"},
+      {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9"}]}],
      "messages[2].content[0].tool_use_id"),
     ([{"role": "user", "content": "q"},
@@ -118,6 +121,53 @@ def test_thinking_history_and_tool_round_trip():
 ])
 def test_tool_result_matching_rules(messages, param):
     assert _error(messages=messages) == (param, "invalid_tool_history")
+
+
+def test_duplicate_tool_use_id_is_named_on_the_tool_use():
+    turn = {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
+    results = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]}
+    assert _error(messages=[{"role": "user", "content": "q"}, turn, results]) == (
+        "messages[1].content[1].id", "invalid_tool_history")
+
+
+def test_empty_content_list_is_an_empty_turn_like_an_empty_string():
+    for empty in ([], ""):
+        request = _parse(messages=[{"role": "user", "content": empty}])
+        assert _roles(request) == [("user", "")]
+        request = _parse(messages=[{"role": "user", "content": "q"},
+                                   {"role": "assistant", "content": "a"},
+                                   {"role": "user", "content": empty}])
+        assert _roles(request) == [("user", "q"), ("assistant", "a"), ("user", "")]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"system": 5}, "system"),
+    ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": "t", "content": {"text": "x"}}]}]},
+     "messages[0].content[0].content"),
+])
+def test_content_type_errors_name_both_accepted_forms(body, param):
+    with pytest.raises(InvalidRequest) as info:
+        _parse(**body)
+    assert info.value.param == param
+    assert "a string or an array of content blocks" in info.value.message
+
+
+@pytest.mark.parametrize("kind", [None, ["text"], {"type": "text"}, 3])
+def test_a_block_type_that_is_no_string_is_a_400_on_it(kind):
+    for body in ({"messages": [{"role": "user", "content": [{"type": kind, "text": "x"}]}]},
+                 {"system": [{"type": kind, "text": "x"}]}):
+        param = "system[0].type" if "system" in body else "messages[0].content[0].type"
+        assert _error(**body) == (param, "invalid_request")
+
+
+def test_bound_messages_name_only_real_bounds():
+    with pytest.raises(InvalidRequest) as info:
+        _parse(top_k=50)
+    assert info.value.message == "'top_k' must be <= 20, got 50."
 
 
 def test_history_may_begin_with_results():

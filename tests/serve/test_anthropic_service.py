@@ -6,7 +6,7 @@ from anthropic._models import construct_type
 from anthropic.lib.streaming._messages import accumulate_event
 from anthropic.types import RawMessageStreamEvent
 
-from ninfer_jax.errors import InvalidRequest, QueueTimeout
+from ninfer_jax.errors import InvalidRequest, QueueTimeout, Unsupported
 from ninfer_jax.serve.anthropic.output import thinking_signature
 from ninfer_jax.serve.anthropic.service import MessagesService
 
@@ -107,6 +107,12 @@ def test_max_tokens_and_context_window(service_for):
     small = service_for("word " * 60, max_context=40)
     message = _create(small, max_tokens=None)
     assert message["stop_reason"] == "model_context_window_exceeded"
+    # An explicit max_tokens that exactly fills the context was itself reached: the
+    # client's own limit is the stop reason, as when it ends short of the context.
+    prompt = small.count_tokens(_body())["input_tokens"]
+    message = _create(small, max_tokens=40 - prompt)
+    assert message["usage"]["output_tokens"] == 40 - prompt
+    assert message["stop_reason"] == "max_tokens"
 
 
 def test_tool_use_output(service_for):
@@ -175,3 +181,17 @@ def test_preparation_errors_are_raised(service_for):
             service.start(_body(), "req-b")
     finally:
         busy.handle.cancel()
+
+
+def test_enabled_thinking_on_a_model_without_thinking_is_refused(service_for):
+    service = service_for("Plain answer.", chat_format={"tool_call_format": "hermes"})
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    for call in (lambda: service.start(_body(thinking=thinking, max_tokens=1100), "req-1"),
+                 lambda: service.count_tokens(_body(thinking=thinking, max_tokens=1100))):
+        with pytest.raises(Unsupported) as info:
+            call()
+        assert info.value.param == "thinking.type"
+    # Adaptive leaves the choice to the model, and disabled asks for nothing: both run.
+    for mode in ("adaptive", "disabled"):
+        message = _create(service, thinking={"type": mode})
+        assert message["content"] == [{"type": "text", "text": "Plain answer."}]

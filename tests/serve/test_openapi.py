@@ -47,3 +47,20 @@ def test_document_is_structurally_valid_openapi_31(client):
         assert ref.rsplit("/", 1)[1] in doc["components"]["schemas"]
     chat = doc["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]
     assert "messages" in chat["application/json"]["schema"]["required"]
+
+
+def test_anthropic_routes_describe_their_own_fields_and_errors(client):
+    doc = client.simulate_get("/openapi.json").json
+    create = doc["paths"]["/v1/messages"]["post"]
+    schema = create["requestBody"]["content"]["application/json"]["schema"]
+    assert "max_tokens" not in schema["required"]  # optional: --default-max-tokens
+    assert "seed" not in schema["properties"] and "stop" not in schema["properties"]
+    assert schema["properties"]["temperature"]["maximum"] == 1
+    count = doc["paths"]["/v1/messages/count_tokens"]["post"]
+    assert "messages" in count["requestBody"]["content"]["application/json"]["schema"]["required"]
+    for operation in (create, count):
+        assert {"504", "529"} <= set(operation["responses"]) and "429" not in operation["responses"]
+        ref = operation["responses"]["400"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref == "#/components/schemas/AnthropicError"
+    error = client.simulate_post("/v1/messages", json={"model": "m", "messages": []}).json
+    assert set(error) == set(doc["components"]["schemas"]["AnthropicError"]["properties"])

@@ -76,6 +76,18 @@ def test_non_finite_numbers_are_400(client, path, literal):
 
 
 @pytest.mark.parametrize("path", ROUTES)
+def test_an_integer_too_large_for_a_float_is_400_not_500(client, path):
+    # JSON integers have no size limit and Python keeps them exact; as a float they overflow.
+    body = bodies("smollm2-135m-instruct")[path]
+    text = json.dumps(body)[:-1] + f', "temperature": 1{"0" * 400}}}'
+    response = raw_post(client, path, text)
+    assert response.status_code == 400, response.text
+    error = response.json["error"]
+    assert "temperature" in error["message"] and "an integer of 401 digits" in error["message"]
+    assert error.get("param", "temperature") == "temperature"
+
+
+@pytest.mark.parametrize("path", ROUTES)
 @pytest.mark.parametrize("depth", [100, 5000])
 def test_deep_nesting_is_400(client, path, depth):
     body = bodies("smollm2-135m-instruct")[path]

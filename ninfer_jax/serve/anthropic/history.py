@@ -20,7 +20,7 @@ import json
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core.fields import (
-    check_enum, media_url, opt_bool, require_list, require_object, require_string,
+    check_enum, invalid, media_url, opt_bool, require_list, require_object, require_string,
     vision_disabled)
 from ninfer_jax.errors import InvalidMedia
 from ninfer_jax.text.conversation import MediaPart, Message, ToolCall
@@ -71,12 +71,14 @@ def cache_ttl(block: dict, param: str) -> str | None:
 def _blocks(content, param: str) -> list[tuple[dict, str]]:
     if isinstance(content, str):
         return [({"type": "text", "text": content}, param)]
-    blocks = require_list(content, param)
+    if not isinstance(content, list):
+        raise invalid(param, "a string or an array of content blocks", content)
+    blocks = content
     return [(require_object(b, f"{param}[{n}]"), f"{param}[{n}]") for n, b in enumerate(blocks)]
 
 
 def _check_block_type(block: dict, param: str, vision: bool = False) -> str:
-    kind = block.get("type")
+    kind = require_string(block.get("type"), f"{param}.type")  # a list or object is unhashable
     if kind in UNSUPPORTED_BLOCKS:
         raise Unsupported(f"'{kind}' blocks are not supported: this server has no "
                           f"{UNSUPPORTED_BLOCKS[kind]}.", param=f"{param}.type")
@@ -169,6 +171,8 @@ class _Lowering:
         else:
             self._results_unchecked(leading)
         self._plain("user", rest)
+        if not blocks:  # content [] is an empty turn, as content "" is; never dropped
+            self.out.messages.append(Message(role="user", content=""))
 
     def _results(self, calls, leading, rest) -> None:
         param = (leading or rest or [({}, "messages")])[0][1]
@@ -238,7 +242,12 @@ class _Lowering:
             elif kind == "text":
                 turn.content += require_string(block.get("text"), f"{param}.text")
             else:
-                turn.tool_calls.append(_tool_call(block, param))
+                call = _tool_call(block, param)
+                if any(c.id == call.id for c in turn.tool_calls):
+                    # Results are matched by id: a repeated id could never be answered.
+                    raise _history_error(f"{param}.id", f"tool_use id '{call.id}' is repeated "
+                                         "in this assistant turn.", "invalid_tool_history")
+                turn.tool_calls.append(call)
             self._mark(block, param, index, is_last=n == len(blocks) - 1 and kind == "text")
         self.out.messages.append(turn)
 

@@ -14,7 +14,7 @@ import logging
 from typing import Iterator
 
 from ninfer_jax.engine.request import RequestHandle
-from ninfer_jax.errors import InternalError, NinferError
+from ninfer_jax.errors import InternalError, NinferError, Unsupported
 from ninfer_jax.serve.core import generation
 from ninfer_jax.serve.anthropic.output import MessageBuilder, usage_object
 from ninfer_jax.serve.anthropic.request import AnthropicRequest, parse_request
@@ -43,8 +43,15 @@ class MessagesService:
         self.ctx = ctx
 
     def _parse(self, body, *, count_only: bool = False) -> AnthropicRequest:
-        return parse_request(body, default_max_tokens=self.ctx.config.default_max_tokens,
-                             count_only=count_only, vision=self.ctx.config.vision)
+        request = parse_request(body, default_max_tokens=self.ctx.config.default_max_tokens,
+                                count_only=count_only, vision=self.ctx.config.vision)
+        if request.thinking_mode == "enabled" and self.ctx.reasoning_markers is None:
+            # Enabled (unlike adaptive) promises thinking under a budget; a model with no
+            # thinking channel would silently answer without it.
+            raise Unsupported("thinking.type 'enabled' needs a model with a thinking mode; "
+                              "this model's artifact declares none. Use 'adaptive' or "
+                              "'disabled'.", param="thinking.type")
+        return request
 
     def count_tokens(self, body) -> dict:
         request = self._parse(body, count_only=True)
@@ -73,11 +80,15 @@ class MessagesService:
         elif delta.kind == "content":
             run.builder.text(delta.text)
 
-    def _stop_reason(self, result: GenerationResult) -> tuple[str, str | None]:
+    def _stop_reason(self, run: MessagesRun, result: GenerationResult) -> tuple[str, str | None]:
         if result.finish_reason == "tool_calls":
             return "tool_use", None
         if result.finish_reason == "length":
-            if result.prompt_tokens + result.completion_tokens >= self.ctx.max_context:
+            # The client's own max_tokens, once reached, is the reason even when it also
+            # filled the context exactly; only a limit the context imposed is the window's.
+            asked = run.request.max_tokens
+            if (asked is None or result.completion_tokens < asked) and (
+                    result.prompt_tokens + result.completion_tokens >= self.ctx.max_context):
                 return "model_context_window_exceeded", None
             return "max_tokens", None
         if result.matched_stop is not None:
@@ -87,7 +98,7 @@ class MessagesService:
     def _finish(self, run: MessagesRun, result: GenerationResult) -> dict:
         for call in result.tool_calls:
             run.builder.tool_use(call.name, call.arguments)
-        reason, sequence = self._stop_reason(result)
+        reason, sequence = self._stop_reason(run, result)
         usage = usage_object(result.prompt_tokens, result.cached_tokens,
                              result.completion_tokens)
         return run.builder.finish(reason, usage, stop_sequence=sequence)

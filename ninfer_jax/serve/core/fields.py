@@ -108,10 +108,15 @@ def opt_bool(value, param: str) -> bool | None:
 def opt_number(value, param: str, low: float, high: float) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise invalid(param, "a finite number", value)
+    # Compared before any float(): a JSON integer is unbounded, and one past a float's range
+    # would raise OverflowError there.
     if not low <= value <= high:
-        raise InvalidRequest(f"'{param}' must be in [{low}, {high}], got {value}.", param=param)
+        shown = value if isinstance(value, float) or abs(value) < 10**18 else (
+            f"an integer of {len(str(abs(value)))} digits")
+        raise InvalidRequest(f"'{param}' must be in [{low}, {high}], got {shown}.", param=param)
     return float(value)
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import falcon
 from falcon import inspect as falcon_inspect
 
+from ninfer_jax.serve.core.errors import is_anthropic_path
+
 MESSAGE = {"type": "object", "required": ["role"], "properties": {
     "role": {"type": "string"}, "content": {}, "name": {"type": "string"}}}
 SAMPLING = {
@@ -28,16 +30,37 @@ REQUEST_BODIES = {
         "model": {"type": "string"}, "stream": {"type": "boolean"}, "input": {},
         "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer"},
         "previous_response_id": {"type": "string"}, "store": {"type": "boolean"}}},
-    "/v1/messages": {"type": "object", "required": ["messages", "max_tokens"], "properties": {
-        **SAMPLING, "messages": {"type": "array", "items": MESSAGE}, "system": {},
-        "stop_sequences": {"type": "array", "items": {"type": "string"}}}},
 }
+# Anthropic Messages has its own fields: max_tokens is optional here (--default-max-tokens),
+# temperature is in [0, 1], and OpenAI's seed and stop are not among them.
+ANTHROPIC_PROMPT = {
+    "model": {"type": "string"}, "messages": {"type": "array", "items": MESSAGE},
+    "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
+    "tools": {"type": "array", "items": {"type": "object"}}, "tool_choice": {"type": "object"},
+    "thinking": {"type": "object"}}
+REQUEST_BODIES["/v1/messages"] = {
+    "type": "object", "required": ["model", "messages"], "properties": {
+        **ANTHROPIC_PROMPT, "stream": {"type": "boolean"},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_k": {"type": "integer"},
+        "stop_sequences": {"type": "array", "items": {"type": "string"}, "maxItems": 4}}}
+REQUEST_BODIES["/v1/messages/count_tokens"] = {
+    "type": "object", "required": ["model", "messages"], "properties": ANTHROPIC_PROMPT}
 ERROR = {"type": "object", "required": ["error"], "properties": {"error": {
     "type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"},
                                      "code": {"type": ["string", "null"]}}}}}
 ERROR_STATUSES = {"400": "Invalid request", "401": "Missing or wrong API key",
                   "404": "Not found", "413": "Body too large", "429": "Too many requests",
                   "503": "Unavailable or shutting down"}
+ANTHROPIC_ERROR = {"type": "object", "required": ["type", "error"], "properties": {
+    "type": {"const": "error"}, "request_id": {"type": ["string", "null"]},
+    "error": {"type": "object", "properties": {"type": {"type": "string"},
+                                               "message": {"type": "string"}}}}}
+# serve/core/errors.py: Anthropic routes answer overload with 529 and a queue timeout with 504.
+ANTHROPIC_ERROR_STATUSES = {**{k: v for k, v in ERROR_STATUSES.items() if k != "429"},
+                            "504": "Timed out waiting for admission", "529": "Overloaded"}
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD")
 
 
@@ -51,11 +74,14 @@ def _path(template: str) -> str:
 
 
 def _operation(path: str, method: str) -> dict:
+    statuses, error = ERROR_STATUSES, "#/components/schemas/Error"
+    if is_anthropic_path(path):
+        statuses, error = ANTHROPIC_ERROR_STATUSES, "#/components/schemas/AnthropicError"
     operation = {"operationId": f"{method.lower()}{path.replace('/', '_').replace('{', '').replace('}', '')}",
                  "responses": {"200": {"description": "OK"},
                                **{status: {"description": text, "content": {
-                                   "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-                                  for status, text in ERROR_STATUSES.items()}}}
+                                   "application/json": {"schema": {"$ref": error}}}}
+                                  for status, text in statuses.items()}}}
     params = [part.split("}")[0] for part in path.split("{")[1:]]
     if params:
         operation["parameters"] = [{"name": name, "in": "path", "required": True,
@@ -77,7 +103,7 @@ def describe(app: falcon.App) -> dict:
     return {"openapi": "3.1.0",
             "info": {"title": "ninfer-jax", "version": "1"},
             "paths": dict(sorted(paths.items())),
-            "components": {"schemas": {"Error": ERROR}}}
+            "components": {"schemas": {"Error": ERROR, "AnthropicError": ANTHROPIC_ERROR}}}
 
 
 class OpenAPIResource:
