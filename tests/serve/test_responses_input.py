@@ -176,3 +176,11 @@ def test_an_item_type_that_is_not_a_string_is_refused(kind):
     with pytest.raises(Unsupported) as info:
         normalize_input([{"type": kind, "role": "user", "content": "hi"}])
     assert info.value.param == "input[0].type"
+
+
+@pytest.mark.parametrize("kind", [["input_text"], {"a": 1}, 3, None])
+def test_a_content_part_type_that_is_not_a_string_is_refused(kind):
+    # A list `type` was a 500 (unhashable in the media-part lookup).
+    with pytest.raises(InvalidRequest) as info:
+        normalize_input([{"role": "user", "content": [{"type": kind, "text": "hi"}]}])
+    assert (info.value.param, info.value.code) == ("input[0].content[0].type", "invalid_request")

@@ -91,7 +91,7 @@ def _text_part(part_type: str, text: str) -> dict:
 
 def _normalize_part(part, role: str, param: str, vision: bool) -> dict:
     part = require_object(part, param)
-    kind = part.get("type")
+    kind = require_string(part.get("type"), f"{param}.type")
     if kind in ("input_text", "output_text"):
         if kind == "output_text" and role != "assistant":
             raise InvalidRequest(f"'output_text' parts belong to assistant messages, not "
