@@ -12,7 +12,8 @@
 #       (k8v4, nvfp4) natively in the Pallas decode kernel, then decode attention at 32k x 8 and
 #       4k x 1 per KV dtype against bf16 (kernel_bench kv4; every row's `path` must be pallas)
 #   bash benchmarks/results/run38/device_run38.sh "dflash"   (~8 min) issue 12's drafting cost
-#       on the 27B (hybrid) and 8B (dense) shapes, and DFlash on dense targets natively
+#       on the 27B (hybrid) and 8B (dense) shapes (the drafter's block attention now on the
+#       decode kernel: kernels/paged_attention/block.py), and DFlash on dense targets natively
 #   bash benchmarks/results/run38/device_run38.sh "gemma"    (~5 min) issue 19 on main: Gemma 4 31B
 #       with its sliding layers on the windowed gather (ragged_attention/windowed.py, no loop;
 #       run 29's 21.2 / 137.5 tok/s walked the whole table in the reference), and the gather
@@ -51,7 +52,7 @@ for stage in $STAGES; do
           --variant $v --rows 1,8 --drafts 7,15 --context 4096; done
       stamp dflash-tests
       timeout 150 python3 -m pytest -rA -p no:cacheprovider tests/model/test_dflash.py \
-        > "$OUT/pytest-dflash.log" 2>&1
+        tests/kernels/test_block_attention.py > "$OUT/pytest-dflash.log" 2>&1
       stamp "dflash-tests rc=$?"; tail -n 3 "$OUT/pytest-dflash.log" | tee -a "$OUT/stages.log";;
     kv)
       stamp kv-tests
