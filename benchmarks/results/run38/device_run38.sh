@@ -1,6 +1,8 @@
 #!/bin/bash
 # Run 38 (written 2026-12-05, for the next session's device time). Each group fits one
-# 10-minute call; from the repository root, carry [".whl"], in this order of value:
+# 10-minute call; from the repository root, carry [".whl"]. Start with "gemma" (it may close
+# issue 19: if the windowed gather brings the 31B near its GEMV ceiling, no window kernel is
+# needed), then in this order of value:
 #   bash benchmarks/results/run38/device_run38.sh "hybrid"   (~7 min) issue 11's missing
 #       figures with both GDN kernels on: the full 27B at batch 1/8/64 (64 never measured),
 #       the 35B-A3B at 1/8/64 with a per-kernel profile of its decode steps (why batch 1 is
