@@ -84,6 +84,18 @@ def test_block_paths_equal_the_reference(window, causal):
 
 
 @cpu_only
+def test_kernel_path_splits_many_query_rows_over_programs(monkeypatch):
+    """9 queries x 2 heads per kv head = 18 rows; with 16 rows a program the block runs as two
+    programs per (row, kv head), the second mostly padding."""
+    monkeypatch.setattr(kernel, "MAX_CONTEXT_ROWS", 2)  # 2 * 128 / D=16: 16 rows a program
+    rng = np.random.default_rng(5)
+    args = case(rng, lengths=[37, 6], T=9)
+    np.testing.assert_allclose(call(block.paged_block_attention, *args, interpret=True),
+                               call(reference.paged_block_attention, *args),
+                               atol=1e-5, rtol=1e-5)
+
+
+@cpu_only
 @pytest.mark.parametrize("kv_dtype", [jnp.int8, jnp.float8_e4m3fn])
 def test_kernel_path_reads_8_bit_pages_as_the_reference(kv_dtype):
     rng = np.random.default_rng(3)
@@ -100,7 +112,7 @@ def test_kernel_path_reads_8_bit_pages_as_the_reference(kv_dtype):
 
 
 @pytest.mark.parametrize("T,heads,kv_heads,head_dim", [(16, 32, 8, 128), (8, 16, 2, 128),
-                                                       (4, 9, 3, 64)])
+                                                       (4, 9, 3, 64), (16, 24, 4, 256)])
 def test_context_kernel_lowers_for_cuda(T, heads, kv_heads, head_dim):
     """The folded group (T x G rows, padded to a power of two) is a tile Triton accepts."""
     rng = np.random.default_rng(0)

@@ -38,6 +38,10 @@ from ninfer_jax.kernels.paged_attention.reference import (DUMMY_PAGE, E2M1Pages,
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
 
 MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
+# Query rows of one context-attention program at head dim 128 (fewer at wider heads): its
+# float32 accumulator stays at 64 x 128, the size of the decode kernel's own at Gemma's
+# head dim 512 (16 x 512).
+MAX_CONTEXT_ROWS = 64
 # Finite stand-in for -inf: masked logits and empty splits use it, so exp() of differences
 # never sees inf - inf.
 MASK_VALUE = -1e30
@@ -234,8 +238,10 @@ def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: 
     """T queries per row that all see the row's paged keys 0..lengths-1 (the DFlash drafter's
     block, reference.paged_block_attention's paged part). q [B, T, H, D] -> (out [B, T, H, D]
     f32, log-sum-exp [B, T, H] f32; a row with no key gets ~MASK_VALUE, so a merge weighs it
-    0). The T queries join the G heads of their kv head as one group of T * G dot rows: every
-    page is read once per row and kv head, as in decode, and one program scores the block."""
+    0). The T queries join the G heads of their kv head as T * G dot rows, so a page is read
+    once per row and kv head for up to MAX_CONTEXT_ROWS * 128 / D of them; more rows run as
+    further programs of the same call (the decode kernel's grid over rows, the row's table
+    repeated), which keeps a program's accumulator within the decode kernel's largest."""
     if not supports(k_cache, v_cache):
         raise ValueError(f"the Pallas decode kernel does not read {type(k_cache).__name__} / "
                          f"{type(v_cache).__name__} pages (use the reference)")
@@ -243,24 +249,32 @@ def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: 
     _, K, S, _ = k_cache.shape
     G = H // K
     R = T * G
-    Rp = max(MIN_DOT_ROWS, _next_power_of_2(R))
+    per_program = max(MIN_DOT_ROWS, min(_next_power_of_2(R), MAX_CONTEXT_ROWS * 128 // D))
+    C = -(-R // per_program)  # programs per (row, kv head)
     W = page_table.shape[1]
     if tuning is None:
-        tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W)
+        tuning = decode_tuning(batch=B * C, num_kv_heads=K, page_size=S, table_width=W)
     padded_width = tuning.num_splits * tuning.pages_per_split
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
                     constant_values=DUMMY_PAGE)
     qg = jnp.moveaxis(q.reshape(B, T, K, G, D), 1, 2).reshape(B, K, R, D)
-    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, Rp - R), (0, 0)))
-    o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths.astype(jnp.int32), scale=scale,
+    qg = jnp.pad(qg, ((0, 0), (0, 0), (0, C * per_program - R), (0, 0)))
+    qg = jnp.moveaxis(qg.reshape(B, K, C, per_program, D), 2, 1)
+    o, m, l = _decode_call(qg.reshape(B * C, K, per_program, D), k_cache, v_cache,
+                           jnp.repeat(table, C, axis=0),
+                           jnp.repeat(lengths.astype(jnp.int32), C), scale=scale,
                            tuning=tuning, store_empty=True, interpret=interpret)
-    out = merge_splits(o, m, l)[:, :, :R]  # [B, K, R, D]
     peak = m.max(axis=0)
     total = (jnp.exp(m - peak[None]) * l).sum(axis=0)
-    lse = (peak + jnp.log(jnp.maximum(total, 1e-30)))[:, :, :R]  # [B, K, R]
-    out = jnp.moveaxis(out.reshape(B, K, T, G, D), 2, 1).reshape(B, T, H, D)
-    lse = jnp.moveaxis(lse.reshape(B, K, T, G), 2, 1).reshape(B, T, H)
-    return out, lse
+    out, lse = merge_splits(o, m, l), peak + jnp.log(jnp.maximum(total, 1e-30))
+
+    def unfold(a):  # [B*C, K, per_program, ...] -> [B, T, H, ...]
+        a = jnp.moveaxis(a.reshape(B, C, K, per_program, *a.shape[3:]), 1, 2)
+        a = a.reshape(B, K, C * per_program, *a.shape[4:])[:, :, :R]
+        return jnp.moveaxis(a.reshape(B, K, T, G, *a.shape[3:]), 2, 1).reshape(
+            B, T, H, *a.shape[3:])
+
+    return unfold(out), unfold(lse)
 
 
 def merge_splits(o, m, l):
