@@ -34,3 +34,19 @@ def default_artifact(default_artifact_path):
 @pytest.fixture(scope="session")
 def default_tokenizer(default_artifact):
     return default_artifact.load_tokenizer()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_compiled_executables():
+    """Drop JAX's compiled executables after each test module. XLA:CPU maps every loaded
+    executable's code and data (about three memory maps each), jit caches keep them for the
+    process's life, and a full run reached Linux's 65,530 maps per process about half way:
+    the next compile then crashed inside LLVM (segfaults in backend_compile_and_load in CI).
+    What a later module needs again comes back from the persistent compilation cache."""
+    yield
+    import gc
+
+    import jax
+
+    gc.collect()
+    jax.clear_caches()
