@@ -73,7 +73,8 @@ def test_error_event_and_frame():
     builder.fail({"type": "error", "error": {"type": "overloaded_error", "message": "x"},
                   "request_id": "r"})
     event = builder.take_events()[-1]
-    assert event == {"type": "error", "error": {"type": "overloaded_error", "message": "x"}}
+    assert event == {"type": "error", "error": {"type": "overloaded_error", "message": "x"},
+                     "request_id": "r"}
     frame = sse_frame(event).decode()
     assert frame.startswith("event: error\ndata: ") and frame.endswith("\n\n")
     assert json.loads(frame.split("data: ", 1)[1])["error"]["type"] == "overloaded_error"

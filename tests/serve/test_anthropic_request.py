@@ -1,7 +1,7 @@
 """Anthropic Messages parsing: history lowering, thinking, tools, cache markers, errors."""
 import pytest
 
-from ninfer_jax.errors import InvalidRequest
+from ninfer_jax.errors import InvalidRequest, NinferError
 from ninfer_jax.serve.anthropic.request import parse_request
 
 DEFAULT_MAX = 8192
@@ -301,3 +301,16 @@ def test_cache_control_counting_rules():
 def test_count_only_ignores_output_fields():
     request = _parse(count_only=True, max_tokens=0, stream="not-a-bool", temperature=9)
     assert request.max_tokens is None and request.stream is False
+
+
+@pytest.mark.parametrize("messages, tools, shown", [
+    ([{"role": "user", "content": [{"type": "video"}]}], None,
+     'Content block type "video" is not supported'),
+    ([{"role": "user", "content": "Hi"}], [{**TOOL, "type": False}], "Tool type false is"),
+    ([{"role": "user", "content": "Hi"}], [{**TOOL, "name": "a b"}], 'Tool name "a b" is'),
+])
+def test_quoted_values_are_json(messages, tools, shown):
+    body = {"messages": messages} if tools is None else {"messages": messages, "tools": tools}
+    with pytest.raises(NinferError) as info:
+        _parse(**body)
+    assert shown in info.value.message, info.value.message

@@ -167,7 +167,8 @@ def test_error_after_stream_start_is_error_event(service_for):
     events = _stream(service)
     assert events[0]["type"] == "message_start"
     assert events[-1] == {"type": "error", "error": {"type": "api_error",
-                                                     "message": events[-1]["error"]["message"]}}
+                                                     "message": events[-1]["error"]["message"]},
+                          "request_id": "req_req-1"}  # as the non-streamed body spells it
 
 
 def test_preparation_errors_are_raised(service_for):

@@ -209,3 +209,23 @@ def test_messages_say_what_the_field_accepts(secured):
     no_role = chat_body(messages=[{"content": "x"}])
     error = assert_openai_error(post(secured, no_role), 400, param="messages[0].role")
     assert error["message"].endswith("got null.")
+
+
+@pytest.mark.parametrize("fields, param, shown", [
+    ({"response_format": {}}, "response_format.type", "got null."),
+    ({"response_format": {"type": True}}, "response_format.type", "got true."),
+    ({"reasoning_effort": "extreme"}, "reasoning_effort", 'got "extreme".'),
+    ({"reasoning_effort": ["low"]}, "reasoning_effort", 'got ["low"].'),
+    ({"reasoning_effort": "x" * 200}, "reasoning_effort", "...."),  # cut, not echoed whole
+    ({"enable_thinking": True, "chat_template_kwargs": {"enable_thinking": False}},
+     "chat_template_kwargs.enable_thinking", "(false) disagrees with 'enable_thinking' (true)."),
+    ({"messages": [{"role": "user", "content": [{"type": None, "text": "x"}]}]},
+     "messages[0].content[0].type", "got null."),
+])
+def test_enum_errors_quote_the_value_as_json(secured, fields, param, shown):
+    """The client sent JSON: a quoted value reads null/true/"text", never None/True/'text'."""
+    error = assert_openai_error(post(secured, chat_body(**fields)), 400, param=param)
+    assert error["message"].endswith(shown), error["message"]
+    assert len(error["message"]) < 200
+    for python in ("None", "True", "False", "'extreme'", "['low']"):
+        assert python not in error["message"]

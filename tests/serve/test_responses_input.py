@@ -184,3 +184,14 @@ def test_a_content_part_type_that_is_not_a_string_is_refused(kind):
     with pytest.raises(InvalidRequest) as info:
         normalize_input([{"role": "user", "content": [{"type": kind, "text": "hi"}]}])
     assert (info.value.param, info.value.code) == ("input[0].content[0].type", "invalid_request")
+
+
+@pytest.mark.parametrize("raw, shown", [
+    ([{"type": None}], "Input item type null is"),
+    ([{"role": "user", "content": [{"type": "hologram"}]}], 'type "hologram" is'),
+    ([_call("c1", status="in_progress")], 'status "in_progress"'),
+])
+def test_quoted_values_are_json(raw, shown):
+    with pytest.raises((InvalidRequest, Unsupported)) as info:
+        _lower(raw)
+    assert shown in info.value.message, info.value.message

@@ -29,10 +29,26 @@ def test_error_after_open_is_an_error_event_then_done():
         yield {"first": True}
         raise QueueTimeout("not admitted in time")
 
-    events = b"".join(openai_event_stream(chunks(), lambda: None)).split(b"\n\n")
+    failures = []
+    events = b"".join(openai_event_stream(chunks(), lambda: None, "r1",
+                                          failures.append)).split(b"\n\n")
     error = json.loads(events[1][len(b"data: "):])
     assert error["error"]["code"] == "request_queue_timeout"
     assert events[2] == b"data: [DONE]"
+    assert [type(f) for f in failures] == [QueueTimeout]  # the assembler decides what counts
+
+
+def test_an_unexpected_error_after_open_is_a_generic_500_event_handed_to_on_failure():
+    def chunks():
+        yield {"first": True}
+        raise KeyError("secret detail")
+
+    failures = []
+    events = b"".join(openai_event_stream(chunks(), lambda: None, "r1",
+                                          failures.append)).split(b"\n\n")
+    error = json.loads(events[1][len(b"data: "):])
+    assert error["error"]["code"] == "internal_error" and "secret" not in error["error"]["message"]
+    assert [type(f) for f in failures] == [KeyError]
 
 
 def test_closing_the_stream_early_runs_on_close():

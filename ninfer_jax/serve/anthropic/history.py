@@ -20,7 +20,7 @@ import json
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core.fields import (
-    check_enum, invalid, media_url, opt_bool, require_list, require_object, require_string,
+    as_json, check_enum, invalid, media_url, opt_bool, require_list, require_object, require_string,
     vision_disabled)
 from ninfer_jax.errors import InvalidMedia
 from ninfer_jax.text.conversation import MediaPart, Message, ToolCall
@@ -87,7 +87,8 @@ def _check_block_type(block: dict, param: str, vision: bool = False) -> str:
             raise vision_disabled(param)
         return kind
     if kind not in ("text", "thinking", "tool_use", "tool_result"):
-        raise Unsupported(f"Content block type {kind!r} is not supported.", param=f"{param}.type")
+        raise Unsupported(f"Content block type {as_json(kind)} is not supported.",
+                          param=f"{param}.type")
     return kind
 
 
@@ -111,7 +112,7 @@ def _image(block: dict, param: str, offset: int) -> MediaPart:
     if kind == "file":
         raise Unsupported("File sources need the Files API, which this server does not have; "
                           "send the image as base64 or by URL.", param=f"{param}.source.type")
-    raise InvalidMedia(f"'{param}.source.type' must be base64 or url; got {kind!r}.",
+    raise InvalidMedia(f"'{param}.source.type' must be base64 or url; got {as_json(kind)}.",
                        param=f"{param}.source.type")
 
 

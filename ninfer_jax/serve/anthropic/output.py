@@ -111,5 +111,6 @@ class MessageBuilder:
         return self.message
 
     def fail(self, error_body: dict) -> None:
-        """An error after the stream opened: the Anthropic `error` event."""
-        self._emit("error", error=error_body["error"])
+        """An error after the stream opened: the Anthropic `error` event, carrying the same
+        request_id as a non-streamed error body (and the request-id header)."""
+        self._emit("error", error=error_body["error"], request_id=error_body.get("request_id"))

@@ -76,11 +76,12 @@ def _parse_tools(value) -> tuple[list[ToolSpec], list[tuple[str, str]]]:
         param = f"tools[{n}]"
         tool = fields.require_object(tool, param)
         if tool.get("type") not in (None, "custom"):
-            raise Unsupported(f"Tool type {tool.get('type')!r} is an Anthropic-provided/server "
-                              "tool; only user-defined tools are supported.", param=f"{param}.type")
+            raise Unsupported(f"Tool type {fields.as_json(tool.get('type'))} is an "
+                              "Anthropic-provided/server tool; only user-defined tools are "
+                              "supported.", param=f"{param}.type")
         name = fields.require_string(tool.get("name"), f"{param}.name", non_empty=True)
         if not fields.TOOL_NAME.match(name) or name in seen:
-            raise InvalidRequest(f"Tool name {name!r} is invalid or duplicated.",
+            raise InvalidRequest(f"Tool name {fields.as_json(name)} is invalid or duplicated.",
                                  param=f"{param}.name")
         seen.add(name)
         schema = fields.require_object(tool.get("input_schema"), f"{param}.input_schema")

@@ -124,8 +124,9 @@ class MessagesService:
                     builder.fail(self._error_body(run, assembler.error))
                 else:
                     self._finish(run, assembler.result())
-            except Exception:
+            except Exception as error:
                 log.exception("messages stream failed (request %s)", run.request_id)
+                assembler.response_failed(error)
                 builder.fail(self._error_body(run, InternalError(
                     "The server hit an internal error.")))
             yield sse_frames(builder.take_events())

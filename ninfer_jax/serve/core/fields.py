@@ -2,12 +2,15 @@
 
 Every reader takes the raw JSON value and its dotted parameter path, and raises
 `InvalidRequest(param=path)` for a malformed value, so each 400 names the exact field.
-JSON booleans are never accepted as numbers. Also owns the merge of chat_template_kwargs
-with the typed thinking options, which Responses and Anthropic share.
+JSON booleans are never accepted as numbers. A client value quoted back in a message is
+written as JSON (`as_json`: null, true, "text"), the notation the client sent. Also owns
+the merge of chat_template_kwargs with the typed thinking options, which Responses and
+Anthropic share.
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import re
 import secrets
@@ -48,8 +51,8 @@ def media_url(value, param: str) -> str:
 def check_image_detail(value, param: str) -> None:
     """OpenAI image `detail`: omitted or auto; low/high promise a resolution we do not pick."""
     if value in ("low", "high"):
-        raise Unsupported(f"'{param}' {value!r} is not supported: images are read at the "
-                          "resolution the model's processor picks (omit it or use 'auto').",
+        raise Unsupported(f"'{param}' {as_json(value)} is not supported: images are read at "
+                          "the resolution the model's processor picks (omit it or use 'auto').",
                           param=param)
     if value not in (None, "auto"):
         raise InvalidRequest(f"'{param}' must be 'auto' when given.", param=param)
@@ -67,6 +70,16 @@ def type_name(value) -> str:
     if isinstance(value, (int, float)):
         return "number"
     return {str: "string", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def as_json(value, limit: int = 60) -> str:
+    """A client's value as it appears in its JSON, cut to `limit` characters (a message
+    never echoes a whole object back)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError):
+        return type_name(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def invalid(param: str, expected: str, value) -> InvalidRequest:
@@ -146,7 +159,7 @@ def opt_top_k(value, param: str, high: int) -> int | None:
 def check_enum(value, param: str, allowed) -> Any:
     if value not in allowed:
         raise InvalidRequest(
-            f"'{param}' must be one of {', '.join(map(str, allowed))}; got {value!r}.",
+            f"'{param}' must be one of {', '.join(map(str, allowed))}; got {as_json(value)}.",
             param=param)
     return value
 
@@ -162,7 +175,7 @@ def is_background(value, param: str = "priority") -> bool:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
-        shown = repr(value) if isinstance(value, (str, float)) else type_name(value)
+        shown = as_json(value) if isinstance(value, (str, float)) else type_name(value)
         raise InvalidRequest(f"'{param}' must be 'background', 'foreground' or an integer "
                              f"(> 0: background); got {shown}.", param=param)
     return value > 0
@@ -211,8 +224,8 @@ def merge_template_options(kwargs, typed: dict, *, param: str = "chat_template_k
         from_kwargs, from_field = kwargs.get(name), typed.get(name)
         if from_kwargs is not None and from_field is not None and from_kwargs != from_field:
             field = typed_params.get(name, name)
-            raise conflicting(f"{param}.{name}", f"'{param}.{name}' ({from_kwargs!r}) "
-                              f"disagrees with '{field}' ({from_field!r}).")
+            raise conflicting(f"{param}.{name}", f"'{param}.{name}' ({as_json(from_kwargs)}) "
+                              f"disagrees with '{field}' ({as_json(from_field)}).")
         resolved[name] = from_field if from_field is not None else from_kwargs
     opt_bool(resolved["enable_thinking"], f"{param}.enable_thinking")
     opt_bool(resolved["preserve_thinking"], f"{param}.preserve_thinking")
@@ -223,7 +236,8 @@ def merge_template_options(kwargs, typed: dict, *, param: str = "chat_template_k
     enable = resolved["enable_thinking"]
     if effort is not None and enable is not None and (effort == "none") == enable:
         raise conflicting(f"{param}.enable_thinking",
-                          f"enable_thinking={enable} contradicts reasoning effort '{effort}'.")
+                          f"enable_thinking={as_json(enable)} contradicts reasoning effort "
+                          f"{as_json(effort)}.")
     if effort == "none":
         enable = False
     extra = {k: v for k, v in kwargs.items() if k not in STANDARD_TEMPLATE_OPTIONS}

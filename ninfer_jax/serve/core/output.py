@@ -13,9 +13,15 @@ dialect, generation.start), and `stream()` the rest. While they wait, both look 
 client's connection every disconnect.POLL_S (a `PeerWatch`; NO_PEER when there is no
 socket): a client that went away gets its request cancelled, and the events still drain to
 the terminal one, so the request log and metrics see a `cancelled` outcome.
+
+Every dialect renders its reply (a body, or a stream's chunks and events) from one
+assembler, so that is where a failure to answer is reported: `response_failed(error)` from
+a stream's error path, `answering()` around a non-streamed body. Neither the engine's own
+failure (the outcome `failed`) nor a client that left (`cancelled`) is a response failure.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -177,6 +183,23 @@ class OutputAssembler:
         log.info("request %s: the client closed its connection; cancelling",
                  self.handle.request.request_id)
         self.handle.cancel()
+
+    def response_failed(self, error: Exception) -> None:
+        """The reply could not be delivered for a reason of the server's own (request_trace
+        counts it once per request)."""
+        if error is self.error or isinstance(error, ClientGone):
+            return
+        self._trace.response_failed(error)
+
+    @contextlib.contextmanager
+    def answering(self):
+        """Around the rendering of a non-streamed reply: what fails inside is a response
+        failure (and still goes on to the error handler)."""
+        try:
+            yield
+        except Exception as error:
+            self.response_failed(error)
+            raise
 
     def run_to_end(self) -> "GenerationResult":
         """Consume every event; raises the request's error if it failed."""

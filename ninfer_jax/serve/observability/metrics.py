@@ -7,7 +7,8 @@ Two sources, neither of which touches the device or waits on the engine thread:
   (host context backing, transfers) are exported as zero so
   dashboards see every documented name; docs/operations.md lists them.
 - `ServeMetrics` holds what the HTTP side counts through the request trace: requests by
-  outcome and the TTFT / duration / queue histograms (each observed once per request).
+  outcome, response failures, and the TTFT / duration / queue histograms (each observed
+  once per request).
 
 With several HTTP workers (--http-workers) each worker counts only its own requests, so the
 launcher sets PROMETHEUS_MULTIPROC_DIR before forking them: prometheus_client then keeps
@@ -218,7 +219,8 @@ class ServeMetrics:
         for outcome in OUTCOMES:
             self.requests.labels(outcome)  # every outcome is visible from the start
         self.response_failures = Counter(
-            "ninfer_response_failures", "Response rendering/storage failures after an outcome.",
+            "ninfer_response_failures", "Started generation requests whose reply then failed "
+            "on the server's side (rendering, storage), once per request.",
             registry=own)
         self.ttft = Histogram(
             "ninfer_time_to_first_token_seconds", "Preparation start to first committed token.",

@@ -9,6 +9,11 @@ before any outcome). The same points update the request-level Prometheus metrics
 stderr lifecycle lines. Records carry ids, counts and seconds only (record builders live in
 trace_records.py).
 
+A started request whose reply then fails for a reason of the server's own (rendering a body
+or an event, storing a Response: `response_failed`) counts once in response_failures. Before
+the engine's outcome that failure is the request's terminal `request_error` (stage
+`response`); after it, `request_done` stands and the failure is an operational line only.
+
 Exactly one terminal record per started request: it is written under the trace's lock, once.
 A consumer that abandons its request (the client went away) cancels the handle and stops
 reading; the observer's reaper thread then takes the handle over after a grace period and
@@ -54,6 +59,7 @@ class RequestTrace:
         self.cancel_noticed_at: float | None = None
         self._lock = threading.Lock()
         self.is_done = False  # a terminal (or rejection) record was written
+        self.has_response_failure = False  # response_failed counted this request
 
     # ------------------------------------------------------------------ preparation
 
@@ -113,8 +119,27 @@ class RequestTrace:
         elif isinstance(event, Failed):
             self._terminal(lambda: self._error(event.error, event.time))
 
-    def fail_without_outcome(self, error: NinferError) -> None:
-        self._terminal(lambda: self._error(error, time.monotonic()))
+    def fail_without_outcome(self, error: NinferError, stage: str | None = None) -> None:
+        self._terminal(lambda: self._error(error, time.monotonic(), stage))
+
+    def response_failed(self, error: Exception) -> None:
+        """The reply of this started request failed on the server's side; counted once."""
+        with self._lock:
+            if self.has_response_failure or self.handle is None:
+                return
+            self.has_response_failure = True
+        metrics = self.observer.metrics
+        if metrics is not None:
+            metrics.response_failures.inc()
+        failure = error if isinstance(error, NinferError) else InternalError(
+            "The server hit an internal error.")
+        if not self.is_done:
+            # No outcome yet: the request ends here (its handle is being cancelled, and
+            # the cancellation's Finished event must not turn it into `cancelled`).
+            self.fail_without_outcome(failure, stage="response")
+            return
+        log.warning("request %s: the response failed after its outcome: %s %s",
+                    self.request_id, failure.status, failure.code)
 
     def _terminal(self, write) -> None:
         with self._lock:
@@ -151,8 +176,8 @@ class RequestTrace:
                  timings["total"])
         # A tool call returned as text is warned about once, by the OutputAssembler.
 
-    def _error(self, error: NinferError, when: float) -> None:
-        body = records.errored(self, error, when)
+    def _error(self, error: NinferError, when: float, stage: str | None = None) -> None:
+        body = records.errored(self, error, when, stage)
         self.observer.emit("request_error", body)
         self.observer.count("timeout" if error.code == "request_queue_timeout" else "failed")
         log.warning("request %s failed: %s %s", self.request_id, body["error"]["status"],
@@ -185,6 +210,9 @@ class NullTrace:
         pass
 
     def on_event(self, event, assembler=None) -> None:
+        pass
+
+    def response_failed(self, error: Exception) -> None:
         pass
 
 

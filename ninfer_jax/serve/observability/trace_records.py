@@ -194,9 +194,13 @@ def _speculative(trace, counters: dict) -> dict:
                                           or [0] * window)}
 
 
-def errored(trace, error: NinferError, when: float) -> dict:
+def errored(trace, error: NinferError, when: float, stage: str | None = None) -> dict:
+    """`stage`: response (the server failed to render the reply), else queue before any
+    output and generation after it."""
     prepared = trace.prepared
-    return {**_identity(trace), "stage": "queue" if trace.first_token_at is None else "generation",
+    if stage is None:
+        stage = "queue" if trace.first_token_at is None else "generation"
+    return {**_identity(trace), "stage": stage,
             "sampling": _sampling(trace), "max_tokens": prepared.request.max_tokens,
             "prompt_tokens": len(prepared.request.prompt_ids),
             "elapsed_seconds": when - trace.began_at,

@@ -111,9 +111,11 @@ class ChatCompletionsResource:
                     "model": ctx.model_id, "system_fingerprint": None}
         if stream.stream:
             start_sse(resp, openai_event_stream(
-                self._chunks(assembler, envelope, stream), handle.cancel, request_id))
+                self._chunks(assembler, envelope, stream), handle.cancel, request_id,
+                assembler.response_failed))
             return
-        resp.media = self._aggregate(assembler.run_to_end(), envelope)
+        with assembler.answering():
+            resp.media = self._aggregate(assembler.run_to_end(), envelope)
 
     @staticmethod
     def _aggregate(result: GenerationResult, envelope: dict) -> dict:

@@ -14,7 +14,7 @@ import json
 import secrets
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
-from ninfer_jax.serve.core.fields import (check_image_detail, invalid, media_url, opt_bool,
+from ninfer_jax.serve.core.fields import (as_json, check_image_detail, invalid, media_url, opt_bool,
                                           opt_string, require_list, require_object,
                                           require_string, type_name)
 from ninfer_jax.text.conversation import MediaPart, Message, ToolCall, ToolSpec
@@ -68,7 +68,7 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
                     code="vision_disabled")
             if kind not in _CHAT_MEDIA or media is None:
                 raise InvalidRequest(f"'{where}.type' must be one of text, refusal, image_url, "
-                                     f"video_url; got {kind!r}.", param=f"{where}.type")
+                                     f"video_url; got {as_json(kind)}.", param=f"{where}.type")
             url, url_param = _media_url(part.get(kind), f"{where}.{kind}")
             media.append(MediaPart(_CHAT_MEDIA[kind], url, url_param,
                                    sum(len(t) for t in texts)))
@@ -76,8 +76,8 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
             raise Unsupported(f"'{kind}' content is not supported: the model reads text only.",
                               param=f"{where}.type")
         else:
-            raise InvalidRequest(f"'{where}.type' must be one of text, refusal; got {kind!r}.",
-                                 param=f"{where}.type")
+            raise InvalidRequest(f"'{where}.type' must be one of text, refusal; got "
+                                 f"{as_json(kind)}.", param=f"{where}.type")
     return "".join(texts)
 
 

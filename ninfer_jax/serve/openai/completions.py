@@ -94,12 +94,14 @@ class CompletionsResource:
         prefix = prompt_text if echo else ""
         if stream.stream:
             start_sse(resp, openai_event_stream(
-                self._chunks(assembler, envelope, stream, prefix), handle.cancel, request_id))
+                self._chunks(assembler, envelope, stream, prefix), handle.cancel, request_id,
+                assembler.response_failed))
             return
-        result = assembler.run_to_end()
-        resp.media = {**envelope, "choices": [self._choice(prefix + result.content,
-                                                           result.finish_reason)],
-                      "usage": usage_body(result), "timings": result.timings}
+        with assembler.answering():
+            result = assembler.run_to_end()
+            resp.media = {**envelope, "choices": [self._choice(prefix + result.content,
+                                                               result.finish_reason)],
+                          "usage": usage_body(result), "timings": result.timings}
 
     @staticmethod
     def _choice(text: str, finish_reason: str | None) -> dict:

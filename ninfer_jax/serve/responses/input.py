@@ -16,8 +16,8 @@ import json
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core.fields import (
-    check_enum, check_image_detail, invalid, media_url, new_id, opt_string, require_list,
-    require_object, require_string, vision_disabled)
+    as_json, check_enum, check_image_detail, invalid, media_url, new_id, opt_string,
+    require_list, require_object, require_string, vision_disabled)
 from ninfer_jax.text.conversation import Message, ToolCall
 
 MESSAGE_ROLES = ("user", "assistant", "system", "developer")
@@ -56,7 +56,7 @@ def _normalize_item(item, param: str, vision: bool) -> dict:
                   "function_call_output": _normalize_call_output}.get(
                       kind if isinstance(kind, str) else None)
     if normalizer is None:
-        raise Unsupported(f"Input item type {kind!r} is not supported; supported types are "
+        raise Unsupported(f"Input item type {as_json(kind)} is not supported; supported types are "
                           "message, reasoning, function_call and function_call_output.",
                           param=f"{param}.type")
     normalized = (normalizer(item, param, vision) if kind in ("message", "function_call_output")
@@ -109,7 +109,8 @@ def _normalize_part(part, role: str, param: str, vision: bool) -> dict:
         raise Unsupported(f"'{kind}' content is not supported by this server.",
                           param=f"{param}.type")
     else:
-        raise Unsupported(f"Content part type {kind!r} is not supported.", param=f"{param}.type")
+        raise Unsupported(f"Content part type {as_json(kind)} is not supported.",
+                          param=f"{param}.type")
     breakpoint_ = _cache_breakpoint(part, param)
     if breakpoint_ is not None:
         normalized["prompt_cache_breakpoint"] = breakpoint_
@@ -165,7 +166,7 @@ def _normalize_reasoning(item: dict, param: str) -> dict:
 def _check_completed(item: dict, param: str) -> None:
     status = item.get("status")
     if status not in (None, "completed"):
-        raise Unsupported(f"Partial tool items (status {status!r}) are not supported.",
+        raise Unsupported(f"Partial tool items (status {as_json(status)}) are not supported.",
                           param=f"{param}.status")
 
 

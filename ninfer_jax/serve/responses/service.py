@@ -152,6 +152,7 @@ class ResponsesService:
         """SSE frames for an admitted run; the client disconnecting cancels generation."""
         builder, assembler = run.builder, run.assembler
         builder.start()
+        has_failed = False
         try:
             yield sse_frames(builder.take_events())
             try:
@@ -161,19 +162,27 @@ class ResponsesService:
                     builder.fail(error_object(assembler.error))
                 else:
                     self._complete_quietly(run)
-            except Exception:
-                log.exception("responses stream failed (response %s)", builder.response["id"])
+            except Exception as error:
+                log.exception("responses stream failed (request %s, response %s)",
+                              run.handle.request.request_id, builder.response["id"])
+                has_failed = True
+                assembler.response_failed(error)
                 builder.fail(error_object(InternalError("The server hit an internal error.")))
             yield sse_frames(builder.take_events())
         finally:
-            if not assembler.done:
+            if not assembler.done and has_failed:
+                # response.failed is this Response's end: feeding the rest of the output to
+                # the assembler that just broke (to store a cancelled Response) would raise
+                # again, out of the stream.
+                run.handle.cancel()
+            elif not assembler.done:
                 self._cancel_and_record(run)
 
     def _complete_quietly(self, run: ResponsesRun) -> None:
         try:
             self._complete(run, run.assembler.result())
-        except NinferError:
-            pass  # _complete already turned it into response.failed
+        except NinferError as error:  # _complete already turned it into response.failed
+            run.assembler.response_failed(error)
 
     def _cancel_and_record(self, run: ResponsesRun) -> None:
         """The client went away mid-stream: cancel, and store the cancelled Response."""

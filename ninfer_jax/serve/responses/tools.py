@@ -15,7 +15,8 @@ import dataclasses
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core.fields import (
-    TOOL_NAME, check_enum, opt_bool, opt_string, require_list, require_object, require_string)
+    TOOL_NAME, as_json, check_enum, opt_bool, opt_string, require_list, require_object,
+    require_string)
 from ninfer_jax.serve.core.tools import ToolChoice, effective_tools
 from ninfer_jax.text.conversation import ToolSpec
 
@@ -38,7 +39,7 @@ class ToolSet:
 def _tool_name(value, param: str) -> str:
     name = require_string(value, param, non_empty=True)
     if not TOOL_NAME.match(name):
-        raise InvalidRequest(f"'{param}' must match {TOOL_NAME.pattern}; got {name!r}.",
+        raise InvalidRequest(f"'{param}' must match {TOOL_NAME.pattern}; got {as_json(name)}.",
                              param=param)
     return name
 
@@ -74,7 +75,7 @@ def _parse_namespace(tool: dict, param: str) -> list[ToolSpec]:
         member = require_object(member, member_param)
         if member.get("type") != "function":
             raise Unsupported(f"Namespace members must be function tools; got "
-                              f"{member.get('type')!r}.", param=f"{member_param}.type")
+                              f"{as_json(member.get('type'))}.", param=f"{member_param}.type")
         specs.append(_parse_function(member, member_param, namespace))
     return specs
 
@@ -92,7 +93,7 @@ def parse_tools(value, param: str = "tools") -> list[ToolSpec]:
         elif kind == "namespace":
             new = _parse_namespace(tool, tool_param)
         else:
-            raise Unsupported(f"Tool type {kind!r} is not supported: only client-executed "
+            raise Unsupported(f"Tool type {as_json(kind)} is not supported: only client-executed "
                               "function tools (optionally in namespaces) are; hosted, MCP and "
                               "custom tools have no executor here.", param=f"{tool_param}.type")
         seen = {spec.qualified_name for spec in specs}
@@ -134,7 +135,7 @@ def _choice(value, param: str) -> ToolChoice:
         return ToolChoice("required", name=_function_ref(value, param), param=param,
                           name_param=f"{param}.name")
     if isinstance(value, dict):
-        raise Unsupported(f"tool_choice of type {value.get('type')!r} is not supported; use "
+        raise Unsupported(f"tool_choice of type {as_json(value.get('type'))} is not supported; use "
                           "auto, none, required, a function or allowed_tools.", param=param)
     raise InvalidRequest("'tool_choice' must be 'auto', 'none', 'required' or an object.",
                          param=param)

@@ -3,7 +3,8 @@ Messages): the body read under --max-request-mib, and the generate route that st
 and answers it as SSE or as one JSON body, as the request asked.
 
 A service here has `ctx`, `start(body, request_id, peer)` returning a run whose
-`request.stream` says which, `run_stream(run)` and `run_aggregate(run)`.
+`request.stream` says which and whose `assembler` renders it (core/output.py), `run_stream(run)`
+and `run_aggregate(run)`; a stream reports its own failures to the assembler.
 """
 from __future__ import annotations
 
@@ -28,5 +29,6 @@ class GenerateResource(ServiceResource):
         run = self.service.start(self._body(req), req.context.request_id, peer_of(req))
         if run.request.stream:
             start_sse(resp, self.service.run_stream(run))
-        else:
+            return
+        with run.assembler.answering():
             resp.media = self.service.run_aggregate(run)

@@ -3,7 +3,8 @@
 `openai_event_stream(chunks, on_close)` turns an iterator of JSON-ready dicts (and HEARTBEAT
 markers) into SSE bytes: `data: {...}` per chunk, `: keep-alive` for a heartbeat, and
 `data: [DONE]` at the end. A failure after the stream has opened cannot change the HTTP status
-any more, so it becomes one error event (the dialect's error body) followed by [DONE].
+any more, so it becomes one error event (the dialect's error body) followed by [DONE], and
+is handed to `on_failure` (the assembler's response_failed).
 `on_close` always runs, also when the client disconnects (the WSGI server closes the
 generator), which is where the request is cancelled.
 
@@ -61,15 +62,19 @@ def builder_frames(assembler: OutputAssembler, feed: Callable[[object], None],
 
 
 def openai_event_stream(chunks: Iterable, on_close: Callable[[], None],
-                        request_id: str | None = None) -> Iterator[bytes]:
+                        request_id: str | None = None,
+                        on_failure: Callable[[Exception], None] = lambda error: None,
+                        ) -> Iterator[bytes]:
     try:
         try:
             for chunk in chunks:
                 yield KEEPALIVE if chunk is HEARTBEAT else sse_data(chunk)
         except NinferError as error:
+            on_failure(error)
             yield sse_data(openai_error_body(error))
-        except Exception:
+        except Exception as error:
             log.exception("stream failed after it opened (request %s)", request_id or "-")
+            on_failure(error)
             yield sse_data(openai_error_body(InternalError("The server hit an internal error.")))
         yield DONE
     finally:
