@@ -20,7 +20,7 @@ import json
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core.fields import (
-    as_json, check_enum, invalid, media_url, opt_bool, require_list, require_object, require_string,
+    as_json, check_enum, media_url, opt_bool, require_list, require_object, require_string,
     vision_disabled)
 from ninfer_jax.errors import InvalidMedia
 from ninfer_jax.text.conversation import MediaPart, Message, ToolCall
@@ -71,9 +71,7 @@ def cache_ttl(block: dict, param: str) -> str | None:
 def _blocks(content, param: str) -> list[tuple[dict, str]]:
     if isinstance(content, str):
         return [({"type": "text", "text": content}, param)]
-    if not isinstance(content, list):
-        raise invalid(param, "a string or an array of content blocks", content)
-    blocks = content
+    blocks = require_list(content, param, expected="a string or an array of content blocks")
     return [(require_object(b, f"{param}[{n}]"), f"{param}[{n}]") for n, b in enumerate(blocks)]
 
 

@@ -92,9 +92,12 @@ def require_object(value, param: str) -> dict:
     return value
 
 
-def require_list(value, param: str, *, non_empty: bool = False) -> list:
+def require_list(value, param: str, *, non_empty: bool = False,
+                 expected: str = "an array") -> list:
+    """`expected` names what the field may be where a string was already accepted (e.g. "a
+    string or an array of content parts")."""
     if not isinstance(value, list):
-        raise invalid(param, "an array", value)
+        raise invalid(param, expected, value)
     if non_empty and not value:
         raise InvalidRequest(f"'{param}' must not be empty.", param=param)
     return value

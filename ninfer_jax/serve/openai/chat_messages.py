@@ -14,7 +14,7 @@ import json
 import secrets
 
 from ninfer_jax.errors import InvalidRequest, Unsupported
-from ninfer_jax.serve.core.fields import (as_json, check_image_detail, invalid, media_url, opt_bool,
+from ninfer_jax.serve.core.fields import (as_json, check_image_detail, media_url, opt_bool,
                                           opt_string, require_list, require_object,
                                           require_string, type_name)
 from ninfer_jax.text.conversation import MediaPart, Message, ToolCall, ToolSpec
@@ -48,9 +48,7 @@ def _content_text(value, param: str, *, allow_media: bool, vision: bool,
         return ""
     if isinstance(value, str):
         return value
-    if not isinstance(value, list):
-        raise invalid(param, "a string or an array of content parts", value)
-    parts = value
+    parts = require_list(value, param, expected="a string or an array of content parts")
     texts: list[str] = []
     for index, part in enumerate(parts):
         where = f"{param}[{index}]"

@@ -36,8 +36,7 @@ def normalize_input(value, *, param: str = "input", vision: bool = False) -> lis
     if isinstance(value, str):
         return [{"type": "message", "id": new_id("msg"), "role": "user", "status": "completed",
                  "content": [{"type": "input_text", "text": value}]}]
-    if not isinstance(value, list):
-        raise invalid(param, "a string or an array of input items", value)
+    value = require_list(value, param, expected="a string or an array of input items")
     items = [_normalize_item(item, f"{param}[{n}]", vision) for n, item in enumerate(value)]
     seen = set()
     for n, item in enumerate(items):
@@ -72,11 +71,11 @@ def _normalize_message(item: dict, param: str, vision: bool) -> dict:
     if isinstance(content, str):
         part_type = "output_text" if role == "assistant" else "input_text"
         parts = [_text_part(part_type, content)]
-    elif isinstance(content, list):
+    else:
+        content = require_list(content, f"{param}.content",
+                               expected="a string or an array of content parts")
         parts = [_normalize_part(part, role, f"{param}.content[{n}]", vision)
                  for n, part in enumerate(content)]
-    else:
-        raise invalid(f"{param}.content", "a string or an array of content parts", content)
     status = opt_string(item.get("status"), f"{param}.status") or "completed"
     opt_string(item.get("phase"), f"{param}.phase")  # accepted; no prompt representation
     return {"type": "message", "role": role, "status": status, "content": parts}
