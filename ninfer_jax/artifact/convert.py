@@ -57,9 +57,13 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, name: str | None 
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --force to replace it)")
     if (pathlib.Path(src) / METADATA_FILE).is_file():
-        if weights is not None or not (dflash or draft_head_vocab):
+        if weights is not None:
             raise ArtifactError(src, "an artifact source only takes drafter components "
                                      "(--dflash DIR, --lm-head-draft-vocab N), not --weights")
+        if not (dflash or draft_head_vocab):
+            raise ArtifactError(src, "already an artifact: nothing to convert; give "
+                                     "--dflash DIR or --lm-head-draft-vocab N to add a "
+                                     "drafter component")
         contents = load_whole_artifact(src)
         if name:
             contents.name = name

@@ -178,11 +178,13 @@ def add_draft_head(contents, vocab: int) -> None:
     order, so the low ids are the frequent ones)."""
     params, config = contents.params, contents.config
     group = "embed" if config.tie_word_embeddings else "lm_head"
-    head = params["embed"].T if config.tie_word_embeddings else params["lm_head"]
-    if isinstance(head, dict):
+    head = params[group]
+    if isinstance(head, dict):  # quantized blocks (GGUF q8_0 / q4_1, int8, ...)
         raise ValueError("--lm-head-draft-vocab needs a float lm_head (this one is quantized)")
     if not 0 < vocab <= config.vocab_size:
         raise ValueError(f"--lm-head-draft-vocab {vocab}: choose 1..{config.vocab_size}")
+    if config.tie_word_embeddings:
+        head = head.T
     params[DRAFT_HEAD] = vocabulary_subset_head(head, range(vocab))
     contents.components[DRAFT_HEAD] = True
     contents.draft_head_vocab = vocab

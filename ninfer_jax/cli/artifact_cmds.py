@@ -15,6 +15,32 @@ def _fail(exc: Exception) -> click.ClickException:
     return click.ClickException(str(exc))
 
 
+def _check_output(out: str, force: bool) -> None:
+    """Refuse an OUT that cannot be written before any weight is read or built (a conversion
+    can take minutes): it exists without --force, or its nearest existing parent is not a
+    writable directory (save_artifact creates the missing ones)."""
+    import os
+    import pathlib
+
+    path = pathlib.Path(out).absolute()
+    if path.exists() and not force:
+        raise click.ClickException(f"{out} already exists (pass --force to replace it)")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise click.BadParameter(f"cannot write {out}: {parent} is not a directory",
+                                 param_hint="OUT")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise click.BadParameter(f"cannot write {out}: {parent} is not writable",
+                                 param_hint="OUT")
+
+
+def _write_failed(out: str, exc: OSError) -> click.ClickException:
+    where = f" ({exc.filename})" if exc.filename else ""
+    return click.ClickException(f"cannot write {out}: {exc.strerror or exc}{where}")
+
+
 WEIGHT_CHOICES = ["f32", "bf16", "int8", "fp8", "int4", "nvfp4"]
 CONVERT_WEIGHT_CHOICES = WEIGHT_CHOICES + ["gguf"]
 
@@ -44,12 +70,15 @@ def convert(src, out, name, dtype, weights, dflash, lm_head_draft_vocab, force, 
     from ninfer_jax.artifact import convert as converter
     from ninfer_jax.artifact.convert_common import stderr_progress
 
+    _check_output(out, force)
     try:
         path = converter.convert(src, out, name=name, dtype=dtype, weights=weights,
                                  overwrite=force, progress=None if quiet else stderr_progress,
                                  dflash=dflash, draft_head_vocab=lm_head_draft_vocab)
     except (ArtifactError, FileExistsError, ValueError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _write_failed(out, exc) from None
     click.echo(f"wrote {path}")
 
 
@@ -79,14 +108,11 @@ def init_random(preset, out, seed, dtype, weights, tiny, name, drafters, force, 
     or a Llama-3-layout stand-in) and our own chat template (tiny presets for tests, published
     dense and hybrid shapes for GPU benchmarks; hybrid presets include their MTP head and
     random DFlash / DFlash2 drafters)."""
-    import pathlib
-
     from ninfer_jax.artifact.convert_common import stderr_progress
     from ninfer_jax.artifact.format import save_artifact
     from ninfer_jax.artifact.random_init import init_random as build
 
-    if pathlib.Path(out).exists() and not force:
-        raise click.ClickException(f"{out} already exists (pass --force to replace it)")
+    _check_output(out, force)
     try:
         contents = build(preset, seed=seed, dtype=dtype, weights=weights, name=name, tiny=tiny,
                          progress=None if quiet else stderr_progress,
@@ -94,6 +120,8 @@ def init_random(preset, out, seed, dtype, weights, tiny, name, drafters, force, 
         path = save_artifact(out, contents, overwrite=force)
     except (ArtifactError, FileExistsError, ValueError) as exc:
         raise _fail(exc) from None
+    except OSError as exc:
+        raise _write_failed(out, exc) from None
     click.echo(f"wrote {path}")
 
 

@@ -113,3 +113,32 @@ def test_convert_refuses_existing_output(tiny_artifact_dir, tmp_path):
 
     result = CliRunner().invoke(main, ["convert", str(gguf_path()), str(tiny_artifact_dir)])
     assert result.exit_code == 1 and "already exists" in result.output
+
+
+def test_unwritable_output_is_a_one_line_error(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("")
+    under_file = run("init-random", "--preset", "qwen3-tiny", a_file / "out", "--quiet")
+    assert under_file.exit_code == 2
+    assert f"cannot write {a_file / 'out'}: {a_file} is not a directory" in under_file.output
+    # /proc exists but no directory can be made inside it: the write itself fails.
+    in_proc = run("init-random", "--preset", "qwen3-tiny", "/proc/ninfer-nope/out", "--quiet")
+    assert in_proc.exit_code == 1
+    assert in_proc.output.startswith("Error: cannot write /proc/ninfer-nope/out: ")
+
+
+def test_convert_of_an_artifact_needs_something_to_add(tiny_artifact_dir, tmp_path):
+    plain = run("convert", tiny_artifact_dir, tmp_path / "copy")
+    assert plain.exit_code == 1
+    assert "nothing to convert" in plain.output and "not --weights" not in plain.output
+    weights = run("convert", tiny_artifact_dir, tmp_path / "copy", "--weights", "int8")
+    assert weights.exit_code == 1 and "not --weights" in weights.output
+
+
+def test_draft_head_of_a_quantized_artifact_is_refused(default_artifact_path, tmp_path):
+    # The default artifact keeps the GGUF's blocks, its tied embedding included.
+    result = run("convert", default_artifact_path, tmp_path / "out", "--lm-head-draft-vocab",
+                 "100", "--quiet")
+    assert result.exit_code == 1
+    assert "needs a float lm_head (this one is quantized)" in result.output
+    assert not (tmp_path / "out").exists()
