@@ -121,6 +121,20 @@ def build_worker_context(config: ServeConfig, address: str, authkey: bytes):
     return serving_context(config, artifact, client)
 
 
+def check_chat_template(config: ServeConfig) -> None:
+    """ValueError naming --chat-template when its file is not a UTF-8 Jinja template (found
+    here, not in each worker after the weights were read, where it was a traceback)."""
+    from ninfer_jax.text.chat_template import compile_template
+
+    if not config.chat_template:
+        return
+    try:
+        with open(config.chat_template, encoding="utf-8") as handle:
+            compile_template(handle.read())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"--chat-template {config.chat_template}: {exc}") from None
+
+
 def check_http_workers(config: ServeConfig) -> None:
     """ValueError for options whose state lives in one worker, with several workers."""
     if config.http_workers == 1:
@@ -247,6 +261,7 @@ def run_server(config: ServeConfig) -> None:
         log.error("cannot serve: %s", exc)
         sys.exit(2)
     try:
+        check_chat_template(config)
         check_http_workers(config)
         engine_setup.check_speculation(config, artifact.config, artifact.components)
         engine_setup.check_weights(config, artifact.weight_formats, artifact.config)

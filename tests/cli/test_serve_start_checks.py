@@ -1,0 +1,38 @@
+"""`ninfer serve` options whose value is only known to be bad once read: refused by the
+launcher in one `cannot serve` line naming the option, exit status 2, before the engine core
+starts or any weight is read."""
+import socket
+import subprocess
+import sys
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _serve(artifact, *args) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ninfer_jax.cli.main", "serve", str(artifact),
+         "--port", str(_free_port()), *map(str, args)],
+        capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("content, says", [
+    (b"{% if %}", "chat template line 1: Expected an expression"),
+    (b"\xff\xfe{{ x }}", "'utf-8' codec can't decode byte 0xff"),
+])
+def test_a_bad_chat_template_is_one_line_naming_the_option(default_artifact_path, tmp_path,
+                                                          content, says):
+    template = tmp_path / "t.jinja"
+    template.write_bytes(content)
+    result = _serve(default_artifact_path, "--chat-template", template)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, result.stderr
+    assert f"cannot serve: --chat-template {template}: {says}" in errors[0]
+    assert "engine core" not in result.stderr  # refused before the core was started
