@@ -25,13 +25,41 @@ class _QuietHandler(WSGIRequestHandler):
         pass  # no access log: the request log covers requests
 
 
+# `ninfer serve` options of the gunicorn front end and of its outputs, which this loopback
+# server does not have: refused in --serve-args rather than ignored.
+NOT_LOCAL = ("host", "port", "request_log_jsonl", "capture_requests", "log_stats_interval_ms",
+             "http_workers", "http_threads", "header_timeout_s", "read_timeout_s",
+             "max_connections", "shutdown_timeout_s")
+
+
+def _refuse_front_end_options(config) -> None:
+    import dataclasses
+
+    from ninfer_jax.replay.records import ReplayInputError
+    from ninfer_jax.serve.config import ServeConfig, option_of
+
+    for field in dataclasses.fields(ServeConfig):
+        if field.name in NOT_LOCAL and getattr(config, field.name) != field.default:
+            flag = option_of(field).flag or "--" + field.name.replace("_", "-")
+            hint = " (use replay's --server-log)" if field.name == "request_log_jsonl" else ""
+            raise ReplayInputError(f"--serve-args: {flag} does not apply to the replay's "
+                                   f"in-process server{hint}")
+
+
 def serve_config(artifact: str, serve_args: list[str], request_log: str):
     """The ServeConfig `ninfer serve ARTIFACT ARGS...` would build, plus our request log."""
     import dataclasses
 
+    import click
+
+    from ninfer_jax.replay.records import ReplayInputError
     from ninfer_jax.serve.options import parse_serve_args
 
-    config = parse_serve_args(artifact, serve_args)
+    try:
+        config = parse_serve_args(artifact, serve_args)
+    except click.ClickException as exc:  # its usage line would name a `serve` command
+        raise ReplayInputError(f"--serve-args: {exc.format_message()}") from None
+    _refuse_front_end_options(config)
     # the local server takes no key and writes the replay's own log
     return dataclasses.replace(config, request_log_jsonl=request_log, capture_requests=None,
                                api_key=None, log_stats_interval_ms=0)
@@ -39,7 +67,14 @@ def serve_config(artifact: str, serve_args: list[str], request_log: str):
 
 class LocalServer:
     def __init__(self, artifact: str, serve_args: list[str], request_log: str):
+        from ninfer_jax.replay.records import ReplayInputError
+        from ninfer_jax.serve.launcher import check_startup
+
         self.config = serve_config(artifact, serve_args, request_log)
+        try:
+            check_startup(self.config)  # what `ninfer serve` refuses, before any weight is read
+        except ValueError as exc:
+            raise ReplayInputError(str(exc)) from None
         self.ctx = None
         self._server = None
         self._thread = None

@@ -238,33 +238,33 @@ def check_port(host: str, port: int) -> None:
             raise OSError(f"{host}:{port} {reason}") from None
 
 
-def run_server(config: ServeConfig) -> None:
+def check_startup(config: ServeConfig) -> None:
+    """The start-up checks that need no engine (the artifact's metadata, option files and
+    combinations): ValueError with a one-line message naming the option or the file.
+    `ninfer serve` and `ninfer replay --artifact` both run them before building anything."""
     from ninfer_jax.artifact.format import load_artifact
     from ninfer_jax.errors import ArtifactError
-
-    logging.config.dictConfig(logging_config(config.log_level))
-    try:
-        artifact = load_artifact(config.artifact, weights=False)  # fail fast, before any fork
-    except ArtifactError as exc:
-        log.error("cannot serve: %s", exc)
-        sys.exit(2)
-    if config.vision and not artifact.components.get("vision"):
-        log.error("cannot serve: --vision needs an artifact with a vision component; %s has "
-                  "none (serve it without --vision: media input is then refused with "
-                  "vision_disabled)", config.artifact)
-        sys.exit(2)
     from ninfer_jax.serve.observability.request_log import check_paths
 
     try:
-        check_paths(config)  # an unusable log or capture file stops start-up here
-    except ValueError as exc:
-        log.error("cannot serve: %s", exc)
-        sys.exit(2)
+        artifact = load_artifact(config.artifact, weights=False)
+    except ArtifactError as exc:
+        raise ValueError(str(exc)) from None
+    if config.vision and not artifact.components.get("vision"):
+        raise ValueError(f"--vision needs an artifact with a vision component; "
+                         f"{config.artifact} has none (serve it without --vision: media "
+                         "input is then refused with vision_disabled)")
+    check_paths(config)  # an unusable log or capture file
+    check_chat_template(config)
+    check_http_workers(config)
+    engine_setup.check_speculation(config, artifact.config, artifact.components)
+    engine_setup.check_weights(config, artifact.weight_formats, artifact.config)
+
+
+def run_server(config: ServeConfig) -> None:
+    logging.config.dictConfig(logging_config(config.log_level))
     try:
-        check_chat_template(config)
-        check_http_workers(config)
-        engine_setup.check_speculation(config, artifact.config, artifact.components)
-        engine_setup.check_weights(config, artifact.weight_formats, artifact.config)
+        check_startup(config)  # fail fast, before any fork
         core_env = engine_setup.core_environment(config, os.environ)
     except ValueError as exc:
         log.error("cannot serve: %s", exc)
