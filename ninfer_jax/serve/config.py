@@ -41,6 +41,9 @@ def option_of(field: dataclasses.Field) -> Option | None:
     return field.metadata.get("option")
 
 
+_OVERRIDE = "Process-wide override of the model's default; a request's own field wins."
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingOverrides:
     """Process-level sampling overrides (--temperature ... --greedy). None = not set.
@@ -48,15 +51,17 @@ class SamplingOverrides:
     Precedence: architecture/thinking-mode defaults < these flags < request fields, and
     --greedy finally forces temperature 0."""
 
-    temperature: float | None = option(None, type=float, min=0, max=2)
-    top_p: float | None = option(None, type=float, min=0, max=1)
-    top_k: int | None = option(None, "Zero or below disables top-k filtering.", type=int,
-                               max=20)
-    min_p: float | None = option(None, type=float, min=0, max=1)
-    presence_penalty: float | None = option(None, type=float, min=-2, max=2)
-    frequency_penalty: float | None = option(None, type=float, min=-2, max=2)
-    seed: int | None = option(None, type=int)
-    greedy: bool = option(False, is_flag=True)
+    temperature: float | None = option(None, _OVERRIDE, type=float, min=0, max=2)
+    top_p: float | None = option(None, _OVERRIDE, type=float, min=0, max=1)
+    top_k: int | None = option(None, _OVERRIDE + " Zero or below disables top-k filtering "
+                               "(the 20-candidate cap stays).", type=int, max=20)
+    min_p: float | None = option(None, _OVERRIDE, type=float, min=0, max=1)
+    presence_penalty: float | None = option(None, _OVERRIDE, type=float, min=-2, max=2)
+    frequency_penalty: float | None = option(None, _OVERRIDE, type=float, min=-2, max=2)
+    seed: int | None = option(None, "Seed of requests that give none (default: a fresh "
+                              "random seed per request).", type=int)
+    greedy: bool = option(False, "Force greedy decoding (temperature 0) for every request, "
+                          "whatever it asks.", is_flag=True)
 
 
 _DRAFT_HELP = "; ".join(f"{b} {lo}..{hi} (default {d})" for b, (lo, hi, d) in DRAFT_RANGES.items())
@@ -65,8 +70,8 @@ _DRAFT_HELP = "; ".join(f"{b} {lo}..{hi} (default {d})" for b, (lo, hi, d) in DR
 @dataclasses.dataclass(frozen=True)
 class ServeConfig:
     artifact: str  # the command's argument (default: the embedded SmolLM2 artifact)
-    host: str = option("127.0.0.1")
-    port: int = option(8080, min=1, max=65535)
+    host: str = option("127.0.0.1", "Listen address.")
+    port: int = option(8080, "Listen port.", min=1, max=65535)
     # --api-key, NINFER_API_KEY or --api-key-file (serve/options.py), resolved
     api_key: str | None = option(
         None, "Require this bearer token / x-api-key. Prefer NINFER_API_KEY or "
@@ -81,7 +86,8 @@ class ServeConfig:
     model_id: str | None = option(None, "Public model alias (default: artifact name).", type=str)
     cors: bool = option(False, "Permissive browser CORS headers.", is_flag=True)
     # context and scheduling
-    max_context: int = option(_ENGINE.max_context, min=16)
+    max_context: int = option(_ENGINE.max_context, "Prompt + reply ceiling of each request, "
+                              "in tokens (never beyond the model's positions).", min=16)
     # tokens, "auto", or None (= max_context)
     kv_capacity: int | str | None = option(
         None, "Shared KV pool in tokens, or 'auto' (free device memory). Default: one "
@@ -89,14 +95,20 @@ class ServeConfig:
     max_concurrency: int = option(_ENGINE.max_concurrency,
                                   "Resident execution lanes (also the largest decode batch).",
                                   min=MIN_LANES, max=MAX_LANES)
-    max_pending_requests: int = option(_ENGINE.max_pending, min=0)
-    pending_timeout_ms: int = option(round(_ENGINE.pending_timeout * 1000), min=1)
-    prefill_chunk: int = option(_ENGINE.prefill_chunk, min=16)
+    max_pending_requests: int = option(
+        _ENGINE.max_pending, "Requests allowed to wait for a lane; beyond that, 429 "
+        "server_overloaded.", min=0)
+    pending_timeout_ms: int = option(
+        round(_ENGINE.pending_timeout * 1000), "Longest wait for preparation and admission; "
+        "then 503 request_queue_timeout.", min=1)
+    prefill_chunk: int = option(_ENGINE.prefill_chunk, "Prompt tokens prefilled per step.",
+                                min=16)
     decode_share: float = option(
         _ENGINE.decode_share, "0: a step that prefills a prompt chunk carries no decode rows "
         "(prompts first); above 0 running streams decode in every step, chunks included.",
         min=0, max=16)
-    default_max_tokens: int = option(8192, min=1)
+    default_max_tokens: int = option(8192, "Reply limit of a request that gives none "
+                                     "(capped by the context left).", min=1)
     # The contract's table says 384; a parsed body costs several times its size, so with every
     # lane and pending request holding one that admitted tens of GB (docs/operations.md).
     max_request_mib: int = option(32, "Largest request body, refused with 413 before it is "
@@ -150,10 +162,16 @@ class ServeConfig:
         choices=("auto", "f32", "bf16", "f16", "fp8", "int8", "k8v4", "nvfp4"))
     # templates and reasoning
     # path of a Jinja file overriding the artifact's
-    chat_template: str | None = option(None, type=str, path="existing")
-    default_thinking_budget: int | None = option(None, type=int, min=1)
-    no_thinking: bool = option(False, is_flag=True)
-    preserve_thinking: bool = option(False, is_flag=True)
+    chat_template: str | None = option(None, "A Jinja chat template file used instead of the "
+                                       "artifact's.", type=str, path="existing")
+    default_thinking_budget: int | None = option(
+        None, "Reasoning models: cap on the thinking tokens of every thinking-enabled request "
+        "that sets no budget of its own.", type=int, min=1)
+    no_thinking: bool = option(False, "Reasoning models: thinking off unless a request turns "
+                               "it on.", is_flag=True)
+    preserve_thinking: bool = option(False, "Reasoning models: keep closed earlier turns' "
+                                     "reasoning in the prompt unless a request says otherwise "
+                                     "(as the template allows).", is_flag=True)
     vision: bool = option(False, "Accept media input (needs an artifact with a vision "
                           "component).", is_flag=True)
     # serve/media/: prepared media payloads (--vision only)
@@ -165,16 +183,24 @@ class ServeConfig:
         0, "Media preprocessing workers per HTTP worker; 0: the host's CPU count, at most "
         "16.", min=0, max=256)
     # Responses store
-    response_store_max_records: int = option(1024, min=0)
-    response_store_max_mib: int = option(256, min=0)
+    response_store_max_records: int = option(
+        1024, "Responses kept for previous_response_id and GET /v1/responses/{id}; 0 turns "
+        "the store off.", min=0)
+    response_store_max_mib: int = option(256, "Size budget of the Responses store, MiB; 0 "
+                                         "turns it off.", min=0)
     # observability
-    request_log_jsonl: str | None = option(None, type=str, path="new")
-    capture_requests: str | None = option(None, type=str, path="new")
-    log_stats_interval_ms: int = option(5000, min=0)
+    request_log_jsonl: str | None = option(
+        None, "Append one JSON line per server and request event to this file (no prompt or "
+        "generated text).", type=str, path="new")
+    capture_requests: str | None = option(
+        None, "Append every generation request's body to this file, for `ninfer replay` (it "
+        "holds user data).", type=str, path="new")
+    log_stats_interval_ms: int = option(5000, "Interval of the throughput line on stderr; 0 "
+                                        "turns it off.", min=0)
     # serve/ui/routes.py: the chat and metrics page at / and its files under /ui/
     no_ui: bool = option(False, "Do not serve the built-in web page (/ and /ui/...).",
                          is_flag=True)
-    log_level: str = option("info", choices=("trace", "debug", "info", "warning", "error",
+    log_level: str = option("info", "Verbosity of the stderr records.", choices=("trace", "debug", "info", "warning", "error",
                                              "critical", "off"))
     # sampling (its own fields are the options)
     sampling: SamplingOverrides = SamplingOverrides()
