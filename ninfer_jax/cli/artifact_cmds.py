@@ -198,6 +198,10 @@ def _render_ids(artifact, tokenizer, text, messages_file) -> list[int]:
     renderer = ChatRenderer(artifact.chat_template, tokenizer, artifact.chat_format)
     if not conversation.media:
         return renderer.render(conversation).ids
+    if not artifact.components.get("vision"):
+        raise click.ClickException(
+            f"{conversation.media[0].param}: {artifact.path} has no vision component, so "
+            "media cannot be counted (its server refuses them with vision_disabled)")
     # Media parts count as the server counts them: prepared, their placeholders expanded.
     from ninfer_jax.serve.media.intake import MediaIntake
     from ninfer_jax.serve.media.preprocess import VisionProcessing

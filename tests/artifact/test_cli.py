@@ -142,3 +142,21 @@ def test_draft_head_of_a_quantized_artifact_is_refused(default_artifact_path, tm
     assert result.exit_code == 1
     assert "needs a float lm_head (this one is quantized)" in result.output
     assert not (tmp_path / "out").exists()
+
+
+def test_count_tokens_of_media_needs_a_vision_artifact(default_artifact_path, tmp_path):
+    import base64
+    import io
+
+    from PIL import Image
+
+    png = io.BytesIO()
+    Image.new("RGB", (32, 32), "red").save(png, "PNG")
+    url = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
+    path = tmp_path / "media.json"
+    path.write_text(json.dumps([{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}]}]))
+    result = run("count-tokens", default_artifact_path, "--messages", path)
+    assert result.exit_code == 1
+    assert "messages[0].content[0]" in result.output
+    assert "has no vision component" in result.output and "template failed" not in result.output
