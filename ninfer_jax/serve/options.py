@@ -89,8 +89,12 @@ def _tensor_parallel(value) -> int | str:
 
 
 def _api_key(value: str | None, path: str | None) -> str | None:
+    if value is not None and not value.strip():
+        # `--api-key "$KEY"` with KEY unset would otherwise serve without authentication.
+        raise click.BadParameter("is empty (an unset variable?); omit it to serve without a "
+                                 "key", param_hint="--api-key")
     if path is None:
-        return value or None
+        return value
     if value:
         raise click.UsageError("give the API key once: --api-key (or NINFER_API_KEY) or "
                                "--api-key-file, not both")
