@@ -83,9 +83,11 @@ def convert(src, out, name, dtype, weights, dflash, lm_head_draft_vocab, force, 
 
 
 @click.command("init-random")
-@click.option("--preset", required=True, type=click.Choice(list(PRESETS)))
+@click.option("--preset", required=True, type=click.Choice(list(PRESETS)),
+              help="Architecture, shape, vocabulary and template (docs/artifact-format.md).")
 @click.argument("out", type=click.Path())
-@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the random weights.")
 @click.option("--dtype", default=None, type=click.Choice(["f32", "bf16"]),
               help="Storage dtype of float weights (default: f32 for tiny presets, bf16 "
                    "for full-size ones).")

@@ -21,7 +21,8 @@ import click
 @click.option("--server-log", default=None, type=click.Path(dir_okay=False),
               help="The replay server's request log: with --url, the log that server writes "
                    "(--request-log-jsonl); with --artifact, where to keep the replay's log.")
-@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 256))
+@click.option("--concurrency", default=1, show_default=True, type=click.IntRange(1, 256),
+              help="Requests in flight at once (in capture order).")
 @click.option("--api-key", envvar="NINFER_API_KEY", default=None,
               help="Bearer token for --url (or NINFER_API_KEY).")
 @click.option("--serve-args", default="",

@@ -25,3 +25,11 @@ def test_an_empty_environment_key_means_no_key(monkeypatch):
     assert parse_serve_args("a.ninfer", []).api_key is None
     monkeypatch.setenv("NINFER_API_KEY", "k")
     assert parse_serve_args("a.ninfer", []).api_key == "k"
+
+
+def test_every_option_of_every_command_has_help_text():
+    from ninfer_jax.cli.main import main
+
+    unexplained = [f"{name} {p.opts[0]}" for name, command in main.commands.items()
+                   for p in command.params if p.param_type_name == "option" and not p.help]
+    assert unexplained == []
