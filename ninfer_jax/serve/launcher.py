@@ -121,12 +121,23 @@ def build_worker_context(config: ServeConfig, address: str, authkey: bytes):
     return serving_context(config, artifact, client)
 
 
-def check_chat_template(config: ServeConfig) -> None:
-    """ValueError naming --chat-template when its file is not a UTF-8 Jinja template (found
-    here, not in each worker after the weights were read, where it was a traceback)."""
+def check_text_side(config: ServeConfig, artifact) -> None:
+    """ValueError when the tokenizer or the chat template (--chat-template's file, else the
+    artifact's) cannot be built: each worker builds both after the engine core has read the
+    weights, where a failure was a worker traceback."""
+    from ninfer_jax.artifact.format import TEMPLATE_FILE
+    from ninfer_jax.errors import ArtifactError
     from ninfer_jax.text.chat_template import compile_template
 
+    try:
+        artifact.load_tokenizer()
+    except ArtifactError as exc:
+        raise ValueError(str(exc)) from None
     if not config.chat_template:
+        try:
+            compile_template(artifact.chat_template)
+        except ValueError as exc:
+            raise ValueError(f"{artifact.path / TEMPLATE_FILE}: {exc}") from None
         return
     try:
         with open(config.chat_template, encoding="utf-8") as handle:
@@ -255,7 +266,7 @@ def check_startup(config: ServeConfig) -> None:
                          f"{config.artifact} has none (serve it without --vision: media "
                          "input is then refused with vision_disabled)")
     check_paths(config)  # an unusable log or capture file
-    check_chat_template(config)
+    check_text_side(config, artifact)
     check_http_workers(config)
     engine_setup.check_speculation(config, artifact.config, artifact.components)
     engine_setup.check_weights(config, artifact.weight_formats, artifact.config)

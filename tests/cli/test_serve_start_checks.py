@@ -1,6 +1,6 @@
-"""`ninfer serve` options whose value is only known to be bad once read: refused by the
-launcher in one `cannot serve` line naming the option, exit status 2, before the engine core
-starts or any weight is read."""
+"""What is only known to be bad once read (a --chat-template file, the artifact's tokenizer
+or template): refused by the launcher in one `cannot serve` line naming the option or the
+file, exit status 2, before the engine core starts or any weight is read."""
 import socket
 import subprocess
 import sys
@@ -36,3 +36,29 @@ def test_a_bad_chat_template_is_one_line_naming_the_option(default_artifact_path
     assert len(errors) == 1, result.stderr
     assert f"cannot serve: --chat-template {template}: {says}" in errors[0]
     assert "engine core" not in result.stderr  # refused before the core was started
+
+
+def _artifact_with(default_artifact_path, tmp_path, name: str, content: str):
+    """A copy of the default artifact (weights linked, not copied) with one file replaced."""
+    copy = tmp_path / "copy.ninfer"
+    copy.mkdir()
+    for entry in default_artifact_path.iterdir():
+        (copy / entry.name).symlink_to(entry.resolve())
+    (copy / name).unlink()
+    (copy / name).write_text(content)
+    return copy
+
+
+@pytest.mark.parametrize("name, content, says", [
+    ("tokenizer.json", '{"garbage": 1', "tokenizer.json: not a valid tokenizer"),
+    ("chat_template.jinja", "{% for %}", "chat_template.jinja: chat template line 1"),
+])
+def test_a_damaged_tokenizer_or_template_is_one_line(default_artifact_path, tmp_path, name,
+                                                     content, says):
+    copy = _artifact_with(default_artifact_path, tmp_path, name, content)
+    result = _serve(copy)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"cannot serve: {copy}/{says}" in errors[0], result.stderr
+    assert "engine core" not in result.stderr
