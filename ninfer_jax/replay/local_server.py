@@ -74,7 +74,9 @@ class LocalServer:
         try:
             check_startup(self.config)  # what `ninfer serve` refuses, before any weight is read
         except ValueError as exc:
-            raise ReplayInputError(str(exc)) from None
+            # The local server's request log is replay's --server-log.
+            message = str(exc).replace("--request-log-jsonl", "--server-log", 1)
+            raise ReplayInputError(message) from None
         self.ctx = None
         self._server = None
         self._thread = None

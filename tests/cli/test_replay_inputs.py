@@ -65,3 +65,10 @@ def test_a_directory_that_is_not_an_artifact(capture, tmp_path):
     result = _replay(capture, "--artifact", tmp_path)
     assert result.exit_code == 2
     assert result.output == f"Error: {tmp_path}/metadata.json: missing\n"
+
+
+def test_an_unusable_server_log_names_replays_option(capture, default_artifact_path):
+    result = _replay(capture, "--artifact", default_artifact_path,
+                     "--server-log", "/nonexistent-dir/log.jsonl")
+    assert result.exit_code == 2
+    assert "--server-log /nonexistent-dir/log.jsonl: the directory" in result.output
