@@ -4,6 +4,7 @@ token ids with an earlier request log (the logic lives in ninfer_jax/replay/).""
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 
@@ -47,6 +48,10 @@ def replay(capture_file, url, artifact, compare_log, server_log, concurrency, ap
     if url is not None and not url.startswith(("http://", "https://")):
         raise click.BadParameter(f"{url!r} is not an http:// or https:// URL",
                                  param_hint="--url")
+    if url is not None and server_log is not None and not os.path.isfile(server_log):
+        raise click.BadParameter(f"{server_log} does not exist (with --url it is the running "
+                                 "server's --request-log-jsonl, which it opened at start-up)",
+                                 param_hint="--server-log")
     if serve_args and artifact is None:
         raise click.UsageError("--serve-args applies to --artifact only (a --url server "
                                "keeps the options it was started with)")

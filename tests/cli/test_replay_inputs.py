@@ -55,6 +55,8 @@ def test_a_bad_chat_template_in_serve_args(capture, default_artifact_path, tmp_p
     (["--url", "http://127.0.0.1:1", "--serve-args", "--seed 1"],
      "--serve-args applies to --artifact only"),
     (["--url", "http://127.0.0.1:1", "--timeout", "0"], "0.0 is not in the range x>0"),
+    (["--url", "http://127.0.0.1:1", "--server-log", "/nonexistent-dir/log.jsonl"],
+     "Invalid value for --server-log: /nonexistent-dir/log.jsonl does not exist"),
 ])
 def test_bad_target_options(capture, args, says):
     result = _replay(capture, *args)
