@@ -200,8 +200,9 @@ class ServeConfig:
     # serve/ui/routes.py: the chat and metrics page at / and its files under /ui/
     no_ui: bool = option(False, "Do not serve the built-in web page (/ and /ui/...).",
                          is_flag=True)
-    log_level: str = option("info", "Verbosity of the stderr records.", choices=("trace", "debug", "info", "warning", "error",
-                                             "critical", "off"))
+    log_level: str = option("info", "Verbosity of the stderr records.",
+                            choices=("trace", "debug", "info", "warning", "error", "critical",
+                                     "off"))
     # sampling (its own fields are the options)
     sampling: SamplingOverrides = SamplingOverrides()
     # device (applied to the engine-core process's environment only)
