@@ -191,7 +191,7 @@ class CoreServer:
             engine = spec.factory(*spec.args)
             engine.add_scheduling_listener(self._on_scheduling)
             engine.round_listeners.append(self._flush)
-            engine.start()
+            engine.start(freeze_heap=True)
         except (ArtifactError, NinferError, ValueError) as exc:
             # An expected start-up failure (a damaged artifact, an option the model refuses):
             # one line says it; a traceback is for bugs.
