@@ -161,3 +161,20 @@ def test_dispatch_runs_the_windowed_path_unless_forced(monkeypatch):
     monkeypatch.setenv("NINFER_FORCE_REFERENCE", "1")
     ragged_attention.ragged_paged_attention(q, k, k, **args)
     assert calls == ["windowed", "reference"]
+
+
+def test_windowed_path_in_bf16_stays_near_the_f32_reference():
+    """bf16 queries and pages (the GPU's compute dtype): the span is gathered and multiplied
+    in bf16 with f32 sums, within bf16's rounding of the reference's f32 math."""
+    rng = np.random.default_rng(12)
+    lengths = [300, 57, 1]
+    k, v, table, lens = paged_setup(rng, batch=3, lengths=lengths, num_kv_heads=2, head_dim=64,
+                                    page_size=16, dtype=jnp.bfloat16)
+    q = jnp.asarray(rng.standard_normal((8 + 2, 4, 64)), jnp.bfloat16)
+    args = dict(chunk_table=table[0], chunk_start=200, row_tables=table[1:],
+                row_lengths=lens[1:], window=100)
+    fast = ragged_call(windowed.ragged_paged_attention, q, k, v, **args)
+    exact = ragged_call(ragged_reference.ragged_paged_attention, q.astype(jnp.float32),
+                        k.astype(jnp.float32), v.astype(jnp.float32), **args)
+    assert fast.dtype == jnp.bfloat16
+    np.testing.assert_allclose(fast.astype(np.float32), exact, atol=3e-2, rtol=3e-2)

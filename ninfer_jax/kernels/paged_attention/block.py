@@ -48,18 +48,21 @@ def _window_span(q, k_cache, v_cache, page_table, lengths, *, scale: float, wind
     first = jnp.maximum(lengths - window + 1, 0) // S  # [B]
     logical = first[:, None] + jnp.arange(span, dtype=jnp.int32)  # [B, M]
     pages = jnp.take_along_axis(page_table, jnp.minimum(logical, width - 1), axis=1)
-    k = reference.widen(reference.take_pages(k_cache, pages))  # [B, M, K, S, D]
-    v = reference.widen(reference.take_pages(v_cache, pages))
+    # In q's dtype with f32 sums (see ragged_attention/windowed.py).
+    k = reference.widen(reference.take_pages(k_cache, pages), q.dtype)  # [B, M, K, S, D]
+    v = reference.widen(reference.take_pages(v_cache, pages), q.dtype)
     keys = logical[:, :, None] * S + jnp.arange(S, dtype=jnp.int32)  # [B, M, S]
     positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
     visible = ((keys[:, None] < lengths[:, None, None, None])
                & (keys[:, None] > positions[:, :, None, None] - window)
                & (logical < width)[:, None, :, None])  # [B, T, M, S]
-    qg = q.reshape(B, T, K, H // K, D).astype(jnp.float32) * scale
-    scores = jnp.einsum("btkgd,bmksd->btkgms", qg, k)
+    qg = (q.reshape(B, T, K, H // K, D).astype(jnp.float32) * scale).astype(q.dtype)
+    scores = jnp.einsum("btkgd,bmksd->btkgms", qg, k, preferred_element_type=jnp.float32)
     scores = jnp.where(visible[:, :, None, None], scores, -jnp.inf)
-    out, lse = _softmax_parts(scores, lambda probs: jnp.einsum("btkgms,bmksd->btkgd", probs, v),
-                              axes=(-2, -1))
+    out, lse = _softmax_parts(
+        scores, lambda probs: jnp.einsum("btkgms,bmksd->btkgd", probs.astype(q.dtype), v,
+                                         preferred_element_type=jnp.float32),
+        axes=(-2, -1))
     return out.reshape(B, T, H, D), lse.reshape(B, T, H)
 
 

@@ -61,16 +61,21 @@ def _span_attention(q, k_cache, v_cache, tables, positions, span: int, window: i
     first = jnp.maximum(positions[:, 0] - window + 1, 0) // S  # [G]
     logical = first[:, None] + jnp.arange(span, dtype=jnp.int32)  # [G, M]
     pages = jnp.take_along_axis(tables, jnp.minimum(logical, width - 1), axis=1)
-    k = paged.widen(paged.take_pages(k_cache, pages))  # [G, M, K, S, D] f32
-    v = paged.widen(paged.take_pages(v_cache, pages))
+    # Keys and values gathered in q's dtype (the compute dtype: bf16 on a GPU, f32 on the
+    # CPU), products summed in f32, as the decode kernel does: an f32 copy of the span would
+    # double what the gather writes and the dots read.
+    k = paged.widen(paged.take_pages(k_cache, pages), q.dtype)  # [G, M, K, S, D]
+    v = paged.widen(paged.take_pages(v_cache, pages), q.dtype)
     keys = logical[:, :, None] * S + jnp.arange(S, dtype=jnp.int32)  # [G, M, S]
     visible = ((keys[:, None] <= positions[:, :, None, None])
                & (keys[:, None] > positions[:, :, None, None] - window)
                & (logical < width)[:, None, :, None])  # [G, Q, M, S]
-    qg = q.reshape(G, Q, K, H // K, D).astype(jnp.float32) * scale
-    scores = jnp.einsum("gqkhd,gmksd->gqkhms", qg, k)
+    qg = (q.reshape(G, Q, K, H // K, D).astype(jnp.float32) * scale).astype(q.dtype)
+    scores = jnp.einsum("gqkhd,gmksd->gqkhms", qg, k, preferred_element_type=jnp.float32)
     scores = jnp.where(visible[:, :, None, None], scores, -jnp.inf)
     peak = jnp.max(scores, axis=(-2, -1), keepdims=True)
     probs = jnp.exp(scores - jnp.where(jnp.isfinite(peak), peak, 0.0))
-    out = jnp.einsum("gqkhms,gmksd->gqkhd", probs, v) / jnp.sum(probs, axis=(-2, -1))[..., None]
+    out = jnp.einsum("gqkhms,gmksd->gqkhd", probs.astype(q.dtype), v,
+                     preferred_element_type=jnp.float32)
+    out = out / jnp.sum(probs, axis=(-2, -1))[..., None]
     return out.reshape(G, Q, H, D).astype(q.dtype)
