@@ -29,7 +29,11 @@ computing at the first position after them, so no copy-on-write is ever needed.
 
 When a sequence computes a page the cache already has (it ran alongside the first one, or
 the cached copy was dropped from its table by a pause, or it is on the host only), the cache
-adopts the sequence's page and frees its own copy if nobody else holds it.
+adopts the sequence's page and frees its own copy if nobody else holds it; when another
+sequence holds the cache's copy, the publishing sequence switches to it (`publish` replaces
+the entry in its page list) and frees its duplicate. Either way one copy stays: a duplicate
+kept by the sequence would leave the cache's copy, once its other holder ends, pinned under
+the sequence's later pages (prefix-closed, so never evicted) for as long as it runs.
 
 Eviction ranks by (keep, last use): pages inside a request's explicit cache breakpoint have
 keep 1 and go only after every keep-0 page, least recently used first within a rank. The
@@ -174,7 +178,9 @@ class PrefixCache:
                 cursor: tuple[int, int], keep_pages: int = 0) -> tuple[int, int]:
         """Record the full pages of a sequence whose KV is computed, the first `keep_pages`
         of them ranked keep (an explicit breakpoint covers them). `cursor` = (pages already
-        recorded, last node id) from the previous call; returns the new cursor."""
+        recorded, last node id) from the previous call; returns the new cursor. Where another
+        sequence holds the cache's copy of a page, `pages[index]` becomes that copy (the
+        caller's duplicate is released): callers pass a list they may have replaced."""
         num_done, parent = cursor
         for index in range(num_done, num_computed // self.page_size):
             key = self._key(tokens, index, parent)
@@ -183,7 +189,7 @@ class PrefixCache:
             if is_new:
                 node = self._add(key, pages[index])
             else:
-                self._adopt(node, pages[index])
+                pages[index] = self._adopt(node, pages[index])
                 self._touch(node)
             if index < keep_pages and not node.keep:
                 node.keep = 1
@@ -332,11 +338,11 @@ class PrefixCache:
             self._push_leaf(parent)
         self._push_leaf(node)
 
-    def _adopt(self, node: _Node, page: int) -> None:
-        """The sequence computed `node`'s page itself: keep its copy, not a duplicate (a
-        host node keeps its slot as the clean copy)."""
+    def _adopt(self, node: _Node, page: int) -> int:
+        """The sequence computed `node`'s page itself: one copy stays (a host node keeps its
+        slot as the clean copy). Returns the page the sequence holds from now on."""
         if node.page == page:
-            return
+            return page
         if node.page is None:
             self.pool.share(page)
             self._num_clean += 1
@@ -345,6 +351,14 @@ class PrefixCache:
             self.pool.share(page)
             self.pool.release([node.page])
             node.page = page
+        else:
+            # Another sequence reads the cache's copy: the caller reads it too. Its own page
+            # may still be written by a launched step; freed now, it is reused only by a
+            # later step, which runs after that one.
+            self.pool.share(node.page)
+            self.pool.release([page])
+            return node.page
+        return page
 
     def _on_device(self, node: _Node, page: int) -> None:
         node.page = page

@@ -740,8 +740,14 @@ class Scheduler:
             if seq.publish_limit is not None:
                 computed = min(computed, seq.publish_limit)
             if computed // self.page_size > seq.cache_cursor[0]:  # a page filled up since
+                start, end = seq.cache_cursor[0], computed // self.page_size
+                before = seq.pages[start:end]
                 seq.cache_cursor = self.cache.publish(seq.cache_tokens, seq.pages, computed,
                                                       seq.cache_cursor, seq.keep_pages)
+                if seq.pages[start:end] != before:
+                    # publish swapped a duplicate for the cache's page: a new list, so
+                    # _page_table converts it again
+                    seq.pages = list(seq.pages)
 
     def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
         try:

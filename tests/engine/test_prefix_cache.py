@@ -176,3 +176,23 @@ def test_history_of_identical_runs_does_not_make_a_restore_thrash():
     assert 1 <= driver.scheduler.counters.preemptions <= 2
     for prompt, handle in zip(prompts, handles):
         assert list(finished(handle).output_ids) == expected_output(prompt, 240)
+
+
+def test_twin_computed_pages_leave_no_copy_pinned_under_a_longer_run():
+    """Two requests admitted together compute the same prompt pages: the cache keeps one
+    copy. The short one ends; the long one, alone, then grows to the context end in a pool
+    of exactly one context. Were it to keep its duplicates, the cache's copies would sit
+    under its later pages (device nodes are prefix-closed, so they cannot be evicted) and
+    the long request would end with "length" before its max_tokens."""
+    page_size, max_context = 2, 24
+    driver = Driver(num_pages=max_context // page_size + 1, page_size=page_size,
+                    max_concurrency=2, max_context=max_context)
+    prompt = prompt_of(8)
+    short = driver.submit(make_request(prompt, max_tokens=5))
+    long = driver.submit(make_request(prompt, max_tokens=max_context - len(prompt)))
+    driver.run()
+    assert finished(short).output_ids == tuple(expected_output(prompt, 5))
+    end = finished(long)
+    assert end.reason == "length"
+    assert end.output_ids == tuple(expected_output(prompt, max_context - len(prompt)))
+    assert driver.request_pages() == 0
