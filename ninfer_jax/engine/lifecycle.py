@@ -208,7 +208,8 @@ class Lifecycle:
 
     def _stop_reason(self, seq: Sequence, token: int):
         request = seq.request
-        if not request.ignore_eos and (token in self.eos_ids or token in request.stop_token_ids):
+        # ignore_eos lifts only the model's end tokens; the request's own stop ids still end it.
+        if token in request.stop_token_ids or (not request.ignore_eos and token in self.eos_ids):
             return ("stop", token)
         if seq.num_output >= request.max_tokens or len(seq.tokens) >= self.max_context:
             return ("length", None)

@@ -72,6 +72,8 @@ class GenerationRequest:
     prompt_ids: list[int]
     sampling: SamplingParams
     max_tokens: int  # output budget; 0 = prompt processing only
+    # The request's stop tokens (a client's stop_token_ids, plus the model's end tokens unless
+    # ignore_eos): always honoured. ignore_eos lifts only the engine's own eos_ids.
     stop_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
     token_policy: TokenPolicy | None = None

@@ -56,11 +56,24 @@ def test_ignore_eos_runs_to_the_limit():
     prompt = prompt_of(5)
     reference = expected_output(prompt, 10)
     driver = Driver(eos_ids=[reference[1]])
-    handle = driver.submit(make_request(prompt, max_tokens=10, ignore_eos=True,
-                                        stop_token_ids=frozenset({reference[2]})))
+    handle = driver.submit(make_request(prompt, max_tokens=10, ignore_eos=True))
     driver.run()
     end = finished(handle)
     assert end.reason == "length" and list(end.output_ids) == reference
+
+
+def test_ignore_eos_keeps_the_request_stop_token_ids():
+    """A client's stop_token_ids stay active under ignore_eos, as its stop strings do."""
+    prompt = prompt_of(5)
+    reference = expected_output(prompt, 10)
+    stop = next(t for t in reference[2:] if t != reference[1])
+    driver = Driver(eos_ids=[reference[1]])
+    handle = driver.submit(make_request(prompt, max_tokens=10, ignore_eos=True,
+                                        stop_token_ids=frozenset({stop})))
+    driver.run()
+    end = finished(handle)
+    assert end.reason == "stop" and end.matched_stop_token == stop
+    assert list(end.output_ids) == reference[: reference.index(stop) + 1]
 
 
 def test_request_stop_token_ids_stop_too():

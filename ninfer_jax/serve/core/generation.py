@@ -43,6 +43,7 @@ class GenerationOptions:
     sampling: dict = dataclasses.field(default_factory=dict)  # SAMPLING_FIELDS -> value|None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()  # vLLM's field (Chat and Completions), validated
     ignore_eos: bool = False
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True
@@ -159,6 +160,14 @@ def _resolve_max_tokens(ctx: ServingContext, num_prompt: int, options: Generatio
     return min(ctx.config.default_max_tokens, remaining)
 
 
+def stop_token_ids(ctx: ServingContext, options: GenerationOptions) -> frozenset[int]:
+    """The tokens that end this request, counted in usage but never shown: the model's end
+    tokens unless ignore_eos (then they are plain text), and the client's stop_token_ids
+    always (ignore_eos keeps user stops active, as it does stop strings)."""
+    ends = frozenset() if options.ignore_eos else ctx.eos_ids
+    return ends | frozenset(options.stop_token_ids)
+
+
 def _single_token(ctx: ServingContext, text: str) -> int | None:
     ids = ctx.tokenizer.encode(text, special=True)
     return ids[0] if len(ids) == 1 else None
@@ -186,7 +195,7 @@ def _thinking_budget(ctx, options, thinking, starts_in_reasoning, max_tokens):
     return ThinkingBudget(budget=budget, open_id=_single_token(ctx, open_marker),
                           close_id=close_id, suffix_ids=suffix,
                           starts_in_reasoning=starts_in_reasoning, max_tokens=max_tokens,
-                          stop_ids=ctx.eos_ids,
+                          stop_ids=stop_token_ids(ctx, options),
                           is_blank=BlankToken(ctx.tokenizer))
 
 
@@ -249,7 +258,7 @@ def _prepared_chat(ctx, conversation, options, request_id, arrival, tools, rende
     ) if p is not None]
     plan = OutputPlan(
         stop_strings=options.stop,
-        hidden_token_ids=frozenset() if options.ignore_eos else ctx.eos_ids,
+        hidden_token_ids=stop_token_ids(ctx, options),
         reasoning_markers=markers, starts_in_reasoning=rendered.starts_in_reasoning,
         tool_format=fmt, tools=tuple(tools),
         max_calls=None if options.parallel_tool_calls else 1)
@@ -272,8 +281,7 @@ def _prepare_raw(ctx, prompt_ids, options, request_id, arrival) -> PreparedGener
     if not prompt_ids:
         raise InvalidRequest("'prompt' must not be empty.", param="prompt")
     max_tokens = _resolve_max_tokens(ctx, len(prompt_ids), options, prompt_param="prompt")
-    plan = OutputPlan(stop_strings=options.stop,
-                      hidden_token_ids=frozenset() if options.ignore_eos else ctx.eos_ids)
+    plan = OutputPlan(stop_strings=options.stop, hidden_token_ids=stop_token_ids(ctx, options))
     request = _request(ctx, request_id, list(prompt_ids), options, max_tokens, False, [],
                        arrival, ())
     return PreparedGeneration(request, plan, None, False, None)
@@ -291,7 +299,8 @@ def _request(ctx, request_id, prompt_ids, options, max_tokens, thinking, policie
         token_policy = PolicyChain(policies)
     return GenerationRequest(
         request_id=request_id, prompt_ids=prompt_ids, sampling=params, max_tokens=max_tokens,
-        stop_token_ids=ctx.eos_ids, ignore_eos=options.ignore_eos, token_policy=token_policy,
+        stop_token_ids=stop_token_ids(ctx, options), ignore_eos=options.ignore_eos,
+        token_policy=token_policy,
         cache_breakpoints=breakpoints, cache_implicit=options.implicit_cache,
         session_key=options.session_key, arrival_time=arrival,
         deadline=arrival + ctx.config.pending_timeout_ms / 1000.0,
