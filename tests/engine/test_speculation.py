@@ -243,9 +243,11 @@ def test_a_stop_token_inside_an_accepted_run_ends_it_there():
     _, plain = run([make_request(prompt(20), max_tokens=40)], spec=None)
     stop = plain[0].output_ids[9]
     first = plain[0].output_ids.index(stop)
-    _, spec = run([make_request(prompt(20), max_tokens=40, stop_token_ids=frozenset([stop]))])
-    assert spec[0].output_ids == plain[0].output_ids[:first + 1]
-    assert spec[0].reason == "stop" and spec[0].matched_stop_token == stop
+    for ignore_eos in (False, True):  # a request's own stop ids outlive ignore_eos
+        _, spec = run([make_request(prompt(20), max_tokens=40, ignore_eos=ignore_eos,
+                                    stop_token_ids=frozenset([stop]))])
+        assert spec[0].output_ids == plain[0].output_ids[:first + 1]
+        assert spec[0].reason == "stop" and spec[0].matched_stop_token == stop
 
 
 def test_context_end_inside_an_accepted_run():

@@ -39,8 +39,8 @@ FIELDS = ["model", "messages", "input", "prompt", "max_tokens", "max_output_toke
           "response_format", "text", "n", "logprobs", "top_logprobs", "user", "store",
           "previous_response_id", "include", "chat_template_kwargs", "priority", "draft",
           "parallel_tool_calls", "presence_penalty", "frequency_penalty", "echo", "suffix",
-          "best_of", "ignore_eos", "continue_final_message", "add_generation_prompt",
-          "truncation", "background", "service_tier", "logit_bias"]
+          "best_of", "ignore_eos", "stop_token_ids", "continue_final_message",
+          "add_generation_prompt", "truncation", "background", "service_tier", "logit_bias"]
 MESSAGE_FIELDS = ["role", "content", "name", "tool_calls", "tool_call_id",
                   "reasoning_content", "type"]
 

@@ -86,6 +86,19 @@ def test_chat_start_and_done_fields(logged, client, default_tokenizer):
     assert done["prefix_reuse_path"] in ("none", "prefix")
 
 
+def test_stop_token_ids_are_counted_in_the_shape_and_end_the_reply(logged, client,
+                                                                   default_tokenizer):
+    script = default_tokenizer.encode(SCRIPT_REPLY, special=True)
+    response = chat(client, logged.ctx.model_id, stop_token_ids=[script[1], 0])
+    lines = read_log(logged)
+    request_id = response.headers["x-request-id"]
+    (start,) = by_id(lines, request_id, "request_start")
+    (done,) = by_id(lines, request_id, "request_done")
+    assert start["shape"]["num_stop_token_ids"] == 2 and start["shape"]["num_stop_strings"] == 0
+    assert done["result"]["generated_token_ids"] == script[:2]
+    assert done["finish_reason"] == done["engine_finish_reason"] == "stop"
+
+
 def test_each_dialect_starts_once_and_ends_once(logged, client):
     model = logged.ctx.model_id
     prompt = f"{SECRET_PROMPT} SCRIPT:reply"

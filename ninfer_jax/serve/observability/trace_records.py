@@ -41,6 +41,7 @@ def request_shape(options, conversation) -> dict:
         "parallel_tool_calls": getattr(options, "parallel_tool_calls", True),
         "requested_max_tokens": getattr(options, "max_tokens", None),
         "num_stop_strings": len(getattr(options, "stop", ()) or ()),
+        "num_stop_token_ids": len(getattr(options, "stop_token_ids", ()) or ()),
         "ignore_eos": bool(getattr(options, "ignore_eos", False)),
         "requested_reasoning_effort": getattr(prompt_options, "reasoning_effort", None),
         "requested_enable_thinking": getattr(prompt_options, "enable_thinking", None),

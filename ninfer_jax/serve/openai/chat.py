@@ -63,7 +63,7 @@ def parse_chat(body: dict, ctx: ServingContext):
                               implicit_cache=fields.implicit_cache(body))
     tools = parse_tools(body.get("tools"))
     fields.check_chat_unsupported(body)
-    options: GenerationOptions = fields.base_options(body, protocol="chat")
+    options: GenerationOptions = fields.base_options(body, "chat", ctx.tokenizer.vocab_size)
     options.tool_choice = fields.tool_choice(body.get("tool_choice"))
     parallel = opt_bool(body.get("parallel_tool_calls"), "parallel_tool_calls")
     options.parallel_tool_calls = parallel is not False

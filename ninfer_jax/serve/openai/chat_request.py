@@ -1,7 +1,7 @@
 """Validation of a Chat Completions (and Completions) request body into typed options.
 
-Three kinds of field: those the engine executes (sampling, limits, stop strings, tools,
-thinking options, priority), those that are accepted because their value is neutral or advisory
+Three kinds of field: those the engine executes (sampling, limits, stop strings, stop token
+ids, tools, thinking options, priority), those that are accepted because their value is neutral or advisory
 (metadata, user, all-zero logit_bias, logprobs:false, ...), and those whose behaviour the
 engine cannot provide, rejected with a field-specific 400 that says what is missing. Unknown
 top-level fields are ignored. A malformed value names its field.
@@ -16,10 +16,11 @@ from ninfer_jax.serve.core.tools import ToolChoice
 from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_background,
                                                opt_bool, opt_int, opt_number, opt_string, opt_top_k,
                                                require_list,
-                                               require_object, require_string)
+                                               require_object, require_string, type_name)
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
 
 MAX_STOP_STRINGS = 4
+MAX_STOP_TOKEN_IDS = 64
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 # Constrained-decoding aliases from other servers: rejected explicitly, never ignored.
@@ -76,6 +77,27 @@ def stop_strings(value) -> tuple[str, ...]:
         where = "stop" if isinstance(value, str) else f"stop[{index}]"
         require_string(stop, where, non_empty=True)
     return tuple(stops)
+
+
+def stop_token_ids(value, vocab_size: int) -> tuple[int, ...]:
+    """vLLM's `stop_token_ids`: token ids that end the reply like an end token (counted in
+    usage, never shown). Every id must be one the model can produce."""
+    if value is None:
+        return ()
+    ids = require_list(value, "stop_token_ids")
+    if len(ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidRequest(f"'stop_token_ids' holds at most {MAX_STOP_TOKEN_IDS} token ids, "
+                             f"got {len(ids)}.", param="stop_token_ids")
+    for index, token in enumerate(ids):
+        if isinstance(token, bool) or not isinstance(token, int):
+            got = str(token) if isinstance(token, float) else type_name(token)
+        elif not 0 <= token < vocab_size:
+            got = str(token)
+        else:
+            continue
+        raise InvalidRequest(f"'stop_token_ids[{index}]' must be a token id in "
+                             f"0..{vocab_size - 1}, got {got}.", param="stop_token_ids")
+    return tuple(dict.fromkeys(ids))
 
 
 def stream_options(body: dict) -> StreamOptions:
@@ -140,12 +162,13 @@ def check_common_unsupported(body: dict) -> None:
     opt_bool(body.get("ignore_eos"), "ignore_eos")
 
 
-def base_options(body: dict, protocol: str) -> GenerationOptions:
+def base_options(body: dict, protocol: str, vocab_size: int) -> GenerationOptions:
     limit, limit_param = max_tokens(body)
     seed = opt_int(body.get("seed"), "seed", *SEED_RANGE)
     return GenerationOptions(
         max_tokens=limit, max_tokens_param=limit_param, sampling=sampling_fields(body),
         seed=seed, stop=stop_strings(body.get("stop")),
+        stop_token_ids=stop_token_ids(body.get("stop_token_ids"), vocab_size),
         ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol,
         background=is_background(body.get("priority")), draft=allows_draft(body.get("draft")),
         stream=body.get("stream") is True, implicit_cache=implicit_cache(body))

@@ -81,7 +81,8 @@ class CompletionsResource:
         fields.check_model(body, ctx.model_id)
         ids, prompt_text = prompt_ids(body.get("prompt"), ctx)
         _check_unsupported(body)
-        options = fields.base_options(body, protocol="completions")
+        options = fields.base_options(body, protocol="completions",
+                                     vocab_size=ctx.tokenizer.vocab_size)
         stream = fields.stream_options(body)
         echo = bool(opt_bool(body.get("echo"), "echo"))
         request_id = req.context.request_id

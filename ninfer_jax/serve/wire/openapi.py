@@ -17,7 +17,9 @@ SAMPLING = {
     "max_tokens": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
     "seed": {"type": "integer"}, "stop": {"oneOf": [{"type": "string"},
-                                                    {"type": "array", "items": {"type": "string"}}]}}
+                                                    {"type": "array", "items": {"type": "string"}}]},
+    "stop_token_ids": {"type": ["array", "null"], "maxItems": 64,
+                       "items": {"type": "integer", "minimum": 0}}}
 REQUEST_BODIES = {
     "/v1/chat/completions": {"type": "object", "required": ["messages"], "properties": {
         **SAMPLING, "messages": {"type": "array", "items": MESSAGE},
