@@ -1,10 +1,10 @@
 """Validation of a Chat Completions (and Completions) request body into typed options.
 
 Three kinds of field: those the engine executes (sampling, limits, stop strings, stop token
-ids, tools, thinking options, priority), those that are accepted because their value is neutral or advisory
-(metadata, user, all-zero logit_bias, logprobs:false, ...), and those whose behaviour the
-engine cannot provide, rejected with a field-specific 400 that says what is missing. Unknown
-top-level fields are ignored. A malformed value names its field.
+ids, tools, thinking options, priority), those that are accepted because their value is
+neutral or advisory (metadata, user, all-zero logit_bias, logprobs:false, ...), and those whose
+behaviour the engine cannot provide, rejected with a field-specific 400 that says what is
+missing. Unknown top-level fields are ignored. A malformed value names its field.
 """
 from __future__ import annotations
 

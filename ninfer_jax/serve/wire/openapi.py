@@ -16,8 +16,8 @@ SAMPLING = {
     "model": {"type": "string"}, "stream": {"type": "boolean"},
     "max_tokens": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
-    "seed": {"type": "integer"}, "stop": {"oneOf": [{"type": "string"},
-                                                    {"type": "array", "items": {"type": "string"}}]},
+    "seed": {"type": "integer"},
+    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "stop_token_ids": {"type": ["array", "null"], "maxItems": 64,
                        "items": {"type": "integer", "minimum": 0}}}
 REQUEST_BODIES = {
