@@ -140,3 +140,19 @@ def read_log(h) -> list[dict]:
 def by_id(lines, request_id, event=None):
     return [r for r in lines if r.get("request_id") == request_id
             and (event is None or r["event"] == event)]
+
+
+def abandon_stream(h, path: str, body: dict) -> dict:
+    """POST a streaming `body` to `path` straight through the WSGI app, read two chunks and
+    close it, as a client that goes away does; returns the response headers."""
+    from falcon import testing
+
+    environ = testing.create_environ(method="POST", path=path, body=json.dumps(body),
+                                     headers={"Content-Type": "application/json"})
+    headers: dict = {}
+    result = h.app(environ, lambda status, hs, exc_info=None: headers.update(hs))
+    stream = iter(result)
+    next(stream)
+    next(stream)
+    result.close()  # the client went away: the consumer stops reading
+    return headers

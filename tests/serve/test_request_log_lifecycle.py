@@ -2,7 +2,6 @@
 queue timeouts and engine failures (request_error), overload at submission (request_rejected
 with the dialect's status), a client that disconnects mid-stream (the reaper still writes the
 one terminal record), and the stderr lifecycle lines."""
-import json
 import logging
 import threading
 import time
@@ -10,7 +9,7 @@ import time
 import pytest
 from falcon import testing
 
-from harness import build_harness, by_id, read_log, wait_for
+from harness import abandon_stream, build_harness, by_id, read_log, wait_for
 
 TERMINALS = ("request_done", "request_error")
 
@@ -131,16 +130,9 @@ def test_abandoned_stream_still_gets_one_terminal(default_artifact, default_toke
                                                   tmp_path):
     h = make(default_artifact, default_tokenizer, tmp_path, "abandon", decode_sleep=0.01)
     h.book.add("ramble", "la", end=False)
-    body = json.dumps({"model": h.ctx.model_id, "stream": True, "max_tokens": 400,
-                       "messages": [{"role": "user", "content": "SCRIPT:ramble"}]})
-    environ = testing.create_environ(method="POST", path="/v1/chat/completions", body=body,
-                                     headers={"Content-Type": "application/json"})
-    headers = {}
-    result = h.app(environ, lambda status, hs, exc_info=None: headers.update(hs))
-    stream = iter(result)
-    next(stream)
-    next(stream)
-    result.close()  # the client went away: the consumer stops reading
+    headers = abandon_stream(h, "/v1/chat/completions", {
+        "model": h.ctx.model_id, "stream": True, "max_tokens": 400,
+        "messages": [{"role": "user", "content": "SCRIPT:ramble"}]})
     request_id = headers["x-request-id"]
     observer = h.ctx.extras["observer"]
     observer.abandon_grace_s = 0.0

@@ -12,7 +12,7 @@ import pytest
 from falcon import testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import build_harness, by_id, read_log
+from harness import abandon_stream, build_harness, by_id, read_log
 from ninfer_jax.errors import InvalidRequest
 from ninfer_jax.serve.anthropic import service as anthropic_service
 from ninfer_jax.serve.core import output as core_output
@@ -116,18 +116,24 @@ def failing(*args, **kwargs):
     raise RuntimeError("injected rendering failure")
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["aggregate", "stream"])
-@pytest.mark.parametrize("dialect", DIALECTS)
-def test_a_render_failure_after_the_outcome_counts_once(h, client, monkeypatch, dialect,
-                                                        stream):
-    monkeypatch.setattr(*USAGE_BUILDERS[dialect], failing)
-    before = counters(client)
+def post_failing(client, h, dialect, stream):
+    """A request whose reply breaks: a 500, or a stream that opened and ends in an error."""
     response = post(client, h, dialect, stream=stream)
     if stream:
         assert response.status_code == 200
         assert_stream_failed(dialect, response.text)
     else:
         assert response.status_code == 500
+    return response
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["aggregate", "stream"])
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_render_failure_after_the_outcome_counts_once(h, client, monkeypatch, dialect,
+                                                        stream):
+    monkeypatch.setattr(*USAGE_BUILDERS[dialect], failing)
+    before = counters(client)
+    response = post_failing(client, h, dialect, stream)
     assert moved(before, counters(client)) == {"failures": 1, "stop": 1}
     lines = by_id(read_log(h), request_id_of(response))
     assert [r["event"] for r in lines] == ["request_start", "request_done"]
@@ -141,12 +147,7 @@ def test_a_failure_before_the_outcome_is_a_failed_request(h, client, monkeypatch
     one response failure, the request ends `failed`, never `cancelled` or `stop`."""
     monkeypatch.setattr(core_output.OutputParser, "push", failing)
     before = counters(client)
-    response = post(client, h, dialect, stream=stream)
-    if stream:
-        assert response.status_code == 200
-        assert_stream_failed(dialect, response.text)
-    else:
-        assert response.status_code == 500
+    response = post_failing(client, h, dialect, stream)
     monkeypatch.undo()
     assert moved(before, counters(client)) == {"failures": 1, "failed": 1}
     lines = by_id(read_log(h), request_id_of(response))
@@ -211,15 +212,8 @@ def test_engine_failure_is_not_a_response_failure(default_artifact, default_toke
 @pytest.mark.parametrize("dialect", DIALECTS)
 def test_a_client_that_leaves_is_cancelled_not_a_failure(h, client, dialect):
     before = counters(client)
-    body = json.dumps(body_for(h, dialect, stream=True, script="ramble", max_tokens=300))
-    environ = testing.create_environ(method="POST", path=PATHS[dialect], body=body,
-                                     headers={"Content-Type": "application/json"})
-    headers = {}
-    result = h.app(environ, lambda status, hs, exc_info=None: headers.update(hs))
-    stream = iter(result)
-    next(stream)
-    next(stream)
-    result.close()  # the client went away
+    abandon_stream(h, PATHS[dialect], body_for(h, dialect, stream=True, script="ramble",
+                                               max_tokens=300))
     observer = h.ctx.extras["observer"]
     observer.abandon_grace_s = 0.0
     try:
