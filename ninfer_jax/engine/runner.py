@@ -213,7 +213,7 @@ class JaxRunner:
         # `expert_parallel`: the routed experts split by expert index over that mesh.
         self.mesh = None
         if tensor_parallel > 1 or expert_parallel:
-            tp.check_divides(self.config, tensor_parallel, expert_parallel)
+            self.config.check_tensor_parallel(tensor_parallel, expert_parallel)
             self.mesh = tp.make_mesh(tensor_parallel)
         self.expert_parallel = expert_parallel
         # q|k|v and gate|up joined on the host, before the put (on by default: on the CPU no

@@ -329,6 +329,32 @@ class ModelConfig:
                 "recurrent": (self.linear_num_value_heads, self.linear_key_head_dim,
                               self.linear_value_head_dim)}
 
+    def check_tensor_parallel(self, size: int, expert_parallel: bool = False) -> None:
+        """ValueError, one line, when a mesh of `size` devices cannot split this model's heads
+        (or, with `expert_parallel`, its routed experts). Here rather than in
+        model/tensor_parallel.py so the launcher can check it without importing JAX."""
+        if self.is_nemotron and size > 1:
+            raise ValueError("--tensor-parallel is not built for nemotron_h (its Mamba-2 "
+                             "layers are not split per shard)")
+        if expert_parallel:
+            if size < 2:
+                raise ValueError("--expert-parallel needs --tensor-parallel 2 or more (it "
+                                 "splits the experts over the tensor-parallel devices)")
+            if not self.num_experts:
+                raise ValueError(f"--expert-parallel needs a MoE model; {self.architecture} "
+                                 "has no routed experts")
+            if self.num_experts % size:
+                raise ValueError(f"--expert-parallel: --tensor-parallel {size} does not divide "
+                                 f"the model's {self.num_experts} routed experts")
+        counts = {"attention heads": self.num_heads, "kv heads": self.num_kv_heads}
+        if self.is_hybrid:
+            counts.update({"linear key heads": self.linear_num_key_heads,
+                           "linear value heads": self.linear_num_value_heads})
+        for what, count in counts.items():
+            if count % size:
+                raise ValueError(f"--tensor-parallel {size} does not divide the model's "
+                                 f"{count} {what}")
+
     def __hash__(self):
         # Explicit because rope_scaling is a dict; the config is a static argument of jitted steps.
         values = [getattr(self, f.name) for f in dataclasses.fields(self)]

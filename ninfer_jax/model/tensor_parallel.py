@@ -76,32 +76,6 @@ def num_groups(mesh: Mesh | None) -> int:
     return 1 if mesh is None else mesh.shape[AXIS]
 
 
-def check_divides(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
-    """ValueError, one line, when a mesh of `size` devices cannot split the heads (or, with
-    `expert_parallel`, the routed experts)."""
-    if config.is_nemotron and size > 1:
-        raise ValueError("--tensor-parallel is not built for nemotron_h (its Mamba-2 layers "
-                         "are not split per shard)")
-    if expert_parallel:
-        if size < 2:
-            raise ValueError("--expert-parallel needs --tensor-parallel 2 or more (it splits "
-                             "the experts over the tensor-parallel devices)")
-        if not config.num_experts:
-            raise ValueError(f"--expert-parallel needs a MoE model; {config.architecture} has "
-                             "no routed experts")
-        if config.num_experts % size:
-            raise ValueError(f"--expert-parallel: --tensor-parallel {size} does not divide the "
-                             f"model's {config.num_experts} routed experts")
-    counts = {"attention heads": config.num_heads, "kv heads": config.num_kv_heads}
-    if config.is_hybrid:
-        counts.update({"linear key heads": config.linear_num_key_heads,
-                       "linear value heads": config.linear_num_value_heads})
-    for what, count in counts.items():
-        if count % size:
-            raise ValueError(f"--tensor-parallel {size} does not divide the model's {count} "
-                             f"{what}")
-
-
 # ----------------------------------------------------------------------------- placement
 
 

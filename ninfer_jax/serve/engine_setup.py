@@ -157,7 +157,7 @@ def tensor_parallel_mesh(config: ServeConfig):
     if size > visible:
         raise ValueError(f"--tensor-parallel {size}: only {visible} device(s) visible")
     model_config = load_artifact(config.artifact, weights=False).config
-    tensor_parallel.check_divides(model_config, size, config.expert_parallel)
+    model_config.check_tensor_parallel(size, config.expert_parallel)
     if size == 1:
         return None
     mesh = tensor_parallel.make_mesh(size)

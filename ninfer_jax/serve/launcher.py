@@ -270,6 +270,9 @@ def check_startup(config: ServeConfig) -> None:
     check_http_workers(config)
     engine_setup.check_speculation(config, artifact.config, artifact.components)
     engine_setup.check_weights(config, artifact.weight_formats, artifact.config)
+    if config.tensor_parallel != "auto":  # 'auto' needs the core's device count
+        artifact.config.check_tensor_parallel(int(config.tensor_parallel),
+                                              config.expert_parallel)
 
 
 def run_server(config: ServeConfig) -> None:

@@ -62,3 +62,17 @@ def test_a_damaged_tokenizer_or_template_is_one_line(default_artifact_path, tmp_
     errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and f"cannot serve: {copy}/{says}" in errors[0], result.stderr
     assert "engine core" not in result.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--expert-parallel"], "--expert-parallel needs --tensor-parallel 2 or more"),
+    (["--tensor-parallel", "2"], "--tensor-parallel 2 does not divide the model's 9 attention"),
+])
+def test_a_mesh_the_model_cannot_split_is_refused_before_the_core(default_artifact_path, args,
+                                                                  says):
+    result = _serve(default_artifact_path, *args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if " ERROR " in line]
+    assert len(errors) == 1 and f"cannot serve: {says}" in errors[0], result.stderr
+    assert "engine core" not in result.stderr  # refused before the core was started

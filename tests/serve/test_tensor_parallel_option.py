@@ -35,8 +35,8 @@ def test_start_up_checks(default_artifact_path):
 
 def test_heads_must_divide(default_artifact):  # SmolLM2-135M: 9 heads, 3 kv heads
     with pytest.raises(ValueError, match="does not divide the model's 9 attention heads"):
-        tensor_parallel.check_divides(default_artifact.config, 2)
-    tensor_parallel.check_divides(default_artifact.config, 3)
+        default_artifact.config.check_tensor_parallel(2)
+    default_artifact.config.check_tensor_parallel(3)
 
 
 def test_expert_parallel_option(default_artifact_path):
@@ -52,13 +52,13 @@ def test_expert_parallel_option(default_artifact_path):
 def test_experts_must_divide(default_artifact):
     with pytest.raises(ValueError, match=r"^--expert-parallel needs a MoE model; llama has no "
                                          r"routed experts$"):
-        tensor_parallel.check_divides(default_artifact.config, 3, expert_parallel=True)
+        default_artifact.config.check_tensor_parallel(3, expert_parallel=True)
     glm = dataclasses.replace(PRESETS["glm4.5-tiny"].config, num_heads=12, num_kv_heads=6)
     with pytest.raises(ValueError, match=r"^--expert-parallel: --tensor-parallel 3 does not "
                                          r"divide the model's 8 routed experts$"):
-        tensor_parallel.check_divides(glm, 3, expert_parallel=True)
-    tensor_parallel.check_divides(glm, 3)  # replicated experts: any head-dividing size
-    tensor_parallel.check_divides(glm, 2, expert_parallel=True)
+        glm.check_tensor_parallel(3, expert_parallel=True)
+    glm.check_tensor_parallel(3)  # replicated experts: any head-dividing size
+    glm.check_tensor_parallel(2, expert_parallel=True)
 
 
 def test_group_columns_and_split_fused_are_inverse():
