@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from ninfer_jax.kernels.paged_attention import reference
+from ninfer_jax.kernels.ragged_attention import windowed
 
 EMPTY = -1e30  # log-sum-exp of a part with no visible key: weighs 0 in the merge
 
@@ -42,23 +42,11 @@ def _window_span(q, k_cache, v_cache, page_table, lengths, *, scale: float, wind
     """Paged part with a window: query t (position lengths + t) sees paged keys
     lengths + t - window + 1 .. lengths - 1. -> (out f32, lse [B, T, H])."""
     B, T, H, D = q.shape
-    K, S = k_cache.shape[1], k_cache.shape[2]
-    width = page_table.shape[1]
-    span = (window - 2) // S + 2
-    first = jnp.maximum(lengths - window + 1, 0) // S  # [B]
-    logical = first[:, None] + jnp.arange(span, dtype=jnp.int32)  # [B, M]
-    pages = jnp.take_along_axis(page_table, jnp.minimum(logical, width - 1), axis=1)
-    # In q's dtype with f32 sums (see ragged_attention/windowed.py).
-    k = reference.widen(reference.take_pages(k_cache, pages), q.dtype)  # [B, M, K, S, D]
-    v = reference.widen(reference.take_pages(v_cache, pages), q.dtype)
-    keys = logical[:, :, None] * S + jnp.arange(S, dtype=jnp.int32)  # [B, M, S]
+    span = (window - 2) // k_cache.shape[2] + 2
     positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)  # [B, T]
-    visible = ((keys[:, None] < lengths[:, None, None, None])
-               & (keys[:, None] > positions[:, :, None, None] - window)
-               & (logical < width)[:, None, :, None])  # [B, T, M, S]
-    qg = (q.reshape(B, T, K, H // K, D).astype(jnp.float32) * scale).astype(q.dtype)
-    scores = jnp.einsum("btkgd,bmksd->btkgms", qg, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(visible[:, :, None, None], scores, -jnp.inf)
+    last_keys = jnp.broadcast_to(lengths[:, None] - 1, (B, T))
+    scores, v = windowed.window_span_scores(q, k_cache, v_cache, page_table, positions,
+                                            last_keys, span=span, window=window, scale=scale)
     out, lse = _softmax_parts(
         scores, lambda probs: jnp.einsum("btkgms,bmksd->btkgd", probs.astype(q.dtype), v,
                                          preferred_element_type=jnp.float32),

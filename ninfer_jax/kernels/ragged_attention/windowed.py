@@ -53,11 +53,31 @@ def _span_attention(q, k_cache, v_cache, tables, positions, span: int, window: i
     """q [G, Q, H, D] at `positions` [G, Q] (ascending within a group) over the `span` pages
     of tables [G, W] from the page of the group's first query's window -> [G, Q, H, D]."""
     G, Q, H, D = q.shape
-    K, S = k_cache.shape[1], k_cache.shape[2]
-    width = tables.shape[1]
     # A padding chunk query may sit past the table; masking at the table's last key keeps
     # one visible key (itself clamped) so its unspecified output is at least finite.
-    positions = jnp.minimum(positions, width * S - 1)
+    positions = jnp.minimum(positions, tables.shape[1] * k_cache.shape[2] - 1)
+    scores, v = window_span_scores(q, k_cache, v_cache, tables, positions, positions,
+                                   span=span, window=window, scale=scale)
+    peak = jnp.max(scores, axis=(-2, -1), keepdims=True)
+    probs = jnp.exp(scores - jnp.where(jnp.isfinite(peak), peak, 0.0))
+    out = jnp.einsum("gqkhms,gmksd->gqkhd", probs.astype(q.dtype), v,
+                     preferred_element_type=jnp.float32)
+    out = out / jnp.sum(probs, axis=(-2, -1))[..., None]
+    return out.reshape(G, Q, H, D).astype(q.dtype)
+
+
+def window_span_scores(q, k_cache, v_cache, tables, positions, last_keys, *, span: int,
+                       window: int, scale: float):
+    """The masked scores of a window's page span (shared with the DFlash2 drafter's block
+    attention, paged_attention/block.py).
+
+    q [G, Q, H, D] at `positions` [G, Q] (ascending within a group) sees the keys
+    positions - window + 1 .. last_keys [G, Q] among the `span` pages of tables [G, W] from
+    the page of the group's first query's window. -> (scores f32 [G, Q, K, H/K, M, S], -inf
+    where masked; the span's values [G, M, K, S, D] in q's dtype)."""
+    G, Q, H, D = q.shape
+    K, S = k_cache.shape[1], k_cache.shape[2]
+    width = tables.shape[1]
     first = jnp.maximum(positions[:, 0] - window + 1, 0) // S  # [G]
     logical = first[:, None] + jnp.arange(span, dtype=jnp.int32)  # [G, M]
     pages = jnp.take_along_axis(tables, jnp.minimum(logical, width - 1), axis=1)
@@ -67,15 +87,9 @@ def _span_attention(q, k_cache, v_cache, tables, positions, span: int, window: i
     k = paged.widen(paged.take_pages(k_cache, pages), q.dtype)  # [G, M, K, S, D]
     v = paged.widen(paged.take_pages(v_cache, pages), q.dtype)
     keys = logical[:, :, None] * S + jnp.arange(S, dtype=jnp.int32)  # [G, M, S]
-    visible = ((keys[:, None] <= positions[:, :, None, None])
+    visible = ((keys[:, None] <= last_keys[:, :, None, None])
                & (keys[:, None] > positions[:, :, None, None] - window)
                & (logical < width)[:, None, :, None])  # [G, Q, M, S]
     qg = (q.reshape(G, Q, K, H // K, D).astype(jnp.float32) * scale).astype(q.dtype)
     scores = jnp.einsum("gqkhd,gmksd->gqkhms", qg, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(visible[:, :, None, None], scores, -jnp.inf)
-    peak = jnp.max(scores, axis=(-2, -1), keepdims=True)
-    probs = jnp.exp(scores - jnp.where(jnp.isfinite(peak), peak, 0.0))
-    out = jnp.einsum("gqkhms,gmksd->gqkhd", probs.astype(q.dtype), v,
-                     preferred_element_type=jnp.float32)
-    out = out / jnp.sum(probs, axis=(-2, -1))[..., None]
-    return out.reshape(G, Q, H, D).astype(q.dtype)
+    return jnp.where(visible[:, :, None, None], scores, -jnp.inf), v
