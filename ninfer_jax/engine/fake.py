@@ -83,6 +83,17 @@ def state_of(tokens) -> int:
     return state
 
 
+def penalty_shift(output_ids, params) -> int:
+    """What a penalised row adds to the fake formula (module docstring), from the output
+    counted so far: the tests' reference; the fake device computes it from its counts."""
+    shift = 0
+    if params.frequency_penalty:
+        shift += sum(int(t) + 1 for t in output_ids)
+    if params.presence_penalty:
+        shift += 7 * len(set(output_ids))
+    return shift
+
+
 def weighted_sum_next_token(vocab_size: int) -> NextToken:
     def next_token(context: np.ndarray, sample: SampleSpec) -> int:
         weights = np.arange(1, len(context) + 1, dtype=np.int64)
