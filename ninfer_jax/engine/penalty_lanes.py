@@ -41,6 +41,11 @@ class PenaltyLoad(NamedTuple):
     output_ids: tuple[int, ...]
 
 
+def penalty_counts_bytes(lanes: int, vocab_size: int) -> int:
+    """Device bytes of the output counts of `lanes` lanes (and the dummy)."""
+    return (lanes + 1) * vocab_size * 4
+
+
 def uses_output(params) -> bool:
     """Whether sampling reads the committed output (presence/frequency penalties)."""
     return params.presence_penalty != 0 or params.frequency_penalty != 0

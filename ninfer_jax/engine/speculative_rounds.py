@@ -133,4 +133,3 @@ def drafted_rows(plan: StepPlan) -> set[int]:
     """Indexes of the rows that feed drafts (each round's rows after its first)."""
     return {span.first_row + j for span in plan.verify
             for j in range(1, len(span.draft.tokens) + 1)}
-
