@@ -51,7 +51,6 @@ def probe(runner, batch: int, calls: int) -> dict:
     specs = [None] + [row.sample for row in plan.rows]
     ints, floats = runner._packer.pack(layout, runner._host_batch(None, plan.rows, *shape),
                                        specs)
-    bias = runner._bias(specs, layout.sampled)
     executable = (runner._greedy_executables.get(shape) if runner.greedy_variants else None) \
         or runner._executables[shape]
     fixed_prev = jax.device_put(runner._prev_out)
@@ -70,7 +69,8 @@ def probe(runner, batch: int, calls: int) -> dict:
         results[name] = round(1e3 * float(np.median(seconds)), 4)
 
     def run(ints_in, floats_in, prev):
-        out, runner.kv = executable(runner.params, runner.kv, prev, ints_in, floats_in, bias)
+        out, runner.kv, runner.penalty_counts = executable(
+            runner.params, runner.kv, prev, ints_in, floats_in, runner.penalty_counts)
         runner._prev_out = out
 
     timed("runner", lambda: runner.launch(plan))

@@ -5,6 +5,7 @@
     ... --api completions --prompt-tokens 256 --max-tokens 256 --json       # exact lengths
     ... --api completions --interference 63 --long-prompt 4000 --json       # see below
     ... --task echo --draft both --concurrency 1 8 --max-tokens 200         # speculation
+    ... --concurrency 1 --presence-penalty 0.5                              # penalties
 
 For each concurrency level C, C client threads each send `--requests-per-client` streaming
 requests one after another (temperature 0, `ignore_eos`, so every reply has exactly
@@ -109,6 +110,8 @@ def request_body(args, index: int, prompt_tokens: int, max_tokens: int) -> tuple
               "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     if getattr(args, "draft_off", False):
         common["draft"] = False
+    if getattr(args, "presence_penalty", 0):
+        common["presence_penalty"] = args.presence_penalty
     if args.task == "echo":  # replies end at the end of the echo, as a client sees them
         paragraph = ECHO_PARAGRAPHS[index % len(ECHO_PARAGRAPHS)]
         return "/v1/chat/completions", {**common, "ignore_eos": False, "messages": [
@@ -323,6 +326,8 @@ def parse_args(argv=None):
     parser.add_argument("--draft", choices=["on", "off", "both"], default="on",
                         help="off: send draft: false; both: each level plain, then drafted")
     parser.add_argument("--seed", type=int, default=0, help="picks the random prompt ids")
+    parser.add_argument("--presence-penalty", type=float, default=0.0,
+                        help="sent with every request (penalised rows' decode speed)")
     parser.add_argument("--interference", type=int, default=0, metavar="STREAMS",
                         help="run the interference measurement with this many streams "
                              "instead of the concurrency levels")

@@ -43,6 +43,9 @@ class Engine:
         if config.max_concurrency > runner.max_batch:
             raise ValueError(f"max_concurrency {config.max_concurrency} exceeds the runner's "
                              f"largest decode batch {runner.max_batch}")
+        if config.max_concurrency > runner.penalty_lanes:
+            raise ValueError(f"max_concurrency {config.max_concurrency} exceeds the runner's "
+                             f"{runner.penalty_lanes} penalty lanes")
         if (config.speculative is not None and getattr(runner, "state_slot_capacity", 0)
                 and getattr(runner, "needs_chained_rows", True)
                 and not getattr(runner, "chained_rows", False)):

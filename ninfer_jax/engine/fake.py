@@ -26,6 +26,17 @@ to and load them from `host_kv` before that. As on the real model the state is n
 the KV pages, so a sequence that runs on a wrong or stale slot, shares one, or continues
 mid-prompt on a fresh slot (a replay that skips position 0) produces different tokens.
 
+Presence/frequency penalties, as on the real runner (engine/penalty_lanes.py): the device
+holds output counts per penalty lane ([max_batch + 1, vocab], lane 0 the dummy), a plan's
+`penalty_loads` set lanes from a committed output before its step (before its copies fail,
+too), and every step counts each row's sample in the row's lane. A row with penalties adds
+what its lane's counts say to the formula above:
+    penalised: next = (formula + F + P) mod vocab_size
+F = sum over the counted tokens t of (t + 1) when frequency_penalty is not 0, P = 7 * the
+number of distinct counted tokens when presence_penalty is not 0. So a lane that missed a
+token, counted a dropped one or was not reloaded changes the output, as it would the
+model's; a penalised row on the dummy lane fails loudly.
+
 Dispatch is asynchronous, like JAX's: `launch` queues the step for a "device" thread and
 returns at once; the device runs steps strictly in launch order (sleeping `prefill_sleep` /
 `decode_sleep` per step to model their cost) and `collect` waits for one step's samples. A
@@ -72,6 +83,17 @@ def state_of(tokens) -> int:
     return state
 
 
+def penalty_shift(output_ids, params) -> int:
+    """What a penalised row adds to the fake formula (module docstring), from the output
+    counted so far: the tests' reference; the fake device computes it from its counts."""
+    shift = 0
+    if params.frequency_penalty:
+        shift += sum(int(t) + 1 for t in output_ids)
+    if params.presence_penalty:
+        shift += 7 * len(set(output_ids))
+    return shift
+
+
 def weighted_sum_next_token(vocab_size: int) -> NextToken:
     def next_token(context: np.ndarray, sample: SampleSpec) -> int:
         weights = np.arange(1, len(context) + 1, dtype=np.int64)
@@ -110,7 +132,7 @@ class FakeRunner:
                  async_dispatch: bool = True, state_slot_capacity: int = 0,
                  max_chunk_rows: int | None = None, accepts_media: bool = False,
                  copy_fault: Callable[[PageCopy], bool] | None = None,
-                 chained_rows: bool = False):
+                 chained_rows: bool = False, penalty_lanes: int | None = None):
         self.page_size = page_size
         # Speculation on a hybrid: consecutive rows on one slot chain, as JaxRunner's do.
         self.chained_rows = chained_rows and bool(state_slot_capacity)
@@ -133,6 +155,8 @@ class FakeRunner:
         self._lost_slots: set[int] = set()  # failed saves, until their slot is dropped
         self._copy_error: BaseException | None = None  # of a failed launch's copies
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
+        self.penalty_lanes = max_batch if penalty_lanes is None else penalty_lanes
+        self.penalty_counts = np.zeros((self.penalty_lanes + 1, vocab_size), np.int64)
         # The host tier: slot -> a saved copy of one page, kept through loads until a drop;
         # a missing copy, or a save into a held slot, fails loudly.
         self.host_kv: dict[int, np.ndarray] = {}
@@ -282,6 +306,10 @@ class FakeRunner:
             for i, row in enumerate(plan.rows):
                 rows[i] = self._next(self._read(row.page_table, row.position + 1),
                                      row.sample, row.state_slot)
+        if plan.chunk is not None and plan.chunk.sample is not None:
+            self._count(plan.chunk.sample, chunk_token)
+        for row, token in zip(plan.rows, rows):
+            self._count(row.sample, token)
         result = StepResult(chunk_token=chunk_token, row_tokens=rows)
         self._previous = result
         return result
@@ -305,6 +333,10 @@ class FakeRunner:
             self.state[slot] = states[i]
 
     def _apply_copies(self, plan: StepPlan) -> None:
+        for load in plan.penalty_loads:
+            self._check_lane(load.lane)
+            self.penalty_counts[load.lane] = np.bincount(
+                np.asarray(load.output_ids, np.int64), minlength=self.vocab_size)
         for copy in plan.page_copies:  # as HostPageStore: a slot holds one page or nothing
             if copy.kind == SAVE:
                 if copy.host_slot in self.host_kv:
@@ -348,12 +380,36 @@ class FakeRunner:
         end = unit.start + len(unit.tokens)
         return self._next(self._read(unit.page_table, end), unit.sample, unit.state_slot)
 
+    # ------------------------------------------------------------------ fake penalty lanes
+
+    def _penalty(self, sample: SampleSpec) -> int:
+        params, lane = sample.params, sample.penalty_lane
+        if not (params.presence_penalty or params.frequency_penalty):
+            return 0
+        self._check_lane(lane)
+        counts = self.penalty_counts[lane]
+        shift = 0
+        if params.frequency_penalty:
+            shift += int((counts * np.arange(1, self.vocab_size + 1)).sum())
+        if params.presence_penalty:
+            shift += 7 * int((counts > 0).sum())
+        return shift
+
+    def _count(self, sample: SampleSpec, token: int) -> None:
+        if sample.penalty_lane:
+            self.penalty_counts[sample.penalty_lane, int(token)] += 1
+
+    def _check_lane(self, lane: int) -> None:
+        if not 0 < lane <= self.penalty_lanes:
+            raise AssertionError(f"a penalised row or load uses penalty lane {lane} "
+                                 f"(usable 1..{self.penalty_lanes})")
+
     # ------------------------------------------------------------------ fake state slots
 
     def _next(self, context: np.ndarray, sample: SampleSpec, slot: int) -> int:
-        token = self.next_token(context, sample)
+        token = (self.next_token(context, sample) + self._penalty(sample)) % self.vocab_size
         if not self.state_slot_capacity:
-            return token
+            return int(token)
         return int((token + int(self.state[slot])) % self.vocab_size)
 
     def _feed(self, slot: int, tokens) -> None:

@@ -8,8 +8,9 @@ layer one (k, v) pair shaped by paged_attention.get_kv_cache_shape over `num_pag
 page DUMMY_PAGE (0) absorbs the writes of padding rows. Hybrid families add per Gated
 DeltaNet (or Mamba-2) layer the conv and recurrent state of `state_slot_capacity + 1` slots
 (slot 0 the dummy, engine/state_slots.py), Gemma 4 per sliding layer a KV ring of each slot
-(sized by `step_tokens`), and their steps carry each unit's slot. Every step donates the
-caches and gets them back, so they are updated in place.
+(sized by `step_tokens`), and their steps carry each unit's slot. The presence/frequency
+penalties' output counts, int32 [penalty_lanes + 1, V] (engine/penalty_lanes.py). Every step
+donates the caches and the counts and gets them back, so they are updated in place.
 Steps: one compiled body, `steps.ragged_step`: an optional prefill chunk plus a region of
 single-token rows (decode now, verify rows later). Its output, the tokens sampled after the
 chunk and after every row, stays on the device and is passed to the next step, whose rows can
@@ -48,7 +49,7 @@ from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine import page_store
 from ninfer_jax.engine.host_pages import StateCopy
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, StepPlan, StepResult,
 )
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
@@ -192,7 +193,7 @@ class JaxRunner:
                  step_shapes: str = "all", tensor_parallel: int = 1, vision: bool = False,
                  speculative: bool = False, mtp_drafts: int = 0,
                  dflash_drafts: int = 0, dflash_config=None,
-                 expert_parallel: bool = False):
+                 expert_parallel: bool = False, penalty_lanes: int | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         if step_shapes not in STEP_SHAPE_SETS:
@@ -325,8 +326,7 @@ class JaxRunner:
         self._jitted = jax.jit(steps.packed_step,
                                static_argnames=("config", "page_size", "layout", "draws",
                                                 "mesh"),
-                               donate_argnames=("kv", "prev_out") if self.stable_buffers
-                               else ("kv",), **self._step_shardings())
+                               donate_argnames=self._donated(), **self._step_shardings())
         self._staging: dict[tuple[int, int], tuple[jax.Array, jax.Array]] = {}
         self._restage = jax.jit(_overwrite, donate_argnums=(0, 1))
         self._snapshot = jax.jit(_host_copy)
@@ -349,7 +349,15 @@ class JaxRunner:
         self._unprimed: dict[tuple[tuple[int, int], str], None] = {}
         self._compile_lock = threading.Lock()
         self._prev_out = self._replicated(np.zeros(self._out_size, np.int32))
-        self._zero_bias: dict[int, jax.Array] = {}
+        # Presence/frequency penalties (engine/penalty_lanes.py): the output counts of each
+        # lane, updated by every step in place (donated). One lane per resident sequence.
+        self.penalty_lanes = max_batch if penalty_lanes is None else penalty_lanes
+        self.penalty_counts = self._replicated(
+            np.zeros((self.penalty_lanes + 1, self.config.vocab_size), np.int32))
+        self._load_lane = jax.jit(_load_lane, donate_argnums=0,
+                                  **({} if self.mesh is None else {
+                                      "out_shardings": NamedSharding(self.mesh,
+                                                                     PartitionSpec())}))
         self.is_warm = False
         self.compile_done = threading.Event()  # every shape compiled (background included)
         self.on_compiled = None  # called (from any thread) after each shape compiles
@@ -385,8 +393,7 @@ class JaxRunner:
         self._media_jitted = jax.jit(steps.packed_media_step,
                                      static_argnames=("config", "page_size", "layout", "draws",
                                                       "mesh"),
-                                     donate_argnames=("kv", "prev_out") if self.stable_buffers
-                                     else ("kv",))
+                                     donate_argnames=self._donated())
 
     def _variant_executables(self, variant: str) -> dict:
         return {"draws": self._executables, "greedy": self._greedy_executables,
@@ -462,14 +469,19 @@ class JaxRunner:
                 "expert_parallel": self.expert_parallel,
                 "devices": [str(device) for device in devices]}
 
+    def _donated(self) -> tuple[str, ...]:
+        """The step's donated arguments: the caches and the penalty counts, updated in
+        place; with stable buffers the previous output too."""
+        return ("kv", "counts", "prev_out") if self.stable_buffers else ("kv", "counts")
+
     def _step_shardings(self) -> dict:
-        """jit's out shardings of the step under a mesh: the sampled tokens replicated, the
-        caches as placed. (The inputs' shardings are those of the lowering's arguments:
-        jit takes no in_shardings with keyword arguments.)"""
+        """jit's out shardings of the step under a mesh: the sampled tokens and the penalty
+        counts replicated, the caches as placed. (The inputs' shardings are those of the
+        lowering's arguments: jit takes no in_shardings with keyword arguments.)"""
         if self.mesh is None:
             return {}
-        return {"out_shardings": (NamedSharding(self.mesh, PartitionSpec()),
-                                  self._kv_shardings)}
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return {"out_shardings": (replicated, self._kv_shardings, replicated)}
 
     def _abstract(self, array):
         """A lowering argument: the array itself, or under a mesh its replicated shape."""
@@ -545,6 +557,8 @@ class JaxRunner:
         if self.has_state:  # compiled now: the first prefix hit must not wait for it
             dummy = np.int32(DUMMY_STATE_SLOT)  # the argument types launch() passes
             self.kv = self._copy_slot(self.kv, dummy, dummy)
+        # compiled now too: the first penalised request must not wait for it
+        self.load_penalty_lane(sampling.DUMMY_PENALTY_LANE, ())
         jax.block_until_ready(self.kv)
         for shape in essential:
             self._unprimed.pop((shape, "draws"), None)
@@ -577,13 +591,14 @@ class JaxRunner:
         return True
 
     def _run_padding(self, executable, shape, media: bool = False) -> None:
-        ints, floats, bias = self._example_inputs(*shape)
+        ints, floats = self._example_inputs(*shape)
         if self.stable_buffers:
             ints, floats = self._staged(shape, ints, floats)
         extra = (self.vision.example_rows(*shape),) if media else ()
-        # The previous step's output is kept: a padding run's own rows are all padding.
-        out, self.kv = executable(self.params, self.kv, self._prev_out, ints, floats, bias,
-                                  *extra)
+        # The previous step's output is kept: a padding run's own rows are all padding
+        # (on the dummy penalty lane, which they leave at zero).
+        out, self.kv, self.penalty_counts = executable(
+            self.params, self.kv, self._prev_out, ints, floats, self.penalty_counts, *extra)
         if self.stable_buffers:  # prev_out was donated: `out` is its buffer, same values
             self._prev_out = out
 
@@ -692,7 +707,7 @@ class JaxRunner:
         with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
             # Abstract caches: the engine thread donates the real ones while this traces.
             lowered = jitted.lower(self.params, self._kv_spec, self._prev_out_spec(),
-                                   *map(self._abstract, example),
+                                   *map(self._abstract, example), self._counts_spec(),
                                    config=self.config, page_size=self.page_size,
                                    layout=self._layout(*shape), draws=variant != "greedy",
                                    mesh=self.mesh)
@@ -734,25 +749,17 @@ class JaxRunner:
 
     def _example_inputs(self, chunk: int, rows: int):
         layout = self._layout(chunk, rows)
-        return (np.zeros(layout.num_ints, np.int32), np.zeros(layout.num_floats, np.float32),
-                self._bias([], layout.sampled))
+        return np.zeros(layout.num_ints, np.int32), np.zeros(layout.num_floats, np.float32)
 
-    def _bias(self, specs: Sequence[SampleSpec | None], rows: int):
-        """The [rows, V] penalty bias: built on the host only when some row has penalties,
-        otherwise a device-resident zero array."""
-        if any(s is not None and sampling.needs_bias(s) for s in specs):
-            bias = np.zeros((rows, self.config.vocab_size), np.float32)
-            for row, spec in enumerate(specs):
-                if spec is not None and sampling.needs_bias(spec):
-                    params = spec.params
-                    bias[row] = sampling.penalty_bias(spec.output_ids, params.presence_penalty,
-                                                      params.frequency_penalty,
-                                                      self.config.vocab_size)
-            return bias
-        if rows not in self._zero_bias:
-            self._zero_bias[rows] = self._replicated(
-                np.zeros((rows, self.config.vocab_size), np.float32))
-        return self._zero_bias[rows]
+    def _counts_spec(self) -> jax.ShapeDtypeStruct:
+        # Abstract, as the caches: the engine thread donates the real ones while this traces.
+        return self._abstract(jax.ShapeDtypeStruct(self.penalty_counts.shape, jnp.int32))
+
+    def load_penalty_lane(self, lane: int, output_ids) -> None:
+        """Set a penalty lane to the counts of a committed output (after every step
+        launched so far: the device runs them in order)."""
+        counts = sampling.output_counts(output_ids, self.config.vocab_size)
+        self.penalty_counts = self._load_lane(self.penalty_counts, np.int32(lane), counts)
 
     # ------------------------------------------------------------------ steps
 
@@ -791,15 +798,16 @@ class JaxRunner:
                 self.kv = self._placed(self._page_store.apply_state(self.kv, copy))
             else:
                 self.kv = self._copy_slot(self.kv, np.int32(copy[0]), np.int32(copy[1]))
+        for load in plan.penalty_loads:  # applied even if the step is not: see StepPlan
+            self.load_penalty_lane(load.lane, load.output_ids)
         failures = self._page_store.take_failures()
         if failures is not None:  # the scheduler drops what relied on them, then re-plans
             raise PageCopyError(*failures)
         self._unprimed.pop((shape, variant), None)  # this is its first run if it never ran
         if self.stable_buffers:
             ints, floats = self._staged(shape, ints, floats)
-        out, self.kv = executable(
-            self.params, self.kv, self._prev_out, ints, floats,
-            self._bias(specs, layout.sampled), *extra)
+        out, self.kv, self.penalty_counts = executable(
+            self.params, self.kv, self._prev_out, ints, floats, self.penalty_counts, *extra)
         self._prev_out = out
         # With stable buffers `out` is donated to the next step, so the host reads a copy.
         host_view = self._snapshot(out, self._zero) if self.stable_buffers else out
@@ -937,6 +945,11 @@ def _overwrite(ints_buffer, floats_buffer, ints, floats):
     outputs alias the donated inputs, so the addresses stay."""
     return (jax.lax.dynamic_update_slice(ints_buffer, ints, (0,)),
             jax.lax.dynamic_update_slice(floats_buffer, floats, (0,)))
+
+
+def _load_lane(counts, lane, row):
+    """The penalty counts with `lane` set to `row` (int32 [V])."""
+    return counts.at[lane].set(row)
 
 
 def _host_copy(out, zero):

@@ -11,7 +11,7 @@ leave it at DUMMY_STATE_SLOT and the runner does not send it.
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple, Protocol, Sequence
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -29,7 +29,9 @@ class SampleSpec(NamedTuple):
 
     params: SamplingParams
     sample_index: int
-    output_ids: Sequence[int] = ()  # committed output so far (presence/frequency penalties)
+    # Presence/frequency penalties: the lane of the runner's output counts that holds this
+    # request's committed output (engine/penalty_lanes.py); DUMMY_PENALTY_LANE without.
+    penalty_lane: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +101,9 @@ class StepPlan:
     page_copies: tuple = ()
     # Speculative rounds among the rows (the scheduler reads them back at collect).
     verify: tuple[VerifySpan, ...] = ()
+    # Penalty lanes (re)started by this plan (penalty_lanes.PenaltyLoad): applied in order
+    # before the step, and applied even when the page copies fail (PageCopyError).
+    penalty_loads: tuple = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,6 +137,9 @@ class StepRunner(Protocol):
     max_batch: int
     # Most rows a step with a prefill chunk may carry (optional: max_batch without it).
     max_chunk_rows: int
+    # Lanes of the device-resident penalty counts (engine/penalty_lanes.py), at least one
+    # per resident sequence.
+    penalty_lanes: int
     # Usable state slots (DUMMY_STATE_SLOT excluded); 0 for dense models. Optional: a
     # runner without the attribute has none.
     state_slot_capacity: int

@@ -13,8 +13,12 @@ samples is *pending* until collected; a row of step n+1 feeds it back on the dev
 (`DecodeRow.from_previous`). A sequence that finishes in step n (end token, stop, cancel)
 was already given a row in step n+1: that row's token is dropped at collect, and its KV write
 lands in pages released meanwhile, which is harmless because steps run in launch order.
-Rows whose next step needs the host's view of the last token (presence/frequency penalties,
-a TokenPolicy) sit out while their token is pending.
+Rows whose next step needs the host's view of the last token (a TokenPolicy) sit out while
+their token is pending. Presence/frequency penalties do not: their output counts live on
+the device in the sequence's penalty lane, which the step itself updates with what it
+samples (engine/penalty_lanes.py); the scheduler only loads a lane from the committed output
+when a penalised sequence becomes resident (admission, restore), and after each commit of
+one with a TokenPolicy (which may commit other tokens than the sampled one).
 
 Speculative decoding (--spec, engine/speculation.py): a sequence that may draft (the request
 did not say `draft: false`, has no penalties and no TokenPolicy) proposes drafts from its
@@ -81,7 +85,8 @@ from ninfer_jax.engine.runner_api import (
 )
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import num_accepted
-from ninfer_jax.engine.speculative_rounds import SpeculativeRounds, drafted_rows, uses_output
+from ninfer_jax.engine.penalty_lanes import DUMMY_PENALTY_LANE, PenaltyLanes, uses_output
+from ninfer_jax.engine.speculative_rounds import SpeculativeRounds, drafted_rows
 from ninfer_jax.engine.state_checkpoints import StateCheckpoints, marks
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT, StateSlotPool
 from ninfer_jax.errors import InternalError
@@ -137,6 +142,7 @@ class Scheduler:
         self.life = Lifecycle(pool, clock, eos_ids, config.max_context, self.slots)
         self.counters = self.life.counters
         self.spec = SpeculativeRounds(config, pool, page_size, self.counters)
+        self.penalty_lanes = PenaltyLanes(config.max_concurrency)
         self._next_seq_id = 0
         self._paused_now: set[int] = set()
         # seq id -> launched, uncollected steps that hold it
@@ -262,10 +268,12 @@ class Scheduler:
         if self.host.copies:
             plan = dataclasses.replace(plan, page_copies=self.host.pop_copies())
         if self.checkpoints is not None and self.checkpoints.copies:
-            return dataclasses.replace(plan, state_copies=self.checkpoints.pop_copies())
-        if self._state_copies:
+            plan = dataclasses.replace(plan, state_copies=self.checkpoints.pop_copies())
+        elif self._state_copies:
             plan = dataclasses.replace(plan, state_copies=tuple(self._state_copies))
             self._state_copies = []
+        if self.penalty_lanes.loads:
+            plan = dataclasses.replace(plan, penalty_loads=self.penalty_lanes.pop_loads())
         return plan
 
     def copies_failed(self, error: PageCopyError) -> None:
@@ -302,7 +310,7 @@ class Scheduler:
         if self._pending_ends(seq):
             return False  # its pending token already ends it
         if seq.pending_slots and (request.token_policy is not None
-                                  or uses_output(request.sampling) or self.spec.can_draft(seq)):
+                                  or self.spec.can_draft(seq)):
             return False  # its next row needs the committed last token on the host
         return True
 
@@ -345,10 +353,8 @@ class Scheduler:
 
     @staticmethod
     def _sample_spec(seq: Sequence) -> SampleSpec:
-        params = seq.request.sampling
-        # Committed output only matters to the penalties; skip the copy otherwise.
-        return SampleSpec(params=params, sample_index=seq.num_output_total,
-                          output_ids=tuple(seq.output_ids) if uses_output(params) else ())
+        return SampleSpec(params=seq.request.sampling, sample_index=seq.num_output_total,
+                          penalty_lane=seq.penalty_lane)
 
     # ------------------------------------------------------------------ launch
 
@@ -420,6 +426,7 @@ class Scheduler:
         if seq.num_computed == seq.computed_at_restore:
             seq.restore_gate = self._num_ended() + 1  # wait until something ends
         self.life.pause_started(seq)
+        self._release_lane(seq)
         self.life.pause(seq, self._take_snapshot(seq))
         self._paused_now.add(seq.seq_id)
         seq.cache_cursor = (0, ROOT)
@@ -531,6 +538,8 @@ class Scheduler:
                 self._spare_slot()
                 self.life.admit(seq, cached)
             self._start_state(seq)
+            if uses_output(seq.request.sampling):
+                seq.penalty_lane = self.penalty_lanes.take(seq.output_ids)
             bisect.insort(self.resident, seq, key=lambda s: s.seq_id)
 
     def _restorable(self) -> Sequence | None:
@@ -760,10 +769,19 @@ class Scheduler:
         if finish is not None:
             reason, matched = finish
             self._end(seq, reason, matched)
+        elif seq.penalty_lane != DUMMY_PENALTY_LANE and seq.request.token_policy is not None:
+            # the policy may have committed other tokens than the one the step counted
+            self.penalty_lanes.reload(seq.penalty_lane, seq.output_ids)
 
     # ------------------------------------------------------------------ endings
 
+    def _release_lane(self, seq: Sequence) -> None:
+        if seq.penalty_lane != DUMMY_PENALTY_LANE:
+            self.penalty_lanes.release(seq.penalty_lane)
+            seq.penalty_lane = DUMMY_PENALTY_LANE
+
     def _detach(self, seq: Sequence) -> None:
+        self._release_lane(seq)
         self._drop_snapshot(seq)
         for group in (self.resident, self.paused):
             if seq in group:
@@ -816,6 +834,10 @@ class Scheduler:
         if self.checkpoints is not None:
             holders += self.checkpoints.held_slots()
         return holders
+
+    def lane_holders(self) -> list[int]:
+        """The penalty lane of every sequence (for PenaltyLanes.check)."""
+        return [s.penalty_lane for s in self.resident + self.paused + list(self.waiting)]
 
     def host_holders(self) -> list[int]:
         """Every held host slot (for HostPagePool.check)."""

@@ -50,6 +50,9 @@ class Sequence:
     # Hybrid models: the state slot holding the state after tokens [0, num_computed); held
     # while resident, DUMMY_STATE_SLOT otherwise (and always for dense models).
     state_slot: int = DUMMY_STATE_SLOT
+    # Presence/frequency penalties: the lane of the device's output counts held while
+    # resident (engine/penalty_lanes.py); DUMMY_PENALTY_LANE (0) otherwise.
+    penalty_lane: int = 0
     # The checkpoint to start the state from, ("slot", device slot) or ("row", host ticket),
     # set when a prefix hit is planned and cleared once its copy is queued
     # (engine/state_checkpoints.py).

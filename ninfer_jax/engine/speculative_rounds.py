@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool, pages_for
+from ninfer_jax.engine.penalty_lanes import uses_output
 from ninfer_jax.engine.runner_api import DecodeRow, SampleSpec, StepPlan
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import EMPTY_DRAFT, Draft, TokenHistory, make_drafter
@@ -30,8 +31,9 @@ class SpeculativeRounds:
         return self.drafter is not None and seq.request.speculative
 
     def can_draft(self, seq: Sequence) -> bool:
-        """Eligible and decodable from the committed tokens alone: penalties and token
-        policies need the host's view of every token, so such requests decode plainly."""
+        """Eligible and decodable from the committed tokens alone. Token policies need the
+        host's view of every token; penalties would need each verify row's lane to hold
+        the drafts before it, which the counts do not: such requests decode plainly."""
         request = seq.request
         return (self.speculates(seq) and request.token_policy is None
                 and not uses_output(request.sampling))
@@ -131,8 +133,3 @@ def drafted_rows(plan: StepPlan) -> set[int]:
     """Indexes of the rows that feed drafts (each round's rows after its first)."""
     return {span.first_row + j for span in plan.verify
             for j in range(1, len(span.draft.tokens) + 1)}
-
-
-def uses_output(params) -> bool:
-    """Whether sampling reads the committed output (presence/frequency penalties)."""
-    return params.presence_penalty != 0 or params.frequency_penalty != 0

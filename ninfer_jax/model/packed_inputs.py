@@ -3,9 +3,10 @@
 A ragged step takes a RaggedBatch (8 int arrays) and a SamplingBatch (7 arrays). Passed as
 numpy arrays, each is its own host-to-device transfer at every launch; on the H200 those
 transfers and their bookkeeping were most of the host's launch cost. The runner instead
-writes every integer into one int32 buffer and every float into one float32 buffer (plus the
-penalty bias, sent only when some row has one), and the compiled step slices them back
-apart at static offsets (`PackedLayout`).
+writes every integer into one int32 buffer and every float into one float32 buffer, and the
+compiled step slices them back apart at static offsets (`PackedLayout`). The penalty bias
+is not sent: the step computes it from the device-resident output counts of each row's
+penalty lane (model/sampling.py `penalty_bias`).
 
 int32 buffer, in order (R = 1 + B sampled rows: the chunk's, then each row token's):
     chunk_tokens [C], chunk_start [1], chunk_len [1], chunk_table [W],
@@ -13,8 +14,8 @@ int32 buffer, in order (R = 1 + B sampled rows: the chunk's, then each row token
     chunk_state_slot [1], row_state_slots [B]   (hybrid families only: `state_slots`)
     chunk_next [1]                               (with the MTP head only: `mtp_drafts`)
     top_k [R], seed_high [R], seed_low [R] (uint32 bit patterns), sample_index [R],
-    is_greedy [R] (0/1)
-float32 buffer: temperature [R], top_p [R], min_p [R]
+    is_greedy [R] (0/1), penalty_lane [R]
+float32 buffer: temperature [R], top_p [R], min_p [R], presence [R], frequency [R]
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ninfer_jax.model.ragged_batch import RaggedBatch
-from ninfer_jax.model.sampling import SamplingBatch
+from ninfer_jax.model.sampling import SamplingBatch, penalty_bias
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +62,7 @@ class PackedLayout:
         return [("chunk_tokens", C), ("chunk_start", 1), ("chunk_len", 1), ("chunk_table", W),
                 ("row_tokens", B), ("row_src", B), ("row_positions", B),
                 ("row_tables", B * W), *slots, ("top_k", R), ("seed_high", R), ("seed_low", R),
-                ("sample_index", R), ("is_greedy", R)]
+                ("sample_index", R), ("is_greedy", R), ("penalty_lane", R)]
 
     @property
     def num_ints(self) -> int:
@@ -69,7 +70,7 @@ class PackedLayout:
 
     @property
     def num_floats(self) -> int:
-        return 3 * self.sampled
+        return 5 * self.sampled
 
     def offsets(self) -> dict[str, tuple[int, int]]:
         """field -> (start, size) in the int32 buffer."""
@@ -80,8 +81,10 @@ class PackedLayout:
         return spans
 
 
-def unpack(layout: PackedLayout, ints, floats, bias) -> tuple[RaggedBatch, SamplingBatch]:
-    """Inside the step: the RaggedBatch and SamplingBatch the packed buffers hold."""
+def unpack(layout: PackedLayout, ints, floats, counts):
+    """Inside the step: the RaggedBatch and SamplingBatch the packed buffers hold, the
+    penalties' bias read from `counts` (int32 [lanes + 1, V]), and each sampled row's
+    penalty lane (int32 [R]): (batch, sampling, lanes)."""
     spans = layout.offsets()
 
     def field(name):
@@ -101,12 +104,15 @@ def unpack(layout: PackedLayout, ints, floats, bias) -> tuple[RaggedBatch, Sampl
     if layout.mtp_drafts:
         batch = dataclasses.replace(batch, chunk_next=field("chunk_next")[0])
     words = jnp.stack([field("seed_high"), field("seed_low")], axis=1)
+    lanes = field("penalty_lane")
+    bias = penalty_bias(counts[lanes], floats[3 * R:4 * R], floats[4 * R:])
     sampling = SamplingBatch(
         temperature=floats[:R], top_k=field("top_k"), top_p=floats[R:2 * R],
-        min_p=floats[2 * R:], seed_words=jax.lax.bitcast_convert_type(words, jnp.uint32),
+        min_p=floats[2 * R:3 * R],
+        seed_words=jax.lax.bitcast_convert_type(words, jnp.uint32),
         sample_index=field("sample_index"), is_greedy=field("is_greedy") != 0,
         logit_bias=bias)
-    return batch, sampling
+    return batch, sampling, lanes
 
 
 class HostPacker:
@@ -128,20 +134,23 @@ class HostPacker:
             start, size = spans[name]
             ints[start:start + size] = np.ravel(value)
         R = layout.sampled
-        # per row: temperature, top_p, min_p, top_k, seed high, seed low, greedy
-        padding = (1.0, 1.0, 0.0, 20, 0, 0, 1)
-        values = np.full((R, 7), padding, np.float64)
-        index = np.zeros(R, np.int32)
+        # per row: temperature, top_p, min_p, presence, frequency, top_k, seed high,
+        # seed low, greedy
+        padding = (1.0, 1.0, 0.0, 0.0, 0.0, 20, 0, 0, 1)
+        values = np.full((R, 9), padding, np.float64)
+        index, lanes = np.zeros(R, np.int32), np.zeros(R, np.int32)
         if specs:  # one conversion of a list, not a numpy row assignment per row
             values[:len(specs)] = [padding if s is None else self._values(s.params)
                                    for s in specs]
             index[:len(specs)] = [0 if s is None else s.sample_index for s in specs]
-        floats[:] = values[:, :3].T.reshape(-1)
-        for column, name in ((3, "top_k"), (4, "seed_high"), (5, "seed_low"), (6, "is_greedy")):
+            lanes[:len(specs)] = [0 if s is None else s.penalty_lane for s in specs]
+        floats[:] = values[:, :5].T.reshape(-1)
+        for column, name in ((5, "top_k"), (6, "seed_high"), (7, "seed_low"), (8, "is_greedy")):
             start, _ = spans[name]
             ints[start:start + R] = values[:, column].astype(np.uint32).view(np.int32)
-        start, _ = spans["sample_index"]
-        ints[start:start + R] = index
+        for name, column in (("sample_index", index), ("penalty_lane", lanes)):
+            start, _ = spans[name]
+            ints[start:start + R] = column
         return ints, floats
 
     def _values(self, params) -> tuple:
@@ -152,8 +161,9 @@ class HostPacker:
 
             high, low = seed_words(params.seed)
             top_k = TOP_K_CAP if params.top_k <= 0 else min(params.top_k, TOP_K_CAP)
-            cached = (max(params.temperature, 0.0), params.top_p, params.min_p, top_k, high,
-                      low, 1 if params.is_greedy else 0)
+            cached = (max(params.temperature, 0.0), params.top_p, params.min_p,
+                      params.presence_penalty, params.frequency_penalty, top_k, high, low,
+                      1 if params.is_greedy else 0)
             if len(self._params) > 4096:
                 self._params.clear()
             self._params[params] = cached

@@ -1,8 +1,9 @@
 """Per-row token selection on device, inside the same compiled step as the forward pass.
 
 Order of operations for one row, on the f32 logits [V]:
-  1. add `logit_bias` (the presence/frequency penalties, computed on the host from the row's
-     committed output: bias[t] = -(presence * [count_t > 0] + frequency * count_t));
+  1. add `logit_bias`, the presence/frequency penalties: bias[t] = -(presence * [count_t > 0]
+     + frequency * count_t), computed in the step (`penalty_bias`) from the row's lane of the
+     device-resident output counts (`count_sampled` keeps them, engine/penalty_lanes.py);
   2. greedy rows: exact argmax over the full vocabulary;
   3. other rows: keep the TOP_K_CAP largest logits as candidates, divide by temperature, keep
      the first top_k of them, then the smallest prefix whose probability mass reaches top_p,
@@ -127,6 +128,27 @@ def _draw_candidate(key, candidates, temperature, top_k, top_p, min_p):
     return jax.random.categorical(key, logits).astype(jnp.int32)
 
 
+# Lane 0 of the output counts belongs to no request: rows without penalties (and padding)
+# read its zeros and never add to it. Must equal engine.penalty_lanes.DUMMY_PENALTY_LANE.
+DUMMY_PENALTY_LANE = 0
+
+
+def penalty_bias(counts, presence, frequency):
+    """The additive bias f32 [B, V] of presence/frequency penalties (f32 [B] each) over each
+    row's output counts int32 [B, V]; zero where both penalties are 0. Works on numpy inputs
+    too (tests compare it with the counts of a committed output)."""
+    counts = counts.astype(jnp.float32)
+    seen = (counts > 0).astype(jnp.float32)
+    return -(presence[:, None] * seen + frequency[:, None] * counts)
+
+
+def count_sampled(counts, lanes, tokens):
+    """The output counts int32 [L + 1, V] after one step: each row's sampled token (int32
+    [B]) counted in its lane (int32 [B]); rows on DUMMY_PENALTY_LANE add nothing, so it
+    stays zero. A lane appears at most once per step (penalty rows never verify drafts)."""
+    return counts.at[lanes, tokens].add((lanes != DUMMY_PENALTY_LANE).astype(jnp.int32))
+
+
 # ----------------------------------------------------------------------------- host side
 
 
@@ -136,27 +158,22 @@ def seed_words(seed: int) -> tuple[int, int]:
     return value >> 32, value & 0xFFFF_FFFF
 
 
-def penalty_bias(output_ids, presence: float, frequency: float, vocab_size: int):
-    """The additive bias [V] (numpy f32) of presence/frequency penalties over committed output."""
-    counts = np.bincount(np.asarray(output_ids, np.int64), minlength=vocab_size)[:vocab_size]
-    return -(presence * (counts > 0) + frequency * counts).astype(np.float32)
+def output_counts(output_ids, vocab_size: int) -> np.ndarray:
+    """How often each token occurs in a committed output: int32 [V] (a lane's contents)."""
+    counts = np.bincount(np.asarray(output_ids, np.int64), minlength=vocab_size)
+    return counts[:vocab_size].astype(np.int32)
 
 
-def needs_bias(spec) -> bool:
-    params = spec.params
-    return bool(spec.output_ids) and (params.presence_penalty or params.frequency_penalty)
-
-
-def host_batch(specs, num_rows: int, vocab_size: int, *, with_bias: bool) -> SamplingBatch:
+def host_batch(specs, num_rows: int, vocab_size: int, outputs=None) -> SamplingBatch:
     """Numpy inputs for `num_rows` rows from SampleSpecs (engine/runner_api.py); rows past
-    len(specs) (and None specs) are greedy padding. Without `with_bias`, logit_bias is None
-    and the caller supplies a device-resident zero array."""
+    len(specs) (and None specs) are greedy padding. `outputs`: each spec's committed output,
+    whose counts make its penalty bias (tests; the engine keeps counts on the device)."""
     temperature = np.ones(num_rows, np.float32)
     top_k = np.full(num_rows, TOP_K_CAP, np.int32)
     top_p, min_p = np.ones(num_rows, np.float32), np.zeros(num_rows, np.float32)
     words, index = np.zeros((num_rows, 2), np.uint32), np.zeros(num_rows, np.int32)
     is_greedy = np.ones(num_rows, np.bool_)
-    bias = np.zeros((num_rows, vocab_size), np.float32) if with_bias else None
+    bias = np.zeros((num_rows, vocab_size), np.float32)
     for row, spec in enumerate(specs):
         if spec is None:
             continue
@@ -167,7 +184,9 @@ def host_batch(specs, num_rows: int, vocab_size: int, *, with_bias: bool) -> Sam
         top_p[row], min_p[row] = params.top_p, params.min_p
         words[row] = seed_words(params.seed)
         index[row] = spec.sample_index
-        if with_bias and needs_bias(spec):
-            bias[row] = penalty_bias(spec.output_ids, params.presence_penalty,
-                                     params.frequency_penalty, vocab_size)
+        if outputs is not None:
+            counts = output_counts(outputs[row], vocab_size)[None]
+            bias[row] = np.asarray(penalty_bias(
+                counts, np.float32([params.presence_penalty]),
+                np.float32([params.frequency_penalty])))[0]
     return SamplingBatch(temperature, top_k, top_p, min_p, words, index, is_greedy, bias)

@@ -110,25 +110,30 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     return out, kv
 
 
-def packed_step(params, kv, prev_out, ints, floats, bias, *, config: ModelConfig,
+def packed_step(params, kv, prev_out, ints, floats, counts, *, config: ModelConfig,
                 page_size: int, layout: PackedLayout, draws: bool = True, mesh=None):
     """`ragged_step` over inputs packed into one int32 and one float32 buffer
-    (model/packed_inputs.py): two host-to-device transfers per launch instead of fifteen."""
-    batch, sampling_batch = unpack(layout, ints, floats, bias)
-    return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
-                       page_size=page_size, draws=draws, mesh=mesh,
-                       num_drafts=layout.num_drafts, drafter=layout.dflash)
+    (model/packed_inputs.py): two host-to-device transfers per launch instead of fifteen.
+    `counts` (int32 [lanes + 1, V], donated by the runner) are the output counts of the
+    penalty lanes: the step reads each row's lane for its bias and counts what it samples
+    there. Returns (out, kv, counts)."""
+    batch, sampling_batch, lanes = unpack(layout, ints, floats, counts)
+    out, kv = ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
+                          page_size=page_size, draws=draws, mesh=mesh,
+                          num_drafts=layout.num_drafts, drafter=layout.dflash)
+    return out, kv, sampling.count_sampled(counts, lanes, out[:layout.sampled])
 
 
-def packed_media_step(params, kv, prev_out, ints, floats, bias, media: MediaRows, *,
+def packed_media_step(params, kv, prev_out, ints, floats, counts, media: MediaRows, *,
                       config: ModelConfig, page_size: int, layout: PackedLayout,
                       draws: bool = True, mesh=None):
     """`packed_step` of a step that holds media rows or rows after a prompt with media: the
     same inputs plus the step's MediaRows (compiled only when serving with --vision)."""
-    batch, sampling_batch = unpack(layout, ints, floats, bias)
-    return ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
-                       page_size=page_size, draws=draws, mesh=mesh,
-                       num_drafts=layout.num_drafts, drafter=layout.dflash, media=media)
+    batch, sampling_batch, lanes = unpack(layout, ints, floats, counts)
+    out, kv = ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
+                          page_size=page_size, draws=draws, mesh=mesh,
+                          num_drafts=layout.num_drafts, drafter=layout.dflash, media=media)
+    return out, kv, sampling.count_sampled(counts, lanes, out[:layout.sampled])
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

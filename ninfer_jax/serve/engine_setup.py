@@ -123,6 +123,7 @@ def build_engine(config: ServeConfig):
                        tensor_parallel=1 if mesh is None else mesh.size,
                        vision=config.vision,
                        expert_parallel=config.expert_parallel,
+                       penalty_lanes=config.max_concurrency,
                        state_slot_capacity=runner_state_slots(
                            engine_config, artifact.config, speculative),
                        **rows, **drafter_config(artifact, speculative))

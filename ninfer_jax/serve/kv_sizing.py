@@ -32,6 +32,7 @@ import os
 import numpy as np
 
 from ninfer_jax.engine.config import AUTO_KV_HEADROOM_BYTES, auto_kv_tokens
+from ninfer_jax.engine.penalty_lanes import penalty_counts_bytes
 from ninfer_jax.engine.state_slots import extra_slots, state_slot_capacity
 
 log = logging.getLogger("ninfer_jax.serve")
@@ -203,9 +204,11 @@ def resolve_pool(config, artifact, compute_dtype, kv_dtype, *, max_context: int,
                                  kv_dtype=kv_dtype, page_size=page_size,
                                  step_tokens=step_tokens)
     size = 1 if mesh is None else mesh.size
+    # the penalty lanes' counts, replicated on every device (engine/penalty_lanes.py)
+    counts = penalty_counts_bytes(config.max_concurrency, artifact.config.vocab_size)
     bound = auto_kv_tokens_for(artifact, kv_dtype, page_size=page_size,
-                               max_context=max_context, state_bytes=state_bytes // size,
-                               mesh=mesh).tokens
+                               max_context=max_context,
+                               state_bytes=state_bytes // size + counts, mesh=mesh).tokens
     if config.kv_capacity == "auto":
         return artifact, bound
     return artifact, default_kv_tokens(lanes=config.max_concurrency, max_context=max_context,

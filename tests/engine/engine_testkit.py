@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 
 from ninfer_jax.engine.config import EngineConfig
-from ninfer_jax.engine.fake import FakeRunner, state_of
+from ninfer_jax.engine.fake import FakeRunner, penalty_shift, state_of
 from ninfer_jax.engine.host_pages import HostPagePool, StateCopy
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import (
@@ -32,7 +32,8 @@ def make_request(prompt, max_tokens=8, **fields) -> GenerationRequest:
 def expected_output(prompt, max_tokens, *, sampling=GREEDY, vocab=VOCAB, stop=(),
                     forced=None, hybrid=False):
     """The fake model's output computed directly from its formula (fake.py docstring).
-    `forced(output, sampled) -> list` mimics a TokenPolicy; `hybrid` adds the state term."""
+    `forced(output, sampled) -> list` mimics a TokenPolicy; `hybrid` adds the state term;
+    penalties add theirs (fake.penalty_shift of the committed output)."""
     context = list(prompt)
     output: list[int] = []
     while len(output) < max_tokens:
@@ -40,6 +41,7 @@ def expected_output(prompt, max_tokens, *, sampling=GREEDY, vocab=VOCAB, stop=()
         token = int((weights * np.array(context)).sum() % vocab)
         if not sampling.is_greedy:
             token = (token + 7919 * sampling.seed + 104729 * len(output)) % vocab
+        token = (token + penalty_shift(output, sampling)) % vocab
         if hybrid:
             token = (token + state_of(context)) % vocab
         ids = forced(tuple(output), token) if forced else [token]
@@ -137,6 +139,7 @@ class Driver:
         self.pool.check(self.scheduler.page_holders())
         self.slots.check(self.scheduler.slot_holders())
         self.host.check(self.scheduler.host_holders())
+        self.scheduler.penalty_lanes.check(self.scheduler.lane_holders())
 
 
 def drain(handle: RequestHandle) -> list:

@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from ninfer_jax.engine.penalty_lanes import DUMMY_PENALTY_LANE, uses_output
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec
 
@@ -16,20 +17,26 @@ GREEDY = SamplingParams(temperature=0.0)
 def generate(runner, prompts, max_new_tokens: int, sampling=GREEDY, *, chunk: int | None = None,
              shuffle_pages: bool = False, first_page: int = 1):
     """Output token lists for each prompt (a list of id lists), all decoded in one batch.
-    `sampling` is one SamplingParams for all or a list with one per prompt."""
+    `sampling` is one SamplingParams for all or a list with one per prompt; prompt i with
+    penalties counts its output in penalty lane i + 1, which the steps keep."""
     per_prompt = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+    lanes = [i + 1 if uses_output(params) else DUMMY_PENALTY_LANE
+             for i, params in enumerate(per_prompt)]
+    for lane in lanes:
+        if lane != DUMMY_PENALTY_LANE:
+            runner.load_penalty_lane(lane, ())
     chunk = chunk or runner.chunk_buckets[-1]
     tables = _page_tables(runner, [len(p) + max_new_tokens for p in prompts], shuffle_pages,
                           first_page)
     outputs = []
-    for prompt, table, params in zip(prompts, tables, per_prompt):
-        outputs.append([_prefill(runner, prompt, table, params, chunk)])
+    for prompt, table, params, lane in zip(prompts, tables, per_prompt, lanes):
+        outputs.append([_prefill(runner, prompt, table, params, chunk, lane)])
     while any(len(out) < max_new_tokens for out in outputs):
         active = [i for i, out in enumerate(outputs) if len(out) < max_new_tokens]
         rows = []
         for i in active:
             position = len(prompts[i]) + len(outputs[i]) - 1
-            spec = SampleSpec(per_prompt[i], len(outputs[i]), tuple(outputs[i]))
+            spec = SampleSpec(per_prompt[i], len(outputs[i]), lanes[i])
             rows.append(DecodeRow(i, outputs[i][-1], position,
                                   tables[i][:position // runner.page_size + 1], spec))
         for i, token in zip(active, runner.decode(rows)):
@@ -60,14 +67,14 @@ def teacher_forced(runner, prompts, continuations, *, chunk: int | None = None):
     return predictions
 
 
-def _prefill(runner, prompt, table, params, chunk) -> int:
+def _prefill(runner, prompt, table, params, chunk, lane=DUMMY_PENALTY_LANE) -> int:
     """Ingest the prompt in chunks; the last chunk samples the first output token."""
     token = None
     for start in range(0, len(prompt), chunk):
         piece = np.asarray(prompt[start:start + chunk], np.int32)
         is_last = start + len(piece) == len(prompt)
         covered = table[:math.ceil((start + len(piece)) / runner.page_size)]
-        sample = SampleSpec(params, 0) if is_last else None
+        sample = SampleSpec(params, 0, lane) if is_last else None
         token = runner.prefill(PrefillUnit(0, piece, start, covered, sample))
     return token
 

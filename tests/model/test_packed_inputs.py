@@ -16,20 +16,26 @@ def test_pack_then_unpack_round_trips_every_field():
                  row_tables=rng.integers(0, 9, (3, 5)))
     specs = [None,
              SampleSpec(SamplingParams(temperature=0.7, top_p=0.9, top_k=5, min_p=0.1,
-                                       seed=-3), 11),
-             SampleSpec(SamplingParams(temperature=0.0, seed=2**63 + 5), 2),
+                                       seed=-3, presence_penalty=0.5), 11, 2),
+             SampleSpec(SamplingParams(temperature=0.0, seed=2**63 + 5,
+                                       frequency_penalty=-1.25), 2, 1),
              None]
     ints, floats = HostPacker().pack(layout, batch, specs)
     assert ints.shape == (layout.num_ints,) and floats.shape == (layout.num_floats,)
-    bias = np.zeros((4, 10), np.float32)
-    ragged, packed = unpack(layout, ints, floats, bias)
+    outputs = [(), (4, 4, 9), (1, 4, 1, 1), ()]
+    counts = np.zeros((3, 10), np.int32)  # lane 0 (the dummy), then lanes 1 and 2
+    counts[2], counts[1] = sampling.output_counts(outputs[1], 10), \
+        sampling.output_counts(outputs[2], 10)
+    ragged, packed, lanes = unpack(layout, ints, floats, counts)
     for name, value in batch.items():
         np.testing.assert_array_equal(np.asarray(getattr(ragged, name)), value)
-    expected = sampling.host_batch(specs, 4, 10, with_bias=True)
+    np.testing.assert_array_equal(np.asarray(lanes), [0, 2, 1, 0])
+    expected = sampling.host_batch(specs, 4, 10, outputs)
     for name in ("temperature", "top_k", "top_p", "min_p", "seed_words", "sample_index",
-                 "is_greedy"):
+                 "is_greedy", "logit_bias"):
         np.testing.assert_array_equal(np.asarray(getattr(packed, name)),
                                       np.asarray(getattr(expected, name)), err_msg=name)
+    assert np.asarray(packed.logit_bias)[1:3].min() < 0
 
 
 def test_state_slots_are_packed_only_for_hybrid_layouts():
@@ -43,10 +49,10 @@ def test_state_slots_are_packed_only_for_hybrid_layouts():
                  row_tables=np.array([[2, 0, 0], [0, 0, 0]]), chunk_state_slot=3,
                  row_state_slots=np.array([1, 0]))
     ints, floats = HostPacker().pack(hybrid, batch, [None] * 3)
-    ragged, _ = unpack(hybrid, ints, floats, np.zeros((3, 10), np.float32))
+    ragged, _, _ = unpack(hybrid, ints, floats, np.zeros((1, 10), np.int32))
     assert int(ragged.chunk_state_slot) == 3
     np.testing.assert_array_equal(np.asarray(ragged.row_state_slots), [1, 0])
     dense_batch = {k: v for k, v in batch.items() if "state" not in k}
     ints, floats = HostPacker().pack(dense, dense_batch, [None] * 3)
-    ragged, _ = unpack(dense, ints, floats, np.zeros((3, 10), np.float32))
+    ragged, _, _ = unpack(dense, ints, floats, np.zeros((1, 10), np.int32))
     assert ragged.chunk_state_slot is None and ragged.row_state_slots is None

@@ -83,7 +83,7 @@ class World:
         return jax.tree_util.tree_map(jnp.asarray, self.base_kv)
 
     def sampling(self, specs, rows):
-        return sampling.host_batch(specs, rows, self.config.vocab_size, with_bias=True)
+        return sampling.host_batch(specs, rows, self.config.vocab_size)
 
     def run_prefill(self, kv, sequence, start, num, spec=None):
         chunk = np.zeros(CHUNK_BUCKET, np.int32)

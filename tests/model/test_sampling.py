@@ -14,14 +14,15 @@ VOCAB = 300
 sample = jax.jit(sampling.sample)
 
 
-def draw(logits, specs):
-    """Tokens for logits [B, V] and one SampleSpec (or None = greedy padding) per row."""
-    batch = sampling.host_batch(specs, len(specs), logits.shape[1], with_bias=True)
+def draw(logits, specs, outputs=None):
+    """Tokens for logits [B, V] and one SampleSpec (or None = greedy padding) per row;
+    `outputs`: each row's committed output (its penalties' counts)."""
+    batch = sampling.host_batch(specs, len(specs), logits.shape[1], outputs)
     return np.asarray(sample(np.asarray(logits, np.float32), batch))
 
 
-def spec(index=0, output_ids=(), **params):
-    return SampleSpec(SamplingParams(**params), sample_index=index, output_ids=output_ids)
+def spec(index=0, **params):
+    return SampleSpec(SamplingParams(**params), sample_index=index)
 
 
 def random_logits(rows, seed=0):
@@ -62,10 +63,11 @@ def test_different_seeds_and_positions_give_different_draws():
     assert set(by_position) <= set(range(VOCAB))
 
 
-def empirical(logits_row, num_draws, **params):
+def empirical(logits_row, num_draws, output_ids=(), **params):
     """Frequencies of each vocabulary id over num_draws independent draws of one row."""
     logits = np.tile(logits_row, (num_draws, 1))
-    tokens = draw(logits, [spec(index=i, seed=3, **params) for i in range(num_draws)])
+    tokens = draw(logits, [spec(index=i, seed=3, **params) for i in range(num_draws)],
+                  [output_ids] * num_draws)
     return np.bincount(tokens, minlength=VOCAB) / num_draws
 
 
@@ -117,21 +119,53 @@ def test_candidates_are_capped_at_twenty():
 
 
 def test_penalty_bias_counts_committed_output():
-    bias = sampling.penalty_bias([5, 7, 5, 5], presence=0.5, frequency=0.25, vocab_size=10)
+    counts = sampling.output_counts([5, 7, 5, 5], 10)
+    assert counts.dtype == np.int32 and counts.tolist() == [0] * 5 + [3, 0, 1, 0, 0]
+    bias = sampling.penalty_bias(counts[None], np.float32([0.5]), np.float32([0.25]))[0]
     expected = np.zeros(10, np.float32)
     expected[5] = -(0.5 + 3 * 0.25)
     expected[7] = -(0.5 + 0.25)
     np.testing.assert_allclose(bias, expected)
 
 
+def test_the_device_bias_is_the_host_formula():
+    """Bit for bit for penalties with few significant bits (0.5, -1.25: every product is
+    exact); otherwise within an ulp, XLA being free to fuse the multiply-add."""
+    rng = np.random.default_rng(4)
+    counts = rng.integers(0, 40, (6, VOCAB)).astype(np.int32) * (rng.random((6, VOCAB)) < 0.1)
+    device_bias = jax.jit(sampling.penalty_bias)
+    dyadic = [rng.integers(-128, 128, 6).astype(np.float32) / 64 for _ in range(2)]
+    np.testing.assert_array_equal(np.asarray(device_bias(counts, *dyadic)),
+                                  sampling.penalty_bias(counts, *dyadic))
+    arbitrary = [rng.uniform(-2, 2, 6).astype(np.float32) for _ in range(2)]
+    np.testing.assert_allclose(np.asarray(device_bias(counts, *arbitrary)),
+                               sampling.penalty_bias(counts, *arbitrary), rtol=2e-7)
+
+
+def test_count_sampled_counts_each_lane_and_leaves_the_dummy_lane_at_zero():
+    counts = np.zeros((4, 10), np.int32)
+    counts[2, 3] = 5  # a lane's earlier output
+    lanes = np.int32([0, 2, 0, 3, 1])
+    tokens = np.int32([9, 3, 4, 3, 0])
+    got = np.asarray(jax.jit(sampling.count_sampled)(counts, lanes, tokens))
+    expected = counts.copy()
+    expected[2, 3], expected[3, 3], expected[1, 0] = 6, 1, 1
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_the_dummy_penalty_lane_is_the_engines():
+    from ninfer_jax.engine.penalty_lanes import DUMMY_PENALTY_LANE
+    assert sampling.DUMMY_PENALTY_LANE == DUMMY_PENALTY_LANE
+
+
 def test_penalties_steer_greedy_and_sampled_rows_away_from_repeats():
     logits = np.zeros((2, VOCAB), np.float32)
     logits[:, 10], logits[:, 11] = 2.0, 1.5
     history = [10, 10, 3]
-    plain = draw(logits, [spec(temperature=0.0, output_ids=history)] * 2)
+    plain = draw(logits, [spec(temperature=0.0)] * 2, [history] * 2)
     assert list(plain) == [10, 10]
-    penalized = draw(logits, [spec(temperature=0.0, frequency_penalty=0.3, output_ids=history),
-                              spec(temperature=0.0, presence_penalty=0.6, output_ids=history)])
+    penalized = draw(logits, [spec(temperature=0.0, frequency_penalty=0.3),
+                              spec(temperature=0.0, presence_penalty=0.6)], [history] * 2)
     assert list(penalized) == [11, 11]
     freq = empirical(logits[0], 2000, temperature=1.0, top_k=2, presence_penalty=0.5,
                      output_ids=(10,))

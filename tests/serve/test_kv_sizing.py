@@ -13,7 +13,7 @@ GIB = 1 << 30
 SMOLLM2 = dataclasses.make_dataclass(
     "Cfg", ["num_layers", "num_kv_heads", "head_dim", ("is_hybrid", bool, False),
             ("is_gemma", bool, False), ("is_nemotron", bool, False), ("has_state", bool, False),
-            ("architecture", str, "llama")])(30, 3, 64)
+            ("architecture", str, "llama"), ("vocab_size", int, 49152)])(30, 3, 64)
 
 
 def test_gemma_pages_hold_the_full_layers_and_state_slots_the_sliding_rings():
