@@ -70,9 +70,12 @@ class ThinkingBudget:
     def __init__(self, *, budget: int, open_id: int | None, close_id: int,
                  suffix_ids: Sequence[int], starts_in_reasoning: bool, max_tokens: int,
                  stop_ids: frozenset[int] = frozenset(),
-                 is_blank: Callable[[int], bool] = lambda token: False):
+                 is_blank: Callable[[int], bool] = lambda token: False, open_tail: int = 0):
         self.budget = budget
         self._open_id = open_id
+        # Tokens of a multi-token open marker after its head (Gemma 4's "thought" after
+        # <|channel>): part of the marker, not thinking, so not counted.
+        self._open_tail = open_tail
         self._close_id = close_id
         self.suffix_ids = list(suffix_ids)
         self._starts_in_reasoning = starts_in_reasoning
@@ -88,6 +91,7 @@ class ThinkingBudget:
         # Without a prefilled block, only an open marker before any answer text opens one.
         self._closed = False
         self._count = 0
+        self._tail_left = 0
 
     def _advance(self, output_ids: Sequence[int]) -> None:
         if len(output_ids) < self._seen:
@@ -98,8 +102,11 @@ class ThinkingBudget:
             if not self._open:
                 self._open = token == self._open_id
                 self._closed = not self._open and not self._is_blank(token)
+                self._tail_left = self._open_tail if self._open else 0
             elif token == self._close_id:
                 self._closed = True
+            elif self._tail_left:
+                self._tail_left -= 1
             else:
                 self._count += 1
         self._seen = len(output_ids)

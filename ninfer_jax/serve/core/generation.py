@@ -173,6 +173,16 @@ def _single_token(ctx: ServingContext, text: str) -> int | None:
     return ids[0] if len(ids) == 1 else None
 
 
+def _open_marker(ctx: ServingContext, text: str) -> tuple[int | None, int]:
+    """(head id, tail length) of the reasoning open marker as the model writes it: one token,
+    or a control token and plain text after it (Gemma 4's `<|channel>thought`), which client
+    text can never produce. (None, 0) when the model cannot be seen opening a block."""
+    ids = ctx.tokenizer.encode(text, special=True)
+    if len(ids) == 1 or (ids and ctx.tokenizer.is_control(ids[0])):
+        return ids[0], len(ids) - 1
+    return None, 0
+
+
 def _thinking_budget(ctx, options, thinking, starts_in_reasoning, max_tokens):
     budget = options.thinking_budget
     if budget is None:
@@ -192,7 +202,8 @@ def _thinking_budget(ctx, options, thinking, starts_in_reasoning, max_tokens):
             f"({budget}) but cannot hold the {len(suffix)}-token close suffix plus one answer "
             "token; raise the output budget or lower the thinking budget.",
             param=options.max_tokens_param, code="thinking_budget_capacity_insufficient")
-    return ThinkingBudget(budget=budget, open_id=_single_token(ctx, open_marker),
+    open_id, open_tail = _open_marker(ctx, open_marker)
+    return ThinkingBudget(budget=budget, open_id=open_id, open_tail=open_tail,
                           close_id=close_id, suffix_ids=suffix,
                           starts_in_reasoning=starts_in_reasoning, max_tokens=max_tokens,
                           stop_ids=stop_token_ids(ctx, options),
@@ -210,7 +221,7 @@ def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):
         decode=tokenizer.decode, encode=PlainEncode(tokenizer),
         prefix_ids=tokenizer.encode(fmt.call_prefix, special=True),
         names=[t.qualified_name for t in tools], terminator=fmt.name_terminator,
-        open_id=_single_token(ctx, markers[0]) if markers[0] else None,
+        open_id=_open_marker(ctx, markers[0])[0] if markers[0] else None,
         close_id=_single_token(ctx, markers[1]) if markers[1] else None,
         starts_in_reasoning=starts_in_reasoning, may_open_thinking=thinking)
 
