@@ -47,8 +47,11 @@ class PenaltyLoad(NamedTuple):
 
 
 def penalty_counts_bytes(lanes: int, vocab_size: int) -> int:
-    """Device bytes of the output counts of `lanes` lanes (and the dummy)."""
-    return (lanes + 1) * vocab_size * 4
+    """Device bytes of the output counts and token-policy automata (policy_lanes.py) of
+    `lanes` lanes (and the dummy)."""
+    from ninfer_jax.model.token_automaton import ROW_WIDTH
+
+    return (lanes + 1) * (vocab_size + ROW_WIDTH) * 4
 
 
 def uses_output(params) -> bool:
