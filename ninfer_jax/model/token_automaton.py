@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 MAX_NODES = 64
-MAX_ENTRIES = 1024
+MAX_ENTRIES = 4096
 KEY_STRIDE = 1 << 20  # tokens below 2**20; nodes * KEY_STRIDE stays below 2**31
 KEY_PAD = np.iinfo(np.int32).max
 NO_LIMIT = np.iinfo(np.int32).max
