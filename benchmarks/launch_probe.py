@@ -69,8 +69,9 @@ def probe(runner, batch: int, calls: int) -> dict:
         results[name] = round(1e3 * float(np.median(seconds)), 4)
 
     def run(ints_in, floats_in, prev):
-        out, runner.kv, runner.penalty_counts = executable(
-            runner.params, runner.kv, prev, ints_in, floats_in, runner.penalty_counts)
+        out, runner.kv, runner.penalty_counts, runner.policy_table = executable(
+            runner.params, runner.kv, prev, ints_in, floats_in, runner.penalty_counts,
+            runner.policy_table)
         runner._prev_out = out
 
     timed("runner", lambda: runner.launch(plan))

@@ -67,7 +67,8 @@ class Engine:
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, host=self.host,
-                                   max_chunk_rows=getattr(runner, "max_chunk_rows", None))
+                                   max_chunk_rows=getattr(runner, "max_chunk_rows", None),
+                                   vocab_size=getattr(runner, "vocab_size", None))
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)
         # Called on the engine thread after every round (the engine-core process flushes

@@ -37,6 +37,11 @@ number of distinct counted tokens when presence_penalty is not 0. So a lane that
 token, counted a dropped one or was not reloaded changes the output, as it would the
 model's; a penalised row on the dummy lane fails loudly.
 
+Token policies, as on the real runner (engine/policy_lanes.py): each lane also holds a
+token-policy automaton row (`policy_table`, set by the same loads), and every row's token,
+the chunk's too, goes through its lane's automaton (model/token_automaton.py `advance`, the
+function the step runs) before it is counted and returned.
+
 Dispatch is asynchronous, like JAX's: `launch` queues the step for a "device" thread and
 returns at once; the device runs steps strictly in launch order (sleeping `prefill_sleep` /
 `decode_sleep` per step to model their cost) and `collect` waits for one step's samples. A
@@ -61,6 +66,7 @@ import numpy as np
 
 from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE, PageCopy, StateCopy
 from ninfer_jax.engine.pages import DUMMY_PAGE
+from ninfer_jax.model import token_automaton
 from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
 )
@@ -157,6 +163,8 @@ class FakeRunner:
         self.kv = np.full((num_pages, page_size), EMPTY_SLOT, np.int64)
         self.penalty_lanes = max_batch if penalty_lanes is None else penalty_lanes
         self.penalty_counts = np.zeros((self.penalty_lanes + 1, vocab_size), np.int64)
+        self.policy_table = np.zeros((self.penalty_lanes + 1, token_automaton.ROW_WIDTH),
+                                     np.int32)
         # The host tier: slot -> a saved copy of one page, kept through loads until a drop;
         # a missing copy, or a save into a held slot, fails loudly.
         self.host_kv: dict[int, np.ndarray] = {}
@@ -307,9 +315,11 @@ class FakeRunner:
                 rows[i] = self._next(self._read(row.page_table, row.position + 1),
                                      row.sample, row.state_slot)
         if plan.chunk is not None and plan.chunk.sample is not None:
+            chunk_token = self._apply_policy(plan.chunk.sample, chunk_token)
             self._count(plan.chunk.sample, chunk_token)
-        for row, token in zip(plan.rows, rows):
-            self._count(row.sample, token)
+        for i, row in enumerate(plan.rows):
+            rows[i] = self._apply_policy(row.sample, rows[i])
+            self._count(row.sample, rows[i])
         result = StepResult(chunk_token=chunk_token, row_tokens=rows)
         self._previous = result
         return result
@@ -337,6 +347,7 @@ class FakeRunner:
             self._check_lane(load.lane)
             self.penalty_counts[load.lane] = np.bincount(
                 np.asarray(load.output_ids, np.int64), minlength=self.vocab_size)
+            self.policy_table[load.lane] = 0 if load.policy is None else load.policy
         for copy in plan.page_copies:  # as HostPageStore: a slot holds one page or nothing
             if copy.kind == SAVE:
                 if copy.host_slot in self.host_kv:
@@ -394,6 +405,15 @@ class FakeRunner:
         if params.presence_penalty:
             shift += 7 * int((counts > 0).sum())
         return shift
+
+    def _apply_policy(self, sample: SampleSpec, token: int) -> int:
+        """The lane's token-policy automaton on the sample, as the step applies it."""
+        lane = np.int32([sample.penalty_lane])
+        emitted, node, counter, _ = token_automaton.advance(
+            np, self.policy_table, lane, np.int32([token]), np.int32([sample.sample_index]))
+        if sample.penalty_lane:
+            self.policy_table[lane[0], :2] = node[0], counter[0]
+        return int(emitted[0])
 
     def _count(self, sample: SampleSpec, token: int) -> None:
         if sample.penalty_lane:

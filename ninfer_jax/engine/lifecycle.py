@@ -166,9 +166,10 @@ class Lifecycle:
     # ---------------------------------------------------------------- output
 
     def commit(self, seq: Sequence, sampled: int, *, from_decode: bool):
-        """Commit the sampled token (through the request's TokenPolicy) and publish it.
-        Returns (reason, matched_stop_token) when the request must finish, else None."""
-        policy = seq.request.token_policy
+        """Commit the sampled token (through the request's TokenPolicy, unless the device
+        applied it already) and publish it. Returns (reason, matched_stop_token) when the
+        request must finish, else None."""
+        policy = seq.request.token_policy if seq.device_policy is None else None
         try:
             ids = list(policy.adjust(tuple(seq.output_ids), sampled)) if policy else [sampled]
         except Exception as exc:  # plain Python from the HTTP side: contain it

@@ -14,10 +14,12 @@ queues a load of the lane from the committed output (`PenaltyLoad`, applied on t
 before the plan's step, after every step launched earlier). Invariant: once every step
 launched so far has run, a held lane holds the counts of its sequence's committed output
 plus its pending tokens. The extra token a finished sequence's last row samples is counted
-in a lane nobody reads again before its next load. A TokenPolicy may commit other tokens
-than the sampled one: such a sequence's lane is reloaded after each commit (it sits out
-while its token is pending anyway). Penalised requests never draft, so a lane never sees
-verify rows.
+in a lane nobody reads again before its next load. The step counts the token it commits,
+after the lane's token-policy automaton (engine/policy_lanes.py: a sequence with a device
+policy holds a lane too, penalties or not). A policy that stays on the host may commit other
+tokens than the sampled one: such a sequence's lane is reloaded after each commit (it sits
+out while its token is pending anyway). Penalised requests never draft, so a lane never
+sees verify rows.
 
 One lane per resident sequence at most, so max_concurrency lanes always suffice: the
 counts cost (max_concurrency + 1) * V * 4 bytes of device memory (docs/architecture.md).
@@ -35,15 +37,21 @@ DUMMY_PENALTY_LANE = 0
 
 
 class PenaltyLoad(NamedTuple):
-    """Set `lane` of the output counts to the counts of `output_ids` (StepPlan)."""
+    """Set `lane` of the output counts to the counts of `output_ids`, and its token-policy
+    automaton row to `policy` (int32 [token_automaton.ROW_WIDTH]; None: all zeros, the
+    identity) (StepPlan)."""
 
     lane: int
     output_ids: tuple[int, ...]
+    policy: object = None
 
 
 def penalty_counts_bytes(lanes: int, vocab_size: int) -> int:
-    """Device bytes of the output counts of `lanes` lanes (and the dummy)."""
-    return (lanes + 1) * vocab_size * 4
+    """Device bytes of the output counts and token-policy automata (policy_lanes.py) of
+    `lanes` lanes (and the dummy)."""
+    from ninfer_jax.model.token_automaton import ROW_WIDTH
+
+    return (lanes + 1) * (vocab_size + ROW_WIDTH) * 4
 
 
 def uses_output(params) -> bool:
@@ -57,17 +65,18 @@ class PenaltyLanes(NumberedPool):
         self._held = [False] * (capacity + 1)
         self.loads: list[PenaltyLoad] = []  # queued for the next plan
 
-    def take(self, output_ids: Iterable[int]) -> int:
-        """A free lane, loaded (at the next plan) with the counts of `output_ids`."""
+    def take(self, output_ids: Iterable[int], policy=None) -> int:
+        """A free lane, loaded (at the next plan) with the counts of `output_ids` and the
+        automaton row `policy` (engine/policy_lanes.py)."""
         if not self._free:
             raise RuntimeError(f"all {self.capacity} penalty lanes are held")
         lane = self._free.popleft()
         self._held[lane] = True
-        self.reload(lane, output_ids)
+        self.reload(lane, output_ids, policy)
         return lane
 
-    def reload(self, lane: int, output_ids: Iterable[int]) -> None:
-        self.loads.append(PenaltyLoad(lane, tuple(output_ids)))
+    def reload(self, lane: int, output_ids: Iterable[int], policy=None) -> None:
+        self.loads.append(PenaltyLoad(lane, tuple(output_ids), policy))
 
     def release(self, lane: int) -> None:
         if lane == DUMMY_PENALTY_LANE or not self._held[lane]:

@@ -1,9 +1,19 @@
 """Token policies: forced tokens the engine commits instead of a sampled one.
 
-Both policies run on the engine thread after every sampled token (`TokenPolicy.adjust`) and
-depend only on the committed output before that token, so batching, pauses and replay never
-change what they do. Each keeps an incremental view of the output (recomputed from scratch if
-the output it is shown is shorter than what it has seen).
+Both policies depend only on the committed output before a sampled token, so batching,
+pauses and replay never change what they do. Each has two forms with the same tokens:
+- `adjust` (the host form and the reference twin): runs on the engine thread after every
+  sampled token and returns the tokens to commit; it keeps an incremental view of the
+  output (recomputed from scratch if the output it is shown is shorter than what it has
+  seen). A request whose policy runs this way sits out of the launch-ahead pipeline.
+- `automaton(V)` (the device form, engine/policy_lanes.py): the same rule as data, a small
+  automaton (model/token_automaton.py) the compiled step applies to each sample, so the
+  request rides the pipeline; a forced run is committed one token per step there. Raises
+  ValueError when the policy cannot be exact that way, and the host form is used.
+ThinkingBudget has both. ForcedToolCall, and a chain of several policies, run on the host:
+the call's name rule replaces a sample with a completion whose first token the name state
+also keeps, so whether a committed token was forced (and a forced completion continues) is
+not a function of the committed output, which a lane reload after a pause needs.
 
 - `ThinkingBudget`: once `budget` thinking tokens are committed and the block is still open,
   the next token becomes the early-close guidance plus the close marker (streamed as
@@ -24,7 +34,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from typing import Callable, Sequence
+
+from ninfer_jax.model.token_automaton import Automaton, Node
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -54,6 +67,36 @@ class BlankToken:
 
     def __call__(self, token: int) -> bool:
         return not self.tokenizer.decode([token]).strip()
+
+    def blank_ids(self, vocab_size: int) -> frozenset[int]:
+        """Every blank token id: one decode per vocabulary entry, once per tokenizer."""
+        key = (vocab_size,)
+        try:
+            cached = _BLANK_IDS.setdefault(self.tokenizer, {})
+        except TypeError:  # a tokenizer without weak references: computed each time
+            cached = {}
+        if key not in cached:
+            cached[key] = frozenset(t for t in range(vocab_size) if _is_blank_id(self, t))
+        return cached[key]
+
+
+_BLANK_IDS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def blank_ids(is_blank: Callable[[int], bool], vocab_size: int) -> frozenset[int]:
+    """The tokens `is_blank` holds blank, over the whole vocabulary."""
+    if isinstance(is_blank, BlankToken):
+        return is_blank.blank_ids(vocab_size)
+    return frozenset(t for t in range(vocab_size) if _is_blank_id(is_blank, t))
+
+
+def _is_blank_id(is_blank, token: int) -> bool:
+    """A padded vocabulary id the tokenizer cannot decode is not blank (a host policy
+    shown one would fail and keep the sampled token: never_raises)."""
+    try:
+        return bool(is_blank(token))
+    except Exception:
+        return False
 
 
 class PlainEncode:
@@ -129,6 +172,43 @@ class ThinkingBudget:
     def adopt_outcome(self, applied: int) -> None:
         self.applied = applied
 
+    def automaton(self, vocab_size: int) -> Automaton:
+        """This policy as the device applies it (model/token_automaton.py): before the
+        block (a model-written open marker may follow blank tokens), in it (a counting
+        self-loop; from `budget` on, every token but the close marker or a stop token is
+        replaced by the suffix's first token while the whole suffix plus one answer token
+        still fits max_tokens), the suffix's remaining tokens as a forced chain, closed.
+        ValueError when it cannot be exact (the host applies it then)."""
+        before, thinking, closed = 0, 1, 2
+        suffix = self.suffix_ids
+        if not suffix or self._close_id not in suffix:
+            raise ValueError("the suffix does not close the block")
+        nodes = [Node(default_next=closed), Node(), Node()]
+        nodes[before].entries = dict.fromkeys(blank_ids(self._is_blank, vocab_size), before)
+        if self._open_id is not None:
+            nodes[before].entries[self._open_id] = thinking
+        in_block = nodes[thinking]
+        in_block.counts = True
+        in_block.entries = dict.fromkeys(self._stop_ids, thinking)
+        in_block.entries[self._close_id] = closed
+        in_block.threshold = self.budget
+        in_block.limit = self._max_tokens - len(suffix) - 1
+        in_block.forced = suffix[0]
+        previous = in_block
+        for token in suffix[1:]:  # the chain, one node per remaining suffix token
+            previous.forced_next = len(nodes)
+            node = Node()
+            node.forced = token
+            nodes.append(node)
+            previous = node
+        previous.forced_next = closed  # the close marker is in the suffix
+        start = thinking if self._starts_in_reasoning else before
+        return Automaton(nodes, start, rule_nodes=frozenset({thinking}))
+
+    def record_applied(self) -> None:
+        """The device inserted the suffix (the host mirror saw its rule fire)."""
+        self.applied += 1
+
 
 class ForcedToolCall:
     def __init__(self, *, decode: Callable[[Sequence[int]], str],
@@ -193,6 +273,9 @@ class ForcedToolCall:
         target = next((t for t in self._targets if t.startswith(written)), None)
         return [sampled] if target is None else self._encode(target[len(written):])
 
+    def automaton(self, vocab_size: int) -> Automaton:
+        raise ValueError("a forced tool call runs on the host")
+
 
 class PolicyChain:
     """Several policies in order; the first that changes the token decides."""
@@ -214,3 +297,12 @@ class PolicyChain:
             if adjusted != [sampled]:
                 return adjusted
         return [sampled]
+
+    def automaton(self, vocab_size: int) -> Automaton:
+        """A chain of one policy runs as that policy; several stay on the host."""
+        if len(self.policies) != 1:
+            raise ValueError("a chain of several policies runs on the host")
+        return self.policies[0].automaton(vocab_size)
+
+    def record_applied(self) -> None:
+        self.policies[0].record_applied()

@@ -41,6 +41,8 @@ class TokenPolicy(Protocol):
     and returns the tokens to commit instead (usually `[sampled]`; several to insert a control
     suffix such as a thinking-budget close marker; the rule must depend only on the tokens
     before it, so batching and replay do not change the result). Plain Python, no device work.
+    A policy may also offer `automaton(vocab_size)` (engine/policy_lanes.py): the same rule
+    as data the step applies, so its request rides the launch-ahead pipeline.
     """
 
     def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]: ...

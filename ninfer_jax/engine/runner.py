@@ -9,8 +9,10 @@ page DUMMY_PAGE (0) absorbs the writes of padding rows. Hybrid families add per 
 DeltaNet (or Mamba-2) layer the conv and recurrent state of `state_slot_capacity + 1` slots
 (slot 0 the dummy, engine/state_slots.py), Gemma 4 per sliding layer a KV ring of each slot
 (sized by `step_tokens`), and their steps carry each unit's slot. The presence/frequency
-penalties' output counts, int32 [penalty_lanes + 1, V] (engine/penalty_lanes.py). Every step
-donates the caches and the counts and gets them back, so they are updated in place.
+penalties' output counts, int32 [penalty_lanes + 1, V] (engine/penalty_lanes.py), and the
+same lanes' token-policy automata, int32 [penalty_lanes + 1, token_automaton.ROW_WIDTH]
+(engine/policy_lanes.py). Every step donates the caches, the counts and the automata and
+gets them back, so they are updated in place.
 Steps: one compiled body, `steps.ragged_step`: an optional prefill chunk plus a region of
 single-token rows (decode now, verify rows later). Its output, the tokens sampled after the
 chunk and after every row, stays on the device and is passed to the next step, whose rows can
@@ -54,7 +56,7 @@ from ninfer_jax.engine.runner_api import (
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.kernels.dispatch import use_kernels
-from ninfer_jax.model import fused_projections, packed_inputs, sampling, steps
+from ninfer_jax.model import fused_projections, packed_inputs, sampling, steps, token_automaton
 from ninfer_jax.model.dflash_config import DENSE_TARGETS as DENSE_DFLASH_TARGETS
 from ninfer_jax.model import tensor_parallel as tp
 
@@ -354,7 +356,12 @@ class JaxRunner:
         self.penalty_lanes = max_batch if penalty_lanes is None else penalty_lanes
         self.penalty_counts = self._replicated(
             np.zeros((self.penalty_lanes + 1, self.config.vocab_size), np.int32))
-        self._load_lane = jax.jit(_load_lane, donate_argnums=0,
+        # Token policies the device applies: each lane's automaton (model/token_automaton.py),
+        # ~10 KB a lane; rows without one read lane 0's zeros, the identity.
+        self.vocab_size = self.config.vocab_size  # what the scheduler compiles policies over
+        self.policy_table = self._replicated(
+            np.zeros((self.penalty_lanes + 1, token_automaton.ROW_WIDTH), np.int32))
+        self._load_lane = jax.jit(_load_lane, donate_argnums=(0, 1),
                                   **({} if self.mesh is None else {
                                       "out_shardings": NamedSharding(self.mesh,
                                                                      PartitionSpec())}))
@@ -472,7 +479,8 @@ class JaxRunner:
     def _donated(self) -> tuple[str, ...]:
         """The step's donated arguments: the caches and the penalty counts, updated in
         place; with stable buffers the previous output too."""
-        return ("kv", "counts", "prev_out") if self.stable_buffers else ("kv", "counts")
+        lanes = ("kv", "counts", "policy")
+        return (*lanes, "prev_out") if self.stable_buffers else lanes
 
     def _step_shardings(self) -> dict:
         """jit's out shardings of the step under a mesh: the sampled tokens and the penalty
@@ -481,7 +489,7 @@ class JaxRunner:
         if self.mesh is None:
             return {}
         replicated = NamedSharding(self.mesh, PartitionSpec())
-        return {"out_shardings": (replicated, self._kv_shardings, replicated)}
+        return {"out_shardings": (replicated, self._kv_shardings, replicated, replicated)}
 
     def _abstract(self, array):
         """A lowering argument: the array itself, or under a mesh its replicated shape."""
@@ -597,8 +605,9 @@ class JaxRunner:
         extra = (self.vision.example_rows(*shape),) if media else ()
         # The previous step's output is kept: a padding run's own rows are all padding
         # (on the dummy penalty lane, which they leave at zero).
-        out, self.kv, self.penalty_counts = executable(
-            self.params, self.kv, self._prev_out, ints, floats, self.penalty_counts, *extra)
+        out, self.kv, self.penalty_counts, self.policy_table = executable(
+            self.params, self.kv, self._prev_out, ints, floats, self.penalty_counts,
+            self.policy_table, *extra)
         if self.stable_buffers:  # prev_out was donated: `out` is its buffer, same values
             self._prev_out = out
 
@@ -708,6 +717,7 @@ class JaxRunner:
             # Abstract caches: the engine thread donates the real ones while this traces.
             lowered = jitted.lower(self.params, self._kv_spec, self._prev_out_spec(),
                                    *map(self._abstract, example), self._counts_spec(),
+                                   self._policy_spec(),
                                    config=self.config, page_size=self.page_size,
                                    layout=self._layout(*shape), draws=variant != "greedy",
                                    mesh=self.mesh)
@@ -755,11 +765,18 @@ class JaxRunner:
         # Abstract, as the caches: the engine thread donates the real ones while this traces.
         return self._abstract(jax.ShapeDtypeStruct(self.penalty_counts.shape, jnp.int32))
 
-    def load_penalty_lane(self, lane: int, output_ids) -> None:
-        """Set a penalty lane to the counts of a committed output (after every step
-        launched so far: the device runs them in order)."""
+    def _policy_spec(self) -> jax.ShapeDtypeStruct:
+        return self._abstract(jax.ShapeDtypeStruct(self.policy_table.shape, jnp.int32))
+
+    def load_penalty_lane(self, lane: int, output_ids, policy=None) -> None:
+        """Set a lane to the counts of a committed output and to the token-policy automaton
+        row `policy` (None: the identity), after every step launched so far (the device
+        runs them in order)."""
         counts = sampling.output_counts(output_ids, self.config.vocab_size)
-        self.penalty_counts = self._load_lane(self.penalty_counts, np.int32(lane), counts)
+        row = (np.zeros(token_automaton.ROW_WIDTH, np.int32) if policy is None
+               else np.asarray(policy, np.int32))
+        self.penalty_counts, self.policy_table = self._load_lane(
+            self.penalty_counts, self.policy_table, np.int32(lane), counts, row)
 
     # ------------------------------------------------------------------ steps
 
@@ -799,15 +816,16 @@ class JaxRunner:
             else:
                 self.kv = self._copy_slot(self.kv, np.int32(copy[0]), np.int32(copy[1]))
         for load in plan.penalty_loads:  # applied even if the step is not: see StepPlan
-            self.load_penalty_lane(load.lane, load.output_ids)
+            self.load_penalty_lane(load.lane, load.output_ids, load.policy)
         failures = self._page_store.take_failures()
         if failures is not None:  # the scheduler drops what relied on them, then re-plans
             raise PageCopyError(*failures)
         self._unprimed.pop((shape, variant), None)  # this is its first run if it never ran
         if self.stable_buffers:
             ints, floats = self._staged(shape, ints, floats)
-        out, self.kv, self.penalty_counts = executable(
-            self.params, self.kv, self._prev_out, ints, floats, self.penalty_counts, *extra)
+        out, self.kv, self.penalty_counts, self.policy_table = executable(
+            self.params, self.kv, self._prev_out, ints, floats, self.penalty_counts,
+            self.policy_table, *extra)
         self._prev_out = out
         # With stable buffers `out` is donated to the next step, so the host reads a copy.
         host_view = self._snapshot(out, self._zero) if self.stable_buffers else out
@@ -947,9 +965,10 @@ def _overwrite(ints_buffer, floats_buffer, ints, floats):
             jax.lax.dynamic_update_slice(floats_buffer, floats, (0,)))
 
 
-def _load_lane(counts, lane, row):
-    """The penalty counts with `lane` set to `row` (int32 [V])."""
-    return counts.at[lane].set(row)
+def _load_lane(counts, policy, lane, counts_row, policy_row):
+    """The lanes' counts and automata with `lane` set to `counts_row` (int32 [V]) and
+    `policy_row` (int32 [token_automaton.ROW_WIDTH])."""
+    return counts.at[lane].set(counts_row), policy.at[lane].set(policy_row)
 
 
 def _host_copy(out, zero):

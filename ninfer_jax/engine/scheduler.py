@@ -13,12 +13,15 @@ samples is *pending* until collected; a row of step n+1 feeds it back on the dev
 (`DecodeRow.from_previous`). A sequence that finishes in step n (end token, stop, cancel)
 was already given a row in step n+1: that row's token is dropped at collect, and its KV write
 lands in pages released meanwhile, which is harmless because steps run in launch order.
-Rows whose next step needs the host's view of the last token (a TokenPolicy) sit out while
-their token is pending. Presence/frequency penalties do not: their output counts live on
-the device in the sequence's penalty lane, which the step itself updates with what it
-samples (engine/penalty_lanes.py); the scheduler only loads a lane from the committed output
-when a penalised sequence becomes resident (admission, restore), and after each commit of
-one with a TokenPolicy (which may commit other tokens than the sampled one).
+Rows whose next step needs the host's view of the last token (a TokenPolicy that stays on
+the host: engine/policy_lanes.py) sit out while their token is pending. Presence/frequency
+penalties and device token policies do not: their state lives on the device in the
+sequence's lane (output counts, engine/penalty_lanes.py; a policy automaton,
+model/token_automaton.py), which the step itself updates with the token it commits; the
+scheduler only loads a lane when such a sequence becomes resident (admission, restore: the
+counts of the committed output, the automaton at the host mirror's state, which follows
+every commit), and reloads the counts after each commit of one with a host policy (which
+may commit other tokens than the sampled one).
 
 Speculative decoding (--spec, engine/speculation.py): a sequence that may draft (the request
 did not say `draft: false`, has no penalties and no TokenPolicy) proposes drafts from its
@@ -86,6 +89,7 @@ from ninfer_jax.engine.runner_api import (
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import num_accepted
 from ninfer_jax.engine.penalty_lanes import DUMMY_PENALTY_LANE, PenaltyLanes, uses_output
+from ninfer_jax.engine.policy_lanes import DevicePolicy
 from ninfer_jax.engine.speculative_rounds import SpeculativeRounds, drafted_rows
 from ninfer_jax.engine.state_checkpoints import StateCheckpoints, marks
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT, StateSlotPool
@@ -114,8 +118,11 @@ class Scheduler:
                  max_batch: int, eos_ids: Iterable[int] = (),
                  clock: Callable[[], float] = time.monotonic,
                  slots: StateSlotPool | None = None, max_chunk_rows: int | None = None,
-                 host: HostPagePool | None = None):
+                 host: HostPagePool | None = None, vocab_size: int | None = None):
         self.config = config
+        # The runner's vocabulary, which token policies compile over (policy_lanes.py);
+        # None keeps every policy on the host.
+        self.vocab_size = vocab_size
         self.pool = pool
         self.slots = slots if slots is not None else StateSlotPool(0)
         self.page_size = page_size
@@ -154,6 +161,7 @@ class Scheduler:
         request = handle.request
         seq = Sequence(self._next_seq_id, handle, list(request.prompt_ids),
                        len(request.prompt_ids))
+        seq.device_policy = DevicePolicy.compile(request.token_policy, self.vocab_size)
         if request.media:  # checked by Engine.submit; text prompts skip this entirely
             seq.media = prompt_media.build(request.media, seq.num_prompt, request.prompt_ids)
         # Pages up to the last explicit breakpoint are kept longest; `mode: explicit`
@@ -309,7 +317,8 @@ class Scheduler:
         request = seq.request
         if self._pending_ends(seq):
             return False  # its pending token already ends it
-        if seq.pending_slots and (request.token_policy is not None
+        if seq.pending_slots and ((request.token_policy is not None
+                                   and seq.device_policy is None)
                                   or self.spec.can_draft(seq)):
             return False  # its next row needs the committed last token on the host
         return True
@@ -538,8 +547,10 @@ class Scheduler:
                 self._spare_slot()
                 self.life.admit(seq, cached)
             self._start_state(seq)
-            if uses_output(seq.request.sampling):
-                seq.penalty_lane = self.penalty_lanes.take(seq.output_ids)
+            if uses_output(seq.request.sampling) or seq.device_policy is not None:
+                policy = seq.device_policy
+                seq.penalty_lane = self.penalty_lanes.take(
+                    seq.output_ids, None if policy is None else policy.row())
             bisect.insort(self.resident, seq, key=lambda s: s.seq_id)
 
     def _restorable(self) -> Sequence | None:
@@ -759,6 +770,8 @@ class Scheduler:
                     seq.pages = list(seq.pages)
 
     def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
+        if seq.device_policy is not None:  # the step applied it: follow its state
+            seq.device_policy.commit(token, seq.num_output)
         try:
             finish = self.life.commit(seq, token, from_decode=from_decode)
         except TokenPolicyError:
@@ -769,8 +782,9 @@ class Scheduler:
         if finish is not None:
             reason, matched = finish
             self._end(seq, reason, matched)
-        elif seq.penalty_lane != DUMMY_PENALTY_LANE and seq.request.token_policy is not None:
-            # the policy may have committed other tokens than the one the step counted
+        elif (seq.penalty_lane != DUMMY_PENALTY_LANE and seq.request.token_policy is not None
+              and seq.device_policy is None):
+            # a host policy may have committed other tokens than the one the step counted
             self.penalty_lanes.reload(seq.penalty_lane, seq.output_ids)
 
     # ------------------------------------------------------------------ endings

@@ -53,6 +53,10 @@ class Sequence:
     # Presence/frequency penalties: the lane of the device's output counts held while
     # resident (engine/penalty_lanes.py); DUMMY_PENALTY_LANE (0) otherwise.
     penalty_lane: int = 0
+    # A TokenPolicy the device applies (engine/policy_lanes.py: its automaton and the host
+    # mirror of its state, which the lane is loaded with); None without one, or when the
+    # policy stays on the host.
+    device_policy: object = None
     # The checkpoint to start the state from, ("slot", device slot) or ("row", host ticket),
     # set when a prefix hit is planned and cleared once its copy is queued
     # (engine/state_checkpoints.py).

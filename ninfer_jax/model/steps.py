@@ -18,7 +18,8 @@ import numpy as np
 
 from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
 from ninfer_jax.model import (dflash, gemma, glm, hybrid, llama, mtp, nemotron_h,
-                              ragged_batch, sampling, spec_verify, tensor_parallel)
+                              ragged_batch, sampling, spec_verify, tensor_parallel,
+                              token_automaton)
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.packed_inputs import PackedLayout, unpack
@@ -110,21 +111,25 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     return out, kv
 
 
-def packed_step(params, kv, prev_out, ints, floats, counts, *, config: ModelConfig,
+def packed_step(params, kv, prev_out, ints, floats, counts, policy, *, config: ModelConfig,
                 page_size: int, layout: PackedLayout, draws: bool = True, mesh=None):
     """`ragged_step` over inputs packed into one int32 and one float32 buffer
     (model/packed_inputs.py): two host-to-device transfers per launch instead of fifteen.
-    `counts` (int32 [lanes + 1, V], donated by the runner) are the output counts of the
-    penalty lanes: the step reads each row's lane for its bias and counts what it samples
-    there. Returns (out, kv, counts)."""
+    Each sampled row's lane (engine/penalty_lanes.py) holds device state that the runner
+    donates: `counts` (int32 [lanes + 1, V]), the output counts its penalty bias is read
+    from, and `policy` (int32 [lanes + 1, token_automaton.ROW_WIDTH]), its token-policy
+    automaton, which turns the sample into the token committed (forced or kept). The step
+    counts that token in `counts` and advances `policy`. Returns (out, kv, counts, policy)."""
     batch, sampling_batch, lanes = unpack(layout, ints, floats, counts)
     out, kv = ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                           page_size=page_size, draws=draws, mesh=mesh,
                           num_drafts=layout.num_drafts, drafter=layout.dflash)
-    return out, kv, sampling.count_sampled(counts, lanes, out[:layout.sampled])
+    out, counts, policy = _apply_lanes(out, counts, policy, lanes, sampling_batch,
+                                       layout.sampled)
+    return out, kv, counts, policy
 
 
-def packed_media_step(params, kv, prev_out, ints, floats, counts, media: MediaRows, *,
+def packed_media_step(params, kv, prev_out, ints, floats, counts, policy, media: MediaRows, *,
                       config: ModelConfig, page_size: int, layout: PackedLayout,
                       draws: bool = True, mesh=None):
     """`packed_step` of a step that holds media rows or rows after a prompt with media: the
@@ -133,7 +138,19 @@ def packed_media_step(params, kv, prev_out, ints, floats, counts, media: MediaRo
     out, kv = ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                           page_size=page_size, draws=draws, mesh=mesh,
                           num_drafts=layout.num_drafts, drafter=layout.dflash, media=media)
-    return out, kv, sampling.count_sampled(counts, lanes, out[:layout.sampled])
+    out, counts, policy = _apply_lanes(out, counts, policy, lanes, sampling_batch,
+                                       layout.sampled)
+    return out, kv, counts, policy
+
+
+def _apply_lanes(out, counts, policy, lanes, sampling_batch, num_sampled):
+    """The lanes' token policies on the samples, then their counts: (out, counts, policy).
+    Rows on the dummy lane (all zeros: the identity automaton) keep their sample."""
+    emitted, node, counter, _ = token_automaton.advance(
+        jnp, policy, lanes, out[:num_sampled], sampling_batch.sample_index)
+    out = out.at[:num_sampled].set(emitted)
+    policy = policy.at[lanes, 0].set(node).at[lanes, 1].set(counter)
+    return out, sampling.count_sampled(counts, lanes, emitted), policy
 
 
 def prefill_step(params, kv, tokens, start, num_tokens, page_table, sampling_batch, *,

@@ -64,7 +64,9 @@ class Driver:
 
     def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), overlap=True,
                  async_dispatch=True, state_slots=0, max_batch=8, max_chunk_rows=None,
-                 next_token=None, host_pages=0, copy_fault=None, **config):
+                 next_token=None, host_pages=0, copy_fault=None, device_policies=True,
+                 **config):
+        # device_policies False: every token policy stays on the host (their oracle)
         # state_slots: usable state slots of a hybrid-like fake model (0: dense)
         self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB,
                                  async_dispatch=async_dispatch, state_slot_capacity=state_slots,
@@ -78,7 +80,8 @@ class Driver:
         self.scheduler = Scheduler(self.config, self.pool, page_size=page_size,
                                    max_batch=self.runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, max_chunk_rows=self.runner.max_chunk_rows,
-                                   host=self.host)
+                                   host=self.host,
+                                   vocab_size=VOCAB if device_policies else None)
         self.loop = StepLoop(self.scheduler, self.runner, overlap=overlap)
         self.handles: list[RequestHandle] = []
         self.schedules: list[StepPlan] = []  # every launched plan, in order

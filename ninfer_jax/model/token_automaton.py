@@ -1,0 +1,128 @@
+"""Token policies as data: a small per-lane automaton the step applies to what it samples.
+
+A TokenPolicy (engine/policies.py) compiles, once per request, to an automaton over the
+committed output. Each node says what happens to the token sampled there:
+- `entries`: explicit transitions, token -> next node (the token is kept);
+- a *rule* (`forced` token >= 0): any other token is replaced by `forced` and the automaton
+  moves to `forced_next`, but only once the lane's counter has reached `threshold` and while
+  the row's sample index is at most `limit`; a multi-token insertion is a chain of nodes
+  whose rule always fires, one forced token per step;
+- otherwise the token is kept and the automaton moves to `default_next`; a self-loop on a
+  node with `counts` set adds one to the lane's counter (ThinkingBudget counts its thinking
+  tokens this way instead of unrolling a node per token).
+The rule replaces the sample after it is drawn, so the distribution of every token it keeps
+is the unconstrained one, as the host policy's `adjust` would see it.
+
+Memory layout: one int32 row of ROW_WIDTH per lane (the runner keeps [lanes + 1, ROW_WIDTH]
+on the device; lane 0, all zeros, is the identity automaton that rows without a policy use):
+    [node, counter, forced + 1 [N], forced_next [N], default_next [N], counts [N],
+     threshold [N], limit [N], keys [E] (node * KEY_STRIDE + token, ascending), next [E]]
+with N = MAX_NODES and E = MAX_ENTRIES (unused keys padded with KEY_PAD, so the lookup is a
+binary search). An all-zero row keeps every token on node 0. `advance` is written for any
+array module with numpy's indexing (numpy on the host and in the fake runner, jax.numpy
+inside the compiled step): the device, the fake and the host's mirror run one function.
+This module imports no JAX, so the host-side engine may use it.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+MAX_NODES = 64
+MAX_ENTRIES = 4096
+KEY_STRIDE = 1 << 20  # tokens below 2**20; nodes * KEY_STRIDE stays below 2**31
+KEY_PAD = np.iinfo(np.int32).max
+NO_LIMIT = np.iinfo(np.int32).max
+
+_FIELDS = ("forced", "forced_next", "default_next", "counts", "threshold", "limit")
+_OFFSET = {name: 2 + i * MAX_NODES for i, name in enumerate(_FIELDS)}
+KEYS = 2 + len(_FIELDS) * MAX_NODES
+NEXT = KEYS + MAX_ENTRIES
+ROW_WIDTH = NEXT + MAX_ENTRIES
+_SEARCH_STEPS = MAX_ENTRIES.bit_length()
+
+
+class Node:
+    """One node of an automaton under construction (see the module docstring)."""
+
+    def __init__(self, default_next: int | None = None):
+        self.entries: dict[int, int] = {}
+        self.default_next = default_next  # None: itself
+        self.counts = False
+        self.forced, self.forced_next = -1, 0
+        self.threshold, self.limit = 0, NO_LIMIT
+
+
+class Automaton:
+    """Nodes and a start node, packed into a lane row by `row`. Raises ValueError when the
+    automaton does not fit a lane or a rule's forced token is one it would keep (the host
+    mirror could not tell then whether a committed token was forced)."""
+
+    def __init__(self, nodes: list[Node], start: int, rule_nodes: frozenset[int] = frozenset()):
+        if len(nodes) > MAX_NODES:
+            raise ValueError(f"{len(nodes)} nodes (a lane holds {MAX_NODES})")
+        if sum(len(node.entries) for node in nodes) > MAX_ENTRIES:
+            raise ValueError(f"more than {MAX_ENTRIES} transitions")
+        for index, node in enumerate(nodes):
+            if node.forced >= 0 and node.forced in node.entries:
+                raise ValueError(f"node {index} forces a token it keeps")
+            if any(token >= KEY_STRIDE or token < 0 for token in node.entries):
+                raise ValueError("token id past the automaton's key range")
+        self.nodes, self.start = nodes, start
+        self.rule_nodes = rule_nodes  # where a forced token counts as the policy applying
+        self._table = self._pack()
+
+    def _pack(self) -> np.ndarray:
+        row = np.zeros(ROW_WIDTH, np.int32)
+        for index, node in enumerate(self.nodes):
+            values = (node.forced + 1, node.forced_next,
+                      index if node.default_next is None else node.default_next,
+                      int(node.counts), node.threshold, node.limit)
+            for name, value in zip(_FIELDS, values):
+                row[_OFFSET[name] + index] = value
+        keys = sorted((index * KEY_STRIDE + token, target)
+                      for index, node in enumerate(self.nodes)
+                      for token, target in node.entries.items())
+        row[KEYS:NEXT] = KEY_PAD
+        if keys:
+            row[KEYS:KEYS + len(keys)] = [key for key, _ in keys]
+            row[NEXT:NEXT + len(keys)] = [target for _, target in keys]
+        return row
+
+    def row(self, node: int, counter: int) -> np.ndarray:
+        """The lane row with the automaton at (node, counter)."""
+        row = self._table.copy()
+        row[0], row[1] = node, counter
+        return row
+
+
+def advance(xp, table, lanes, sampled, sample_index):
+    """Apply each row's lane automaton to its sampled token.
+
+    table int32 [L + 1, ROW_WIDTH]; lanes, sampled, sample_index int32 [R] (sample_index:
+    output tokens before this one). Returns (emitted, node, counter, forced), each [R]: the
+    token to commit, the lane's state after it, and whether a rule replaced the sample.
+    Rows sharing lane 0 all compute its identity transition."""
+    node, counter = table[lanes, 0], table[lanes, 1]
+
+    def at_node(name):
+        return table[lanes, _OFFSET[name] + node]
+
+    key = node * KEY_STRIDE + sampled
+    low = xp.zeros_like(key)
+    high = xp.full_like(key, MAX_ENTRIES)
+    for _ in range(_SEARCH_STEPS):  # lower bound of key among the lane's sorted keys
+        middle = xp.minimum((low + high) // 2, MAX_ENTRIES - 1)
+        below = table[lanes, KEYS + middle] < key
+        searching = low < high
+        low = xp.where(searching & below, middle + 1, low)
+        high = xp.where(searching & ~below, middle, high)
+    slot = xp.minimum(low, MAX_ENTRIES - 1)
+    found = table[lanes, KEYS + slot] == key
+    forced = at_node("forced") - 1
+    fires = ((forced >= 0) & ~found & (counter >= at_node("threshold"))
+             & (sample_index <= at_node("limit")))
+    kept_next = xp.where(found, table[lanes, NEXT + slot], at_node("default_next"))
+    next_node = xp.where(fires, at_node("forced_next"), kept_next)
+    loops = ~fires & (next_node == node) & (at_node("counts") != 0)
+    return (xp.where(fires, forced, sampled), next_node,
+            counter + loops.astype(counter.dtype), fires)

@@ -1,0 +1,107 @@
+"""Thinking budgets on a real JaxRunner (a tiny random llama) driven by the scheduler: the
+automaton the compiled step applies (model/token_automaton.py, engine/policy_lanes.py)
+commits exactly the tokens of the host policy it replaces, which the same scheduler runs
+through `adjust` when it is given no vocabulary (rows sitting out while their token is
+pending, a forced run committed at once and prefilled). Alone (greedy, seeded), together
+with penalties and plain requests, across pauses, and with a stop inside the forced run."""
+from __future__ import annotations
+
+import pytest
+
+from ninfer_jax.engine.config import EngineConfig
+from ninfer_jax.engine.pages import PagePool
+from ninfer_jax.engine.policies import ThinkingBudget
+from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.scheduler import Scheduler
+from ninfer_jax.engine.step_loop import StepLoop
+from test_penalty_engine import CONTEXT, PAGE, PRESENCE, SEEDED, prompt, runner  # noqa: F401
+
+GREEDY = SamplingParams(temperature=0.0)
+SAMPLED = SamplingParams(temperature=0.9, seed=7)
+CLOSE = 90
+SUFFIX = [80, 81, 82, CLOSE, 83]
+
+
+def budget(budget=3, max_tokens=24, stop_ids=frozenset()):
+    return ThinkingBudget(budget=budget, open_id=None, close_id=CLOSE, suffix_ids=SUFFIX,
+                          starts_in_reasoning=True, max_tokens=max_tokens, stop_ids=stop_ids)
+
+
+def served(runner, make_requests, *, on_device: bool, num_pages=64, lanes=3):
+    """Fresh requests (and policies) served by a scheduler over `runner`: (finals, plans,
+    requests)."""
+    requests = make_requests()
+    config = EngineConfig(max_concurrency=lanes, prefill_chunk=32, max_context=CONTEXT)
+    scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE,
+                          max_batch=runner.max_batch,
+                          vocab_size=runner.vocab_size if on_device else None)
+    loop = StepLoop(scheduler, runner)
+    plans = []
+    loop.on_step = plans.append
+    handles = [RequestHandle(r) for r in requests]
+    for handle in handles:
+        scheduler.add(handle)
+    for _ in range(10_000):
+        scheduler.apply_controls()
+        if not loop.advance() and not scheduler.has_work():
+            loop.drain()
+            break
+    finals = []
+    for handle in handles:
+        events = []
+        while (event := handle.next_event(timeout=0)) is not None:
+            events.append(event)
+        finals.append(events[-1])
+    return finals, plans, requests
+
+
+def both_ways(runner, make_requests, **options):
+    device = served(runner, make_requests, on_device=True, **options)
+    host = served(runner, make_requests, on_device=False, **options)
+    return device, host
+
+
+def outputs(finals):
+    return [list(f.output_ids) for f in finals]
+
+
+def make(ids, params, policy=None, max_tokens=24, **fields):
+    return GenerationRequest(f"r{len(ids)}-{id(params)}", list(ids), params, max_tokens,
+                             token_policy=policy, **fields)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "seeded"])
+def test_a_budget_alone_matches_the_host_policy(runner, params):
+    ids = prompt(11, 1)
+    (finals, plans, requests), (host_finals, _, host_requests) = both_ways(
+        runner, lambda: [make(ids, params, budget())])
+    assert outputs(finals) == outputs(host_finals)
+    assert outputs(finals)[0][3:3 + len(SUFFIX)] == SUFFIX
+    assert requests[0].token_policy.applied == host_requests[0].token_policy.applied == 1
+    rows = [row for plan in plans for row in plan.rows]
+    assert len(rows) == 23 and all(row.from_previous is not None for row in rows)
+
+
+def test_budgets_penalties_and_plain_requests_together(runner):
+    def requests():
+        return [make(prompt(9, 2), SEEDED, budget(2)), make(prompt(13, 3), GREEDY, budget(6)),
+                make(prompt(7, 4), PRESENCE)]
+    (finals, _, _), (host_finals, _, _) = both_ways(runner, requests)
+    assert outputs(finals) == outputs(host_finals)
+
+
+def test_paused_budgets_match_the_host_policy(runner):
+    def requests():
+        return [make(prompt(14, 20 + i), p, budget(b, 30), 30)
+                for i, (p, b) in enumerate([(SEEDED, 2), (GREEDY, 5), (SAMPLED, 8)])]
+    (finals, _, _), (host_finals, _, _) = both_ways(runner, requests, num_pages=14)
+    assert sum(f.counters["preemptions"] for f in finals) > 0
+    assert outputs(finals) == outputs(host_finals)
+
+
+def test_a_stop_inside_the_forced_run(runner):
+    stop = SUFFIX[2]
+    (finals, _, _), (host_finals, _, _) = both_ways(runner, lambda: [make(
+        prompt(11, 1), GREEDY, budget(stop_ids=frozenset({stop})), stop_token_ids=(stop,))])
+    assert outputs(finals) == outputs(host_finals)
+    assert finals[0].reason == "stop" and finals[0].output_ids[-1] == stop
