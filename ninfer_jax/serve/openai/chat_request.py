@@ -14,21 +14,18 @@ from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.core.generation import GenerationOptions
 from ninfer_jax.serve.core.tools import ToolChoice
 from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_background,
-                                               opt_bool, opt_int, opt_number, opt_string, opt_top_k,
-                                               require_list,
-                                               require_object, require_string, type_name)
+                                               opt_bool, opt_int, opt_number, opt_string,
+                                               require_list, require_object, require_string)
+from ninfer_jax.serve.core.engine_fields import engine_fields, sampler_extensions
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
 
 MAX_STOP_STRINGS = 4
-MAX_STOP_TOKEN_IDS = 64
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 # Constrained-decoding aliases from other servers: rejected explicitly, never ignored.
 # (vLLM's guided_decoding_backend only picks the engine for those, so alone it is neutral.)
 CONSTRAINED_ALIASES = ("grammar", "structured_outputs", "guided_json", "guided_regex",
                        "guided_choice", "guided_grammar")
-_SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
-                    "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0)}
+_SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +60,7 @@ def max_tokens(body: dict) -> tuple[int | None, str]:
 def sampling_fields(body: dict) -> dict:
     values = {name: opt_number(body.get(name), name, *bounds)
               for name, bounds in _SAMPLING_RANGES.items()}
-    values["top_k"] = opt_top_k(body.get("top_k"), "top_k", 20)
+    values.update(sampler_extensions(body))
     return {name: values[name] for name in SAMPLING_FIELDS}
 
 
@@ -77,27 +74,6 @@ def stop_strings(value) -> tuple[str, ...]:
         where = "stop" if isinstance(value, str) else f"stop[{index}]"
         require_string(stop, where, non_empty=True)
     return tuple(stops)
-
-
-def stop_token_ids(value, vocab_size: int) -> tuple[int, ...]:
-    """vLLM's `stop_token_ids`: token ids that end the reply like an end token (counted in
-    usage, never shown). Every id must be one the model can produce."""
-    if value is None:
-        return ()
-    ids = require_list(value, "stop_token_ids")
-    if len(ids) > MAX_STOP_TOKEN_IDS:
-        raise InvalidRequest(f"'stop_token_ids' holds at most {MAX_STOP_TOKEN_IDS} token ids, "
-                             f"got {len(ids)}.", param="stop_token_ids")
-    for index, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, int):
-            got = str(token) if isinstance(token, float) else type_name(token)
-        elif not 0 <= token < vocab_size:
-            got = str(token)
-        else:
-            continue
-        raise InvalidRequest(f"'stop_token_ids[{index}]' must be a token id in "
-                             f"0..{vocab_size - 1}, got {got}.", param="stop_token_ids")
-    return tuple(dict.fromkeys(ids))
 
 
 def stream_options(body: dict) -> StreamOptions:
@@ -159,17 +135,15 @@ def check_common_unsupported(body: dict) -> None:
     if kwargs is not None and any(v is not None for v in
                                   require_object(kwargs, "mm_processor_kwargs").values()):
         raise unsupported("mm_processor_kwargs", "there is no media processor to configure")
-    opt_bool(body.get("ignore_eos"), "ignore_eos")
 
 
 def base_options(body: dict, protocol: str, vocab_size: int) -> GenerationOptions:
     limit, limit_param = max_tokens(body)
-    seed = opt_int(body.get("seed"), "seed", *SEED_RANGE)
+    engine = engine_fields(body, vocab_size)
     return GenerationOptions(
         max_tokens=limit, max_tokens_param=limit_param, sampling=sampling_fields(body),
-        seed=seed, stop=stop_strings(body.get("stop")),
-        stop_token_ids=stop_token_ids(body.get("stop_token_ids"), vocab_size),
-        ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol,
+        seed=engine.seed, stop=stop_strings(body.get("stop")),
+        stop_token_ids=engine.stop_token_ids, ignore_eos=engine.ignore_eos, protocol=protocol,
         background=is_background(body.get("priority")), draft=allows_draft(body.get("draft")),
         stream=body.get("stream") is True, implicit_cache=implicit_cache(body))
 
