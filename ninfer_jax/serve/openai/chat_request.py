@@ -4,19 +4,21 @@ Three kinds of field: those the engine executes (sampling, limits, stop strings,
 ids, tools, thinking options, priority), those that are accepted because their value is
 neutral or advisory (metadata, user, all-zero logit_bias, logprobs:false, ...), and those whose
 behaviour the engine cannot provide, rejected with a field-specific 400 that says what is
-missing. Unknown top-level fields are ignored. A malformed value names its field.
+missing. Unknown top-level fields are ignored, as OpenAI-compatible servers do, and named
+in one warning (`warn_unknown`). A malformed value names its field.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.core.generation import GenerationOptions
 from ninfer_jax.serve.core.tools import ToolChoice
-from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_background,
+from ninfer_jax.serve.core.fields import (allows_draft, as_json, check_enum, is_background,
                                                opt_bool, opt_int, opt_number, opt_string,
                                                require_list, require_object, require_string)
-from ninfer_jax.serve.core.engine_fields import engine_fields, sampler_extensions
+from ninfer_jax.serve.core.engine_fields import ENGINE_FIELDS, engine_fields, sampler_extensions
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
 
 MAX_STOP_STRINGS = 4
@@ -26,6 +28,25 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 CONSTRAINED_ALIASES = ("grammar", "structured_outputs", "guided_json", "guided_regex",
                        "guided_choice", "guided_grammar")
 _SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+MAX_WARNED_FIELDS = 10
+# Every top-level field Completions reads, refuses or accepts as advisory, and Chat's on top.
+COMPLETIONS_FIELDS = frozenset({
+    "model", "prompt", "max_tokens", "max_completion_tokens", *SAMPLING_FIELDS, *ENGINE_FIELDS,
+    "stop", "stream", "stream_options", "n", "best_of", "logprobs", "suffix", "echo",
+    "logit_bias", "metadata", "user", "safety_identifier", "service_tier",
+    "guided_decoding_backend", *CONSTRAINED_ALIASES, "repetition_penalty",
+    "mm_processor_kwargs", "prompt_cache_key", "prompt_cache_retention",
+    "prompt_cache_options", "timings_per_token", "return_progress", "priority", "draft",
+})
+CHAT_FIELDS = (COMPLETIONS_FIELDS - {"prompt", "best_of", "suffix", "echo"}) | {
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs",
+    "response_format", "modalities", "audio", "store", "web_search_options", "moderation",
+    "verbosity", "functions", "function_call", "prediction", "chat_template_kwargs",
+    "enable_thinking", "preserve_thinking", "reasoning_effort", "thinking_budget",
+    "continue_final_message", "add_generation_prompt",
+}
+
+log = logging.getLogger("ninfer_jax.serve.openai")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,6 +55,17 @@ class StreamOptions:
     include_usage: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
+
+
+def warn_unknown(body: dict, known: frozenset, request_id: str) -> None:
+    """vLLM's habit: the reply is unchanged, the operator's log names what was ignored (at
+    most MAX_WARNED_FIELDS names, each quoted and cut, since they are the client's text)."""
+    unknown = [key for key in body if key not in known]
+    if unknown:
+        shown = ", ".join(as_json(key, 40) for key in unknown[:MAX_WARNED_FIELDS])
+        more = len(unknown) - MAX_WARNED_FIELDS
+        log.warning("request %s: ignored unknown top-level fields %s%s", request_id, shown,
+                    f" and {more} more" if more > 0 else "")
 
 
 def unsupported(param: str, guarantee: str) -> Unsupported:
