@@ -61,3 +61,30 @@ def test_auth_and_error_bodies(live_server):
     body = response.json()
     assert response.status_code == 400 and body["type"] == "error"
     assert body["error"]["type"] == "invalid_request_error" and body["request_id"]
+
+
+POEM = "Write a short poem about the sea."
+
+
+def test_engine_fields_through_extra_body(live_server):
+    """ignore_eos runs past the end token to max_tokens; a seed fixes a sampled reply; a
+    malformed engine field and an unknown field are 400s naming them."""
+    client = _client(live_server)
+    plain = client.messages.create(**_ask(max_tokens=16))
+    assert plain.stop_reason == "end_turn" and plain.usage.output_tokens < 16
+    endless = client.messages.create(**_ask(max_tokens=16,
+                                            extra_body={**GREEDY, "ignore_eos": True}))
+    assert endless.stop_reason == "max_tokens" and endless.usage.output_tokens == 16
+    assert endless.content[0].text.startswith(PARIS)
+
+    def sampled(seed):
+        return client.messages.create(**_ask(POEM, max_tokens=12, extra_body={
+            "temperature": 1.0, "seed": seed})).content[0].text
+
+    assert sampled(11) == sampled(11) != sampled(12)
+    for extra, field in (({"ignore_eos": "yes"}, "ignore_eos"),
+                         ({"some_future_hint": 1}, "some_future_hint")):
+        with pytest.raises(anthropic.BadRequestError) as info:
+            client.messages.create(**_ask(extra_body=extra))
+        assert info.value.body["error"]["type"] == "invalid_request_error"
+        assert field in info.value.body["error"]["message"]

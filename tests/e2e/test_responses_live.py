@@ -90,3 +90,23 @@ def test_error_contracts(live_server):
             "compaction_not_supported"
     assert httpx.post(live_server.url + "/v1/responses",
                       json={"model": MODEL, "input": "x"}).status_code == 401
+
+
+def test_engine_fields_through_extra_body(live_server):
+    """ignore_eos runs to max_output_tokens (incomplete); a seed fixes a sampled reply."""
+    client = live_server.openai()
+    endless = client.responses.create(model=MODEL, input=CAPITAL, temperature=0, store=False,
+                                      max_output_tokens=16, extra_body={"ignore_eos": True})
+    assert endless.status == "incomplete" and endless.usage.output_tokens == 16
+    assert endless.incomplete_details.reason == "max_output_tokens"
+    assert endless.output_text.startswith(PARIS)
+
+    def sampled(seed):
+        return client.responses.create(
+            model=MODEL, input="Write a short poem about the sea.", temperature=1.0,
+            max_output_tokens=12, store=False, extra_body={"seed": seed}).output_text
+
+    assert sampled(11) == sampled(11) != sampled(12)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.responses.create(model=MODEL, input=CAPITAL, extra_body={"seed": "x"})
+    assert info.value.body["param"] == "seed"

@@ -5,6 +5,7 @@ from ninfer_jax.errors import InvalidRequest, NinferError
 from ninfer_jax.serve.anthropic.request import parse_request
 
 DEFAULT_MAX = 8192
+VOCAB = 49152
 TOOL = {"name": "get_weather", "description": "Weather",
         "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}
 
@@ -12,7 +13,8 @@ TOOL = {"name": "get_weather", "description": "Weather",
 def _parse(count_only=False, **body):
     body.setdefault("model", "any-label")
     body.setdefault("messages", [{"role": "user", "content": "Hi"}])
-    return parse_request(body, default_max_tokens=DEFAULT_MAX, count_only=count_only)
+    return parse_request(body, default_max_tokens=DEFAULT_MAX, vocab_size=VOCAB,
+                         count_only=count_only)
 
 
 def _error(**body):
@@ -241,12 +243,63 @@ def test_thinking_modes_and_effort():
     assert _parse(thinking={"type": "enabled", "budget_tokens": 4096}).thinking_budget == 4096
 
 
-def test_advisory_fields_ignored_and_sampling_kept():
+def test_advisory_fields_accepted_and_sampling_kept():
     request = _parse(metadata={"user_id": "u"}, service_tier="auto", inference_geo="us",
-                     some_future_hint=True, temperature=0.5, top_p=0.9, top_k=10,
-                     stop_sequences=["END"], stream=True, max_tokens=64)
-    assert (request.temperature, request.top_p, request.top_k) == (0.5, 0.9, 10)
+                     speed="fast", context_management={"edits": []}, temperature=0.5,
+                     top_p=0.9, top_k=10, stop_sequences=["END"], stream=True, max_tokens=64)
+    assert (request.temperature, request.top_p, request.engine.sampling["top_k"]) == (
+        0.5, 0.9, 10)
     assert request.stop_sequences == ("END",) and request.stream and request.max_tokens == 64
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"metadata": "u"}, "metadata"), ({"metadata": {"user_id": 7}}, "metadata.user_id"),
+    ({"service_tier": "priority"}, "service_tier"), ({"speed": "turbo"}, "speed"),
+    ({"inference_geo": 1}, "inference_geo"),
+])
+def test_advisory_fields_are_validated(body, param):
+    assert _error(**body)[0] == param
+
+
+@pytest.mark.parametrize("count_only", [False, True])
+def test_unknown_top_level_field_is_named(count_only):
+    with pytest.raises(InvalidRequest) as info:
+        _parse(count_only=count_only, some_future_hint=True)
+    assert info.value.param == "some_future_hint" and info.value.code == "unknown_parameter"
+    assert info.value.message == "some_future_hint: Extra inputs are not permitted"
+
+
+@pytest.mark.parametrize("body, expected", [
+    ({"output_format": {"type": "json_schema"}}, ("output_format", "unsupported_parameter")),
+    ({"diagnostics": {"previous_message_id": "msg_1"}}, ("diagnostics",
+                                                         "unsupported_parameter")),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+     ("context_management.edits", "unsupported_parameter")),
+    ({"context_management": {"edits": "all"}}, ("context_management.edits", "invalid_request")),
+])
+def test_unprovidable_fields_are_refused(body, expected):
+    assert _error(**body) == expected
+
+
+def test_engine_fields_shared_with_chat():
+    request = _parse(seed=-5, ignore_eos=True, stop_token_ids=[2, 7, 2], min_p=0.1,
+                     presence_penalty=1.5, frequency_penalty=-0.5, top_k=-1)
+    engine = request.engine
+    assert (engine.seed, engine.ignore_eos, engine.stop_token_ids) == (-5, True, (2, 7))
+    assert engine.sampling == {"min_p": 0.1, "presence_penalty": 1.5,
+                               "frequency_penalty": -0.5, "top_k": 0}
+    assert _parse().engine.ignore_eos is False and _parse().engine.seed is None
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"ignore_eos": "yes"}, "ignore_eos"), ({"ignore_eos": 1}, "ignore_eos"),
+    ({"seed": 1.5}, "seed"), ({"seed": "7"}, "seed"), ({"seed": 2 ** 64}, "seed"),
+    ({"stop_token_ids": [VOCAB]}, "stop_token_ids"), ({"stop_token_ids": 2}, "stop_token_ids"),
+    ({"min_p": 2}, "min_p"), ({"presence_penalty": 3}, "presence_penalty"),
+    ({"frequency_penalty": True}, "frequency_penalty"),
+])
+def test_bad_engine_field_is_a_400_naming_it(body, param):
+    assert _error(**body) == (param, "invalid_request")
 
 
 def test_input_examples_reach_the_description():
@@ -299,8 +352,10 @@ def test_cache_control_counting_rules():
 
 
 def test_count_only_ignores_output_fields():
-    request = _parse(count_only=True, max_tokens=0, stream="not-a-bool", temperature=9)
+    request = _parse(count_only=True, max_tokens=0, stream="not-a-bool", temperature=9,
+                     ignore_eos="yes", seed="x", stop_token_ids=[-1], min_p=5)
     assert request.max_tokens is None and request.stream is False
+    assert request.engine.ignore_eos is False and request.engine.seed is None
 
 
 @pytest.mark.parametrize("messages, tools, shown", [

@@ -121,7 +121,7 @@ def test_anthropic_reads_report_verified_cache_tokens(claude, harness):
     second = claude.messages.create(**claude_body(system, "two"))
 
     def ids(user):
-        request = parse_request(claude_body(system, user), default_max_tokens=64)
+        request = parse_request(claude_body(system, user), default_max_tokens=64, vocab_size=49152)
         return harness.ctx.renderer.render(request.conversation).ids
 
     assert second.usage.cache_read_input_tokens == reused(ids("one"), ids("two")) > PAGE

@@ -54,7 +54,11 @@ def test_anthropic_routes_describe_their_own_fields_and_errors(client):
     create = doc["paths"]["/v1/messages"]["post"]
     schema = create["requestBody"]["content"]["application/json"]["schema"]
     assert "max_tokens" not in schema["required"]  # optional: --default-max-tokens
-    assert "seed" not in schema["properties"] and "stop" not in schema["properties"]
+    assert "stop" not in schema["properties"]  # stop strings are stop_sequences
+    for path in ("/v1/messages", "/v1/responses", "/v1/chat/completions"):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert {"seed", "ignore_eos", "stop_token_ids", "min_p"} <= set(
+            body["schema"]["properties"]), path
     assert schema["properties"]["temperature"]["maximum"] == 1
     count = doc["paths"]["/v1/messages/count_tokens"]["post"]
     assert "messages" in count["requestBody"]["content"]["application/json"]["schema"]["required"]

@@ -7,12 +7,13 @@ from ninfer_jax.serve.responses.request import (
     build_conversation, parse_request, resolve_preserve_thinking)
 
 MODEL = "tiny-model"
+VOCAB = 49152
 
 
 def _parse(**body):
     body.setdefault("model", MODEL)
     body.setdefault("input", "hi")
-    return parse_request(body, MODEL)
+    return parse_request(body, MODEL, vocab_size=VOCAB)
 
 
 def _error(**body):
@@ -39,7 +40,15 @@ def test_defaults():
 
 @pytest.mark.parametrize("body, expected", [
     ({"frobnicate": 1}, ("frobnicate", "unknown_parameter")),
-    ({"top_k": 5}, ("top_k", "unknown_parameter")),
+    ({"top_k": 21}, ("top_k", "invalid_request")),
+    ({"ignore_eos": "yes"}, ("ignore_eos", "invalid_request")),
+    ({"seed": 1.5}, ("seed", "invalid_request")),
+    ({"seed": -(2 ** 63) - 1}, ("seed", "invalid_request")),
+    ({"stop_token_ids": [VOCAB]}, ("stop_token_ids", "invalid_request")),
+    ({"stop_token_ids": list(range(65))}, ("stop_token_ids", "invalid_request")),
+    ({"min_p": -0.1}, ("min_p", "invalid_request")),
+    ({"presence_penalty": 2.5}, ("presence_penalty", "invalid_request")),
+    ({"frequency_penalty": "1"}, ("frequency_penalty", "invalid_request")),
     ({"conversation": "c"}, ("conversation", "unsupported_parameter")),
     ({"prompt": {"id": "p"}}, ("prompt", "unsupported_parameter")),
     ({"context_management": []}, ("context_management", "unsupported_parameter")),
@@ -170,11 +179,24 @@ def test_tool_choice_none_and_allowed_tools():
 
 
 def test_count_only_accepts_prompt_fields_and_rejects_others():
-    request = parse_request({"input": "x", "preserve_thinking": True}, MODEL, count_only=True)
+    request = parse_request({"input": "x", "preserve_thinking": True}, MODEL, vocab_size=VOCAB,
+                            count_only=True)
     assert request.model == MODEL
-    with pytest.raises(InvalidRequest) as info:
-        parse_request({"input": "x", "temperature": 1}, MODEL, count_only=True)
-    assert info.value.code == "unknown_parameter"
+    for field in ("temperature", "seed", "ignore_eos"):
+        with pytest.raises(InvalidRequest) as info:
+            parse_request({"input": "x", field: 1}, MODEL, vocab_size=VOCAB, count_only=True)
+        assert (info.value.param, info.value.code) == (field, "unknown_parameter")
+
+
+def test_engine_fields_shared_with_chat():
+    engine = _parse(seed=2 ** 64 - 1, ignore_eos=True, stop_token_ids=[5, 5, 9], top_k=0,
+                    min_p=0.05, presence_penalty=0.0, frequency_penalty=1.0).engine
+    assert (engine.seed, engine.ignore_eos, engine.stop_token_ids) == (2 ** 64 - 1, True, (5, 9))
+    assert engine.sampling == {"min_p": 0.05, "presence_penalty": 0.0,
+                               "frequency_penalty": 1.0, "top_k": 0}
+    default = _parse().engine
+    assert (default.seed, default.ignore_eos, default.stop_token_ids) == (None, False, ())
+    assert set(default.sampling.values()) == {None}
 
 
 def _stored(request, output, parent=None, preserve=None):

@@ -1,7 +1,7 @@
 """vLLM's `stop_token_ids` on Chat Completions and Completions: the reply ends at the first
 listed id, which is counted in usage but never shown (like an end token), also under
-ignore_eos; streamed and aggregate replies agree; malformed lists are a 400 naming the field;
-Responses and Anthropic Messages keep treating it as the unknown field it is there."""
+ignore_eos; streamed and aggregate replies agree; malformed lists are a 400 naming the field.
+Responses and Anthropic Messages read the same field (test_engine_fields.py)."""
 import pytest
 
 from sse_util import sse_chunks, streamed_text
@@ -119,19 +119,3 @@ def test_malformed_stop_token_ids_name_the_field(client, default_tokenizer, rout
 def test_the_largest_list_and_the_last_vocabulary_id_are_accepted(client, default_tokenizer):
     ids = list(range(default_tokenizer.vocab_size - 64, default_tokenizer.vocab_size))
     assert chat(client, "SCRIPT:story", stop_token_ids=ids).status_code == 200
-
-
-def test_responses_and_anthropic_leave_the_field_unchanged(client, harness):
-    """Not part of their APIs: Responses rejects unknown top-level fields (unknown_parameter,
-    as before), Anthropic Messages ignores them, so generation runs past the id there."""
-    script = harness.book.scripts["story"]
-    stop = [script[first_new(script, 4)]]
-    response = client.simulate_post("/v1/responses", json={
-        "model": MODEL, "input": "SCRIPT:story", "stop_token_ids": stop})
-    assert response.status_code == 400
-    assert response.json["error"]["param"] == "stop_token_ids"
-    assert response.json["error"]["code"] == "unknown_parameter"
-    message = client.simulate_post("/v1/messages", json={
-        "model": MODEL, "max_tokens": 60, "stop_token_ids": stop,
-        "messages": [{"role": "user", "content": "SCRIPT:story"}]}).json
-    assert message["content"][0]["text"] == STORY and message["stop_reason"] == "end_turn"

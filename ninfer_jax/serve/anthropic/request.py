@@ -1,9 +1,11 @@
 """Parsing and validating an Anthropic Messages (or count_tokens) body.
 
 Produces an `AnthropicRequest`: the lowered Conversation plus what generation needs
-(max_tokens, sampling, stop sequences, thinking budget). Unknown and advisory fields
-(metadata, service tier, inference geography, ...) are ignored; features needing an
-executor or constraint this server lacks are rejected with the field named. The model
+(max_tokens, sampling, stop sequences, thinking budget, and the engine fields every dialect
+shares: seed, ignore_eos, stop_token_ids, min_p and the penalties). Advisory fields
+(metadata, service tier, speed, inference geography) are validated and change nothing;
+features needing an executor or constraint this server lacks are rejected with the field
+named; any other top-level field is a 400 naming it, as Anthropic's API answers. The model
 is a free local label, echoed back. tool_choice any/tool become forced calls through the
 shared ForcedToolCall policy (the chat path's required/named choice).
 
@@ -16,8 +18,9 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ninfer_jax.errors import InvalidRequest, Unsupported
+from ninfer_jax.errors import InvalidRequest, UnknownParameter, Unsupported
 from ninfer_jax.serve.core import fields
+from ninfer_jax.serve.core.engine_fields import ENGINE_FIELDS, EngineFields, engine_fields
 from ninfer_jax.serve.anthropic.history import (
     LoweredMessages, cache_control_ttl, cache_ttl, lower_messages)
 from ninfer_jax.serve.core.tools import ToolChoice, effective_tools
@@ -25,14 +28,24 @@ from ninfer_jax.text.conversation import Conversation, PromptOptions, ToolSpec
 
 MAX_CACHE_BREAKPOINTS = 4
 MIN_THINKING_BUDGET = 1024
-TOP_K_MAX = 20
 # Each stop string is matched after every token; the same bound as Chat's `stop`.
 MAX_STOP_SEQUENCES = 4
 ANTHROPIC_EFFORTS = ("low", "medium", "high", "xhigh", "max")
 REJECTED_FIELDS = {
     "container": "Containers (code execution sandboxes) are not supported.",
     "mcp_servers": "Remote MCP servers are not supported.",
+    "output_format": "Structured outputs need constrained decoding.",
+    "diagnostics": "Prompt-cache miss diagnostics are not reported.",
 }
+# Anthropic's own top-level fields, then the extensions shared with the other dialects.
+ANTHROPIC_FIELDS = frozenset({
+    "model", "messages", "max_tokens", "system", "metadata", "stop_sequences", "stream",
+    "temperature", "top_k", "top_p", "tools", "tool_choice", "thinking", "service_tier",
+    "inference_geo", "speed", "output_config", "cache_control", "context_management",
+    *REJECTED_FIELDS,
+})
+KNOWN_FIELDS = ANTHROPIC_FIELDS | {"priority", "draft", "chat_template_kwargs",
+                                   "preserve_thinking", *ENGINE_FIELDS}
 
 
 @dataclasses.dataclass
@@ -46,7 +59,8 @@ class AnthropicRequest:
     stream: bool = False
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    # seed, ignore_eos, stop_token_ids and the sampler extensions (top_k, min_p, penalties)
+    engine: EngineFields = dataclasses.field(default_factory=EngineFields)
     stop_sequences: tuple[str, ...] = ()
     thinking_budget: int | None = None  # budget_tokens of thinking.type "enabled"
     thinking_mode: str | None = None  # disabled | adaptive | enabled | None (unspecified)
@@ -173,10 +187,40 @@ def _apply_cache_marks(lowered: LoweredMessages, tool_marks, request_level) -> N
             lowered.messages[index].cache_breakpoint = True
 
 
-def _sampling(body: dict, request: AnthropicRequest) -> None:
+def _check_fields(body: dict) -> None:
+    for key in body:
+        if key not in KNOWN_FIELDS:
+            raise UnknownParameter(f"{key}: Extra inputs are not permitted", param=key)
+    for key, message in REJECTED_FIELDS.items():
+        if body.get(key) is not None:
+            raise Unsupported(message, param=key)
+    management = body.get("context_management")
+    if management is not None and fields.require_list(
+            fields.require_object(management, "context_management").get("edits", []),
+            "context_management.edits"):
+        raise Unsupported("Server-side context editing (clearing tool results or thinking "
+                          "blocks) is not supported; the prompt is always the full history.",
+                          param="context_management.edits")
+
+
+def _check_advisory(body: dict) -> None:
+    """Fields that steer accounting or placement at Anthropic and change nothing here; a
+    malformed value is still the client's bug."""
+    metadata = body.get("metadata")
+    if metadata is not None:
+        fields.opt_string(fields.require_object(metadata, "metadata").get("user_id"),
+                          "metadata.user_id")
+    for name, allowed in (("service_tier", ("auto", "standard_only")),
+                          ("speed", ("standard", "fast"))):
+        if body.get(name) is not None:
+            fields.check_enum(body[name], name, allowed)
+    fields.opt_string(body.get("inference_geo"), "inference_geo")
+
+
+def _sampling(body: dict, request: AnthropicRequest, vocab_size: int) -> None:
     request.temperature = fields.opt_number(body.get("temperature"), "temperature", 0, 1)
     request.top_p = fields.opt_number(body.get("top_p"), "top_p", 0, 1)
-    request.top_k = fields.opt_top_k(body.get("top_k"), "top_k", TOP_K_MAX)
+    request.engine = engine_fields(body, vocab_size)
     stops = body.get("stop_sequences")
     if stops is not None:
         if len(fields.require_list(stops, "stop_sequences")) > MAX_STOP_SEQUENCES:
@@ -197,12 +241,14 @@ def _max_tokens(value) -> int | None:
     return fields.opt_int(value, "max_tokens", 1)
 
 
-def parse_request(body, *, default_max_tokens: int, count_only: bool = False,
+def parse_request(body, *, default_max_tokens: int, vocab_size: int, count_only: bool = False,
                   vision: bool = False) -> AnthropicRequest:
+    """`count_only` (count_tokens): the output-only fields (max_tokens, sampling, the engine
+    fields, stream, priority, draft) are neither read nor validated, as they cannot affect a
+    count (serving.md); unknown fields fail there too."""
     body = fields.require_object(body, "body")
-    for key, message in REJECTED_FIELDS.items():
-        if body.get(key) is not None:
-            raise Unsupported(message, param=key)
+    _check_fields(body)
+    _check_advisory(body)
     model = fields.require_string(body.get("model"), "model", non_empty=True)
     max_tokens = None if count_only else _max_tokens(body.get("max_tokens"))
     output_config = fields.require_object(body.get("output_config") or {}, "output_config")
@@ -238,5 +284,5 @@ def parse_request(body, *, default_max_tokens: int, count_only: bool = False,
                                conversation=Conversation(lowered.messages, list(tools), options),
                                thinking_budget=budget, thinking_mode=mode)
     if not count_only:
-        _sampling(body, request)
+        _sampling(body, request, vocab_size)
     return request

@@ -44,6 +44,7 @@ class MessagesService:
 
     def _parse(self, body, *, count_only: bool = False) -> AnthropicRequest:
         request = parse_request(body, default_max_tokens=self.ctx.config.default_max_tokens,
+                                vocab_size=self.ctx.tokenizer.vocab_size,
                                 count_only=count_only, vision=self.ctx.config.vision)
         if request.thinking_mode == "enabled" and self.ctx.reasoning_markers is None:
             # Enabled (unlike adaptive) promises thinking under a budget; a model with no
@@ -62,8 +63,10 @@ class MessagesService:
         options = generation.GenerationOptions(
             max_tokens=request.max_tokens, max_tokens_param="max_tokens",
             sampling={"temperature": request.temperature, "top_p": request.top_p,
-                      "top_k": request.top_k},
-            stop=request.stop_sequences, tool_choice=request.tool_choice,
+                      **request.engine.sampling},
+            seed=request.engine.seed, stop=request.stop_sequences,
+            stop_token_ids=request.engine.stop_token_ids, ignore_eos=request.engine.ignore_eos,
+            tool_choice=request.tool_choice,
             parallel_tool_calls=request.parallel_tool_calls,
             thinking_budget=request.thinking_budget,
             thinking_budget_param="thinking.budget_tokens", protocol="anthropic",

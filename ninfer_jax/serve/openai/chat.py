@@ -104,6 +104,7 @@ class ChatCompletionsResource:
         body = read_json_body(req, ctx.config.max_request_mib * 1024 * 1024)
         conversation, options, stream = parse_chat(body, ctx)
         request_id = req.context.request_id
+        fields.warn_unknown(body, fields.CHAT_FIELDS, request_id)
         prepared = prepare_chat(ctx, conversation, options, request_id)
         started = start(ctx, prepared, peer_of(req))
         handle, assembler = started.handle, started.assembler

@@ -4,31 +4,49 @@ Three kinds of field: those the engine executes (sampling, limits, stop strings,
 ids, tools, thinking options, priority), those that are accepted because their value is
 neutral or advisory (metadata, user, all-zero logit_bias, logprobs:false, ...), and those whose
 behaviour the engine cannot provide, rejected with a field-specific 400 that says what is
-missing. Unknown top-level fields are ignored. A malformed value names its field.
+missing. Unknown top-level fields are ignored, as OpenAI-compatible servers do, and named
+in one warning (`warn_unknown`). A malformed value names its field.
 """
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.core.generation import GenerationOptions
 from ninfer_jax.serve.core.tools import ToolChoice
-from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_background,
-                                               opt_bool, opt_int, opt_number, opt_string, opt_top_k,
-                                               require_list,
-                                               require_object, require_string, type_name)
+from ninfer_jax.serve.core.fields import (allows_draft, as_json, check_enum, is_background,
+                                               opt_bool, opt_int, opt_number, opt_string,
+                                               require_list, require_object, require_string)
+from ninfer_jax.serve.core.engine_fields import ENGINE_FIELDS, engine_fields, sampler_extensions
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
 
 MAX_STOP_STRINGS = 4
-MAX_STOP_TOKEN_IDS = 64
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
-SEED_RANGE = (-(2 ** 63), 2 ** 64 - 1)
 # Constrained-decoding aliases from other servers: rejected explicitly, never ignored.
 # (vLLM's guided_decoding_backend only picks the engine for those, so alone it is neutral.)
 CONSTRAINED_ALIASES = ("grammar", "structured_outputs", "guided_json", "guided_regex",
                        "guided_choice", "guided_grammar")
-_SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
-                    "presence_penalty": (-2.0, 2.0), "frequency_penalty": (-2.0, 2.0)}
+_SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+MAX_WARNED_FIELDS = 10
+# Every top-level field Completions reads, refuses or accepts as advisory, and Chat's on top.
+COMPLETIONS_FIELDS = frozenset({
+    "model", "prompt", "max_tokens", "max_completion_tokens", *SAMPLING_FIELDS, *ENGINE_FIELDS,
+    "stop", "stream", "stream_options", "n", "best_of", "logprobs", "suffix", "echo",
+    "logit_bias", "metadata", "user", "safety_identifier", "service_tier",
+    "guided_decoding_backend", *CONSTRAINED_ALIASES, "repetition_penalty",
+    "mm_processor_kwargs", "prompt_cache_key", "prompt_cache_retention",
+    "prompt_cache_options", "timings_per_token", "return_progress", "priority", "draft",
+})
+CHAT_FIELDS = (COMPLETIONS_FIELDS - {"prompt", "best_of", "suffix", "echo"}) | {
+    "messages", "tools", "tool_choice", "parallel_tool_calls", "top_logprobs",
+    "response_format", "modalities", "audio", "store", "web_search_options", "moderation",
+    "verbosity", "functions", "function_call", "prediction", "chat_template_kwargs",
+    "enable_thinking", "preserve_thinking", "reasoning_effort", "thinking_budget",
+    "continue_final_message", "add_generation_prompt",
+}
+
+log = logging.getLogger("ninfer_jax.serve.openai")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +55,17 @@ class StreamOptions:
     include_usage: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
+
+
+def warn_unknown(body: dict, known: frozenset, request_id: str) -> None:
+    """vLLM's habit: the reply is unchanged, the operator's log names what was ignored (at
+    most MAX_WARNED_FIELDS names, each quoted and cut, since they are the client's text)."""
+    unknown = [key for key in body if key not in known]
+    if unknown:
+        shown = ", ".join(as_json(key, 40) for key in unknown[:MAX_WARNED_FIELDS])
+        more = len(unknown) - MAX_WARNED_FIELDS
+        log.warning("request %s: ignored unknown top-level fields %s%s", request_id, shown,
+                    f" and {more} more" if more > 0 else "")
 
 
 def unsupported(param: str, guarantee: str) -> Unsupported:
@@ -63,7 +92,7 @@ def max_tokens(body: dict) -> tuple[int | None, str]:
 def sampling_fields(body: dict) -> dict:
     values = {name: opt_number(body.get(name), name, *bounds)
               for name, bounds in _SAMPLING_RANGES.items()}
-    values["top_k"] = opt_top_k(body.get("top_k"), "top_k", 20)
+    values.update(sampler_extensions(body))
     return {name: values[name] for name in SAMPLING_FIELDS}
 
 
@@ -77,27 +106,6 @@ def stop_strings(value) -> tuple[str, ...]:
         where = "stop" if isinstance(value, str) else f"stop[{index}]"
         require_string(stop, where, non_empty=True)
     return tuple(stops)
-
-
-def stop_token_ids(value, vocab_size: int) -> tuple[int, ...]:
-    """vLLM's `stop_token_ids`: token ids that end the reply like an end token (counted in
-    usage, never shown). Every id must be one the model can produce."""
-    if value is None:
-        return ()
-    ids = require_list(value, "stop_token_ids")
-    if len(ids) > MAX_STOP_TOKEN_IDS:
-        raise InvalidRequest(f"'stop_token_ids' holds at most {MAX_STOP_TOKEN_IDS} token ids, "
-                             f"got {len(ids)}.", param="stop_token_ids")
-    for index, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, int):
-            got = str(token) if isinstance(token, float) else type_name(token)
-        elif not 0 <= token < vocab_size:
-            got = str(token)
-        else:
-            continue
-        raise InvalidRequest(f"'stop_token_ids[{index}]' must be a token id in "
-                             f"0..{vocab_size - 1}, got {got}.", param="stop_token_ids")
-    return tuple(dict.fromkeys(ids))
 
 
 def stream_options(body: dict) -> StreamOptions:
@@ -159,17 +167,15 @@ def check_common_unsupported(body: dict) -> None:
     if kwargs is not None and any(v is not None for v in
                                   require_object(kwargs, "mm_processor_kwargs").values()):
         raise unsupported("mm_processor_kwargs", "there is no media processor to configure")
-    opt_bool(body.get("ignore_eos"), "ignore_eos")
 
 
 def base_options(body: dict, protocol: str, vocab_size: int) -> GenerationOptions:
     limit, limit_param = max_tokens(body)
-    seed = opt_int(body.get("seed"), "seed", *SEED_RANGE)
+    engine = engine_fields(body, vocab_size)
     return GenerationOptions(
         max_tokens=limit, max_tokens_param=limit_param, sampling=sampling_fields(body),
-        seed=seed, stop=stop_strings(body.get("stop")),
-        stop_token_ids=stop_token_ids(body.get("stop_token_ids"), vocab_size),
-        ignore_eos=bool(opt_bool(body.get("ignore_eos"), "ignore_eos")), protocol=protocol,
+        seed=engine.seed, stop=stop_strings(body.get("stop")),
+        stop_token_ids=engine.stop_token_ids, ignore_eos=engine.ignore_eos, protocol=protocol,
         background=is_background(body.get("priority")), draft=allows_draft(body.get("draft")),
         stream=body.get("stream") is True, implicit_cache=implicit_cache(body))
 

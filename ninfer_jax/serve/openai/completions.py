@@ -86,6 +86,7 @@ class CompletionsResource:
         stream = fields.stream_options(body)
         echo = bool(opt_bool(body.get("echo"), "echo"))
         request_id = req.context.request_id
+        fields.warn_unknown(body, fields.COMPLETIONS_FIELDS, request_id)
         prepared = prepare_raw(ctx, ids, options, request_id)
         started = start(ctx, prepared, peer_of(req))
         handle, assembler = started.handle, started.assembler

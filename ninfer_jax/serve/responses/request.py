@@ -1,8 +1,9 @@
 """Parsing and validating a Responses create / input_tokens body into a ResponsesRequest.
 
-Top-level fields fall in three sets: accepted (validated here), recognized but
-unsupported (a field-specific 400 naming what cannot be honoured), and unknown
-(`unknown_parameter`). `build_conversation` then joins the stored parent context with the
+Top-level fields fall in three sets: accepted (validated here, the engine fields every
+dialect shares included: seed, ignore_eos, stop_token_ids, top_k, min_p, the penalties),
+recognized but unsupported (a field-specific 400 naming what cannot be honoured), and
+unknown (`unknown_parameter`). `build_conversation` then joins the stored parent context with the
 new input Items and lowers them into the one internal Conversation.
 """
 from __future__ import annotations
@@ -11,6 +12,7 @@ import dataclasses
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, UnknownParameter, Unsupported
 from ninfer_jax.serve.core import fields
+from ninfer_jax.serve.core.engine_fields import ENGINE_FIELDS, EngineFields, engine_fields
 from ninfer_jax.serve.responses.store import StoredResponse
 from ninfer_jax.serve.responses.history import lower_items
 from ninfer_jax.serve.responses.input import normalize_input
@@ -27,6 +29,7 @@ CREATE_FIELDS = PROMPT_FIELDS | {
     "client_metadata", "max_tool_calls", "top_logprobs", "service_tier", "background",
     "include", "stream_options", "prompt_cache_key", "prompt_cache_options",
     "prompt_cache_retention", "safety_identifier", "user", "priority", "draft",
+    *ENGINE_FIELDS,
 }
 # Recognized OpenAI features that this server cannot provide at all.
 UNSUPPORTED_FIELDS = {
@@ -62,6 +65,8 @@ class ResponsesRequest:
     # (asynchronous execution), which is rejected.
     background_priority: bool = False
     draft: bool = True  # TensorFold's `draft` (false: no speculation for this request)
+    # seed, ignore_eos, stop_token_ids and the sampler extensions (top_k, min_p, penalties)
+    engine: EngineFields = dataclasses.field(default_factory=EngineFields)
 
 
 def check_fields(body: dict, allowed: frozenset) -> None:
@@ -173,7 +178,7 @@ def _implicit_cache(value) -> bool:
     return fields.check_enum(mode, "prompt_cache_options.mode", ("implicit", "explicit")) == "implicit"
 
 
-def parse_request(body, public_model_id: str, *, count_only: bool = False,
+def parse_request(body, public_model_id: str, *, vocab_size: int, count_only: bool = False,
                   vision: bool = False) -> ResponsesRequest:
     body = fields.require_object(body, "body")
     check_fields(body, PROMPT_FIELDS if count_only else CREATE_FIELDS)
@@ -214,6 +219,7 @@ def parse_request(body, public_model_id: str, *, count_only: bool = False,
         request.top_p = fields.opt_number(body.get("top_p"), "top_p", 0, 1)
         request.background_priority = fields.is_background(body.get("priority"))
         request.draft = fields.allows_draft(body.get("draft"))
+        request.engine = engine_fields(body, vocab_size)
     return request
 
 

@@ -66,7 +66,9 @@ class ResponsesService:
     def start(self, body, request_id: str, peer: PeerWatch = NO_PEER) -> ResponsesRun:
         """Parse, prepare and submit; wait for admission while watching the client (`peer`).
         Raises typed errors, or disconnect.ClientGone."""
-        request = parse_request(body, self.ctx.model_id, vision=self.ctx.config.vision)
+        request = parse_request(body, self.ctx.model_id,
+                                vocab_size=self.ctx.tokenizer.vocab_size,
+                                vision=self.ctx.config.vision)
         if request.store:
             self.store.check_can_store()
         parent, preserve, conversation = self._conversation(request)
@@ -78,8 +80,10 @@ class ResponsesService:
         options = generation.GenerationOptions(
             max_tokens=request.max_output_tokens, max_tokens_param="max_output_tokens",
             prompt_param="input",
-            sampling={"temperature": request.temperature, "top_p": request.top_p},
-            tool_choice=request.tools.choice,
+            sampling={"temperature": request.temperature, "top_p": request.top_p,
+                      **request.engine.sampling},
+            seed=request.engine.seed, stop_token_ids=request.engine.stop_token_ids,
+            ignore_eos=request.engine.ignore_eos, tool_choice=request.tools.choice,
             parallel_tool_calls=request.tools.parallel_tool_calls,
             thinking_budget_param="reasoning", protocol="responses", session_key=session_key,
             background=request.background_priority, draft=request.draft,
@@ -199,6 +203,7 @@ class ResponsesService:
     # ------------------------------------------------------------------ other endpoints
     def count_input_tokens(self, body) -> dict:
         request = parse_request(body, self.ctx.model_id, count_only=True,
+                                vocab_size=self.ctx.tokenizer.vocab_size,
                                 vision=self.ctx.config.vision)
         _, _, conversation = self._conversation(request)
         rendered = generation.render_chat(self.ctx, conversation)

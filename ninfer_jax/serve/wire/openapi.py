@@ -12,14 +12,20 @@ from ninfer_jax.serve.core.errors import is_anthropic_path
 
 MESSAGE = {"type": "object", "required": ["role"], "properties": {
     "role": {"type": "string"}, "content": {}, "name": {"type": "string"}}}
+# The engine fields every dialect reads alike (serve/core/engine_fields.py).
+ENGINE = {
+    "seed": {"type": "integer"}, "ignore_eos": {"type": "boolean"},
+    "stop_token_ids": {"type": ["array", "null"], "maxItems": 64,
+                       "items": {"type": "integer", "minimum": 0}},
+    "top_k": {"type": "integer", "maximum": 20},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2}}
 SAMPLING = {
     "model": {"type": "string"}, "stream": {"type": "boolean"},
     "max_tokens": {"type": "integer", "minimum": 1},
-    "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"},
-    "seed": {"type": "integer"},
-    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
-    "stop_token_ids": {"type": ["array", "null"], "maxItems": 64,
-                       "items": {"type": "integer", "minimum": 0}}}
+    "temperature": {"type": "number", "minimum": 0}, "top_p": {"type": "number"}, **ENGINE,
+    "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}}
 REQUEST_BODIES = {
     "/v1/chat/completions": {"type": "object", "required": ["messages"], "properties": {
         **SAMPLING, "messages": {"type": "array", "items": MESSAGE},
@@ -31,10 +37,12 @@ REQUEST_BODIES = {
     "/v1/responses": {"type": "object", "required": ["input"], "properties": {
         "model": {"type": "string"}, "stream": {"type": "boolean"}, "input": {},
         "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer"},
-        "previous_response_id": {"type": "string"}, "store": {"type": "boolean"}}},
+        "previous_response_id": {"type": "string"}, "store": {"type": "boolean"},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1}, **ENGINE}},
 }
 # Anthropic Messages has its own fields: max_tokens is optional here (--default-max-tokens),
-# temperature is in [0, 1], and OpenAI's seed and stop are not among them.
+# temperature is in [0, 1], stop strings are stop_sequences (OpenAI's stop is not among them).
 ANTHROPIC_PROMPT = {
     "model": {"type": "string"}, "messages": {"type": "array", "items": MESSAGE},
     "system": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]},
@@ -45,8 +53,7 @@ REQUEST_BODIES["/v1/messages"] = {
         **ANTHROPIC_PROMPT, "stream": {"type": "boolean"},
         "max_tokens": {"type": "integer", "minimum": 1},
         "temperature": {"type": "number", "minimum": 0, "maximum": 1},
-        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-        "top_k": {"type": "integer"},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1}, **ENGINE,
         "stop_sequences": {"type": "array", "items": {"type": "string"}, "maxItems": 4}}}
 REQUEST_BODIES["/v1/messages/count_tokens"] = {
     "type": "object", "required": ["model", "messages"], "properties": ANTHROPIC_PROMPT}
