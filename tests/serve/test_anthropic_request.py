@@ -262,11 +262,12 @@ def test_advisory_fields_are_validated(body, param):
 
 
 @pytest.mark.parametrize("count_only", [False, True])
-def test_unknown_top_level_field_is_named(count_only):
-    with pytest.raises(InvalidRequest) as info:
-        _parse(count_only=count_only, some_future_hint=True)
-    assert info.value.param == "some_future_hint" and info.value.code == "unknown_parameter"
-    assert info.value.message == "some_future_hint: Extra inputs are not permitted"
+def test_unknown_top_level_field_is_ignored(count_only):
+    """serving.md: unknown advisory fields do not block an executable request (the service
+    names them in a log warning; tests/serve/test_engine_fields.py)."""
+    plain = _parse(count_only=count_only)
+    odd = _parse(count_only=count_only, some_future_hint=True)
+    assert odd.conversation.messages == plain.conversation.messages
 
 
 @pytest.mark.parametrize("body, expected", [

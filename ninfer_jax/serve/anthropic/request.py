@@ -5,7 +5,8 @@ Produces an `AnthropicRequest`: the lowered Conversation plus what generation ne
 shares: seed, ignore_eos, stop_token_ids, min_p and the penalties). Advisory fields
 (metadata, service tier, speed, inference geography) are validated and change nothing;
 features needing an executor or constraint this server lacks are rejected with the field
-named; any other top-level field is a 400 naming it, as Anthropic's API answers. The model
+named; any other top-level field is ignored, as serving.md says (Anthropic's own API would
+refuse it), and the service names it in a log warning. The model
 is a free local label, echoed back. tool_choice any/tool become forced calls through the
 shared ForcedToolCall policy (the chat path's required/named choice).
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from ninfer_jax.errors import InvalidRequest, UnknownParameter, Unsupported
+from ninfer_jax.errors import InvalidRequest, Unsupported
 from ninfer_jax.serve.core import fields
 from ninfer_jax.serve.core.engine_fields import ENGINE_FIELDS, EngineFields, engine_fields
 from ninfer_jax.serve.anthropic.history import (
@@ -188,9 +189,6 @@ def _apply_cache_marks(lowered: LoweredMessages, tool_marks, request_level) -> N
 
 
 def _check_fields(body: dict) -> None:
-    for key in body:
-        if key not in KNOWN_FIELDS:
-            raise UnknownParameter(f"{key}: Extra inputs are not permitted", param=key)
     for key, message in REJECTED_FIELDS.items():
         if body.get(key) is not None:
             raise Unsupported(message, param=key)
@@ -245,7 +243,7 @@ def parse_request(body, *, default_max_tokens: int, vocab_size: int, count_only:
                   vision: bool = False) -> AnthropicRequest:
     """`count_only` (count_tokens): the output-only fields (max_tokens, sampling, the engine
     fields, stream, priority, draft) are neither read nor validated, as they cannot affect a
-    count (serving.md); unknown fields fail there too."""
+    count (serving.md). Unknown fields are ignored (the caller warns: `fields.warn_unknown`)."""
     body = fields.require_object(body, "body")
     _check_fields(body)
     _check_advisory(body)

@@ -15,9 +15,9 @@ from typing import Iterator
 
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.errors import InternalError, NinferError, Unsupported
-from ninfer_jax.serve.core import generation
+from ninfer_jax.serve.core import fields, generation
 from ninfer_jax.serve.anthropic.output import MessageBuilder, usage_object
-from ninfer_jax.serve.anthropic.request import AnthropicRequest, parse_request
+from ninfer_jax.serve.anthropic.request import KNOWN_FIELDS, AnthropicRequest, parse_request
 from ninfer_jax.serve.wire.disconnect import NO_PEER, PeerWatch
 from ninfer_jax.serve.core.errors import anthropic_error_body
 from ninfer_jax.serve.core.output import HEARTBEAT, GenerationResult, OutputAssembler
@@ -60,6 +60,7 @@ class MessagesService:
 
     def start(self, body, request_id: str, peer: PeerWatch = NO_PEER) -> MessagesRun:
         request = self._parse(body)
+        fields.warn_unknown(body, KNOWN_FIELDS, request_id)
         options = generation.GenerationOptions(
             max_tokens=request.max_tokens, max_tokens_param="max_tokens",
             sampling={"temperature": request.temperature, "top_p": request.top_p,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
 import secrets
@@ -56,6 +57,22 @@ def check_image_detail(value, param: str) -> None:
                           param=param)
     if value not in (None, "auto"):
         raise InvalidRequest(f"'{param}' must be 'auto' when given.", param=param)
+
+
+log = logging.getLogger("ninfer_jax.serve")
+MAX_WARNED_FIELDS = 10
+
+
+def warn_unknown(body: dict, known: frozenset, request_id: str) -> None:
+    """Unknown top-level fields are ignored (serving.md), as vLLM does: the reply is
+    unchanged and the operator's log names what was ignored (at most MAX_WARNED_FIELDS names,
+    each quoted and cut, since they are the client's text)."""
+    unknown = [key for key in body if key not in known]
+    if unknown:
+        shown = ", ".join(as_json(key, 40) for key in unknown[:MAX_WARNED_FIELDS])
+        more = len(unknown) - MAX_WARNED_FIELDS
+        log.warning("request %s: ignored unknown top-level fields %s%s", request_id, shown,
+                    f" and {more} more" if more > 0 else "")
 
 
 def new_id(prefix: str) -> str:

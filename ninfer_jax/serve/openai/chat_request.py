@@ -10,14 +10,13 @@ in one warning (`warn_unknown`). A malformed value names its field.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.core.generation import GenerationOptions
 from ninfer_jax.serve.core.tools import ToolChoice
-from ninfer_jax.serve.core.fields import (allows_draft, as_json, check_enum, is_background,
-                                               opt_bool, opt_int, opt_number, opt_string,
-                                               require_list, require_object, require_string)
+from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_background, opt_bool,
+                                         opt_int, opt_number, opt_string, require_list,
+                                         require_object, require_string, warn_unknown)
 from ninfer_jax.serve.core.engine_fields import ENGINE_FIELDS, engine_fields, sampler_extensions
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
 
@@ -28,7 +27,6 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 CONSTRAINED_ALIASES = ("grammar", "structured_outputs", "guided_json", "guided_regex",
                        "guided_choice", "guided_grammar")
 _SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
-MAX_WARNED_FIELDS = 10
 # Every top-level field Completions reads, refuses or accepts as advisory, and Chat's on top.
 COMPLETIONS_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "max_completion_tokens", *SAMPLING_FIELDS, *ENGINE_FIELDS,
@@ -46,8 +44,6 @@ CHAT_FIELDS = (COMPLETIONS_FIELDS - {"prompt", "best_of", "suffix", "echo"}) | {
     "continue_final_message", "add_generation_prompt",
 }
 
-log = logging.getLogger("ninfer_jax.serve.openai")
-
 
 @dataclasses.dataclass(frozen=True)
 class StreamOptions:
@@ -55,17 +51,6 @@ class StreamOptions:
     include_usage: bool = False
     timings_per_token: bool = False
     return_progress: bool = False
-
-
-def warn_unknown(body: dict, known: frozenset, request_id: str) -> None:
-    """vLLM's habit: the reply is unchanged, the operator's log names what was ignored (at
-    most MAX_WARNED_FIELDS names, each quoted and cut, since they are the client's text)."""
-    unknown = [key for key in body if key not in known]
-    if unknown:
-        shown = ", ".join(as_json(key, 40) for key in unknown[:MAX_WARNED_FIELDS])
-        more = len(unknown) - MAX_WARNED_FIELDS
-        log.warning("request %s: ignored unknown top-level fields %s%s", request_id, shown,
-                    f" and {more} more" if more > 0 else "")
 
 
 def unsupported(param: str, guarantee: str) -> Unsupported:
