@@ -274,12 +274,29 @@ def test_unknown_top_level_field_is_ignored(count_only):
     ({"output_format": {"type": "json_schema"}}, ("output_format", "unsupported_parameter")),
     ({"diagnostics": {"previous_message_id": "msg_1"}}, ("diagnostics",
                                                          "unsupported_parameter")),
-    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
-     ("context_management.edits", "unsupported_parameter")),
+    ({"context_management": {"edits": [{"type": "clear_thinking_20251015"}]}},
+     ("context_management.edits[0].keep", "unsupported_parameter")),
+    ({"context_management": {"edits": [{"type": "clear_tool_uses_20250919",
+                                        "trigger": {"type": "tool_uses", "value": 3}}]}},
+     ("context_management.edits[0].trigger.type", "unsupported_parameter")),
+    ({"context_management": {"edits": [{"type": "compact"}]}},
+     ("context_management.edits[0].type", "invalid_request")),
     ({"context_management": {"edits": "all"}}, ("context_management.edits", "invalid_request")),
 ])
 def test_unprovidable_fields_are_refused(body, expected):
     assert _error(**body) == expected
+
+
+def test_context_edits_that_cannot_change_the_prompt_are_read():
+    """The lowest clear_tool_uses trigger goes to the service (which compares it with the
+    context window); keeping every thinking turn changes nothing."""
+    edits = [{"type": "clear_thinking_20251015", "keep": "all"},
+             {"type": "clear_tool_uses_20250919",
+              "trigger": {"type": "input_tokens", "value": 180_000}},
+             {"type": "clear_tool_uses_20250919"}]
+    assert _parse(context_management={"edits": edits}).clear_trigger == 100_000
+    assert _parse(context_management={"edits": edits[:2]}).clear_trigger == 180_000
+    assert _parse(context_management={"edits": edits[:1]}).clear_trigger is None
 
 
 def test_engine_fields_shared_with_chat():

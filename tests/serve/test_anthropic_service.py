@@ -115,6 +115,21 @@ def test_max_tokens_and_context_window(service_for):
     assert message["stop_reason"] == "max_tokens"
 
 
+def test_context_clearing_is_refused_only_where_a_prompt_can_reach_it(service_for):
+    """Clearing is not implemented: an edit whose trigger lies inside the context window is a
+    400 on it, one beyond the window can never fire and the request runs unchanged."""
+    service = service_for("Hello there.", max_context=512)
+    reachable = {"edits": [{"type": "clear_tool_uses_20250919",
+                            "trigger": {"type": "input_tokens", "value": 100}}]}
+    with pytest.raises(Unsupported) as info:
+        _create(service, context_management=reachable)
+    assert info.value.param == "context_management.edits" and "100" in info.value.message
+    beyond = {"edits": [{"type": "clear_tool_uses_20250919",
+                         "trigger": {"type": "input_tokens", "value": 512}}]}
+    message = _create(service, context_management=beyond)
+    assert message["content"] == [{"type": "text", "text": "Hello there."}]
+
+
 def test_tool_use_output(service_for):
     service = service_for('<tool_call>\n{"name": "get_weather", "arguments": '
                           '{"city": "Paris"}}\n</tool_call>')

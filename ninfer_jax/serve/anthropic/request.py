@@ -67,6 +67,8 @@ class AnthropicRequest:
     thinking_mode: str | None = None  # disabled | adaptive | enabled | None (unspecified)
     background: bool = False  # `priority` (an extension: Anthropic's API has no such field)
     draft: bool = True  # `draft` (TensorFold's extension: false turns speculation off)
+    # The lowest clear_tool_uses trigger of `context_management` (context_edit_trigger).
+    clear_trigger: int | None = None
 
 
 def _with_examples(description: str | None, examples, param: str) -> str | None:
@@ -192,13 +194,45 @@ def _check_fields(body: dict) -> None:
     for key, message in REJECTED_FIELDS.items():
         if body.get(key) is not None:
             raise Unsupported(message, param=key)
-    management = body.get("context_management")
-    if management is not None and fields.require_list(
-            fields.require_object(management, "context_management").get("edits", []),
-            "context_management.edits"):
-        raise Unsupported("Server-side context editing (clearing tool results or thinking "
-                          "blocks) is not supported; the prompt is always the full history.",
-                          param="context_management.edits")
+
+
+# Anthropic's default trigger of clear_tool_uses_20250919 (input tokens).
+DEFAULT_CLEAR_TRIGGER = 100_000
+
+
+def context_edit_trigger(value) -> int | None:
+    """`context_management`: server-side clearing is not implemented, so only edits that can
+    never change the prompt are accepted. Returns the lowest input-token trigger of its
+    clear_tool_uses edits (None when there is none); the service refuses it unless the
+    context window is below it (a prompt can then never reach it: agents such as Claude Code
+    send a 180k trigger). clear_thinking keeps every thinking turn only with keep "all"."""
+    if value is None:
+        return None
+    edits = fields.require_list(fields.require_object(value, "context_management").get(
+        "edits", []), "context_management.edits")
+    triggers = []
+    for index, edit in enumerate(edits):
+        param = f"context_management.edits[{index}]"
+        edit = fields.require_object(edit, param)
+        kind = fields.check_enum(edit.get("type"), f"{param}.type",
+                                 ("clear_tool_uses_20250919", "clear_thinking_20251015"))
+        if kind == "clear_thinking_20251015":
+            if edit.get("keep") != "all":
+                raise Unsupported("Clearing earlier thinking turns is not supported; "
+                                  "only keep: \"all\" is accepted.", param=f"{param}.keep")
+            continue
+        trigger = edit.get("trigger")
+        if trigger is None:
+            triggers.append(DEFAULT_CLEAR_TRIGGER)
+            continue
+        trigger = fields.require_object(trigger, f"{param}.trigger")
+        if trigger.get("type") != "input_tokens":
+            raise Unsupported("Only input_tokens triggers are accepted (clearing is not "
+                              "supported, so a trigger must be out of the context's reach).",
+                              param=f"{param}.trigger.type")
+        triggers.append(fields.opt_int(trigger.get("value"), f"{param}.trigger.value", 1)
+                        or DEFAULT_CLEAR_TRIGGER)
+    return min(triggers, default=None)
 
 
 def _check_advisory(body: dict) -> None:
@@ -281,6 +315,7 @@ def parse_request(body, *, default_max_tokens: int, vocab_size: int, count_only:
                                max_tokens=max_tokens,
                                conversation=Conversation(lowered.messages, list(tools), options),
                                thinking_budget=budget, thinking_mode=mode)
+    request.clear_trigger = context_edit_trigger(body.get("context_management"))
     if not count_only:
         _sampling(body, request, vocab_size)
     return request

@@ -52,6 +52,12 @@ class MessagesService:
             raise Unsupported("thinking.type 'enabled' needs a model with a thinking mode; "
                               "this model's artifact declares none. Use 'adaptive' or "
                               "'disabled'.", param="thinking.type")
+        if request.clear_trigger is not None and request.clear_trigger < self.ctx.max_context:
+            raise Unsupported(
+                f"Server-side clearing of tool uses is not supported, and a prompt can reach "
+                f"this edit's trigger of {request.clear_trigger} input tokens (the context "
+                f"window is {self.ctx.max_context}); use a trigger of at least the window.",
+                param="context_management.edits")
         return request
 
     def count_tokens(self, body) -> dict:
