@@ -27,11 +27,18 @@ from __future__ import annotations
 
 import numpy as np
 
-MAX_NODES = 64
+MAX_NODES = 256
 MAX_ENTRIES = 4096
 KEY_STRIDE = 1 << 20  # tokens below 2**20; nodes * KEY_STRIDE stays below 2**31
 KEY_PAD = np.iinfo(np.int32).max
 NO_LIMIT = np.iinfo(np.int32).max
+# The step marks a token a rule forced by this bit in its `out` slot (tokens stay below
+# KEY_STRIDE), so the host mirror follows forced vs kept without inferring it from the
+# token: a forced token may be one its node would also keep if sampled (ForcedToolCall's
+# name completion). Everything that reads `out` as tokens masks it (ragged_batch.step_tokens,
+# the runner's collect).
+FORCED_BIT = 1 << 30
+TOKEN_MASK = FORCED_BIT - 1
 
 _FIELDS = ("forced", "forced_next", "default_next", "counts", "threshold", "limit")
 _OFFSET = {name: 2 + i * MAX_NODES for i, name in enumerate(_FIELDS)}
@@ -54,17 +61,15 @@ class Node:
 
 class Automaton:
     """Nodes and a start node, packed into a lane row by `row`. Raises ValueError when the
-    automaton does not fit a lane or a rule's forced token is one it would keep (the host
-    mirror could not tell then whether a committed token was forced)."""
+    automaton does not fit a lane. A rule's forced token may be one its node keeps: the step
+    reports which tokens a rule forced (FORCED_BIT) and the mirror follows that (`follow`)."""
 
     def __init__(self, nodes: list[Node], start: int, rule_nodes: frozenset[int] = frozenset()):
         if len(nodes) > MAX_NODES:
             raise ValueError(f"{len(nodes)} nodes (a lane holds {MAX_NODES})")
         if sum(len(node.entries) for node in nodes) > MAX_ENTRIES:
             raise ValueError(f"more than {MAX_ENTRIES} transitions")
-        for index, node in enumerate(nodes):
-            if node.forced >= 0 and node.forced in node.entries:
-                raise ValueError(f"node {index} forces a token it keeps")
+        for node in nodes:
             if any(token >= KEY_STRIDE or token < 0 for token in node.entries):
                 raise ValueError("token id past the automaton's key range")
         self.nodes, self.start = nodes, start
@@ -87,6 +92,15 @@ class Automaton:
             row[KEYS:KEYS + len(keys)] = [key for key, _ in keys]
             row[NEXT:NEXT + len(keys)] = [target for _, target in keys]
         return row
+
+    def follow(self, node: int, counter: int, token: int, forced: bool) -> tuple[int, int]:
+        """The state after committing `token` at (node, counter), as `advance` moved it:
+        a forced token takes the rule's transition, a kept one its entry or the default."""
+        at = self.nodes[node]
+        if forced:
+            return at.forced_next, counter
+        target = at.entries.get(token, node if at.default_next is None else at.default_next)
+        return target, counter + int(target == node and at.counts)
 
     def row(self, node: int, counter: int) -> np.ndarray:
         """The lane row with the automaton at (node, counter)."""
@@ -126,3 +140,8 @@ def advance(xp, table, lanes, sampled, sample_index):
     loops = ~fires & (next_node == node) & (at_node("counts") != 0)
     return (xp.where(fires, forced, sampled), next_node,
             counter + loops.astype(counter.dtype), fires)
+
+
+def mark(xp, emitted, forced):
+    """`out` slots: each committed token with FORCED_BIT set where a rule forced it."""
+    return emitted | xp.where(forced, FORCED_BIT, 0).astype(emitted.dtype)

@@ -1,7 +1,7 @@
 """The token-policy automaton (model/token_automaton.py): the step's jax.numpy run of
 `advance` equals the numpy run the fake runner and the host mirror use, on random lanes;
-and an automaton the host mirror could not follow, or one too large for a lane, is refused
-(the policy then stays on the host)."""
+the mirror follows the step's forced flag; an automaton too large for a lane is refused (the
+policy then stays on the host)."""
 from __future__ import annotations
 
 import jax
@@ -53,14 +53,25 @@ def test_the_device_run_is_the_host_run():
     assert fired > 0
 
 
-def test_a_rule_that_forces_a_token_its_node_keeps_is_refused():
-    node = Node()
-    node.entries, node.forced = {5: 0}, 5
-    with pytest.raises(ValueError):
-        Automaton([node], 0)
+def test_the_mirror_follows_the_forced_flag_where_the_token_is_ambiguous():
+    """A rule may force a token its node keeps: the committed token alone does not say which
+    way the lane went, the step's flag does, and `follow` takes the same transition."""
+    kept, chain, forced_next = Node(), Node(), Node()
+    nodes = [Node(), kept, chain, forced_next]
+    nodes[0].entries, nodes[0].forced, nodes[0].forced_next = {5: 1}, 5, 2
+    automaton = Automaton(nodes, 0)
+    table = np.stack([np.zeros(token_automaton.ROW_WIDTH, np.int32), automaton.row(0, 0)])
+    for sampled, want_node, want_forced in ((5, 1, False), (7, 2, True)):
+        emitted, node, _, forced = token_automaton.advance(
+            np, table, np.int32([1]), np.int32([sampled]), np.int32([0]))
+        assert (int(emitted[0]), int(node[0]), bool(forced[0])) == (5, want_node, want_forced)
+        assert automaton.follow(0, 0, 5, want_forced) == (want_node, 0)
+    out = token_automaton.mark(np, np.int32([5, 5]), np.array([False, True]))
+    assert list(out & token_automaton.TOKEN_MASK) == [5, 5]
+    assert list(out & token_automaton.FORCED_BIT != 0) == [False, True]
     policy = ThinkingBudget(budget=2, open_id=None, close_id=9, suffix_ids=[9, 4],
                             starts_in_reasoning=True, max_tokens=20)
-    assert DevicePolicy.compile(policy, 20) is None  # its suffix opens with the close
+    assert DevicePolicy.compile(policy, 20) is not None  # its suffix opens with the close
 
 
 def test_an_automaton_too_large_for_a_lane_stays_on_the_host():
