@@ -213,7 +213,8 @@ class ThinkingBudget:
 
     def automaton(self, vocab_size: int) -> Automaton:
         """This policy as the device applies it (model/token_automaton.py): before the
-        block (a model-written open marker may follow blank tokens), in it (a counting
+        block (a model-written open marker may follow blank tokens), the marker's tail
+        (`open_tail` nodes that do not count, with the block's rule), in it (a counting
         self-loop; from `budget` on, every token but the close marker or a stop token is
         replaced by the suffix's first token while the whole suffix plus one answer token
         still fits max_tokens), the suffix's remaining tokens as a forced chain, closed.
@@ -224,8 +225,14 @@ class ThinkingBudget:
             raise ValueError("the suffix does not close the block")
         nodes = [Node(default_next=closed), Node(), Node()]
         nodes[before].entries = dict.fromkeys(blank_ids(self._is_blank, vocab_size), before)
+        opened = thinking
+        for _ in range(self._open_tail):  # the open marker's tail: in the block, not counted
+            tail = Node(default_next=opened)
+            nodes.append(tail)
+            opened = len(nodes) - 1
         if self._open_id is not None:
-            nodes[before].entries[self._open_id] = thinking
+            nodes[before].entries[self._open_id] = opened
+        tails = range(3, len(nodes))
         in_block = nodes[thinking]
         in_block.counts = True
         in_block.entries = dict.fromkeys(self._stop_ids, thinking)
@@ -233,6 +240,11 @@ class ThinkingBudget:
         in_block.threshold = self.budget
         in_block.limit = self._max_tokens - len(suffix) - 1
         in_block.forced = suffix[0]
+        for index in tails:  # the host's rule applies there too (a budget of 0)
+            tail = nodes[index]
+            tail.entries = dict.fromkeys(self._stop_ids, tail.default_next)
+            tail.entries[self._close_id] = closed
+            tail.threshold, tail.limit, tail.forced = in_block.threshold, in_block.limit, suffix[0]
         previous = in_block
         for token in suffix[1:]:  # the chain, one node per remaining suffix token
             previous.forced_next = len(nodes)
@@ -241,8 +253,10 @@ class ThinkingBudget:
             nodes.append(node)
             previous = node
         previous.forced_next = closed  # the close marker is in the suffix
+        for index in tails:
+            nodes[index].forced_next = in_block.forced_next
         start = thinking if self._starts_in_reasoning else before
-        return Automaton(nodes, start, rule_nodes=frozenset({thinking}))
+        return Automaton(nodes, start, rule_nodes=frozenset({thinking, *tails}))
 
     def record_applied(self) -> None:
         """The device inserted the suffix (the host mirror saw its rule fire)."""

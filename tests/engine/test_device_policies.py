@@ -91,6 +91,23 @@ def test_a_model_written_open_marker_after_blanks_starts_the_count():
     assert list(result.output_ids) == plain and late.token_policy.applied == 0
 
 
+@pytest.mark.parametrize("limit", [0, 2])
+def test_a_two_token_open_marker_counts_from_after_its_tail(limit):
+    """Gemma 4's <|channel>thought: the tail is part of the marker, not counted thinking
+    (a budget of 0 still cuts in there, as the host policy does)."""
+    prompt = prompt_of(11, 2)
+    plain = expected_output(prompt, 30)
+    make = lambda: budget(limit, open_id=plain[0], starts_in_reasoning=False,  # noqa: E731
+                          open_tail=1)
+    request = make_request(prompt, max_tokens=30, token_policy=make())
+    _, [result] = serve([request], max_concurrency=1)
+    expected = oracle(request, make)
+    assert list(result.output_ids) == expected
+    start = 1 + (1 if limit else 0) + limit
+    assert expected[start:start + len(SUFFIX)] == SUFFIX
+    assert request.token_policy.applied == 1
+
+
 def test_no_room_for_the_suffix_keeps_the_samples():
     make = lambda: budget(budget=3, max_tokens=8)  # noqa: E731
     request = make_request(prompt_of(9), max_tokens=8, token_policy=make())
