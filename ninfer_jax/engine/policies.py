@@ -10,10 +10,11 @@ pauses and replay never change what they do. Each has two forms with the same to
   automaton (model/token_automaton.py) the compiled step applies to each sample, so the
   request rides the pipeline; a forced run is committed one token per step there. Raises
   ValueError when the policy cannot be exact that way, and the host form is used.
-ThinkingBudget has both. ForcedToolCall, and a chain of several policies, run on the host:
-the call's name rule replaces a sample with a completion whose first token the name state
-also keeps, so whether a committed token was forced (and a forced completion continues) is
-not a function of the committed output, which a lane reload after a pause needs.
+ThinkingBudget and ForcedToolCall have both. A chain of several policies runs on the host
+(one lane automaton has a single rule and counter; the product of a budget and a forced call
+would need two). The call's name rule replaces a sample with a completion whose first token
+the name state also keeps: the step reports which tokens a rule forced, and the host mirror
+follows that (engine/policy_lanes.py), since the committed output alone does not say it.
 
 - `ThinkingBudget`: once `budget` thinking tokens are committed and the block is still open,
   the next token becomes the early-close guidance plus the close marker (streamed as

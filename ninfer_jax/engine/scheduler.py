@@ -20,7 +20,7 @@ sequence's lane (output counts, engine/penalty_lanes.py; a policy automaton,
 model/token_automaton.py), which the step itself updates with the token it commits; the
 scheduler only loads a lane when such a sequence becomes resident (admission, restore: the
 counts of the committed output, the automaton at the host mirror's state, which follows
-every commit), and reloads the counts after each commit of one with a host policy (which
+every commit and the step's flag saying whether a rule forced it), and reloads the counts after each commit of one with a host policy (which
 may commit other tokens than the sampled one).
 
 Speculative decoding (--spec, engine/speculation.py): a sequence that may draft (the request
