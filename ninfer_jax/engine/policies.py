@@ -335,7 +335,8 @@ class ForcedToolCall:
         written part w of a name; it keeps a token t whose text extends w along an offered
         target, or completes one and runs past it, and an empty-text token; any other is
         replaced by the rest of the first target w starts, a forced chain), and the
-        arguments (keeps all). The completion's first token is also one the name state
+        arguments (keeps all). Empty-text tokens (a padded vocabulary's, hundreds at 151k)
+        are the automaton's shared set, stored once. The completion's first token is also one the name state
         keeps: the step's forced flag tells the mirror which way the lane went. The states
         are strings of per-token texts, so this holds only where the tokenizer's decode of a
         run is the run of its decodes; ValueError where it is not, or when the automaton does
@@ -349,7 +350,7 @@ class ForcedToolCall:
         if not texts[prefix[0]].strip() or (self._may_open_thinking
                                             and prefix[0] == self._open_id):
             raise ValueError("the call prefix starts with a token the answer keeps")
-        empties, blanks = vocab.empties, vocab.blanks
+        empties, blanks = frozenset(vocab.empties), frozenset(vocab.blanks)
         nodes: list[Node] = []
 
         def new(default_next=None) -> int:
@@ -390,7 +391,8 @@ class ForcedToolCall:
         while pending:
             written = pending.pop()
             index = names[written]
-            entries = dict.fromkeys(empties, index)
+            nodes[index].shared = True  # an empty-text token leaves the name as it is
+            entries = {}
             for target in targets:
                 if not target.startswith(written):
                     continue
@@ -420,7 +422,8 @@ class ForcedToolCall:
         answer = new()
         for index, may_open in ((answer, False),) + (
                 ((new(), True),) if self._may_open_thinking else ()):
-            nodes[index].entries = dict.fromkeys(blanks, index)
+            nodes[index].entries = dict.fromkeys(blanks - empties, index)
+            nodes[index].shared = True
             if may_open and self._open_id is not None:
                 nodes[index].entries[self._open_id] = thinking
             force(index, prefix, root)
@@ -430,7 +433,7 @@ class ForcedToolCall:
             nodes[thinking].entries = {self._close_id: answer}
         start = (thinking if self._starts_in_reasoning
                  else opener if self._may_open_thinking else answer)
-        return Automaton(nodes, start)
+        return Automaton(nodes, start, shared=empties)
 
 
 class PolicyChain:

@@ -26,17 +26,20 @@ def random_automaton(rng, vocab):
             node.forced = int(rng.choice([t for t in range(vocab) if t not in node.entries]))
             node.forced_next = int(rng.integers(len(nodes)))
             node.threshold, node.limit = int(rng.integers(0, 4)), int(rng.integers(0, 30))
-    return Automaton(nodes, 0)
+        node.shared = bool(rng.integers(2))
+    shared = frozenset(int(t) for t in rng.choice(vocab, int(rng.integers(0, 4)), replace=False))
+    return Automaton(nodes, 0, shared=shared)
 
 
 def test_the_device_run_is_the_host_run():
     rng = np.random.default_rng(0)
     vocab, lanes, rows = 12, 5, 9
     table = np.zeros((lanes + 1, token_automaton.ROW_WIDTH), np.int32)
+    automata = [None]
     for lane in range(1, lanes + 1):
-        automaton = random_automaton(rng, vocab)
-        table[lane] = automaton.row(int(rng.integers(len(automaton.nodes))),
-                                    int(rng.integers(0, 5)))
+        automata.append(random_automaton(rng, vocab))
+        table[lane] = automata[lane].row(int(rng.integers(len(automata[lane].nodes))),
+                                         int(rng.integers(0, 5)))
     step = jax.jit(lambda *a: token_automaton.advance(jnp, *a))
     fired = 0
     for _ in range(20):
@@ -48,6 +51,11 @@ def test_the_device_run_is_the_host_run():
         for got, want in zip(device, host):
             np.testing.assert_array_equal(np.asarray(got), want)
         fired += int(host[3].sum())
+        for row, lane in enumerate(args[0]):  # the mirror, told the flag, moves as the lane
+            if lane:
+                state = automata[lane].follow(int(table[lane, 0]), int(table[lane, 1]),
+                                              int(host[0][row]), bool(host[3][row]))
+                assert state == (int(host[1][row]), int(host[2][row]))
         dummy = args[0] == 0
         np.testing.assert_array_equal(host[0][dummy], args[1][dummy])  # lane 0 keeps all
     assert fired > 0
