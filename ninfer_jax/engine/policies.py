@@ -33,13 +33,13 @@ side reads afterwards (`ThinkingBudget.applied`) comes back with the terminal ev
 """
 from __future__ import annotations
 
-import bisect
 import functools
 import logging
 import weakref
 from typing import Callable, Sequence
 
-from ninfer_jax.model.token_automaton import MAX_NODES, Automaton, Node
+from ninfer_jax.engine.call_automaton import CallAutomaton
+from ninfer_jax.model.token_automaton import Automaton, Node
 
 log = logging.getLogger("ninfer_jax.serve")
 
@@ -99,44 +99,6 @@ def _is_blank_id(is_blank, token: int) -> bool:
         return bool(is_blank(token))
     except Exception:
         return False
-
-
-class _VocabIndex:
-    """Each token's decode alone, sorted (prefix ranges by bisection) and grouped by text."""
-
-    def __init__(self, texts: list[str]):
-        self.texts = texts
-        self.ordered = sorted(range(len(texts)), key=texts.__getitem__)
-        self.sorted_texts = [texts[t] for t in self.ordered]
-        self.by_text: dict[str, list[int]] = {}
-        for token, text in enumerate(texts):
-            self.by_text.setdefault(text, []).append(token)
-        self.empties = self.by_text.get("", [])
-        self.blanks = [t for t, text in enumerate(texts) if not text.strip()]
-
-
-def _vocab_index(decode: Callable[[Sequence[int]], str], vocab_size: int) -> _VocabIndex:
-    """The vocabulary's texts, once per tokenizer when `decode` is its bound method.
-    ValueError when a token does not decode (the host applies the policy then: it keeps
-    such a token, and fails to read past it)."""
-    owner = getattr(decode, "__self__", None)
-    key = (getattr(decode, "__name__", None), vocab_size)
-    try:
-        cached = _VOCAB_TEXTS.setdefault(owner, {}) if owner is not None else {}
-    except TypeError:
-        cached = {}
-    if key not in cached:
-        texts = []
-        for token in range(vocab_size):
-            try:
-                texts.append(decode([token]))
-            except Exception as exc:
-                raise ValueError(f"token {token} does not decode") from exc
-        cached[key] = _VocabIndex(texts)
-    return cached[key]
-
-
-_VOCAB_TEXTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 class PlainEncode:
@@ -341,99 +303,7 @@ class ForcedToolCall:
         are strings of per-token texts, so this holds only where the tokenizer's decode of a
         run is the run of its decodes; ValueError where it is not, or when the automaton does
         not fit a lane (the host applies the policy then)."""
-        vocab = _vocab_index(self._decode, vocab_size)
-        texts, ordered, sorted_texts, by_text = (vocab.texts, vocab.ordered, vocab.sorted_texts,
-                                                 vocab.by_text)
-        prefix, targets = self._prefix_ids, self._targets
-        if not prefix or not targets or any("\ufffd" in t for t in targets):
-            raise ValueError("no call prefix or no offered name")
-        if not texts[prefix[0]].strip() or (self._may_open_thinking
-                                            and prefix[0] == self._open_id):
-            raise ValueError("the call prefix starts with a token the answer keeps")
-        empties, blanks = frozenset(vocab.empties), frozenset(vocab.blanks)
-        nodes: list[Node] = []
-
-        def new(default_next=None) -> int:
-            nodes.append(Node(default_next))
-            if len(nodes) > MAX_NODES:
-                raise ValueError(f"more than {MAX_NODES} nodes")
-            return len(nodes) - 1
-
-        arguments = new()
-        chains: dict[tuple, int] = {}
-
-        def force(index: int, tokens: Sequence[int], end: int) -> None:
-            """`index`'s rule forces tokens[0]; a chain of always-firing nodes the rest."""
-            nodes[index].forced = tokens[0]
-            rest = tuple(tokens[1:])
-            if not rest:
-                nodes[index].forced_next = end
-                return
-            key = (rest, end)
-            if key not in chains:
-                chains[key] = new()
-                force(chains[key], rest, end)
-            nodes[index].forced_next = chains[key]
-
-        names: dict[str, int] = {}
-        probes: dict[str, int] = {}  # a token that reaches the name state (join checks)
-        pending: list[str] = []
-
-        def name_node(written: str, via: int | None) -> int:
-            if written not in names:
-                names[written] = new()
-                pending.append(written)
-                if via is not None:
-                    probes[written] = via
-            return names[written]
-
-        root = name_node("", None)
-        while pending:
-            written = pending.pop()
-            index = names[written]
-            nodes[index].shared = True  # an empty-text token leaves the name as it is
-            entries = {}
-            for target in targets:
-                if not target.startswith(written):
-                    continue
-                rest = target[len(written):]
-                for end in range(1, len(rest) + 1):  # a token whose text extends the name
-                    candidate = written + rest[:end]
-                    for token in by_text.get(rest[:end], ()):
-                        entries[token] = (arguments if self._name_finished(candidate)
-                                          else name_node(candidate, token))
-                low = bisect.bisect_left(sorted_texts, rest)  # one that runs past the target
-                while low < len(ordered) and sorted_texts[low].startswith(rest):
-                    entries[ordered[low]] = arguments
-                    low += 1
-            nodes[index].entries = entries
-            target = next(t for t in targets if t.startswith(written))
-            completion = self._encode(target[len(written):])
-            if not completion or "".join(texts[t] for t in completion) != target[len(written):]:
-                raise ValueError("a name completion does not decode to its text")
-            force(index, completion, arguments)
-            probe = probes.get(written)
-            if probe is not None:
-                for token in {t for t in entries if texts[t]}:
-                    if self._decode([probe, token]) != texts[probe] + texts[token]:
-                        raise ValueError("the tokenizer's decode of a run is not the run "
-                                         "of its decodes")
-        thinking = new()
-        answer = new()
-        for index, may_open in ((answer, False),) + (
-                ((new(), True),) if self._may_open_thinking else ()):
-            nodes[index].entries = dict.fromkeys(blanks - empties, index)
-            nodes[index].shared = True
-            if may_open and self._open_id is not None:
-                nodes[index].entries[self._open_id] = thinking
-            force(index, prefix, root)
-            if may_open:
-                opener = index
-        if self._close_id is not None:
-            nodes[thinking].entries = {self._close_id: answer}
-        start = (thinking if self._starts_in_reasoning
-                 else opener if self._may_open_thinking else answer)
-        return Automaton(nodes, start, shared=empties)
+        return CallAutomaton(self, vocab_size).build()
 
 
 class PolicyChain:
