@@ -314,13 +314,15 @@ class FakeRunner:
             for i, row in enumerate(plan.rows):
                 rows[i] = self._next(self._read(row.page_table, row.position + 1),
                                      row.sample, row.state_slot)
+        chunk_forced, forced = False, np.zeros(len(plan.rows), bool)
         if plan.chunk is not None and plan.chunk.sample is not None:
-            chunk_token = self._apply_policy(plan.chunk.sample, chunk_token)
+            chunk_token, chunk_forced = self._apply_policy(plan.chunk.sample, chunk_token)
             self._count(plan.chunk.sample, chunk_token)
         for i, row in enumerate(plan.rows):
-            rows[i] = self._apply_policy(row.sample, rows[i])
+            rows[i], forced[i] = self._apply_policy(row.sample, rows[i])
             self._count(row.sample, rows[i])
-        result = StepResult(chunk_token=chunk_token, row_tokens=rows)
+        result = StepResult(chunk_token=chunk_token, row_tokens=rows, chunk_forced=chunk_forced,
+                            row_forced=forced if forced.any() else None)
         self._previous = result
         return result
 
@@ -406,14 +408,15 @@ class FakeRunner:
             shift += 7 * int((counts > 0).sum())
         return shift
 
-    def _apply_policy(self, sample: SampleSpec, token: int) -> int:
-        """The lane's token-policy automaton on the sample, as the step applies it."""
+    def _apply_policy(self, sample: SampleSpec, token: int) -> tuple[int, bool]:
+        """The lane's token-policy automaton on the sample, as the step applies it:
+        (the token committed, whether a rule forced it)."""
         lane = np.int32([sample.penalty_lane])
-        emitted, node, counter, _ = token_automaton.advance(
+        emitted, node, counter, forced = token_automaton.advance(
             np, self.policy_table, lane, np.int32([token]), np.int32([sample.sample_index]))
         if sample.penalty_lane:
             self.policy_table[lane[0], :2] = node[0], counter[0]
-        return int(emitted[0])
+        return int(emitted[0]), bool(forced[0])
 
     def _count(self, sample: SampleSpec, token: int) -> None:
         if sample.penalty_lane:

@@ -10,10 +10,11 @@ pauses and replay never change what they do. Each has two forms with the same to
   automaton (model/token_automaton.py) the compiled step applies to each sample, so the
   request rides the pipeline; a forced run is committed one token per step there. Raises
   ValueError when the policy cannot be exact that way, and the host form is used.
-ThinkingBudget has both. ForcedToolCall, and a chain of several policies, run on the host:
-the call's name rule replaces a sample with a completion whose first token the name state
-also keeps, so whether a committed token was forced (and a forced completion continues) is
-not a function of the committed output, which a lane reload after a pause needs.
+ThinkingBudget and ForcedToolCall have both. A chain of several policies runs on the host
+(one lane automaton has a single rule and counter; the product of a budget and a forced call
+would need two). The call's name rule replaces a sample with a completion whose first token
+the name state also keeps: the step reports which tokens a rule forced, and the host mirror
+follows that (engine/policy_lanes.py), since the committed output alone does not say it.
 
 - `ThinkingBudget`: once `budget` thinking tokens are committed and the block is still open,
   the next token becomes the early-close guidance plus the close marker (streamed as
@@ -37,6 +38,7 @@ import logging
 import weakref
 from typing import Callable, Sequence
 
+from ninfer_jax.engine.call_automaton import CallAutomaton
 from ninfer_jax.model.token_automaton import Automaton, Node
 
 log = logging.getLogger("ninfer_jax.serve")
@@ -174,7 +176,8 @@ class ThinkingBudget:
 
     def automaton(self, vocab_size: int) -> Automaton:
         """This policy as the device applies it (model/token_automaton.py): before the
-        block (a model-written open marker may follow blank tokens), in it (a counting
+        block (a model-written open marker may follow blank tokens), the marker's tail
+        (`open_tail` nodes that do not count, with the block's rule), in it (a counting
         self-loop; from `budget` on, every token but the close marker or a stop token is
         replaced by the suffix's first token while the whole suffix plus one answer token
         still fits max_tokens), the suffix's remaining tokens as a forced chain, closed.
@@ -185,8 +188,14 @@ class ThinkingBudget:
             raise ValueError("the suffix does not close the block")
         nodes = [Node(default_next=closed), Node(), Node()]
         nodes[before].entries = dict.fromkeys(blank_ids(self._is_blank, vocab_size), before)
+        opened = thinking
+        for _ in range(self._open_tail):  # the open marker's tail: in the block, not counted
+            tail = Node(default_next=opened)
+            nodes.append(tail)
+            opened = len(nodes) - 1
         if self._open_id is not None:
-            nodes[before].entries[self._open_id] = thinking
+            nodes[before].entries[self._open_id] = opened
+        tails = range(3, len(nodes))
         in_block = nodes[thinking]
         in_block.counts = True
         in_block.entries = dict.fromkeys(self._stop_ids, thinking)
@@ -194,6 +203,11 @@ class ThinkingBudget:
         in_block.threshold = self.budget
         in_block.limit = self._max_tokens - len(suffix) - 1
         in_block.forced = suffix[0]
+        for index in tails:  # the host's rule applies there too (a budget of 0)
+            tail = nodes[index]
+            tail.entries = dict.fromkeys(self._stop_ids, tail.default_next)
+            tail.entries[self._close_id] = closed
+            tail.threshold, tail.limit, tail.forced = in_block.threshold, in_block.limit, suffix[0]
         previous = in_block
         for token in suffix[1:]:  # the chain, one node per remaining suffix token
             previous.forced_next = len(nodes)
@@ -202,8 +216,10 @@ class ThinkingBudget:
             nodes.append(node)
             previous = node
         previous.forced_next = closed  # the close marker is in the suffix
+        for index in tails:
+            nodes[index].forced_next = in_block.forced_next
         start = thinking if self._starts_in_reasoning else before
-        return Automaton(nodes, start, rule_nodes=frozenset({thinking}))
+        return Automaton(nodes, start, rule_nodes=frozenset({thinking, *tails}))
 
     def record_applied(self) -> None:
         """The device inserted the suffix (the host mirror saw its rule fire)."""
@@ -274,7 +290,20 @@ class ForcedToolCall:
         return [sampled] if target is None else self._encode(target[len(written):])
 
     def automaton(self, vocab_size: int) -> Automaton:
-        raise ValueError("a forced tool call runs on the host")
+        """This policy as the device applies it (model/token_automaton.py). Nodes: thinking
+        (keeps all; the close marker leads to the answer), the answer before its first text
+        (blank tokens stay, a model-written open marker may open thinking once; any other
+        token is replaced by the call prefix, a forced chain), one node per name state (the
+        written part w of a name; it keeps a token t whose text extends w along an offered
+        target, or completes one and runs past it, and an empty-text token; any other is
+        replaced by the rest of the first target w starts, a forced chain), and the
+        arguments (keeps all). Empty-text tokens (a padded vocabulary's, hundreds at 151k)
+        are the automaton's shared set, stored once. The completion's first token is also one the name state
+        keeps: the step's forced flag tells the mirror which way the lane went. The states
+        are strings of per-token texts, so this holds only where the tokenizer's decode of a
+        run is the run of its decodes; ValueError where it is not, or when the automaton does
+        not fit a lane (the host applies the policy then)."""
+        return CallAutomaton(self, vocab_size).build()
 
 
 class PolicyChain:

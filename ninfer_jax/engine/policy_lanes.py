@@ -8,24 +8,23 @@ commits there. Such a sequence needs nothing from the host between steps, so it 
 launch-ahead pipeline; the tokens it commits are those the host policy's `adjust` would
 have committed, one per step instead of a forced run at once.
 
-The host mirrors the automaton: each committed token advances `node`/`counter` through the
-same `advance`, which decides from the token alone whether a rule fired (a forced token is
-never one its node keeps: Automaton refuses that), so the mirror is a function of the
-committed output. A lane is loaded with the mirror's state whenever the sequence becomes
+The host mirrors the automaton: each committed token advances `node`/`counter` as `advance`
+moved the lane (`Automaton.follow`), told by the step whether a rule forced it (the FORCED_BIT
+of its `out` slot, StepResult's chunk_forced/row_forced): a forced token may be one its node
+would keep if sampled (ForcedToolCall's name completion starts with a token the name state
+keeps), so the committed output alone does not say which path the lane took. A lane is loaded with the mirror's state whenever the sequence becomes
 resident (admission, restore after a pause, by replay or snapshot alike). What the policy
 records for the HTTP side (`ThinkingBudget.applied`) is updated from the mirror.
 
-A policy that does not compile (ForcedToolCall, several chained policies, an automaton too
-large for a lane) stays on the host: `adjust` after every sample, and its rows sit out
+A policy that does not compile (several chained policies, an automaton too large for a
+lane, a tokenizer whose decode the automaton cannot follow) stays on the host: `adjust` after every sample, and its rows sit out
 while their token is pending (scheduler.py).
 """
 from __future__ import annotations
 
 import logging
 
-import numpy as np
 
-from ninfer_jax.model import token_automaton
 from ninfer_jax.model.token_automaton import Automaton
 
 log = logging.getLogger("ninfer_jax.engine.scheduler")
@@ -36,7 +35,6 @@ class DevicePolicy:
         self.policy = policy
         self.automaton = automaton
         self.node, self.counter = automaton.start, 0
-        self._row = automaton.row(self.node, 0)[None]
 
     @classmethod
     def compile(cls, policy, vocab_size: int | None) -> "DevicePolicy | None":
@@ -53,13 +51,9 @@ class DevicePolicy:
         """The lane row at the mirror's state (what a lane load writes)."""
         return self.automaton.row(self.node, self.counter)
 
-    def commit(self, token: int, sample_index: int) -> None:
-        """Advance the mirror over one committed token (output index `sample_index`)."""
-        row = self._row
-        row[0, 0], row[0, 1] = self.node, self.counter
-        zero = np.zeros(1, np.int32)
-        _, node, counter, forced = token_automaton.advance(
-            np, row, zero, np.int32([token]), np.int32([sample_index]))
-        if forced[0] and self.node in self.automaton.rule_nodes:
+    def commit(self, token: int, forced: bool) -> None:
+        """Advance the mirror over one committed token; `forced`: the step's rule forced it
+        (StepResult's flags), which the token alone does not tell."""
+        if forced and self.node in self.automaton.rule_nodes:
             self.policy.record_applied()
-        self.node, self.counter = int(node[0]), int(counter[0])
+        self.node, self.counter = self.automaton.follow(self.node, self.counter, token, forced)

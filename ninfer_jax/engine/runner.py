@@ -837,10 +837,13 @@ class JaxRunner:
     def collect(self, launched: _Launched) -> StepResult:
         host = np.asarray(launched.out)
         plan = launched.plan
+        num_rows = len(plan.rows)
+        flagged = host[:1 + num_rows] & token_automaton.FORCED_BIT != 0
+        host = host.copy()
+        host[:1 + num_rows] &= token_automaton.TOKEN_MASK
         chunk_token = None
         if plan.chunk is not None and plan.chunk.sample is not None:
             chunk_token = int(host[0])
-        num_rows = len(plan.rows)
         drafts = {}
         if self.num_drafts:
             after = host[1 + self.max_batch:].reshape(1 + self.max_batch, self.num_drafts)
@@ -848,6 +851,8 @@ class JaxRunner:
                           row_drafts=after[1:1 + num_rows].astype(np.int32))
         return StepResult(chunk_token=chunk_token,
                           row_tokens=host[1:1 + num_rows].astype(np.int32),
+                          chunk_forced=bool(flagged[0]),
+                          row_forced=flagged[1:] if flagged[1:].any() else None,
                           vision_items=launched.vision[0], vision_seconds=launched.vision[1],
                           **drafts)
 

@@ -110,6 +110,9 @@ class StepPlan:
 class StepResult:
     chunk_token: int | None  # the chunk's sample when it asked for one
     row_tokens: np.ndarray  # int32 [len(rows)]
+    # Which of those tokens a device token policy forced (engine/policy_lanes.py follows it)
+    chunk_forced: bool = False
+    row_forced: np.ndarray | None = None  # bool [len(rows)]; None: none forced
     # Device drafters (--spec mtp): K drafts to follow each sample, int32 [K] after the
     # chunk's and [len(rows), K] after the rows'; None without one.
     chunk_draft: np.ndarray | None = None

@@ -20,7 +20,7 @@ sequence's lane (output counts, engine/penalty_lanes.py; a policy automaton,
 model/token_automaton.py), which the step itself updates with the token it commits; the
 scheduler only loads a lane when such a sequence becomes resident (admission, restore: the
 counts of the committed output, the automaton at the host mirror's state, which follows
-every commit), and reloads the counts after each commit of one with a host policy (which
+every commit and the step's flag saying whether a rule forced it), and reloads the counts after each commit of one with a host policy (which
 may commit other tokens than the sampled one).
 
 Speculative decoding (--spec, engine/speculation.py): a sequence that may draft (the request
@@ -693,7 +693,7 @@ class Scheduler:
                     seq.counters["vision_items"] += result.vision_items
                     seq.counters["vision_seconds"] += result.vision_seconds
             if seq is not None:
-                self._apply_chunk(seq, plan.chunk, result.chunk_token)
+                self._apply_chunk(seq, plan.chunk, result.chunk_token, result.chunk_forced)
                 if plan.chunk.sample is not None and result.chunk_draft is not None:
                     self.spec.keep_device_draft(seq, result.chunk_draft)
         if num_rows:
@@ -715,7 +715,8 @@ class Scheduler:
                 continue
             self.life.computed(seq, row.position, row.position + 1, is_prefill=False)
             seq.pending_slots.pop(0)
-            self._commit(seq, int(token), from_decode=True)
+            forced = result.row_forced is not None and bool(result.row_forced[index])
+            self._commit(seq, int(token), from_decode=True, forced=forced)
             self._publish_prefix(seq)
             if drafts is not None:
                 self.spec.keep_device_draft(seq, drafts[index])
@@ -737,12 +738,12 @@ class Scheduler:
         self._publish_prefix(seq)
         return accepted
 
-    def _apply_chunk(self, seq: Sequence, unit: PrefillUnit, token) -> None:
+    def _apply_chunk(self, seq: Sequence, unit: PrefillUnit, token, forced=False) -> None:
         self.life.computed(seq, unit.start, unit.start + len(unit.tokens), is_prefill=True)
         self._publish_prefix(seq)
         if unit.sample is not None:
             seq.pending_slots.pop(0)
-            self._commit(seq, int(token), from_decode=False)
+            self._commit(seq, int(token), from_decode=False, forced=forced)
         elif seq.request.max_tokens == 0 and unit.start + len(unit.tokens) == seq.num_prompt:
             self._end(seq, "length")  # max_tokens 0: prompt processed, nothing to sample
 
@@ -769,9 +770,10 @@ class Scheduler:
                     # _page_table converts it again
                     seq.pages = list(seq.pages)
 
-    def _commit(self, seq: Sequence, token: int, *, from_decode: bool) -> None:
+    def _commit(self, seq: Sequence, token: int, *, from_decode: bool,
+                forced: bool = False) -> None:
         if seq.device_policy is not None:  # the step applied it: follow its state
-            seq.device_policy.commit(token, seq.num_output)
+            seq.device_policy.commit(token, forced)
         try:
             finish = self.life.commit(seq, token, from_decode=from_decode)
         except TokenPolicyError:

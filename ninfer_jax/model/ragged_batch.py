@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
+from ninfer_jax.model.token_automaton import TOKEN_MASK
 
 FROM_HOST = -1  # row_src value: the row's token is row_tokens[i], not a previous output
 DUMMY_STATE_SLOT = 0  # the state slot of padding rows (hybrid families)
@@ -103,10 +104,12 @@ def num_chunk_tokens(batch: RaggedBatch) -> int:
 
 
 def step_tokens(batch: RaggedBatch, prev_out=None):
-    """Token ids of all C + B rows, row tokens with row_src >= 0 read from prev_out."""
+    """Token ids of all C + B rows, row tokens with row_src >= 0 read from prev_out
+    (without token_automaton.FORCED_BIT)."""
     rows = jnp.asarray(batch.row_tokens, jnp.int32)
     if prev_out is not None:
         fed_back = jnp.take(prev_out, batch.row_src, mode="clip").astype(jnp.int32)
+        fed_back = fed_back & TOKEN_MASK  # a token a policy forced carries a flag bit
         rows = jnp.where(batch.row_src >= 0, fed_back, rows)
     return jnp.concatenate([jnp.asarray(batch.chunk_tokens, jnp.int32), rows])
 

@@ -145,10 +145,10 @@ def packed_media_step(params, kv, prev_out, ints, floats, counts, policy, media:
 
 def _apply_lanes(out, counts, policy, lanes, sampling_batch, num_sampled):
     """The lanes' token policies on the samples, then their counts: (out, counts, policy).
-    Rows on the dummy lane (all zeros: the identity automaton) keep their sample."""
-    emitted, node, counter, _ = token_automaton.advance(
+    A forced token's `out` slot carries token_automaton.FORCED_BIT. Rows on the dummy lane (all zeros: the identity automaton) keep their sample."""
+    emitted, node, counter, forced = token_automaton.advance(
         jnp, policy, lanes, out[:num_sampled], sampling_batch.sample_index)
-    out = out.at[:num_sampled].set(emitted)
+    out = out.at[:num_sampled].set(token_automaton.mark(jnp, emitted, forced))
     policy = policy.at[lanes, 0].set(node).at[lanes, 1].set(counter)
     return out, sampling.count_sampled(counts, lanes, emitted), policy
 

@@ -5,7 +5,9 @@ fresh host copy of the policy on the fake model's formula, and a Driver with
 device_policies=False serves the same requests through `adjust` on the engine thread. The
 device path must commit exactly those tokens (greedy and seeded, alone, together, across
 pauses, with penalties, with a stop inside a forced run) while its rows ride the
-launch-ahead pipeline: every row after the first token is fed from the step before it."""
+launch-ahead pipeline: every row after the first token is fed from the step before it. A
+forced tool call's name completion starts with a token its name state also keeps; the step's
+forced flag is what lets the host mirror (and a lane reload after a pause) follow it."""
 from __future__ import annotations
 
 import pytest
@@ -89,6 +91,23 @@ def test_a_model_written_open_marker_after_blanks_starts_the_count():
     assert list(result.output_ids) == plain and late.token_policy.applied == 0
 
 
+@pytest.mark.parametrize("limit", [0, 2])
+def test_a_two_token_open_marker_counts_from_after_its_tail(limit):
+    """Gemma 4's <|channel>thought: the tail is part of the marker, not counted thinking
+    (a budget of 0 still cuts in there, as the host policy does)."""
+    prompt = prompt_of(11, 2)
+    plain = expected_output(prompt, 30)
+    make = lambda: budget(limit, open_id=plain[0], starts_in_reasoning=False,  # noqa: E731
+                          open_tail=1)
+    request = make_request(prompt, max_tokens=30, token_policy=make())
+    _, [result] = serve([request], max_concurrency=1)
+    expected = oracle(request, make)
+    assert list(result.output_ids) == expected
+    start = 1 + (1 if limit else 0) + limit
+    assert expected[start:start + len(SUFFIX)] == SUFFIX
+    assert request.token_policy.applied == 1
+
+
 def test_no_room_for_the_suffix_keeps_the_samples():
     make = lambda: budget(budget=3, max_tokens=8)  # noqa: E731
     request = make_request(prompt_of(9), max_tokens=8, token_policy=make())
@@ -147,16 +166,145 @@ def test_paused_requests_come_back_in_the_automatons_state(host_pages):
     assert any(load.policy[0] >= 3 for load in loads)
 
 
-def test_a_forced_tool_call_stays_on_the_host_and_sits_out():
-    vocab = {i: f"<{i}>" for i in range(1000)}
-    vocab.update({102: "f", 34: '"'})
+# A vocabulary where names are spelled one character per token, so the fake model's samples
+# often extend an offered name (kept) and the forced completion starts with a token the name
+# state keeps: which of the two happened is the step's forced flag, not the output.
+ALPHABET = 'abcd"'
+BLANK = 9
 
-    def make():
-        return ForcedToolCall(decode=lambda ids: "".join(vocab[i] for i in ids),
-                              encode=lambda text: [ord(c) for c in text], prefix_ids=[7, 8],
-                              names=["f"],
-                              terminator='"', open_id=None, close_id=None,
-                              starts_in_reasoning=False, may_open_thinking=False)
+
+def tool_text(token: int) -> str:
+    if token == BLANK:
+        return " "
+    if token >= 100:
+        return ALPHABET[token % len(ALPHABET)]
+    return f"<{token}>"
+
+
+def tool_decode(ids):
+    return "".join(tool_text(i) for i in ids)
+
+
+def tool_encode(text):
+    return [100 + ALPHABET.index(c) for c in text]
+
+
+def tool_call(names=("abca", "abd", "cab"), **fields):
+    options = dict(decode=tool_decode, encode=tool_encode, prefix_ids=[7, 8], names=list(names),
+                   terminator='"', open_id=None, close_id=None, starts_in_reasoning=False,
+                   may_open_thinking=False)
+    options.update(fields)
+    return ForcedToolCall(**options)
+
+
+def name_runs(output):
+    """How the output's name was committed: the tokens after the call prefix."""
+    text = tool_decode(output)
+    return text.split("<7><8>", 1)[1] if "<7><8>" in text else None
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SEEDED, SamplingParams(temperature=0.9, seed=11)])
+def test_a_forced_tool_call_on_the_device_commits_the_host_policys_tokens(sampling):
+    for salt in range(6):
+        request = make_request(prompt_of(9, salt), max_tokens=14, sampling=sampling,
+                               token_policy=tool_call())
+        driver, [result] = serve([request], max_concurrency=1)
+        expected = oracle(request, tool_call)
+        assert list(result.output_ids) == expected
+        assert name_runs(expected) is not None  # the call was forced
+        rows = rows_of(driver, 0)
+        assert rows and all(row.from_previous is not None for row in rows)  # no sit-out
+        assert driver.schedules[0].penalty_loads[0].policy is not None
+
+
+def test_sampled_and_forced_name_tokens_both_occur_and_both_match_the_host():
+    """Over seeds, some name gets a freely sampled token that is also the first token of the
+    completion the state would force, and some gets a forced completion: both equal the host."""
+    kinds = set()
+    for seed in range(12):
+        sampling = SamplingParams(temperature=1.0, seed=seed)
+        request = make_request(prompt_of(7, seed), max_tokens=12, sampling=sampling,
+                               token_policy=tool_call())
+        host = make_request(prompt_of(7, seed), max_tokens=12, sampling=sampling,
+                            token_policy=tool_call())
+        _, [on_device] = serve([request], max_concurrency=1)
+        _, [on_host] = serve([host], max_concurrency=1, device_policies=False)
+        reference = tool_call()
+
+        def watched(output, sampled):
+            adjusted = reference.adjust(output, sampled)
+            in_name = 8 in output and '"' not in tool_decode(output[output.index(8):])
+            if in_name and tool_text(sampled) in ALPHABET:
+                kinds.add("kept" if adjusted == [sampled] else "forced")
+            return adjusted
+        expected = expected_output(request.prompt_ids, 12, sampling=sampling, forced=watched)
+        assert list(on_device.output_ids) == list(on_host.output_ids) == expected
+    assert kinds == {"kept", "forced"}
+
+
+def test_a_blank_prefix_then_the_call_and_a_model_opened_think_block():
+    for salt in range(4):
+        prompt = prompt_of(8, salt)
+        plain = expected_output(prompt, 14)
+        make = lambda: tool_call(decode=lambda ids: "".join(  # noqa: E731
+            " " if i == plain[0] else tool_text(i) for i in ids),
+            open_id=plain[1], close_id=plain[2], may_open_thinking=True)
+        request = make_request(prompt, max_tokens=14, token_policy=make())
+        driver, [result] = serve([request], max_concurrency=1)
+        expected = oracle(request, make)
+        assert list(result.output_ids) == expected
+        assert expected[:3] == plain[:3]  # blank, the model's open marker, its close marker
+        assert all(row.from_previous is not None for row in rows_of(driver, 0))
+
+
+def test_a_stop_inside_the_forced_prefix_ends_the_request_there():
+    request = make_request(prompt_of(9), max_tokens=14, token_policy=tool_call(),
+                           stop_token_ids=(8,))
+    _, [result] = serve([request], max_concurrency=1)
+    assert list(result.output_ids) == oracle(request, tool_call)
+    assert result.output_ids[-1] == 8 and result.reason == "stop"
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_concurrent_tool_calls_budgets_and_plain_requests(overlap):
+    makers = [tool_call, lambda: budget(3), None, lambda: tool_call(("dab", "ab")), tool_call]
+    samplings = [SEEDED, GREEDY, PRESENCE, SamplingParams(temperature=1.0, seed=4), PRESENCE]
+    requests = [make_request(prompt_of(6 + 2 * i, i), max_tokens=16, sampling=s,
+                             token_policy=make() if make else None)
+                for i, (make, s) in enumerate(zip(makers, samplings))]
+    driver, results = serve(requests, max_concurrency=5, overlap=overlap)
+    for request, make, result in zip(requests, makers, results):
+        expected = (oracle(request, make) if make else
+                    expected_output(request.prompt_ids, 16, sampling=request.sampling))
+        assert list(result.output_ids) == expected
+    if overlap:
+        for i in range(5):
+            assert all(row.from_previous is not None for row in rows_of(driver, i))
+
+
+@pytest.mark.parametrize("host_pages", [0, 64])  # paused by replay, or by snapshot
+def test_paused_tool_calls_come_back_in_the_automatons_state(host_pages):
+    samplings = [SamplingParams(temperature=1.0, seed=s) for s in range(6)]
+    requests = [make_request(prompt_of(8, i), max_tokens=24, sampling=s,
+                             token_policy=tool_call(("abcabca", "abdd", "cabb")))
+                for i, s in enumerate(samplings)]
+    driver, results = serve(requests, num_pages=16, max_concurrency=6,
+                            host_pages=host_pages, prefix_reuse=True)
+    assert sum(r.counters["preemptions"] for r in results) > 0
+    for request, result in zip(requests, results):
+        assert list(result.output_ids) == oracle(
+            request, lambda: tool_call(("abcabca", "abdd", "cabb")))
+    loads = [load for plan in driver.schedules for load in plan.penalty_loads]
+    assert all(load.policy is not None for load in loads)
+    nodes = requests[0].token_policy.automaton(1000).nodes
+    chain = {i for i, node in enumerate(nodes) if node.forced >= 0 and not node.entries}
+    # some restore landed inside a forced run: its lane came back mid-chain
+    assert any(int(load.policy[0]) in chain for load in loads[len(requests):])
+
+
+def test_a_tool_call_past_a_lanes_size_stays_on_the_host_and_sits_out():
+    names = ["".join(ALPHABET[(i * 7 + j) % 4] for j in range(40)) for i in range(12)]
+    make = lambda: tool_call(names)  # noqa: E731
     request = make_request(prompt_of(9), max_tokens=12, token_policy=make())
     driver, [result] = serve([request], max_concurrency=1)
     assert list(result.output_ids) == oracle(request, make)

@@ -1,4 +1,4 @@
-"""Thinking budgets on a real JaxRunner (a tiny random llama) driven by the scheduler: the
+"""Thinking budgets and forced tool calls on a real JaxRunner (a tiny random llama) driven by the scheduler: the
 automaton the compiled step applies (model/token_automaton.py, engine/policy_lanes.py)
 commits exactly the tokens of the host policy it replaces, which the same scheduler runs
 through `adjust` when it is given no vocabulary (rows sitting out while their token is
@@ -10,7 +10,7 @@ import pytest
 
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool
-from ninfer_jax.engine.policies import ThinkingBudget
+from ninfer_jax.engine.policies import ForcedToolCall, ThinkingBudget
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
 from ninfer_jax.engine.scheduler import Scheduler
 from ninfer_jax.engine.step_loop import StepLoop
@@ -105,3 +105,46 @@ def test_a_stop_inside_the_forced_run(runner):
         prompt(11, 1), GREEDY, budget(stop_ids=frozenset({stop})), stop_token_ids=(stop,))])
     assert outputs(finals) == outputs(host_finals)
     assert finals[0].reason == "stop" and finals[0].output_ids[-1] == stop
+
+
+# A forced tool call over a vocabulary that spells names one character per token: the
+# completion the name state forces starts with a token it would also keep, so the runner's
+# forced flag (FORCED_BIT in `out`, masked where a fed-back token is read) is what the host
+# mirror follows; a flag left in a fed-back token would read past the embedding.
+ALPHABET = 'abcd"'
+
+
+def tool_decode(ids):
+    return "".join(ALPHABET[i % 5] if i >= 20 else f"<{i}>" for i in ids)
+
+
+def tool_encode(text):
+    return [20 + ALPHABET.index(c) for c in text]
+
+
+def tool_call():
+    return ForcedToolCall(decode=tool_decode, encode=tool_encode, prefix_ids=[3, 4],
+                          names=["abca", "abd", "cab"], terminator='"', open_id=None,
+                          close_id=None, starts_in_reasoning=False, may_open_thinking=False)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "seeded"])
+def test_a_forced_tool_call_alone_matches_the_host_policy(runner, params):
+    ids = prompt(11, 5)
+    (finals, plans, _), (host_finals, _, _) = both_ways(
+        runner, lambda: [make(ids, params, tool_call(), 16)])
+    assert outputs(finals) == outputs(host_finals)
+    assert "<3><4>" in tool_decode(outputs(finals)[0])  # the call was forced
+    assert plans[0].penalty_loads[0].policy is not None
+    rows = [row for plan in plans for row in plan.rows]
+    assert len(rows) == 15 and all(row.from_previous is not None for row in rows)
+
+
+def test_tool_calls_budgets_and_plain_requests_together_and_paused(runner):
+    def requests():
+        return [make(prompt(14, 30), SAMPLED, tool_call(), 30),
+                make(prompt(13, 31), SEEDED, budget(4, 30), 30),
+                make(prompt(12, 32), GREEDY, tool_call(), 30)]
+    (finals, _, _), (host_finals, _, _) = both_ways(runner, requests, num_pages=14)
+    assert sum(f.counters["preemptions"] for f in finals) > 0
+    assert outputs(finals) == outputs(host_finals)
