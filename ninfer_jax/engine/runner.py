@@ -709,15 +709,14 @@ class JaxRunner:
                 self.on_compiled()
             return
         example = self._example_inputs(*shape)
-        jitted = self._jitted
-        if variant == "media":
-            jitted = self._media_jitted
-            example = (*example, self.vision.example_rows(*shape))
+        jitted, extra = self._jitted, ()
+        if variant == "media":  # MediaRows come last, after the lanes (packed_media_step)
+            jitted, extra = self._media_jitted, (self.vision.example_rows(*shape),)
         with self._compile_lock:  # tracing holds the GIL anyway; XLA compiles in parallel
             # Abstract caches: the engine thread donates the real ones while this traces.
             lowered = jitted.lower(self.params, self._kv_spec, self._prev_out_spec(),
                                    *map(self._abstract, example), self._counts_spec(),
-                                   self._policy_spec(),
+                                   self._policy_spec(), *map(self._abstract, extra),
                                    config=self.config, page_size=self.page_size,
                                    layout=self._layout(*shape), draws=variant != "greedy",
                                    mesh=self.mesh)

@@ -77,9 +77,15 @@ class LiveServer:
                 raise RuntimeError(f"ninfer serve exited ({self.process.returncode}):\n"
                                    + self.stderr_text()[-4000:])
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                health = httpx.get(self.url + "/health", timeout=2)
+                if health.status_code == 200:
                     return
-            except httpx.HTTPError:
+                # A failed engine stays up and says so (serving.md); waiting on it would only
+                # hold the suite until the deadline.
+                if health.json().get("status") == "unavailable":
+                    raise RuntimeError("ninfer serve's engine failed during start-up:\n"
+                                       + self.stderr_text()[-4000:])
+            except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(1.0)
         raise RuntimeError("ninfer serve did not become healthy in time:\n"
