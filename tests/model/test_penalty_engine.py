@@ -74,12 +74,13 @@ def host_counted(runner, ids, params, max_tokens) -> list[int]:
     return output
 
 
-def served(runner, requests, *, num_pages=64, lanes=LANES):
+def served(runner, requests, *, num_pages=64, lanes=LANES, vocab_size=None):
     """The requests submitted at once to a fresh scheduler over `runner`, the engine's
-    pipelined loop; (final events, launched plans)."""
+    pipelined loop; (final events, launched plans). With `vocab_size` the scheduler compiles
+    token policies into device automata (test_policy_engine.py)."""
     config = EngineConfig(max_concurrency=lanes, prefill_chunk=32, max_context=CONTEXT)
     scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE,
-                          max_batch=runner.max_batch)
+                          max_batch=runner.max_batch, vocab_size=vocab_size)
     loop = StepLoop(scheduler, runner)
     plans = []
     loop.on_step = plans.append

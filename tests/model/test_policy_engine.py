@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from ninfer_jax.engine.config import EngineConfig
-from ninfer_jax.engine.pages import PagePool
+import test_penalty_engine as penalty_engine
 from ninfer_jax.engine.policies import ForcedToolCall, ThinkingBudget
-from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
-from ninfer_jax.engine.scheduler import Scheduler
-from ninfer_jax.engine.step_loop import StepLoop
-from test_penalty_engine import (  # noqa: F401
-    CONTEXT, CPU_EXACT, PAGE, PRESENCE, SEEDED, prompt, runner)
+from ninfer_jax.engine.request import GenerationRequest, SamplingParams
+from test_penalty_engine import CPU_EXACT, PRESENCE, SEEDED, prompt, runner  # noqa: F401
 
 # The comparisons that go on decoding after a forced run (which the host path prefills) or a
 # pause mix KV from a prefill chunk with KV from decode rows: see CPU_EXACT. The stop inside
@@ -36,27 +32,9 @@ def served(runner, make_requests, *, on_device: bool, num_pages=64, lanes=3):
     """Fresh requests (and policies) served by a scheduler over `runner`: (finals, plans,
     requests)."""
     requests = make_requests()
-    config = EngineConfig(max_concurrency=lanes, prefill_chunk=32, max_context=CONTEXT)
-    scheduler = Scheduler(config, PagePool(num_pages), page_size=PAGE,
-                          max_batch=runner.max_batch,
-                          vocab_size=runner.vocab_size if on_device else None)
-    loop = StepLoop(scheduler, runner)
-    plans = []
-    loop.on_step = plans.append
-    handles = [RequestHandle(r) for r in requests]
-    for handle in handles:
-        scheduler.add(handle)
-    for _ in range(10_000):
-        scheduler.apply_controls()
-        if not loop.advance() and not scheduler.has_work():
-            loop.drain()
-            break
-    finals = []
-    for handle in handles:
-        events = []
-        while (event := handle.next_event(timeout=0)) is not None:
-            events.append(event)
-        finals.append(events[-1])
+    finals, plans = penalty_engine.served(
+        runner, requests, num_pages=num_pages, lanes=lanes,
+        vocab_size=runner.vocab_size if on_device else None)
     return finals, plans, requests
 
 
