@@ -4,7 +4,7 @@
 # the hybrid group (27B and 35B-A3B fit in 80 GB) instead of Gemma.
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 echo "gpu memory MiB: $mem"
-if [ "${mem:-0}" -ge 120000 ]; then groups=${BIG:-"gemma lanesref"}; else groups=${SMALL:-"lanesref hybrid"}; fi
+if [ "${mem:-0}" -ge 120000 ]; then groups=${BIG:-"gemma lanesref"}; else groups=${SMALL:-"hybrid"}; fi
 echo "groups: $groups"
 timeout 570 bash benchmarks/results/run39/device_run39.sh "$groups"
 cat /tmp/o/stages.log
