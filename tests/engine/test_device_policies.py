@@ -15,7 +15,7 @@ import pytest
 from ninfer_jax.engine.policies import ForcedToolCall, ThinkingBudget
 from ninfer_jax.engine.request import SamplingParams
 from tests.engine.engine_testkit import (
-    GREEDY, Driver, expected_output, finished, make_request, prompt_of,
+    GREEDY, Driver, expected_output, make_request, prompt_of,
 )
 
 OPEN, CLOSE = 950, 951
@@ -33,9 +33,7 @@ def budget(budget=3, **fields):
 
 def serve(requests, **driver_options):
     driver = Driver(**driver_options)
-    handles = [driver.submit(r) for r in requests]
-    driver.run()
-    return driver, [finished(h) for h in handles]
+    return driver, driver.run_all(requests)
 
 
 def oracle(request, make_policy):
