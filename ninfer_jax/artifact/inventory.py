@@ -1,7 +1,7 @@
 """What `ninfer inspect-artifact` reports: metadata, components, the tensor inventory read
 from the checkpoints' metadata (weights/ and, when present, mtp/ and vision/; no array data is
-loaded), a summary of the vision tower when there is one and, for hybrid and GLM MoE models,
-the summaries of hybrid_report.py; for Gemma 4, gemma_report.py."""
+loaded), a summary of the vision tower when there is one and model_report.py's summary of the
+model's layers, attention, state, KV and MoE."""
 from __future__ import annotations
 
 import pathlib
@@ -14,10 +14,7 @@ from ninfer_jax.artifact.weights_io import human_bytes
 from ninfer_jax.artifact.components import (MTP_DIR, MTP_PREFIX, VISION_DIR, VISION_PREFIX,
                                             mtp_expected_shapes, vision_expected_shapes)
 from ninfer_jax.artifact.format import WEIGHTS_DIR, load_artifact
-from ninfer_jax.artifact.gemma_report import format_gemma, gemma_summary
-from ninfer_jax.artifact.nemotron_report import format_nemotron, nemotron_summary
-from ninfer_jax.artifact.hybrid_report import (format_hybrid, format_moe, hybrid_summary,
-                                               moe_summary)
+from ninfer_jax.artifact.model_report import format_model, model_summary
 from ninfer_jax.artifact.tensor_groups import FLOAT_FORMATS, tensor_group
 from ninfer_jax.errors import ArtifactError
 
@@ -47,14 +44,7 @@ def describe_artifact(path: str | pathlib.Path) -> dict[str, Any]:
         report["vision"] = {**vision.to_dict(), "parameters": sum(
             int(np.prod(s)) for s in vision_shapes.values()), "mrope_section":
             list(config.mrope_section)}
-    if config.is_hybrid:
-        report["hybrid"] = hybrid_summary(config, artifact.weight_formats)
-    elif config.is_glm:
-        report["moe"] = moe_summary(config, artifact.weight_formats)
-    elif config.is_gemma:
-        report["gemma"] = gemma_summary(config, artifact.weight_formats)
-    elif config.is_nemotron:
-        report["nemotron"] = nemotron_summary(config, artifact.weight_formats)
+    report["model"] = model_summary(config, artifact.weight_formats)
     return report
 
 
@@ -86,10 +76,7 @@ def format_report(report: dict[str, Any]) -> str:
         f"architecture  {metadata['architecture']} (format v{metadata['format_version']})",
         "config        " + ", ".join(f"{k}={v}" for k, v in config.items()
                                      if k not in ("architecture", "layer_types")),
-        *(format_hybrid(report["hybrid"]) if "hybrid" in report else ()),
-        *(format_moe(report["moe"]) if "moe" in report else ()),
-        *(format_gemma(report["gemma"]) if "gemma" in report else ()),
-        *(format_nemotron(report["nemotron"]) if "nemotron" in report else ()),
+        *format_model(report["model"]),
         *([_vision_line(report["vision"])] if "vision" in report else ()),
         "weights       " + ", ".join(f"{k}={v}" for k, v in metadata["weight_formats"].items()),
         "components    " + ", ".join(k for k, on in metadata["components"].items() if on),

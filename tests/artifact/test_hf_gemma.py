@@ -104,9 +104,12 @@ def test_inspect_a_tiny_gemma_artifact(tmp_path):
     assert result.exit_code == 0, result.output
     report = json.loads(CliRunner().invoke(main, ["inspect-artifact", str(out), "--json"]).output)
     # f32 KV: the full layer's pages 1 head of 32, the sliding layer's ring 2 heads of 16
-    assert report["gemma"]["kv_bytes_per_token"] == 2 * 1 * 32 * 4
-    assert report["gemma"]["sliding_kv_bytes_per_token"] == 2 * 2 * 16 * 4
+    assert report["model"]["kv"]["bytes_per_token"] == 2 * 1 * 32 * 4
+    assert report["model"]["kv"]["sliding_bytes_per_token"] == 2 * 2 * 16 * 4
     text = CliRunner().invoke(main, ["inspect-artifact", str(out)]).output
-    assert "1 sliding_attention (window 16), 1 full_attention" in text
-    assert "full attn     1 kv heads of 32, keys as values, RoPE on 8 dims" in text
+    assert "layer types   1 sliding, 1 full: 1 sliding, 1 full" in text
+    assert "sliding attn  1 layer(s), 2 kv heads of 16, RoPE on 16 dims, theta 10000, " \
+        "window 16" in text
+    assert "full attn     1 layer(s), 1 kv heads of 32, RoPE on 8 dims" in text
+    assert "keys as values on" in text
     assert "per-layer inputs 8, logit soft cap 30.0" in text

@@ -253,6 +253,6 @@ def test_cli_converts_a_moe_checkpoint_with_quantized_projections(tmp_path):
     assert str(linear["A_log"].dtype) == str(linear["dt_bias"].dtype) == "float32"
     inspected = CliRunner().invoke(main, ["inspect-artifact", str(out), "--json"])
     report = json.loads(inspected.output)
-    assert report["hybrid"]["layers"]["pattern"] == "1 linear, 1 full, 1 linear"
-    assert report["hybrid"]["moe"]["experts"] == 4 and report["hybrid"]["mtp"]["layers"] == 1
+    assert report["model"]["layers"]["pattern"] == "1 linear, 1 full, 1 linear"
+    assert report["model"]["moe"]["experts"] == 4 and report["model"]["mtp"]["layers"] == 1
     assert {r["name"]: r["format"] for r in report["tensors"]}["mtp.fc.int8"] == "int8"

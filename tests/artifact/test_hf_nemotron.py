@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from ninfer_jax.artifact.convert import convert
 from ninfer_jax.artifact.format import load_artifact
-from ninfer_jax.artifact.nemotron_report import nemotron_summary
+from ninfer_jax.artifact.model_report import model_summary
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.safetensors_io import write_safetensors
 from ninfer_jax.cli.main import main
@@ -164,13 +164,19 @@ def test_moe_latent_projections_are_refused(moe_checkpoint, tmp_path):
 
 
 def test_nemotron_h_8b_state_and_kv_sizes():
-    summary = nemotron_summary(PRESETS["nemotron-h-8b"].config, {"embed": "bf16"})
-    assert summary["layers"] == {"mamba": 24, "attention": 4, "mlp": 24, "moe": 0}
+    summary = model_summary(PRESETS["nemotron-h-8b"].config, {"embed": "bf16"})
+    assert summary["layers"]["counts"] == {"mamba": 24, "mlp": 24, "full": 4}
+    assert summary["layers"]["pattern"].startswith("M-M-M-M*-M-")
     conv = 3 * (128 * 64 + 2 * 8 * 128) * 2  # K-1 taps of x|B|C, bf16
     ssm = 128 * 64 * 128 * 4
-    assert summary["state_bytes_per_sequence"] == {"conv_per_layer": conv, "ssm_per_layer": ssm,
-                                                   "total": 24 * (conv + ssm)}
-    assert summary["kv_bytes_per_token"] == 4 * 2 * 8 * 128 * 2
+    state = summary["state"]
+    assert (state["mixer"], state["layers"], state["groups"], state["conv_taps"]) == (
+        "mamba2", 24, 8, 4)
+    assert (state["conv_per_layer"], state["recurrent_per_layer"], state["total"]) == (
+        conv, ssm, 24 * (conv + ssm))
+    assert summary["kv"]["bytes_per_token"] == 4 * 2 * 8 * 128 * 2
+    assert summary["attention"]["kinds"]["full"]["rotary_dims"] == 0  # no RoPE
+    assert summary["moe"] is None
 
 
 def test_inspect_a_tiny_int8_nemotron_artifact(tmp_path):
@@ -182,7 +188,10 @@ def test_inspect_a_tiny_int8_nemotron_artifact(tmp_path):
     rows = {r["name"]: r for r in report["tensors"]}
     assert rows["layers.0.in_proj.int8"]["format"] == "int8"
     assert rows["layers.0.A_log"]["dtype"] == "float32"
-    assert report["nemotron"]["pattern"] == "M*-"
+    assert report["model"]["layers"]["pattern"] == "1 mamba, 1 full, 1 mlp"
     text = CliRunner().invoke(main, ["inspect-artifact", str(out)]).output
-    assert "1 mamba, 1 attention, 1 mlp, 0 moe: M*-" in text
-    assert "mamba-2       4 heads of 16, 2 groups of state 16, conv 4 taps" in text
+    assert "layer types   1 mamba, 1 full, 1 mlp: 1 mamba, 1 full, 1 mlp" in text
+    assert "full attn     1 layer(s), 1 kv heads of 16, no RoPE" in text
+    # 4 heads of 16 in 2 groups of state 16, conv 4 taps: 3 x (64 + 2*2*16) conv channels
+    assert "1 mamba2 layer(s) of 2 groups, each conv [3, 128]" in text
+    assert "recurrent [4, 16, 16] f32" in text

@@ -7,20 +7,24 @@ import json
 
 from click.testing import CliRunner
 
-from ninfer_jax.artifact.hybrid_report import moe_summary
+from ninfer_jax.artifact.model_report import model_summary
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.cli.main import main
 
 
 def test_glm45_air_moe_and_kv_sizes():
-    summary = moe_summary(PRESETS["glm4.5-air"].config, {"embed": "bf16"})
+    summary = model_summary(PRESETS["glm4.5-air"].config, {"embed": "bf16"})
     assert summary["moe"] == {
-        "experts": 128, "top_k": 8, "expert_width": 1408, "shared_expert_width": 1408,
-        "renormalise_top_k": True, "dense_layers": [0],
+        "experts": 128, "top_k": 8, "expert_width": 1408, "activation": "swiglu",
+        "shared_expert_width": 1408, "shared_expert_gate": False, "renormalise_top_k": True,
+        "dense_layers": [0],
         "router": {"scores": "sigmoid", "correction_bias": True, "groups": 1, "top_groups": 1,
                    "scaling": 1.0}}
-    assert summary["kv_bytes_per_token"] == 46 * 2 * 8 * 128 * 2  # K and V, bf16
-    assert summary["attention"] == {"biases": True, "qk_norm": False, "rotary_dims": 64}
+    assert summary["kv"]["bytes_per_token"] == 46 * 2 * 8 * 128 * 2  # K and V, bf16
+    assert summary["attention"]["options"] == {"biases": True, "qk_norm": False,
+                                               "output_gate": False, "keys_as_values": False}
+    assert summary["attention"]["kinds"]["full"]["rotary_dims"] == 64
+    assert summary["state"] is None
 
 
 def test_inspect_a_tiny_int8_glm_artifact(tmp_path):
@@ -32,7 +36,8 @@ def test_inspect_a_tiny_int8_glm_artifact(tmp_path):
     rows = {r["name"]: r for r in report["tensors"]}
     assert rows["layers.1.router_bias"]["dtype"] == "float32"
     assert rows["layers.1.wq.int8"]["format"] == "int8"
-    assert report["moe"]["moe"]["dense_layers"] == [0]
+    assert report["model"]["moe"]["dense_layers"] == [0]
     text = CliRunner().invoke(main, ["inspect-artifact", str(out)]).output
     assert "router sigmoid + correction bias, top-1 of 1 groups" in text
-    assert "q/k/v biases on, q/k norm off, RoPE on 8 dims per head" in text
+    assert "attn options  q/k/v biases on, q/k norm off," in text
+    assert "full attn     2 layer(s), 1 kv heads of 16, RoPE on 8 dims" in text

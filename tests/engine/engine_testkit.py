@@ -111,6 +111,13 @@ class Driver:
                     return
         raise AssertionError("the scheduler did not finish")
 
+    def run_all(self, requests) -> list[Finished]:
+        """Submits every request, runs until none has work, and returns each one's Finished
+        in the order given."""
+        handles = [self.submit(r) for r in requests]
+        self.run()
+        return [finished(h) for h in handles]
+
     def request_pages(self) -> int:
         """Pages some request still holds (pages only the prefix cache keeps excluded)."""
         cache = self.scheduler.cache

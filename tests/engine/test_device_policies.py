@@ -15,7 +15,7 @@ import pytest
 from ninfer_jax.engine.policies import ForcedToolCall, ThinkingBudget
 from ninfer_jax.engine.request import SamplingParams
 from tests.engine.engine_testkit import (
-    GREEDY, Driver, expected_output, finished, make_request, prompt_of,
+    GREEDY, Driver, expected_output, make_request, prompt_of,
 )
 
 OPEN, CLOSE = 950, 951
@@ -33,9 +33,7 @@ def budget(budget=3, **fields):
 
 def serve(requests, **driver_options):
     driver = Driver(**driver_options)
-    handles = [driver.submit(r) for r in requests]
-    driver.run()
-    return driver, [finished(h) for h in handles]
+    return driver, driver.run_all(requests)
 
 
 def oracle(request, make_policy):
@@ -45,6 +43,24 @@ def oracle(request, make_policy):
 
 def rows_of(driver, seq_id):
     return [row for plan in driver.schedules for row in plan.rows if row.seq_id == seq_id]
+
+
+def serve_together(makers, samplings, max_tokens, overlap):
+    """One request per (policy maker or None, sampling), served at once: each must commit its
+    oracle's tokens (the plain formula's without a policy) and, with overlap, every row of
+    each must be fed on the device. Returns the requests."""
+    requests = [make_request(prompt_of(6 + 2 * i, i), max_tokens=max_tokens, sampling=s,
+                             token_policy=make() if make else None)
+                for i, (make, s) in enumerate(zip(makers, samplings))]
+    driver, results = serve(requests, max_concurrency=len(requests), overlap=overlap)
+    for request, make, result in zip(requests, makers, results):
+        expected = (oracle(request, make) if make else expected_output(
+            request.prompt_ids, max_tokens, sampling=request.sampling))
+        assert list(result.output_ids) == expected
+    if overlap:
+        for i in range(len(requests)):
+            assert all(row.from_previous is not None for row in rows_of(driver, i))
+    return requests
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SEEDED])
@@ -132,18 +148,8 @@ def test_concurrent_budgets_penalties_and_plain_requests(overlap):
               lambda: budget(4)]
     samplings = [GREEDY, SEEDED, PRESENCE, PRESENCE, SamplingParams(
         temperature=0.7, seed=3, frequency_penalty=0.25)]
-    requests = [make_request(prompt_of(6 + 2 * i, i), max_tokens=24, sampling=s,
-                             token_policy=make() if make else None)
-                for i, (make, s) in enumerate(zip(makers, samplings))]
-    driver, results = serve(requests, max_concurrency=5, overlap=overlap)
-    for request, make, result in zip(requests, makers, results):
-        expected = (oracle(request, make) if make else
-                    expected_output(request.prompt_ids, 24, sampling=request.sampling))
-        assert list(result.output_ids) == expected
+    requests = serve_together(makers, samplings, 24, overlap)
     assert all(r.token_policy.applied == 1 for r in requests if r.token_policy)
-    if overlap:
-        for i in range(5):
-            assert all(row.from_previous is not None for row in rows_of(driver, i))
 
 
 @pytest.mark.parametrize("host_pages", [0, 64])  # paused by replay, or by snapshot
@@ -269,17 +275,7 @@ def test_a_stop_inside_the_forced_prefix_ends_the_request_there():
 def test_concurrent_tool_calls_budgets_and_plain_requests(overlap):
     makers = [tool_call, lambda: budget(3), None, lambda: tool_call(("dab", "ab")), tool_call]
     samplings = [SEEDED, GREEDY, PRESENCE, SamplingParams(temperature=1.0, seed=4), PRESENCE]
-    requests = [make_request(prompt_of(6 + 2 * i, i), max_tokens=16, sampling=s,
-                             token_policy=make() if make else None)
-                for i, (make, s) in enumerate(zip(makers, samplings))]
-    driver, results = serve(requests, max_concurrency=5, overlap=overlap)
-    for request, make, result in zip(requests, makers, results):
-        expected = (oracle(request, make) if make else
-                    expected_output(request.prompt_ids, 16, sampling=request.sampling))
-        assert list(result.output_ids) == expected
-    if overlap:
-        for i in range(5):
-            assert all(row.from_previous is not None for row in rows_of(driver, i))
+    serve_together(makers, samplings, 16, overlap)
 
 
 @pytest.mark.parametrize("host_pages", [0, 64])  # paused by replay, or by snapshot

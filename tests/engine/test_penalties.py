@@ -16,16 +16,10 @@ FREQUENCY_SEEDED = SamplingParams(temperature=0.8, seed=11, frequency_penalty=0.
 BOTH = SamplingParams(temperature=0.0, presence_penalty=-1.0, frequency_penalty=1.5)
 
 
-def submit_all(driver, requests):
-    handles = [driver.submit(r) for r in requests]
-    driver.run()
-    return [finished(h) for h in handles]
-
-
 def test_a_penalised_row_rides_the_pipeline_and_its_counts_follow_its_output():
     driver = Driver(max_concurrency=1)
     request = make_request(prompt_of(9), max_tokens=30, sampling=PRESENCE)
-    [result] = submit_all(driver, [request])
+    [result] = driver.run_all([request])
     assert list(result.output_ids) == expected_output(prompt_of(9), 30, sampling=PRESENCE)
     assert list(result.output_ids) != expected_output(prompt_of(9), 30)  # the penalty bites
     rows = [row for plan in driver.schedules for row in plan.rows]
@@ -44,7 +38,7 @@ def test_concurrent_penalised_and_plain_requests_each_get_their_own_output(overl
     samplings = [PRESENCE, FREQUENCY_SEEDED, BOTH, SamplingParams(temperature=0.0)]
     requests = [make_request(prompt_of(5 + 3 * i, i), max_tokens=25, sampling=s)
                 for i, s in enumerate(samplings)]
-    results = submit_all(driver, requests)
+    results = driver.run_all(requests)
     for request, result in zip(requests, results):
         assert list(result.output_ids) == expected_output(request.prompt_ids, 25,
                                                           sampling=request.sampling)
@@ -59,7 +53,7 @@ def test_paused_and_restored_requests_reload_their_lane_from_the_committed_outpu
     samplings = [PRESENCE, FREQUENCY_SEEDED, BOTH]
     requests = [make_request(prompt_of(8, i), max_tokens=20, sampling=s)
                 for i, s in enumerate(samplings)]
-    results = submit_all(driver, requests)
+    results = driver.run_all(requests)
     assert sum(r.counters["preemptions"] for r in results) > 0
     for request, result in zip(requests, results):
         assert list(result.output_ids) == expected_output(request.prompt_ids, 20,
@@ -83,7 +77,7 @@ def test_a_lane_whose_request_ended_with_a_token_in_flight_is_reloaded_for_the_n
     driver = Driver(max_concurrency=1)
     first = make_request(prompt, max_tokens=12, sampling=BOTH, stop_token_ids=(stop,))
     second = make_request(prompt, max_tokens=12, sampling=BOTH)
-    results = submit_all(driver, [first, second])
+    results = driver.run_all([first, second])
     assert list(results[0].output_ids) == full[:5] and results[0].reason == "stop"
     assert list(results[1].output_ids) == full
     first_rows = [row for plan in driver.schedules for row in plan.rows if row.seq_id == 0]
@@ -102,7 +96,7 @@ def test_a_token_policy_that_replaces_samples_reloads_the_lane_after_each_commit
     request = make_request(prompt_of(6, 5), max_tokens=16, sampling=PRESENCE,
                            token_policy=Doubler())
     plain = make_request(prompt_of(6, 6), max_tokens=16, sampling=FREQUENCY_SEEDED)
-    results = submit_all(driver, [request, plain])
+    results = driver.run_all([request, plain])
     forced = lambda output, token: Doubler().adjust(output, token)  # noqa: E731
     assert list(results[0].output_ids) == expected_output(
         request.prompt_ids, 16, sampling=PRESENCE, forced=forced)

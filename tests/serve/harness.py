@@ -26,6 +26,8 @@ from ninfer_jax.text.chat_template import ChatRenderer
 
 TEST_HOSTS = (DEFAULT_HOST, "ninfer.test")
 _KEY = re.compile(r"SCRIPT:([\w-]+)")
+MODEL = "smollm2-135m-instruct"  # the default artifact's served name
+STORY = "One day a fox met a crow. The end."  # a script of distinct words, for stop tests
 
 
 class ScriptBook:
@@ -40,6 +42,12 @@ class ScriptBook:
         # end=False: no end token, the model rambles on with the last token (length tests).
         self.scripts[key] = ids + ([self.end_token] if end else [])
         return ids
+
+    def first_new(self, key: str, start: int) -> int:
+        """The index of the first token of `key`'s script at or after `start` that does not
+        occur before it: listed as a stop id, it can end the reply only there."""
+        script = self.scripts[key]
+        return next(i for i in range(start, len(script)) if script[i] not in script[:i])
 
     def __call__(self, context: np.ndarray, sample) -> int:
         prompt = context[: len(context) - sample.sample_index]
@@ -118,6 +126,12 @@ def build_harness(artifact, tokenizer=None, *, chat_format=None, template=None, 
                          model_id=serve_config.model_id or metadata["name"], config=serve_config,
                          metadata=metadata, max_context=max_context)
     return Harness(ctx, engine, runner, book, create_app(ctx))
+
+
+def chat(client, content, **fields):
+    """One user message to Chat Completions through the Falcon test client."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **fields}
+    return client.simulate_post("/v1/chat/completions", json=body)
 
 
 def wait_for(predicate, timeout=10.0) -> bool:

@@ -2,22 +2,16 @@
 replies, stop strings, limits, usage, timings and progress observations."""
 import pytest
 
+from harness import MODEL, STORY, chat
 from ninfer_jax.serve.openai.chat import parse_chat
 from sse_util import sse_chunks, streamed_text
-
-MODEL = "smollm2-135m-instruct"
-
-
-def chat(client, content, **fields):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **fields}
-    return client.simulate_post("/v1/chat/completions", json=body)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def scripts(harness):
     book = harness.book
     book.add("hello", "Hello there!")
-    book.add("story", "One day a fox met a crow. The end.")
+    book.add("story", STORY)
     book.add("unicode", "Café ☕ naïve 🎉 done")
     book.add("ramble", "la", end=False)
 

@@ -8,9 +8,9 @@ The scripted fake model of harness.py: a SCRIPT: prompt replays its text and an 
 any other prompt samples from a random distribution with the request's seed."""
 import pytest
 
-MODEL = "smollm2-135m-instruct"
+from harness import MODEL, STORY, chat
+
 HELLO = "Hello there!"
-STORY = "One day a fox met a crow. The end."
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -31,12 +31,6 @@ def responses(client, content, limit=6, **fields):
     return client.simulate_post("/v1/responses", json=body)
 
 
-def chat(client, content, limit=6, **fields):
-    body = {"model": MODEL, "max_tokens": limit,
-            "messages": [{"role": "user", "content": content}], **fields}
-    return client.simulate_post("/v1/chat/completions", json=body)
-
-
 def messages_text(response) -> str:
     return response.json["content"][0]["text"]
 
@@ -52,7 +46,7 @@ def test_messages_ignore_eos_runs_to_max_tokens(client):
     assert body["stop_reason"] == "max_tokens" and body["usage"]["output_tokens"] == 6
     assert body["content"][0]["text"].startswith(HELLO + "<|im_end|>")
     # The same reply Chat gives under the same field.
-    reference = chat(client, "SCRIPT:hello", ignore_eos=True).json
+    reference = chat(client, "SCRIPT:hello", ignore_eos=True, max_tokens=6).json
     assert reference["choices"][0]["message"]["content"] == body["content"][0]["text"]
 
 
@@ -82,7 +76,7 @@ def test_seed_makes_sampled_replies_reproducible(client, send, text):
                                         (responses, responses_text)])
 def test_stop_token_ids_end_the_reply(client, harness, default_tokenizer, send, text):
     script = harness.book.scripts["story"]
-    index = next(i for i in range(4, len(script)) if script[i] not in script[:i])
+    index = harness.book.first_new("story", 4)
     response = send(client, "SCRIPT:story", limit=60, stop_token_ids=[script[index]])
     assert text(response) == default_tokenizer.decode(script[:index])
     assert text(send(client, "SCRIPT:story", limit=60)) == STORY  # the id is what stopped it

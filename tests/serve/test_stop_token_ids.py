@@ -4,10 +4,9 @@ ignore_eos; streamed and aggregate replies agree; malformed lists are a 400 nami
 Responses and Anthropic Messages read the same field (test_engine_fields.py)."""
 import pytest
 
+from harness import MODEL, STORY, chat
 from sse_util import sse_chunks, streamed_text
 
-MODEL = "smollm2-135m-instruct"
-STORY = "One day a fox met a crow. The end."
 MIDDLE = "Hello<|im_end|> and more words follow here"
 
 
@@ -17,24 +16,14 @@ def scripts(harness):
     harness.book.add("middle", MIDDLE)  # an end token inside the script
 
 
-def chat(client, content, **fields):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], **fields}
-    return client.simulate_post("/v1/chat/completions", json=body)
-
-
 def complete(client, prompt, **fields):
     return client.simulate_post("/v1/completions",
                                 json={"model": MODEL, "prompt": prompt, **fields})
 
 
-def first_new(script: list[int], start: int) -> int:
-    """The index of the first token at or after `start` that does not occur before it."""
-    return next(i for i in range(start, len(script)) if script[i] not in script[:i])
-
-
 def test_chat_stops_at_the_id_hides_it_and_counts_it(client, harness, default_tokenizer):
     script = harness.book.scripts["story"]
-    index = first_new(script, 4)
+    index = harness.book.first_new("story", 4)
     body = chat(client, "SCRIPT:story", stop_token_ids=[script[index]]).json
     choice = body["choices"][0]
     assert choice["message"]["content"] == default_tokenizer.decode(script[:index])
@@ -46,7 +35,7 @@ def test_chat_stops_at_the_id_hides_it_and_counts_it(client, harness, default_to
 
 def test_chat_stream_matches_the_aggregate_reply(client, harness):
     script = harness.book.scripts["story"]
-    fields = {"stop_token_ids": [script[first_new(script, 5)]], "max_tokens": 40}
+    fields = {"stop_token_ids": [script[harness.book.first_new("story", 5)]], "max_tokens": 40}
     aggregate = chat(client, "SCRIPT:story", **fields).json
     chunks, done, _ = sse_chunks(chat(client, "SCRIPT:story", stream=True,
                                       stream_options={"include_usage": True}, **fields).text)
@@ -62,7 +51,7 @@ def test_ignore_eos_shows_end_tokens_but_keeps_the_stop_ids(client, harness,
     script = harness.book.scripts["middle"]
     eos = default_tokenizer.eos_ids[0]
     assert eos in script[:-1]
-    index = first_new(script, script.index(eos) + 2)
+    index = harness.book.first_new("middle", script.index(eos) + 2)
     plain = chat(client, "SCRIPT:middle", stop_token_ids=[script[index]]).json
     assert plain["choices"][0]["message"]["content"] == "Hello"  # the end token came first
     body = chat(client, "SCRIPT:middle", ignore_eos=True, stop_token_ids=[script[index]],
@@ -81,7 +70,7 @@ def test_ignore_eos_shows_end_tokens_but_keeps_the_stop_ids(client, harness,
 
 def test_completions_stop_at_the_id_streamed_and_not(client, harness, default_tokenizer):
     script = harness.book.scripts["story"]
-    index = first_new(script, 3)
+    index = harness.book.first_new("story", 3)
     fields = {"stop_token_ids": [script[index], script[index]]}  # a repeated id is fine
     body = complete(client, "Once upon a time SCRIPT:story", **fields).json
     choice = body["choices"][0]
