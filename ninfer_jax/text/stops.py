@@ -59,7 +59,10 @@ class StopMatcher:
 
     def _scan(self, buffer: str, final: bool) -> str:
         spans = self._marker_spans(buffer)
-        cuts = lambda pos: any(s < pos < e for s, e in spans)  # noqa: E731
+
+        def cuts(pos: int) -> bool:
+            return any(start < pos < end for start, end in spans)
+
         # Where a marker may still be completing: nothing from there on is decided yet.
         pending = len(buffer) if final else self._partial_start(buffer, self._markers, cuts)
         matches = [m for m in self._all_matches(buffer) if not (cuts(m[1]) or cuts(m[0]))]
