@@ -100,6 +100,7 @@ def _identity_problem(name: str, tools: Mapping[str, ToolSpec]) -> str | None:
 
 class _Format:
     opener = OPENER
+    closer = CLOSER
     call_prefix = ""  # what a forced call writes before the tool name
     name_terminator = ""  # what ends the name in that text
 
@@ -380,6 +381,7 @@ GEMMA_OPENER, GEMMA_CLOSER, GEMMA_CALL = "<|tool_call>", "<tool_call|>", "call:"
 
 class GemmaFormat(_Format):
     opener = GEMMA_OPENER
+    closer = GEMMA_CLOSER
     call_prefix = GEMMA_OPENER + GEMMA_CALL
     name_terminator = "{"
 
@@ -415,6 +417,7 @@ NEMOTRON_OPENER, NEMOTRON_CLOSER = "<TOOLCALL>", "</TOOLCALL>"
 
 class NemotronFormat(_Format):
     opener = NEMOTRON_OPENER
+    closer = NEMOTRON_CLOSER
     call_prefix = NEMOTRON_OPENER + '[{"name": "'
     name_terminator = '"'
 

@@ -45,3 +45,50 @@ def test_no_stops_passes_text_through_and_empty_stop_rejected():
     assert run(["a", "b"], []) == ("ab", None)
     with pytest.raises(ValueError):
         StopMatcher([""])
+
+
+THINK = ("<think>", "</think>")
+REPLY = "<think>\nI think, <then>.\n</think>\n\nAnswer <tea> and <thi"
+
+
+def run_marked(pieces, stops):
+    matcher = StopMatcher(stops, markers=THINK)
+    out = "".join(matcher.push(p) for p in pieces)
+    return out + matcher.flush(), matcher.match
+
+
+@pytest.mark.parametrize("stops", [["hin"], ["<t"], ["/th", "swer"], ["k>"], ["</think>"],
+                                   ["<th"], ["nk>\n\nA", "ea"]])
+def test_with_markers_every_split_gives_the_unsplit_result(stops):
+    expected = run_marked([REPLY], stops)
+    for cut in range(len(REPLY) + 1):
+        assert run_marked([REPLY[:cut], REPLY[cut:]], stops) == expected
+    assert run_marked(list(REPLY), stops) == expected
+
+
+def test_a_match_cutting_into_a_marker_is_no_match():
+    # "hin" inside "<think>" is skipped; the reasoning's "think" matches.
+    out, match = run_marked(list(REPLY), ["hin"])
+    assert out == "<think>\nI t" and (match.start, match.end) == (11, 14)
+    # Only inside markers (or across one's edge): no match at all.
+    assert run_marked(list(REPLY), ["/th", "k>\n"]) == (REPLY, None)
+
+
+def test_a_match_holding_a_whole_marker_stops():
+    out, match = run_marked(list(REPLY), ["</think>"])
+    assert out == "<think>\nI think, <then>.\n" and match.stop == "</think>"
+
+
+def test_a_match_waiting_on_a_partial_marker_keeps_its_own_offsets():
+    matcher = StopMatcher(["<t"], markers=THINK)
+    assert matcher.push("ab <t") == "ab "  # "<t" may still become "<think>"
+    assert matcher.match is None
+    assert matcher.push("hink>") == "<think>"
+    assert matcher.match is None  # it did: the match was inside the marker
+    assert matcher.push(" x <t") == " x "
+    assert matcher.push("ea") == "" and (matcher.match.start, matcher.match.end) == (13, 15)
+
+
+def test_a_partial_marker_at_the_end_is_text_and_its_match_stands():
+    out, match = run_marked(list("ab <thi"), ["<th"])
+    assert out == "ab " and (match.start, match.end) == (3, 6)

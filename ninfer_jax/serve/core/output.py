@@ -89,7 +89,11 @@ class OutputAssembler:
         self._pending: list[Delta] = []  # deltas of the events wait_admitted consumed
         self._plan = plan
         self._detok = detokenizer
-        self._stops = StopMatcher(plan.stop_strings)
+        self._stops = StopMatcher(plan.stop_strings, markers=_parsed_markers(plan))
+        # (tokens, characters, reasoning tokens) after each token whose text reached the
+        # matcher: a match accepted late (it waited on a partial marker) ended earlier.
+        self._token_ends: list[tuple[int, int, int]] = []
+        self._num_chars = 0
         self._parser = OutputParser(reasoning_markers=plan.reasoning_markers,
                                     starts_in_reasoning=plan.starts_in_reasoning,
                                     tool_format=plan.tool_format, max_calls=plan.max_calls)
@@ -242,19 +246,35 @@ class OutputAssembler:
             if self._stop_tokens is not None or token in self._plan.hidden_token_ids:
                 continue
             was_reasoning = self._parser.in_reasoning
-            deltas += self._parse(self._stops.push(self._detok.push([token])))
+            deltas += self._parse(self._push_text(self._detok.push([token])))
             if was_reasoning or self._parser.in_reasoning:
                 self._reasoning_tokens += 1
+            if self._plan.stop_strings:
+                self._token_ends.append((self._num_tokens, self._num_chars,
+                                         self._reasoning_tokens))
             if self._stops.match is not None:
-                self._stop_tokens = self._num_tokens
-                self.handle.stop_at(self._num_tokens)
+                self._stopped()
+                self.handle.stop_at(self._stop_tokens)
         return deltas
+
+    def _push_text(self, text: str) -> str:
+        self._num_chars += len(text)
+        return self._stops.push(text)
+
+    def _stopped(self) -> None:
+        """Usage counts the tokens through the one whose text completed the match."""
+        end = self._stops.match.end
+        self._stop_tokens, _, self._reasoning_tokens = next(
+            (entry for entry in self._token_ends if entry[1] >= end),
+            (self._num_tokens, self._num_chars, self._reasoning_tokens))
 
     def _finish(self) -> list[Delta]:
         deltas = []
         if self._stop_tokens is None:
-            deltas += self._parse(self._stops.push(self._detok.flush()))
+            deltas += self._parse(self._push_text(self._detok.flush()))
             deltas += self._parse(self._stops.flush())
+            if self._stops.match is not None:
+                self._stopped()
         for piece in self._parser.finish():
             deltas += self._record(piece.kind, piece.text)
         return deltas
@@ -315,6 +335,14 @@ class OutputAssembler:
             matched_stop=self._stops.match.stop
             if self._stops.match else None, tool_report=self._parser.report,
             output_ids=tuple(finished.output_ids[:completion]), counters=dict(finished.counters))
+
+
+def _parsed_markers(plan: OutputPlan) -> tuple[str, ...]:
+    """The markers the output parser consumes: atomic for stop strings (text/stops.py)."""
+    markers = tuple(plan.reasoning_markers or ())
+    if plan.tool_format is not None:
+        markers += (plan.tool_format.opener, plan.tool_format.closer)
+    return markers
 
 
 def _with_drafts(timings: dict, counters: dict) -> dict:
