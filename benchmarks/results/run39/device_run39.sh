@@ -13,6 +13,18 @@ for g in $1; do
         tests/model/test_penalty_engine.py tests/model/test_policy_engine.py \
         > "$OUT/pytest-lanesref.log" 2>&1
       stamp "lanesref rc=$?"; tail -n 3 "$OUT/pytest-lanesref.log" | tee -a "$OUT/stages.log";;
+    gemma31)  # run 38's "gemma" without the 32k gather rows
+      . benchmarks/device_common.sh; H="python3 benchmarks/hybrid_bench.py --json"
+      stamp window-gather; timeout 90 python3 benchmarks/window_attention_bench.py --batches 1,8,64 \
+        --contexts 1024,4096 > "$OUT/window-gather.jsonl" 2> "$OUT/window-gather.log"
+      stamp "window-gather rc=$?"; stamp gemma-main
+      timeout 200 $H --presets gemma4-31b --batches 1,8 > "$OUT/gemma-main.jsonl" 2> "$OUT/gemma-main.log"
+      stamp "gemma-main rc=$?";;
+    moe35prof)  # the 35B-A3B's decode steps under the profiler (why batch 1 is 5 ms for 6 GB)
+      . benchmarks/device_common.sh; stamp moe35prof
+      timeout 220 python3 benchmarks/hybrid_bench.py --json --presets qwen3.6-35b-a3b --batches 1,8 \
+        --no-gdn --profile /tmp/prof > "$OUT/moe35prof.jsonl" 2> "$OUT/moe35prof.log"
+      stamp "moe35prof rc=$?";;
     *) bash benchmarks/results/run38/device_run38.sh "$g";;
   esac
 done
