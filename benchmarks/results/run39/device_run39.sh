@@ -28,4 +28,4 @@ for g in $1; do
     *) bash benchmarks/results/run38/device_run38.sh "$g";;
   esac
 done
-tar czf "$FINAL/run39-${1// /-}.tgz" -C "$OUT" . && ls -la "$OUT"
+[ -n "$NO_TAR" ] || { tar czf "$FINAL/run39-${1// /-}.tgz" -C "$OUT" . && ls -la "$OUT"; }
