@@ -4,7 +4,7 @@
 # 38's hybrid group (27B and 35B-A3B) instead.
 mem=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 echo "gpu memory MiB: $mem"
-if [ "${mem:-0}" -ge 120000 ]; then groups=${BIG:-"gemma31 moe35prof lanesref"}; else groups=${SMALL:-"hybrid"}; fi
+if [ "${mem:-0}" -ge 120000 ]; then groups=${BIG:-"gemma31 moe35prof moe35fold lanesref"}; else groups=${SMALL:-"hybrid"}; fi
 echo "groups: $groups"
 NO_TAR=1 timeout 550 bash benchmarks/results/run39/device_run39.sh "$groups"
 cat /tmp/o/stages.log

@@ -25,6 +25,11 @@ for g in $1; do
       timeout 220 python3 benchmarks/hybrid_bench.py --json --presets qwen3.6-35b-a3b --batches 1,8 \
         --no-gdn --profile /tmp/prof > "$OUT/moe35prof.jsonl" 2> "$OUT/moe35prof.log"
       stamp "moe35prof rc=$?";;
+    moe35fold)  # the shared expert folded into the routed kernels (A/B against moe35prof)
+      . benchmarks/device_common.sh; stamp moe35fold
+      NINFER_FOLD_SHARED_EXPERT=1 timeout 150 python3 benchmarks/hybrid_bench.py --json \
+        --presets qwen3.6-35b-a3b --batches 1,8 --no-gdn > "$OUT/moe35fold.jsonl" 2> "$OUT/moe35fold.log"
+      stamp "moe35fold rc=$?";;
     *) bash benchmarks/results/run38/device_run38.sh "$g";;
   esac
 done
