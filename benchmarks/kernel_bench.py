@@ -1,7 +1,8 @@
 """Kernel microbenchmarks on the GPU: paged decode/prefill attention and quantized matmuls,
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
-    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [kv4] [prefill] [quant] [qsweep]
+    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [kv4]
+        [kvsweep] [prefill] [quant] [qsweep] [qquick]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -141,6 +142,18 @@ def kv4_section():
             bench_decode(batch, context, kv_dtype=kv_dtype, tag="kv4")
 
 
+def kv_sweep_section():
+    """Block/warps/stages of the decode kernel over 8-bit pages at 8 x 32k (issue 14: fp8 KV
+    >= 1.7x bf16 there; run 39 on an H100: 1.20x with bf16's defaults). The defaults were swept
+    for bf16 pages: 64 tokens a loop iteration move 16 KiB of bf16 keys but 8 KiB of 8-bit
+    ones, so an 8-bit block may want twice the tokens to keep as many bytes in flight."""
+    bench_decode(8, 32768, tag="kvsweep-bf16-default")
+    for kv_dtype in (jnp.float8_e4m3fn, jnp.int8):
+        for block, warps, stages in itertools.product((64, 128, 256), (2, 4), (1, 2)):
+            _sweep_one(8, 32768, kv_dtype=kv_dtype, tag="kvsweep", block_tokens=block,
+                       num_warps=warps, num_stages=stages)
+
+
 def rows_sweep_section():
     """Block/warps/stages for many short rows (64 and 256 rows x 384 tokens, a 1k table), where
     paged decode is a fifth (64 rows) to two fifths (256 rows) of the 8B step (run 21)."""
@@ -151,13 +164,14 @@ def rows_sweep_section():
                        num_stages=stages)
 
 
-def _sweep_one(batch, context, table_context=None, **knobs):
+def _sweep_one(batch, context, table_context=None, kv_dtype=None, tag="sweep", **knobs):
     tuning = decode_tuning(batch=batch, num_kv_heads=8, page_size=16,
                            table_width=(table_context or context) // 16, **knobs)
     try:
-        bench_decode(batch, context, tuning=tuning, table_context=table_context, tag="sweep")
+        bench_decode(batch, context, tuning=tuning, table_context=table_context,
+                     kv_dtype=kv_dtype, tag=tag)
     except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
-        rec.add(op="decode_attention", tag="sweep", tuning=str(tuning), error=repr(err)[:300])
+        rec.add(op="decode_attention", tag=tag, tuning=str(tuning), error=repr(err)[:300])
 
 
 def prefill_section():
@@ -265,6 +279,7 @@ def ceilings_section():
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
             "rows": rows_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
+            "kvsweep": kv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
             "qquick": quant_quick_section}
 
