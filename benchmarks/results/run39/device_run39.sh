@@ -32,6 +32,15 @@ for g in $1; do
       NINFER_FOLD_SHARED_EXPERT=1 timeout 150 python3 benchmarks/hybrid_bench.py --json \
         --presets qwen3.6-35b-a3b --batches 1,8 --no-gdn > "$OUT/moe35fold.jsonl" 2> "$OUT/moe35fold.log"
       stamp "moe35fold rc=$?";;
+    kvsweep)  # issue 14: the decode kernel's knobs over 8-bit pages at 8 x 32k
+      . benchmarks/device_common.sh; stamp kvsweep
+      timeout 240 python3 benchmarks/kernel_bench.py kvsweep > "$OUT/kvsweep.jsonl" 2> "$OUT/kvsweep.log"
+      stamp "kvsweep rc=$?";;
+    hybrid27)  # issue 11: the 27B at batch 1 / 8 / 64 (64 never measured; needs the H200)
+      . benchmarks/device_common.sh; stamp hybrid27
+      timeout 280 python3 benchmarks/hybrid_bench.py --json --presets qwen3.5-27b --batches 1,8,64 \
+        --no-gdn > "$OUT/hybrid27.jsonl" 2> "$OUT/hybrid27.log"
+      stamp "hybrid27 rc=$?";;
     *) bash benchmarks/results/run38/device_run38.sh "$g";;
   esac
 done
