@@ -2,7 +2,7 @@
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
     PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [kv4]
-        [kvsweep] [prefill] [quant] [qsweep] [qquick]
+        [kvsweep] [prefill] [quant] [qsweep] [qquick] [gemvsweep]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -10,6 +10,7 @@ Each checked config is also compared with the XLA reference on the same inputs (
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import sys
@@ -28,7 +29,9 @@ from ninfer_jax.kernels.paged_attention.tuning import decode_tuning
 from ninfer_jax.kernels.quant_matmul import kernel as qm_kernel
 from ninfer_jax.kernels.quant_matmul import reference as qm_reference
 from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
-from ninfer_jax.kernels.quant_matmul.tuning import matmul_tuning
+from ninfer_jax.kernels.quant_matmul import gemv as qm_gemv
+from ninfer_jax.kernels.quant_matmul.tuning import (GEMV_TARGET_PROGRAMS, MatmulTuning,
+                                                    matmul_tuning)
 
 rec = Recorder("kernel_bench")
 
@@ -263,6 +266,49 @@ def quant_sweep_section():
             _matmul_guarded(fmt, 1, 4096, 14336, tuning=tuning, tag="sweep")
 
 
+def gemv_sweep_section(k=4096, n=14336, copies=8, interpret=False):
+    """Issue 10's batch 1 (>= 240 tok/s in bf16 needs ~3.6 TB/s of weight streaming; XLA's
+    one-row dot gives 2.7-3.35) and issue 14's (the one-row kernel reads int8 codes at 1.78
+    TB/s): the one-row kernel (gemv.py) over plain bf16 tiles and over int8 codes, tiles x
+    warps x stages, against XLA's bf16 dot at 1 and 2 rows in the same run. If bf16 tiles
+    stream no faster than int8 codes, the loop, not the widening, sets the pace."""
+    keys = jax.random.split(jax.random.PRNGKey(11), copies)
+    x = jax.random.normal(jax.random.PRNGKey(12), (1, k), jnp.bfloat16)
+    plain = [random_leaf(key, k, n, "bf16") for key in keys]
+    for rows in (1, 2):
+        xr = jnp.tile(x, (rows, 1))
+        seconds = time_op(lambda xr, ws: [xr @ w for w in ws], xr, plain, iters=5)
+        rec.add(op="gemv", fmt="bf16", path="xla", rows=rows, k=k, n=n, tag="gemvsweep",
+                us=seconds / copies * 1e6, tbps=copies * k * n * 2 / seconds / 1e12)
+    leaves = {"bf16": [{"bf16": w, "scale": jnp.ones((n,), jnp.float32)} for w in plain],
+              "int8": [random_leaf(key, k, n, "int8") for key in keys]}
+    configs = [(64, 128, 4, 1)] if interpret else itertools.product(
+        (32, 64, 128), (128, 256, 512), (4, 8), (1, 3))
+    for block_k, block_n, warps, stages in configs:
+        for fmt, ws in leaves.items():
+            tuning = MatmulTuning(block_n=block_n, block_k=block_k, num_splits=0,
+                                  num_warps=warps, num_stages=stages, use_dot=False)
+            blocks = k // block_k
+            wanted = max(1, -(-GEMV_TARGET_PROGRAMS // (n // block_n)))
+            splits = max(d for d in range(1, min(wanted, blocks) + 1) if blocks % d == 0)
+            tuning = dataclasses.replace(tuning, num_splits=splits)
+            try:
+                def run(x, ws, fmt=fmt, tuning=tuning):
+                    return [qm_gemv.gemv(x[0], w, fmt, n=n, tuning=tuning, interpret=interpret)
+                            for w in ws]
+                out = jax.jit(run)(x, ws[:1])[0]
+                want = (x.astype(jnp.float32) @ (ws[0][fmt].astype(jnp.float32)
+                                                 * ws[0]["scale"][None, :]))[0]
+                seconds = time_op(run, x, ws, iters=5)
+                moved = sum(stored_bytes(w) if fmt != "bf16" else k * n * 2 for w in ws)
+                rec.add(op="gemv", fmt=fmt, path="pallas", rows=1, k=k, n=n, tag="gemvsweep",
+                        tuning=str(tuning), us=seconds / copies * 1e6,
+                        tbps=moved / seconds / 1e12, err=rel_err(out, want))
+            except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+                rec.add(op="gemv", fmt=fmt, path="pallas", tag="gemvsweep", tuning=str(tuning),
+                        error=repr(err)[:300])
+
+
 def _matmul_guarded(fmt, rows, k, n, **kw):
     try:
         bench_matmul(fmt, rows, k, n, **kw)
@@ -279,7 +325,7 @@ def ceilings_section():
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
             "rows": rows_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
-            "kvsweep": kv_sweep_section,
+            "kvsweep": kv_sweep_section, "gemvsweep": gemv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
             "qquick": quant_quick_section}
 

@@ -119,6 +119,22 @@ def test_kernel_in_interpret_mode_matches_reference(fmt, rows, k, n, tuning):
     assert relative_error(out, reference.matmul(x, w)) < 2e-3
 
 
+@cpu_only
+def test_the_one_row_kernel_streams_plain_bf16_tiles_in_interpret_mode():
+    """kernel_bench's gemvsweep times the one-row loop over bf16 tiles against int8 codes;
+    the bf16 tiles must give the plain product (scale one) for that comparison to mean
+    anything."""
+    from ninfer_jax.kernels.quant_matmul import gemv
+    k, n = 192, 96
+    w = jnp.asarray(gaussian(k, n, seed=4) * 0.05).astype(jnp.bfloat16)
+    x = jnp.asarray(gaussian(1, k, seed=5)).astype(jnp.bfloat16)
+    tuning = MatmulTuning(block_n=32, block_k=32, num_splits=3, use_dot=False)
+    out = jax.jit(functools.partial(gemv.gemv, fmt="bf16", n=n, tuning=tuning, interpret=True))(
+        x[0], {"bf16": w, "scale": jnp.ones((n,), jnp.float32)})
+    want = x.astype(jnp.float32)[0] @ w.astype(jnp.float32)
+    assert out.shape == (n,) and relative_error(out, want) < 1e-5
+
+
 def test_tuning_tiles_divide_the_weight_and_hold_whole_groups():
     for fmt, k, n in [("int4", 4096, 14336), ("nvfp4", 14336, 4096), ("int8", 576, 1536)]:
         for rows in (1, 8, 64):

@@ -36,6 +36,10 @@ for g in $1; do
       . benchmarks/device_common.sh; stamp kvsweep
       timeout 240 python3 benchmarks/kernel_bench.py kvsweep > "$OUT/kvsweep.jsonl" 2> "$OUT/kvsweep.log"
       stamp "kvsweep rc=$?";;
+    gemvsweep)  # issues 10 and 14: can a Pallas one-row loop stream bf16 faster than XLA's dot?
+      . benchmarks/device_common.sh; stamp gemvsweep
+      timeout 240 python3 benchmarks/kernel_bench.py gemvsweep > "$OUT/gemvsweep.jsonl" 2> "$OUT/gemvsweep.log"
+      stamp "gemvsweep rc=$?";;
     hybrid27)  # issue 11: the 27B at batch 1 / 8 / 64 (64 never measured; needs the H200)
       . benchmarks/device_common.sh; stamp hybrid27
       timeout 280 python3 benchmarks/hybrid_bench.py --json --presets qwen3.5-27b --batches 1,8,64 \

@@ -48,14 +48,21 @@ def _nibble_values(fmt: str, nibbles):
 
 
 def _byte_values(fmt: str, raw):
-    """int8 / fp8 tile -> float32 values (per-channel scale not applied)."""
+    """int8 / fp8 / bf16 tile -> float32 values (per-channel scale not applied)."""
     if fmt == "int8":  # 2**23 + 128 + q, exact in float32
         return _f32(raw.astype(jnp.int32) + (F32_2_POW_23 + 128)) - float(2 ** 23 + 128)
     return raw.astype(jnp.float32)
 
 
+# "bf16" is not a weight format: the model's float weights go to XLA. The one-row kernel
+# takes plain bf16 tiles (w = {"bf16": weight, "scale": ones}) so that kernel_bench's
+# gemvsweep can tell the loop's own bandwidth apart from the cost of widening codes: if bf16
+# tiles stream no faster than int8 codes, the loop, not the conversion, is the limit.
+BYTE_FORMATS = ("int8", "fp8", "bf16")
+
+
 def _byte_kernel(x_ref, w_ref, scale_ref, o_ref, *, fmt: str, block_k: int, num_blocks: int):
-    """int8 / fp8: x_ref [split_k], w_ref [split_k, bn], scale_ref [bn], o_ref [bn]."""
+    """int8 / fp8 / bf16: x_ref [split_k], w_ref [split_k, bn], scale_ref [bn], o_ref [bn]."""
     def body(i, acc):
         k0 = pl.multiple_of(i * block_k, block_k)
         x = x_ref[pl.ds(k0, block_k)].astype(jnp.float32)
@@ -101,7 +108,7 @@ def gemv(x_row, w, fmt: str, *, n: int, tuning: MatmulTuning, interpret: bool = 
     Kp = x_row.shape[0]
     split_k = Kp // NS
     codes = w[fmt]
-    if fmt in ("int8", "fp8"):
+    if fmt in BYTE_FORMATS:
         kernel = functools.partial(_byte_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk)
         operands = (x_row, codes, w["scale"].astype(jnp.float32))
         in_specs = [pl.BlockSpec((split_k,), lambda j, s: (s,)),
