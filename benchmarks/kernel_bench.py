@@ -2,7 +2,8 @@
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
     PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [kv4]
-        [kvsweep] [prefill] [quant] [qsweep] [qquick] [gemvsweep]
+        [kvsweep] [prefill] [quant] [qsweep] [qquick] [gemvsweep] [w8a8] [w8a8-qkv] [w8a8-o]
+        [w8a8-gate_up] [w8a8-down]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import re
 import sys
 
 import jax
@@ -28,6 +30,7 @@ from ninfer_jax.kernels.paged_attention import reference as attn_reference
 from ninfer_jax.kernels.paged_attention.tuning import decode_tuning
 from ninfer_jax.kernels.quant_matmul import kernel as qm_kernel
 from ninfer_jax.kernels.quant_matmul import reference as qm_reference
+from ninfer_jax.kernels.quant_matmul import w8a8 as qm_w8a8
 from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
 from ninfer_jax.kernels.quant_matmul import gemv as qm_gemv
 from ninfer_jax.kernels.quant_matmul.tuning import (GEMV_TARGET_PROGRAMS, MatmulTuning,
@@ -317,6 +320,115 @@ def _matmul_guarded(fmt, rows, k, n, **kw):
                 tuning=str(kw.get("tuning")), error=repr(err)[:300])
 
 
+# ------------------------------------------------------------------------------------ W8A8
+
+# The 8B model's projections (K -> N): q|k|v fused, o, gate|up fused, down.
+W8A8_SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
+               "down": (14336, 4096)}
+W8A8_ROWS = (1, 2, 8, 64, 512, 4096)
+HLO_DTYPE = {"fp8": "f8e4m3fn", "int8": "s8"}
+
+
+def quantize_on_device(w, fmt):
+    """A bf16 [K, N] weight as the int8 / fp8 per-channel leaf (formats.py's quantizer in jnp,
+    so the 8B-sized weights never visit the host)."""
+    top = qm_reference.ACTIVATION_MAX[fmt]
+    w = w.astype(jnp.float32)
+    scale = jnp.maximum(jnp.abs(w).max(axis=0), 1e-12) / top
+    scaled = jnp.clip(w / scale, -top, top)
+    codes = (jnp.round(scaled) if fmt == "int8" else scaled).astype(
+        qm_reference.ACTIVATION_DTYPE[fmt])
+    return {fmt: codes, "scale": scale}
+
+
+def hlo_summary(compiled, w, fmt) -> dict:
+    """What XLA compiled one product into: its custom-call targets, whether a Triton GEMM
+    fusion is among them, and whether the weight's codes were copied into the other layout
+    (an [N, K] array from a [K, N] leaf, or a [K, N] one stored column-major, or the reverse)."""
+    text = compiled.as_text() or ""
+    targets = sorted(set(re.findall(r'custom_call_target="([^"]+)"', text)))
+    dt = HLO_DTYPE[fmt]
+    stored = tuple(next(a for a in w.values() if a.ndim == 2).shape)
+    other = (stored[1], stored[0])
+    relayout = (f"{dt}[{other[0]},{other[1]}]" in text
+                or f"{dt}[{stored[0]},{stored[1]}]{{0,1}}" in text)
+    return dict(custom_calls=targets, triton_gemm="triton_gemm" in text or "__triton" in text,
+                weight_relayout=relayout)
+
+
+def w8a8_variants(rows, fmts=("fp8", "int8")):
+    """(name, fmt, layout, fn(x, w)) for one row count: the Pallas weight-only kernel (few
+    rows), W8A8 on [N, K] and [K, N] leaves, and the bare 8-bit GEMM on [N, K] (x already
+    quantized, no epilogue) that says how much the quantization and scaling fusions cost."""
+    out = []
+    for fmt in fmts:
+        if rows <= 64:
+            interpret = jax.default_backend() != "gpu"
+            out.append(("pallas_weight_only", fmt, "kn",
+                        functools.partial(qm_kernel.matmul, interpret=interpret)))
+        out.append(("w8a8", fmt, "nk", qm_w8a8.matmul))
+        out.append(("w8a8", fmt, "kn", qm_w8a8.matmul))
+        out.append(("gemm_only", fmt, "nk", functools.partial(_gemm_only, fmt=fmt)))
+    return out
+
+
+def _gemm_only(x_codes, w, *, fmt):
+    codes = w[f"{fmt}_nk"]
+    return jax.lax.dot_general(x_codes, codes, (((1,), (1,)), ((), ())),
+                               preferred_element_type=qm_w8a8.ACCUMULATOR[fmt])
+
+
+def bench_w8a8_shape(rows, k, n, *, copies=None, fmts=("fp8", "int8"), tag=""):
+    """bf16 XLA dot and every w8a8_variant on x [rows, k] @ `copies` distinct [k, n] weights
+    (several while the product is memory-bound, so they outgrow L2); one row each."""
+    copies = copies or (8 if rows <= 64 else 2)
+    keys = jax.random.split(jax.random.PRNGKey(rows + k + n), copies)
+    dense = [jax.random.normal(key, (k, n), jnp.bfloat16) * 0.02 for key in keys]
+    x = jax.random.normal(jax.random.PRNGKey(9), (rows, k), jnp.bfloat16)
+    exact = jnp.matmul(x.astype(jnp.float32), dense[0].astype(jnp.float32),
+                       precision=jax.lax.Precision.HIGHEST)
+    flops = 2 * rows * k * n
+    base = dict(op="w8a8_matmul", rows=rows, k=k, n=n, copies=copies, tag=tag)
+
+    def record(name, fmt, layout, fn, weights, arg=x):
+        def all_copies(x, ws):
+            return [fn(x, w) for w in ws]
+        try:
+            compiled = jax.jit(fn).lower(arg, weights[0]).compile()
+            out = compiled(arg, weights[0])
+            if out is None:
+                raise ValueError("no tiling for this shape")
+            err = rel_err(out, exact) if name != "gemm_only" else None
+            seconds = time_op(all_copies, arg, weights, iters=5) / copies
+            moved = stored_bytes(weights[0])
+            row = dict(base, variant=name, fmt=fmt, layout=layout, us=seconds * 1e6,
+                       weight_tbps=moved / seconds / 1e12, tflops=flops / seconds / 1e12,
+                       err=err)
+            if fmt != "bf16":
+                row.update(hlo_summary(compiled, weights[0], fmt))
+            rec.add(**row)
+        except Exception as error:  # noqa: BLE001 - a config that fails is a result
+            rec.add(**base, variant=name, fmt=fmt, layout=layout, error=repr(error)[:300])
+
+    record("xla_bf16", "bf16", "kn", jnp.matmul, dense)
+    for fmt in fmts:
+        kn = [quantize_on_device(w, fmt) for w in dense]
+        nk = [qm_w8a8.transposed(w) for w in kn]
+        x_codes = qm_reference.quantize_rows(x, fmt)[0]
+        for name, vfmt, layout, fn in w8a8_variants(rows, (fmt,)):
+            arg = x_codes if name == "gemm_only" else x
+            record(name, vfmt, layout, fn, nk if layout == "nk" else kn, arg)
+        del kn, nk
+
+
+def w8a8_section(shapes=None, rows=W8A8_ROWS, **kw):
+    """Issue 14: W8A8 (activations quantized per token, one 8-bit GEMM) against bf16 and the
+    weight-only kernel on the 8B shapes, both weight layouts, at decode and prefill sizes."""
+    for K, N in (shapes or W8A8_SHAPES.values()):
+        for M in rows:
+            bench_w8a8_shape(M, K, N, **kw)
+
+
 def ceilings_section():
     rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
             bf16_matmul_tflops=matmul_rate() / 1e12, gemv_tbps=gemv_bandwidth() / 1e12,
@@ -327,7 +439,10 @@ SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": swe
             "rows": rows_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
             "kvsweep": kv_sweep_section, "gemvsweep": gemv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
-            "qquick": quant_quick_section}
+            "qquick": quant_quick_section, "w8a8": w8a8_section,
+            # one 8B projection each (a device command has 10 minutes)
+            **{f"w8a8-{name}": functools.partial(w8a8_section, shapes=[shape])
+               for name, shape in W8A8_SHAPES.items()}}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(SECTIONS):

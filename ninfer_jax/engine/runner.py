@@ -54,7 +54,8 @@ from ninfer_jax.engine.runner_api import (
     CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, StepPlan, StepResult,
 )
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
-from ninfer_jax.kernels import paged_attention
+from ninfer_jax.kernels import paged_attention, quant_matmul
+from ninfer_jax.kernels.quant_matmul import w8a8 as quant_w8a8
 from ninfer_jax.kernels.dispatch import use_kernels
 from ninfer_jax.model import fused_projections, packed_inputs, sampling, steps, token_automaton
 from ninfer_jax.model.dflash_config import DENSE_TARGETS as DENSE_DFLASH_TARGETS
@@ -912,7 +913,9 @@ class JaxRunner:
 def place_params(params, config, dtype, mesh=None, *, fuse: bool = True,
                  expert_parallel: bool = False):
     """The params on the device(s) in the compute dtype, q|k|v and gate|up fused (`fuse`).
-    One device: fused on the host, one device_put (steps.cast_params). A mesh: split as
+    One device: fused on the host, one device_put (steps.cast_params), then int8 / fp8 codes
+    transposed on the device when W8A8 runs at every row count (kernels/quant_matmul/w8a8.py;
+    tensor parallelism splits the stored [K, N] leaves and keeps them). A mesh: split as
     model/tensor_parallel.py says (`expert_parallel`: the routed experts by expert index); a
     host (numpy) tree is fused and cast on the host and each device receives only its
     shards; a tree already on the mesh (restored into its shards by the artifact loader) is
@@ -921,7 +924,10 @@ def place_params(params, config, dtype, mesh=None, *, fuse: bool = True,
     if mesh is None:
         if fuse:
             params = fused_projections.fuse_projections(params, config)
-        return steps.cast_params(params, dtype)
+        params = steps.cast_params(params, dtype)
+        if quant_matmul.w8a8_transposes_at_load():  # int8 / fp8 codes as [N, K] for W8A8
+            params = quant_w8a8.transpose_leaves(params)
+        return params
     tp.check_plain(params)
     size = tp.num_groups(mesh)
     if config.num_experts:

@@ -16,7 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.kernels.quant_matmul.formats import BLOCK_FORMATS, QUANTIZED_FORMATS
+from ninfer_jax.kernels.quant_matmul.formats import (BLOCK_FORMATS, QUANTIZED_FORMATS,
+                                                      TRANSPOSED_FORMATS)
 from ninfer_jax.model import (dflash, gemma, glm, hybrid, llama, mtp, nemotron_h,
                               ragged_batch, sampling, spec_verify, tensor_parallel,
                               token_automaton)
@@ -242,4 +243,4 @@ def _map_plain_weights(fn, tree):
 
 
 def _is_quantized(node: dict) -> bool:
-    return any(name in node for name in QUANTIZED_FORMATS)
+    return any(name in node for name in (*QUANTIZED_FORMATS, *TRANSPOSED_FORMATS))

@@ -9,21 +9,27 @@ at most CPU_KERNEL_MAX_ROWS rows; larger chunks (prefill) dequantize and run XLA
 which is faster there for the row layout. The load's interleaved layout (q4_1x16 etc., made
 where the kernel has its SIMD path) goes to the kernel at any row count: 3-5x the
 dequantized product from 64 rows on (docs/benchmarks.md). The GPU never calls the CPU kernel.
+W8A8 (w8a8.py: activations quantized per row, one 8-bit x 8-bit GEMM) takes int8 / fp8
+per-channel weights when W8A8_MIN_ROWS (or NINFER_W8A8) is on and x has at least that many
+rows, on every backend (XLA CPU upcasts the same expression); NINFER_FORCE_REFERENCE then runs
+its reference twin. Leaves transposed for it at load (int8_nk / fp8_nk) always take it.
 The model calls this from model/layers.py::linear; quantize() is for converters (host, numpy).
 """
 from __future__ import annotations
 
+import os
 
 import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels.dispatch import forced_reference, use_kernels
-from ninfer_jax.kernels.quant_matmul import reference
+from ninfer_jax.kernels.quant_matmul import reference, w8a8
 from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
     BLOCK_FORMATS,
     FORMATS,
     INTERLEAVED_FORMATS,
     QUANTIZED_FORMATS,
+    TRANSPOSED_FORMATS,
     describe,
     format_of,
     quantize,
@@ -32,6 +38,12 @@ from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
 
 DECODE_MAX_ROWS = 64
 CPU_KERNEL_MAX_ROWS = 32  # above it dequantize + XLA matmul wins (docs/benchmarks.md)
+# W8A8 for int8 / fp8 per-channel weights: 0 off; r >= 1 for x of at least r rows. 1 (every
+# row count) also transposes those leaves to [N, K] at load (w8a8.py says why); a threshold
+# above DECODE_MAX_ROWS (65) keeps them as stored for the decode kernels. Off until a GPU run
+# has timed it (benchmarks/kernel_bench.py w8a8).
+W8A8_MIN_ROWS = 0
+W8A8_ENV = "NINFER_W8A8"  # a row count (0 off, 1 every row) overriding it at load and trace
 
 
 def matmul(x, w, *, out_dtype=None):
@@ -41,6 +53,10 @@ def matmul(x, w, *, out_dtype=None):
             w = w[:x.shape[-1]]  # an expanded quantized leaf keeps its zero group-padding rows
         return jnp.matmul(x, w, preferred_element_type=out_dtype)
     rows = x.size // x.shape[-1]
+    if format_of(w) in TRANSPOSED_FORMATS or (w8a8.base_format(w) and _w8a8_applies(rows)):
+        if forced_reference():
+            return reference.w8a8_matmul(x, w, out_dtype=out_dtype)
+        return w8a8.matmul(x, w, out_dtype=out_dtype)
     if format_of(w) in INTERLEAVED_FORMATS:  # made at load only where the kernel runs
         if not use_kernels() and _cpu_kernel_ready(x, w):
             from ninfer_jax.kernels.quant_matmul import cpu
@@ -57,6 +73,26 @@ def matmul(x, w, *, out_dtype=None):
         if out is not None:
             return out
     return reference.matmul(x, w, out_dtype=out_dtype)
+
+
+def w8a8_min_rows() -> int:
+    """W8A8_MIN_ROWS, or NINFER_W8A8 where set (read when tracing and at load)."""
+    override = os.environ.get(W8A8_ENV, "")
+    if not override:
+        return W8A8_MIN_ROWS
+    if not override.isdigit():
+        raise ValueError(f"{W8A8_ENV}={override!r}: expected a row count (0 off, 1 every row)")
+    return int(override)
+
+
+def w8a8_transposes_at_load() -> bool:
+    """Whether the load should store int8 / fp8 leaves as [N, K] (W8A8 at every row count)."""
+    return w8a8_min_rows() == 1
+
+
+def _w8a8_applies(rows: int) -> bool:
+    min_rows = w8a8_min_rows()
+    return min_rows > 0 and rows >= min_rows
 
 
 def _cpu_kernel_ready(x, w) -> bool:

@@ -34,6 +34,13 @@ On the CPU the load regroups a block leaf for the C++ kernel (never stored in an
 the same bytes, per group of 16 output columns and per block one record: the 16 columns' d,
 (q4_1) their 16 m, then the codes in 4-byte groups, group j holding bytes 4j..4j+3 of qs (or
 q) of each column in turn (`interleave_order`; ggml_matmul.cc says why).
+
+With W8A8 on for every row count (kernels/quant_matmul/__init__.py, W8A8_MIN_ROWS) the load
+transposes the per-channel leaves for the 8-bit GEMM, which wants both operands contiguous
+along K (never stored in an artifact either):
+
+    int8_nk  {"int8_nk": int8 [N, K],          "scale": f32 [N]}            w = q.T * scale[n]
+    fp8_nk   {"fp8_nk":  float8_e4m3fn [N, K], "scale": f32 [N]}
 """
 from __future__ import annotations
 
@@ -56,6 +63,10 @@ _E2M1_MIDPOINTS = (E2M1_VALUES[1:] + E2M1_VALUES[:-1]) / 2
 _TINY = 1e-12  # floor for scales of all-zero columns or groups
 INTERLEAVE = 16  # output columns per group of the CPU kernel's load-time layout
 INTERLEAVED_FORMATS = {f"{fmt}x{INTERLEAVE}": fmt for fmt in BLOCK_FORMATS}
+PER_CHANNEL_FORMATS = ("int8", "fp8")
+TRANSPOSED_FORMATS = {f"{fmt}_nk": fmt for fmt in PER_CHANNEL_FORMATS}
+# every key that names a leaf's format: stored formats and the load-only layouts
+LEAF_FORMATS = QUANTIZED_FORMATS + tuple(INTERLEAVED_FORMATS) + tuple(TRANSPOSED_FORMATS)
 
 
 def format_of(leaf) -> str:
@@ -63,8 +74,7 @@ def format_of(leaf) -> str:
     if not isinstance(leaf, dict):
         return "bf16"
     names = [k for k in leaf if k not in ("scale", "global_scale")]
-    if len(names) != 1 or (names[0] not in QUANTIZED_FORMATS and
-                           names[0] not in INTERLEAVED_FORMATS):
+    if len(names) != 1 or names[0] not in LEAF_FORMATS:
         raise ValueError(f"not a quantized weight leaf: keys {sorted(leaf)}")
     return names[0]
 
@@ -77,6 +87,8 @@ def logical_shape(leaf) -> tuple[int, int]:
     codes = leaf[fmt]
     if fmt in BLOCK_FORMATS:
         return codes.shape[1] // BLOCK_BYTES[fmt] * BLOCK_SIZE, codes.shape[0]
+    if fmt in TRANSPOSED_FORMATS:
+        return codes.shape[1], codes.shape[0]
     if fmt in INTERLEAVED_FORMATS:
         record = INTERLEAVE * BLOCK_BYTES[INTERLEAVED_FORMATS[fmt]]
         return codes.shape[1] // record * BLOCK_SIZE, codes.shape[0] * INTERLEAVE
@@ -235,6 +247,9 @@ def dequantize_numpy(leaf) -> np.ndarray:
         return np.asarray(leaf, np.float32)
     if fmt in ("int8", "fp8"):
         return leaf[fmt].astype(np.float32) * leaf["scale"].astype(np.float32)[None, :]
+    if fmt in TRANSPOSED_FORMATS:
+        return dequantize_numpy({TRANSPOSED_FORMATS[fmt]: np.asarray(leaf[fmt]).T,
+                                 "scale": leaf["scale"]})
     if fmt in INTERLEAVED_FORMATS:
         base = INTERLEAVED_FORMATS[fmt]
         raw = np.asarray(leaf[fmt])

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from ninfer_jax.kernels.quant_matmul.formats import (BLOCK_BYTES, BLOCK_FORMATS, BLOCK_SIZE,
                                                       INT4_GROUP, INT4_OFFSET, INTERLEAVE,
                                                       INTERLEAVED_FORMATS, NVFP4_GROUP,
-                                                      deinterleave_order, format_of)
+                                                      TRANSPOSED_FORMATS, deinterleave_order,
+                                                      format_of)
 
 
 def unpack_nibbles(packed):
@@ -39,6 +40,8 @@ def dequantize(leaf, dtype=jnp.float32):
         return leaf.astype(dtype)
     if fmt in ("int8", "fp8"):
         return (leaf[fmt].astype(jnp.float32) * leaf["scale"][None, :]).astype(dtype)
+    if fmt in TRANSPOSED_FORMATS:
+        return dequantize({TRANSPOSED_FORMATS[fmt]: leaf[fmt].T, "scale": leaf["scale"]}, dtype)
     if fmt in BLOCK_FORMATS:
         return dequantize_blocks(leaf[fmt], fmt, dtype).T
     if fmt in INTERLEAVED_FORMATS:
@@ -141,3 +144,40 @@ def block_matmul(x, raw, fmt):
         y = y + jnp.einsum("mb,nb->mn", s, _f16_at(blocks, 2),
                            precision=jax.lax.Precision.HIGHEST)
     return y
+
+
+# W8A8: the largest code of an activation row and the 8-bit type it is stored in
+ACTIVATION_MAX = {"int8": 127.0, "fp8": 448.0}
+ACTIVATION_DTYPE = {"int8": jnp.int8, "fp8": jnp.float8_e4m3fn}
+
+
+def quantize_rows(x, fmt):
+    """x [M, K] -> (8-bit codes [M, K], f32 scale [M]) with x ~ codes * scale[:, None], one
+    dynamic scale per row (token): scale = max|x| / 127 (int8, codes rounded half to even) or
+    max|x| / 448 (fp8 e4m3, the conversion rounds to nearest even). An all-zero row gets
+    scale 0 and zero codes. Codes are clipped to the range: x * (448 / max|x|) may round past
+    448, which e4m3fn (no infinities) would turn into NaN."""
+    x = x.astype(jnp.float32)
+    top = ACTIVATION_MAX[fmt]
+    amax = jnp.max(jnp.abs(x), axis=-1)
+    inverse = jnp.where(amax > 0, top / jnp.where(amax > 0, amax, 1.0), 0.0)
+    scaled = jnp.clip(x * inverse[:, None], -top, top)
+    if fmt == "int8":
+        scaled = jnp.round(scaled)  # half to even
+    return scaled.astype(ACTIVATION_DTYPE[fmt]), amax / top
+
+
+def w8a8_matmul(x, w, *, out_dtype=None):
+    """The W8A8 product (w8a8.py) written with explicit f32 dequantization: x [..., K] @ an
+    int8 / fp8 per-channel leaf ([K, N] or the load's [N, K]) -> [..., N] in out_dtype or x's.
+    x is quantized per row exactly as w8a8.matmul does; both operands' codes are widened to
+    f32 (exact) and multiplied at full f32 precision; the scales are applied after the sum."""
+    fmt = format_of(w)
+    base = TRANSPOSED_FORMATS.get(fmt, fmt)
+    lead, K = x.shape[:-1], x.shape[-1]
+    codes, x_scale = quantize_rows(x.reshape(-1, K), base)
+    weights = w[fmt].astype(jnp.float32)
+    weights = weights.T if fmt in TRANSPOSED_FORMATS else weights  # [K, N]
+    sums = jnp.matmul(codes.astype(jnp.float32), weights, precision=jax.lax.Precision.HIGHEST)
+    out = sums * x_scale[:, None] * w["scale"].astype(jnp.float32)[None, :]
+    return out.astype(out_dtype or x.dtype).reshape(*lead, weights.shape[1])
