@@ -325,7 +325,7 @@ def _matmul_guarded(fmt, rows, k, n, **kw):
 # The 8B model's projections (K -> N): q|k|v fused, o, gate|up fused, down.
 W8A8_SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
                "down": (14336, 4096)}
-W8A8_ROWS = (1, 2, 8, 64, 512, 4096)
+W8A8_ROWS = (1, 4096, 64, 8, 2, 512)  # issue 14's targets (batch 1, 4k prefill) first
 HLO_DTYPE = {"fp8": "f8e4m3fn", "int8": "s8"}
 
 
