@@ -8,7 +8,9 @@ jits `model.llama.decode` / `prefill` (+ argmax) with the KV caches donated, as 
 and times steps after a warm-up. Each figure is printed with the bytes the step must move
 (every weight byte once, every valid KV entry once) and the implied bandwidth, next to the copy
 bandwidth and bf16 matmul rate measured in the same process. --reference forces the pure-jnp
-attention and matmul references (NINFER_FORCE_REFERENCE) for comparison.
+attention and matmul references (NINFER_FORCE_REFERENCE) for comparison. NINFER_W8A8 (a row
+count, kernels/quant_matmul) runs int8 / fp8 projections as W8A8; at 1 their codes are stored
+[N, K] first, as the runner's load does.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import numpy as np
 
 from benchlib import Recorder, copy_bandwidth, environment, gemv_bandwidth, matmul_rate
 from kernel_bench import random_leaf
-from ninfer_jax.kernels import paged_attention
+from ninfer_jax.kernels import paged_attention, quant_matmul
+from ninfer_jax.kernels.quant_matmul import w8a8
 from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
 from ninfer_jax.model import llama
 from ninfer_jax.model.config import ModelConfig
@@ -155,12 +158,14 @@ def main():
         os.environ["NINFER_FORCE_REFERENCE"] = "1"
     config = ModelConfig(**SHAPES[args.model])
     base = dict(model=args.model, weights=args.weights, attention="reference" if args.reference
-                else "kernels")
+                else "kernels", w8a8_min_rows=quant_matmul.w8a8_min_rows())
     if not args.no_ceilings:
         rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
                 bf16_matmul_tflops=matmul_rate() / 1e12, gemv_tbps=gemv_bandwidth() / 1e12,
                 **environment())
     params = random_params(config, args.weights)
+    if quant_matmul.w8a8_transposes_at_load():  # as runner.place_params does (NINFER_W8A8=1)
+        params = w8a8.transpose_leaves(params)
     rec.add(**base, op="params", weight_bytes=weight_bytes(params))
     for batch, context in parse_pairs(args.decode):
         bench_decode(config, params, batch, context, base)

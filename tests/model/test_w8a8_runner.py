@@ -68,7 +68,10 @@ def greedy_logits(runner, prompt, forced=None):
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "int8"])
-def test_w8a8_logits_stay_close_to_weight_only(tiny, fmt, monkeypatch):
+@pytest.mark.parametrize("switch", ["1", "2"])
+def test_w8a8_logits_stay_close_to_weight_only(tiny, fmt, switch, monkeypatch):
+    """NINFER_W8A8=1: every product, the codes [N, K]; =2: products of 2+ rows (the prefill
+    chunk) on the stored [K, N] codes, the one-row decode steps weight-only."""
     prompt = np.random.default_rng(14).integers(0, 96, 19).tolist()
     monkeypatch.delenv(quant_matmul.W8A8_ENV, raising=False)
     off = make_runner(tiny, fmt)
@@ -76,12 +79,14 @@ def test_w8a8_logits_stay_close_to_weight_only(tiny, fmt, monkeypatch):
     off_logits, tokens = greedy_logits(off, prompt)
     dense_logits, _ = greedy_logits(make_runner(tiny), prompt, forced=tokens)
 
-    monkeypatch.setenv(quant_matmul.W8A8_ENV, "1")
+    monkeypatch.setenv(quant_matmul.W8A8_ENV, switch)
     on = make_runner(tiny, fmt)
-    layer = on.params["layers"][0]
-    assert set(layer["wqkv"]) == {f"{fmt}_nk", "scale"}  # transposed at load
+    wqkv = on.params["layers"][0]["wqkv"]
     K, N = off.params["layers"][0]["wqkv"][fmt].shape
-    assert layer["wqkv"][f"{fmt}_nk"].shape == (N, K)
+    if switch == "1":
+        assert set(wqkv) == {f"{fmt}_nk", "scale"} and wqkv[f"{fmt}_nk"].shape == (N, K)
+    else:
+        assert set(wqkv) == {fmt, "scale"} and wqkv[fmt].shape == (K, N)
     on_logits, _ = greedy_logits(on, prompt, forced=tokens)
     for step, (on_step, off_step, dense) in enumerate(zip(on_logits, off_logits, dense_logits)):
         error = np.linalg.norm(on_step - off_step) / np.linalg.norm(off_step)
