@@ -25,6 +25,7 @@ def test_w8a8_section_records_every_variant(records):
             assert {(rows, "w8a8", fmt, "nk"), (rows, "w8a8", fmt, "kn"),
                     (rows, "gemm_only", fmt, "nk")} <= names
             assert ((rows, "pallas_weight_only", fmt, "kn") in names) == (rows <= 64)
+        assert (rows, "w8a8_bf16_sums", "fp8", "nk") in names
     for row in records:
         assert row["us"] > 0 and row["weight_tbps"] > 0
         # 8-bit rounding of weights and activations: e4m3 keeps 3 mantissa bits (each value

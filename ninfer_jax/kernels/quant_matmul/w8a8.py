@@ -10,14 +10,18 @@ reference.w8a8_matmul is the twin with f32 dequantization of both operands.
 
 Weight layout: cuBLASLt's fp8 (and cuBLAS's int8) GEMMs take both operands contiguous along K,
 i.e. the weight as [N, K]. An entry parameter's layout is fixed (row major), so XLA cannot
-choose it for a stored [K, N] leaf: it would copy the weight into [N, K] inside every step
-(a transpose per call, twice the weight's bytes, which is all a decode step has to spend). So
-when W8A8 runs at every row count the load stores the codes transposed once (the int8_nk /
-fp8_nk leaves of formats.py, made by `transpose_leaves` from runner.place_params, never in an
-artifact). Above a row threshold the small-row kernels (kernel.py, gemv.py) still read
-[K, N], so the leaves stay as stored and this path contracts the weight's first axis: at
-prefill sizes a copy of the weight is small next to the GEMM (benchmarks/kernel_bench.py
-`w8a8` times both layouts at every M). Shape letters: M rows, K in, N out.
+choose it for a stored [K, N] leaf: it would copy the weight into [N, K] inside every step (a
+transpose per call, twice the weight's bytes, which is all a decode step has to spend; letting
+XLA choose the parameter layouts, Layout.AUTO, would bind the placed weights to one
+executable's choice while many step shapes share them). So when W8A8 runs at every row count
+the load stores the codes transposed once (the int8_nk / fp8_nk leaves of formats.py, made by
+`transpose_leaves` from runner.place_params, never in an artifact). Above a row threshold the
+small-row kernels (kernel.py, gemv.py) still read [K, N], so the leaves stay as stored and
+this path contracts the weight's first axis; should XLA copy the weight, that costs (an
+estimate: twice the codes' bytes at HBM rate against 2MKN at the fp8 tensor-core rate) ~7% of
+the GEMM at 4096 rows but ~half at 512. benchmarks/kernel_bench.py `w8a8` times both layouts
+at every M and records whether the compiled product copies the weight.
+Shape letters: M rows, K in, N out.
 """
 from __future__ import annotations
 
