@@ -15,7 +15,7 @@ import pytest
 from ninfer_jax.kernels import quant_matmul
 from ninfer_jax.kernels.dispatch import FORCE_REFERENCE_ENV
 from ninfer_jax.kernels.quant_matmul import formats, reference, w8a8
-from kernel_testkit import cpu_only, needs_gpu, relative_error
+from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, relative_error
 
 FORMATS = ("int8", "fp8")
 ROW_COUNTS = (1, 2, 7, 64, 300)
@@ -162,6 +162,19 @@ def test_transpose_leaves_touches_only_per_channel_leaves():
     assert set(layer["wqkv"]) == {"int8_nk", "scale"} and set(layer["w_down"]) == {"fp8_nk",
                                                                                     "scale"}
     assert layer["wo"] is int4 and out["embed"] is plain
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cuda_lowering_hands_xla_one_8bit_dot_per_layout(fmt):
+    """What XLA's GPU compiler receives: 8-bit codes on both sides of the one dot_general
+    (nothing widened before it), a 32-bit result, the weight contracted on its K axis."""
+    code, result = ("f8E4M3FN", "f32") if fmt == "fp8" else ("i8", "i32")
+    x = activations(3).astype(jnp.bfloat16)
+    for w, contracting in zip(both_layouts(fmt), ("[1] x [0]", "[1] x [1]")):
+        dots = [line for line in lowers_for_cuda(w8a8.matmul, x, w).splitlines()
+                if "dot_general" in line]
+        assert len(dots) == 1 and f"contracting_dims = {contracting}" in dots[0]
+        assert dots[0].count(f"x{code}>") == 2 and dots[0].endswith(f"x{result}>")
 
 
 @needs_gpu
