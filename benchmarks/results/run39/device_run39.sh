@@ -40,6 +40,14 @@ for g in $1; do
       . benchmarks/device_common.sh; stamp gemvsweep
       timeout 240 python3 benchmarks/kernel_bench.py gemvsweep > "$OUT/gemvsweep.jsonl" 2> "$OUT/gemvsweep.log"
       stamp "gemvsweep rc=$?";;
+    w8a8)  # issue 14: W8A8 (quant_matmul/w8a8.py) on the 8B's largest projection, records in
+           # the order of the issue's targets (M = 1, 4096, 64, 8, 2, 512); the cap keeps what ran
+      . benchmarks/device_common.sh; stamp w8a8
+      timeout 200 python3 benchmarks/kernel_bench.py w8a8-gate_up > "$OUT/w8a8.jsonl" 2> "$OUT/w8a8.log"
+      stamp "w8a8 rc=$?"
+      timeout 100 python3 -m pytest -rA -p no:cacheprovider tests/kernels/test_quant_matmul_w8a8.py \
+        > "$OUT/pytest-w8a8.log" 2>&1
+      stamp "w8a8 tests rc=$?"; tail -n 2 "$OUT/pytest-w8a8.log" | tee -a "$OUT/stages.log";;
     hybrid27)  # issue 11: the 27B at batch 1 / 8 / 64 (64 never measured; needs the H200)
       . benchmarks/device_common.sh; stamp hybrid27
       timeout 280 python3 benchmarks/hybrid_bench.py --json --presets qwen3.5-27b --batches 1,8,64 \
