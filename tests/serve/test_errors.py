@@ -144,6 +144,42 @@ def test_unsupported_behaviour_is_rejected_by_field(secured, fields, param):
     assert error["code"] in ("unsupported_parameter", "vision_disabled", "invalid_request")
 
 
+# vLLM's sampling extras change the reply (or the prompt) at any value but the neutral one, so
+# a client that sends one must not get a reply that silently lacks it; Completions shares them.
+VLLM_EXTRAS_REFUSED = [
+    ({"min_tokens": 5}, "min_tokens"),
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+    ({"use_beam_search": True}, "use_beam_search"),
+    ({"length_penalty": 0.5}, "length_penalty"),
+    ({"truncate_prompt_tokens": 3}, "truncate_prompt_tokens"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"allowed_token_ids": [5, 6]}, "allowed_token_ids"),
+    ({"bad_words": ["cat"]}, "bad_words"),
+]
+VLLM_EXTRAS_NEUTRAL = {"min_tokens": 0, "include_stop_str_in_output": False,
+                       "use_beam_search": False, "length_penalty": 1.0,
+                       "truncate_prompt_tokens": None, "prompt_logprobs": None,
+                       "allowed_token_ids": None, "bad_words": []}
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("fields,param", VLLM_EXTRAS_REFUSED + [
+    ({"min_tokens": -1}, "min_tokens"), ({"use_beam_search": "yes"}, "use_beam_search")])
+def test_vllm_sampling_extras_are_refused_not_ignored(secured, endpoint, fields, param):
+    body = chat_body(**fields) if endpoint.startswith("/v1/chat") else {
+        "model": MODEL, "prompt": "hi", **fields}
+    response = secured.simulate_post(endpoint, json=body, headers=AUTH)
+    assert_openai_error(response, 400, param=param, type_="invalid_request_error")
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions"])
+def test_vllm_sampling_extras_at_neutral_values_are_accepted(secured, endpoint):
+    body = chat_body(max_tokens=2, **VLLM_EXTRAS_NEUTRAL) if endpoint.startswith(
+        "/v1/chat") else {"model": MODEL, "prompt": "hi", "max_tokens": 2, **VLLM_EXTRAS_NEUTRAL}
+    response = secured.simulate_post(endpoint, json=body, headers=AUTH)
+    assert response.status_code == 200, response.text
+
+
 @pytest.mark.parametrize("fields", [
     {"logit_bias": {"42": 0}}, {"logprobs": False, "top_logprobs": 0},
     {"verbosity": "medium"}, {"response_format": {"type": "text"}}, {"n": 1},

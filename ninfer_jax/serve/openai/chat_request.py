@@ -10,6 +10,8 @@ in one warning (`warn_unknown`). A malformed value names its field.
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
 
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.core.generation import GenerationOptions
@@ -27,12 +29,17 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 CONSTRAINED_ALIASES = ("grammar", "structured_outputs", "guided_json", "guided_regex",
                        "guided_choice", "guided_grammar")
 _SAMPLING_RANGES = {"temperature": (0.0, 2.0), "top_p": (0.0, 1.0)}
+# vLLM's sampling extras that clients of OpenAI-compatible servers send: each changes the reply
+# (or the prompt) at any value but its neutral one, which alone is accepted (name -> neutral).
+VLLM_EXTRAS = {"min_tokens": 0, "include_stop_str_in_output": False, "use_beam_search": False,
+               "length_penalty": 1.0, "truncate_prompt_tokens": None, "prompt_logprobs": None,
+               "allowed_token_ids": None, "bad_words": ()}
 # Every top-level field Completions reads, refuses or accepts as advisory, and Chat's on top.
 COMPLETIONS_FIELDS = frozenset({
     "model", "prompt", "max_tokens", "max_completion_tokens", *SAMPLING_FIELDS, *ENGINE_FIELDS,
     "stop", "stream", "stream_options", "n", "best_of", "logprobs", "suffix", "echo",
     "logit_bias", "metadata", "user", "safety_identifier", "service_tier",
-    "guided_decoding_backend", *CONSTRAINED_ALIASES, "repetition_penalty",
+    "guided_decoding_backend", *CONSTRAINED_ALIASES, "repetition_penalty", *VLLM_EXTRAS,
     "mm_processor_kwargs", "prompt_cache_key", "prompt_cache_retention",
     "prompt_cache_options", "timings_per_token", "return_progress", "priority", "draft",
 })
@@ -148,10 +155,32 @@ def check_common_unsupported(body: dict) -> None:
     penalty = opt_number(body.get("repetition_penalty"), "repetition_penalty", 0, 10)
     if penalty not in (None, 1.0):
         raise unsupported("repetition_penalty", "only the neutral value 1 is accepted")
+    check_vllm_extras(body)
     kwargs = body.get("mm_processor_kwargs")
     if kwargs is not None and any(v is not None for v in
                                   require_object(kwargs, "mm_processor_kwargs").values()):
         raise unsupported("mm_processor_kwargs", "there is no media processor to configure")
+
+
+def check_vllm_extras(body: dict) -> None:
+    """vLLM's sampling extras (VLLM_EXTRAS) are refused unless neutral: ignoring one would
+    hand back a reply that lacks what the client asked for (a minimum length, the stop
+    string kept, a banned word avoided) without saying so."""
+    values = {"min_tokens": opt_int(body.get("min_tokens"), "min_tokens", 0),
+              "include_stop_str_in_output": opt_bool(body.get("include_stop_str_in_output"),
+                                                     "include_stop_str_in_output"),
+              "use_beam_search": opt_bool(body.get("use_beam_search"), "use_beam_search"),
+              "length_penalty": opt_number(body.get("length_penalty"), "length_penalty",
+                                          -math.inf, math.inf)}
+    bad_words = body.get("bad_words")
+    values["bad_words"] = () if bad_words is None else tuple(require_list(bad_words,
+                                                                          "bad_words"))
+    for name in ("truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids"):
+        values[name] = body.get(name)
+    for name, neutral in VLLM_EXTRAS.items():
+        if values[name] is not None and values[name] != neutral:
+            raise unsupported(name, f"only its neutral value {json.dumps(neutral)} is accepted"
+                              if neutral is not None else "only null is accepted")
 
 
 def base_options(body: dict, protocol: str, vocab_size: int) -> GenerationOptions:
