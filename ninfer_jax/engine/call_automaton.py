@@ -89,6 +89,8 @@ class CallAutomaton:
                 continue
             self.nodes[index].entries = dict.fromkeys(blanks, index)
             self.nodes[index].shared = True
+            # blank and empty tokens loop here counting; past the cap the prefix is forced
+            self.nodes[index].counts, self.nodes[index].cap = True, policy.max_leading_blanks
             if index == opener and policy._open_id is not None:
                 self.nodes[index].entries[policy._open_id] = thinking
             self.force(index, prefix, root)

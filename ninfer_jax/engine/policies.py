@@ -226,7 +226,17 @@ class ThinkingBudget:
         self.applied += 1
 
 
+# A forced call waits for the answer's first text behind at most this many blank (or
+# empty-text) tokens, then its prefix is forced whatever was sampled: without a cap a model
+# that keeps writing newlines never reaches the call (a random Qwen3.5 answered a named
+# tool_choice with 60 "\n" and finish "length", 2026-12-06 audit). Templates put the answer
+# right after their markers, so real models spend at most a token or two here.
+MAX_LEADING_BLANKS = 8
+
+
 class ForcedToolCall:
+    max_leading_blanks = MAX_LEADING_BLANKS
+
     def __init__(self, *, decode: Callable[[Sequence[int]], str],
                  encode: Callable[[str], list[int]], prefix_ids: Sequence[int],
                  names: Sequence[str], terminator: str, open_id: int | None,
@@ -245,6 +255,7 @@ class ForcedToolCall:
 
     def _reset(self) -> None:
         self._seen = 0
+        self._blanks = 0  # blank tokens kept in the answer phase (the device's counter)
         self._phase = "thinking" if self._starts_in_reasoning else "answer"
         self._can_open = self._may_open_thinking and not self._starts_in_reasoning
         self._name_start = 0
@@ -256,8 +267,9 @@ class ForcedToolCall:
             token = output_ids[index]
             if self._phase == "thinking" and token == self._close_id:
                 self._phase = "answer"
-            elif self._phase == "answer" and self._is_blank(token):
-                continue
+            elif (self._phase == "answer" and self._is_blank(token)
+                  and self._blanks < self.max_leading_blanks):
+                self._blanks += 1
             elif self._phase == "answer" and self._can_open and token == self._open_id:
                 self._phase, self._can_open = "thinking", False
             elif self._phase == "answer":
@@ -276,8 +288,9 @@ class ForcedToolCall:
     @never_raises
     def adjust(self, output_ids: Sequence[int], sampled: int) -> list[int]:
         self._advance(output_ids)
-        if self._phase == "answer" and not self._is_blank(sampled):
-            if self._can_open and sampled == self._open_id:
+        capped = self._blanks >= self.max_leading_blanks
+        if self._phase == "answer" and (capped or not self._is_blank(sampled)):
+            if self._can_open and sampled == self._open_id and not capped:
                 return [sampled]
             return list(self._prefix_ids)
         if self._phase != "name":
@@ -292,8 +305,9 @@ class ForcedToolCall:
     def automaton(self, vocab_size: int) -> Automaton:
         """This policy as the device applies it (model/token_automaton.py). Nodes: thinking
         (keeps all; the close marker leads to the answer), the answer before its first text
-        (blank tokens stay, a model-written open marker may open thinking once; any other
-        token is replaced by the call prefix, a forced chain), one node per name state (the
+        (blank tokens stay, counted, up to MAX_LEADING_BLANKS of them; a model-written open
+        marker may open thinking once before that; any other token is replaced by the call
+        prefix, a forced chain), one node per name state (the
         written part w of a name; it keeps a token t whose text extends w along an offered
         target, or completes one and runs past it, and an empty-text token; any other is
         replaced by the rest of the first target w starts, a forced chain), and the

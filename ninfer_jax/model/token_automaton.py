@@ -12,15 +12,19 @@ committed output. Each node says what happens to the token sampled there:
   151k vocabulary padded past its tokenizer has hundreds of, stored once, not per node);
 - otherwise the token is kept and the automaton moves to `default_next`; a self-loop on a
   node with `counts` set adds one to the lane's counter (ThinkingBudget counts its thinking
-  tokens this way instead of unrolling a node per token).
+  tokens this way instead of unrolling a node per token);
+- once the counter has reached a node's `cap`, its entries and the shared set no longer keep
+  anything, so its rule takes every token (ForcedToolCall keeps at most a few blank tokens
+  before the call: its answer node loops on them counting, and a cap of N costs one field,
+  where N unrolled nodes would each repeat the vocabulary's blank set).
 The rule replaces the sample after it is drawn, so the distribution of every token it keeps
 is the unconstrained one, as the host policy's `adjust` would see it.
 
 Memory layout: one int32 row of ROW_WIDTH per lane (the runner keeps [lanes + 1, ROW_WIDTH]
 on the device; lane 0, all zeros, is the identity automaton that rows without a policy use):
     [node, counter, forced + 1 [N], forced_next [N], default_next [N], counts [N],
-     threshold [N], limit [N], shared [N], keys [E] (node * KEY_STRIDE + token, ascending;
-     the shared set's under node N), next [E]]
+     threshold [N], limit [N], shared [N], cap [N], keys [E] (node * KEY_STRIDE + token,
+     ascending; the shared set's under node N), next [E]]
 with N = MAX_NODES and E = MAX_ENTRIES (unused keys padded with KEY_PAD, so the lookup is a
 binary search). An all-zero row keeps every token on node 0. `advance` is written for any
 array module with numpy's indexing (numpy on the host and in the fake runner, jax.numpy
@@ -44,7 +48,8 @@ NO_LIMIT = np.iinfo(np.int32).max
 FORCED_BIT = 1 << 30
 TOKEN_MASK = FORCED_BIT - 1
 
-_FIELDS = ("forced", "forced_next", "default_next", "counts", "threshold", "limit", "shared")
+_FIELDS = ("forced", "forced_next", "default_next", "counts", "threshold", "limit", "shared",
+           "cap")
 _OFFSET = {name: 2 + i * MAX_NODES for i, name in enumerate(_FIELDS)}
 KEYS = 2 + len(_FIELDS) * MAX_NODES
 NEXT = KEYS + MAX_ENTRIES
@@ -62,6 +67,7 @@ class Node:
         self.forced, self.forced_next = -1, 0
         self.threshold, self.limit = 0, NO_LIMIT
         self.shared = False  # keeps the automaton's shared tokens, staying
+        self.cap = NO_LIMIT  # from this counter on, entries and the shared set keep nothing
 
 
 class Automaton:
@@ -89,7 +95,8 @@ class Automaton:
         for index, node in enumerate(self.nodes):
             values = (node.forced + 1, node.forced_next,
                       index if node.default_next is None else node.default_next,
-                      int(node.counts), node.threshold, node.limit, int(node.shared))
+                      int(node.counts), node.threshold, node.limit, int(node.shared),
+                      node.cap)
             for name, value in zip(_FIELDS, values):
                 row[_OFFSET[name] + index] = value
         keys = sorted((index * KEY_STRIDE + token, target)
@@ -108,9 +115,10 @@ class Automaton:
         at = self.nodes[node]
         if forced:
             return at.forced_next, counter
-        if token in at.entries:
+        open_ = counter < at.cap
+        if open_ and token in at.entries:
             target = at.entries[token]
-        elif at.shared and token in self.shared:
+        elif open_ and at.shared and token in self.shared:
             target = node
         else:
             target = node if at.default_next is None else at.default_next
@@ -147,9 +155,11 @@ def advance(xp, table, lanes, sampled, sample_index):
         slot = xp.minimum(low, MAX_ENTRIES - 1)
         return table[lanes, KEYS + slot] == key, slot
 
+    open_ = counter < at_node("cap")
     found, slot = lookup(node * KEY_STRIDE + sampled)
+    found = found & open_
     in_shared, _ = lookup(MAX_NODES * KEY_STRIDE + sampled)
-    in_shared = in_shared & (at_node("shared") != 0) & ~found
+    in_shared = in_shared & (at_node("shared") != 0) & ~found & open_
     forced = at_node("forced") - 1
     fires = ((forced >= 0) & ~found & ~in_shared & (counter >= at_node("threshold"))
              & (sample_index <= at_node("limit")))

@@ -64,11 +64,13 @@ def make(name, fmt, **fields):
     return ForcedToolCall(**options)
 
 
-def both(name, policy_maker, seed, length=28, markers=()):
+def both(name, policy_maker, seed, length=28, markers=(), sample=None):
+    """(host output, device output, device forced flags) for the stand-in model `sample`
+    (by default a hash of (seed, output) over blank, marker, name-piece and any tokens)."""
     vocab = tokenizer(name).vocab_size
     blank, named = pools(name)
 
-    def sample(output):
+    def hashed(output):
         h = int(hashlib.sha256(repr((seed, tuple(output))).encode()).hexdigest(), 16)
         kind, h = h % 20, h // 20
         if kind < 2:
@@ -76,6 +78,7 @@ def both(name, policy_maker, seed, length=28, markers=()):
         if kind < 4 and markers:
             return markers[h % len(markers)]
         return named[h % len(named)] if kind < 18 else h % vocab
+    sample = sample or hashed
     host, output = policy_maker(), []
     while len(output) < length:
         output += host.adjust(list(output), sample(output))
@@ -126,6 +129,33 @@ def test_thinking_first_prefilled_or_model_opened(name):
             assert device == host
             calls += any(flags)
         assert calls  # some thought ended and the call was forced after it
+
+
+@pytest.mark.parametrize("name", ["smollm2", "qwen3-tiny"])
+@pytest.mark.parametrize("opens", [False, True], ids=["answer", "may-open-thinking"])
+def test_a_model_that_writes_only_blanks_gets_the_call_after_the_cap(name, opens):
+    """Blank and empty-text tokens are kept before the call, at most MAX_LEADING_BLANKS of
+    them; then the prefix is forced whatever is sampled (else a model writing newlines
+    forever never calls), on the host and on the device alike."""
+    tok = tokenizer(name)
+    blank, _ = pools(name)
+    fmt = tool_parsers.HermesFormat
+    prefix = tok.encode(fmt.call_prefix, special=True)
+    open_id, close_id = tok.encode("<think>", special=True), tok.encode("</think>", special=True)
+    markers = (dict(open_id=open_id[0], close_id=close_id[0], may_open_thinking=True)
+               if opens and len(open_id) == len(close_id) == 1 else {})
+    if opens and not markers:
+        pytest.skip("no one-token think markers")
+    cap = ForcedToolCall.max_leading_blanks
+    for seed in range(4):
+        def sample(output, seed=seed):
+            h = int(hashlib.sha256(repr((seed, tuple(output))).encode()).hexdigest(), 16)
+            return blank[h % len(blank)]
+        host, device, flags = both(name, lambda: make(name, fmt, **markers), seed,
+                                   length=cap + len(prefix) + 2, sample=sample)
+        assert device == host
+        assert all(not tok.decode([t]).strip() for t in device[:cap])
+        assert device[cap:cap + len(prefix)] == prefix and flags[cap]
 
 
 def test_vocabulary_sized_sets_stay_compact():
