@@ -113,3 +113,32 @@ class StopMatcher:
                     start = len(buffer) - size
                     break
         return start
+
+
+def overlaps(stop: str, text: str, markers: Sequence[str] = (), earliest: int | None = None
+             ) -> bool:
+    """Whether `stop` could match (as StopMatcher matches) somewhere that overlaps `text` by
+    at least one character, whatever text comes before and after it. `earliest` (a
+    character offset in `text`) bars matches that start before it, for a piece that can
+    only begin there; None lets the match start in the text before. A match that starts or
+    ends strictly inside a marker of `text` is not one, as in StopMatcher."""
+    spans = [(start, start + len(m)) for m in markers if m
+             for start in _occurrences(text, m)]
+
+    def cuts(pos: int) -> bool:
+        return any(start < pos < end for start, end in spans)
+
+    low = -(len(stop) - 1) if earliest is None else earliest
+    for offset in range(low, len(text)):
+        first, last = max(0, offset), min(len(text), offset + len(stop))
+        if text[first:last] == stop[first - offset:last - offset] and not (
+                cuts(offset) or cuts(offset + len(stop))):
+            return True
+    return False
+
+
+def _occurrences(text: str, piece: str):
+    start = text.find(piece)
+    while start >= 0:
+        yield start
+        start = text.find(piece, start + 1)

@@ -219,6 +219,55 @@ def test_responses_allowed_tools_required_forces_among_the_allowed(tools_client)
     assert field_error("responses", status, body) == "tool_choice.tools[1]"
 
 
+# ------------------------------------------------------------------ stops vs a forced call
+# A stop that the forced call's own text fires would end the reply at the marker with no
+# call: refused up front on the dialect's stop field (Responses has no stop strings).
+
+STOP_FIELD = {"chat": "stop", "anthropic": "stop_sequences"}
+
+
+@pytest.mark.parametrize("dialect", STOP_FIELD)
+@pytest.mark.parametrize("choice", ["required", "get_weather"])
+@pytest.mark.parametrize("stop", ["<tool_call>", '{"name"', "weather", 'r", "arguments'])
+def test_a_stop_string_on_the_forced_call_is_a_field_400(tools_client, dialect, choice, stop):
+    field = STOP_FIELD[dialect]
+    status, body = DIALECTS[dialect](tools_client, "SCRIPT:call", choice=choice,
+                                     **{field: [stop]})
+    where = field_error(dialect, status, body)
+    assert where.startswith(f"'{field}'") if dialect == "anthropic" else where == field
+
+
+@pytest.mark.parametrize("dialect", STOP_FIELD)
+def test_a_stop_string_clear_of_the_forced_call_keeps_it(tools_client, dialect):
+    # "search" is a name the named choice does not offer, and "<tool" only cuts the marker.
+    for stop, choice in (("zzz", "required"), ("search", "get_weather"), ("<tool", "required")):
+        status, body = DIALECTS[dialect](tools_client, "SCRIPT:call", choice=choice,
+                                         **{STOP_FIELD[dialect]: [stop]})
+        assert status == 200, body
+        assert calls_and_text(dialect, body)[0] == ["get_weather"]
+    # Without forcing, a stop on the marker is the client's way to end before any call.
+    status, body = DIALECTS[dialect](tools_client, "SCRIPT:call",
+                                     **{STOP_FIELD[dialect]: ["<tool_call>"]})
+    assert status == 200 and calls_and_text(dialect, body) == ([], "")
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+def test_a_stop_token_the_forced_call_commits_is_a_field_400(tools_client, dialect,
+                                                           default_tokenizer):
+    marker_head = default_tokenizer.encode("<tool_call>", special=True)[0]
+    name_piece = default_tokenizer.encode("get_weather", special=False)[0]
+    for token, choice in ((marker_head, "required"), (name_piece, "get_weather")):
+        status, body = DIALECTS[dialect](tools_client, "SCRIPT:call", choice=choice,
+                                         stop_token_ids=[token])
+        where = field_error(dialect, status, body)
+        assert where.startswith("'stop_token_ids'") if dialect == "anthropic" \
+            else where == "stop_token_ids"
+    # An end token stays a valid stop token under forcing.
+    status, body = DIALECTS[dialect](tools_client, "SCRIPT:call", choice="required",
+                                     stop_token_ids=sorted(default_tokenizer.eos_ids))
+    assert status == 200 and calls_and_text(dialect, body)[0] == ["get_weather"]
+
+
 # ------------------------------------------------------------------ one call when not parallel
 
 @pytest.mark.parametrize("dialect", DIALECTS)

@@ -1,7 +1,7 @@
 """StopMatcher: matches across arbitrary splits, releases only unambiguous text."""
 import pytest
 
-from ninfer_jax.text.stops import StopMatcher
+from ninfer_jax.text.stops import StopMatcher, overlaps
 
 
 def run(pieces, stops):
@@ -92,3 +92,35 @@ def test_a_match_waiting_on_a_partial_marker_keeps_its_own_offsets():
 def test_a_partial_marker_at_the_end_is_text_and_its_match_stands():
     out, match = run_marked(list("ab <thi"), ["<th"])
     assert out == "ab " and (match.start, match.end) == (3, 6)
+
+
+# ------------------------------------------------------------------ overlaps (forced text)
+
+FORCED = '<tool_call>\n{"name": "get_weather"'
+
+
+@pytest.mark.parametrize("stop, expected", [
+    ("<tool_call>", True),  # the whole marker
+    ("\n", True), ("weather", True),
+    ('r", "arguments', True),  # runs out of the forced text into the model's
+    ("x<tool_call>", True),  # runs into it from the text before
+    ("<tool", False), ("call>", False),  # would cut the marker: never a match
+    ("zzz", False), ("\n\n", False), ("search", False)])
+def test_overlaps_the_forced_text_as_the_matcher_would(stop, expected):
+    assert overlaps(stop, FORCED, ["<tool_call>"]) is expected
+    if expected:  # and StopMatcher does fire on some text around it
+        around = ["", "x", 'r", "arguments', "\n"]
+        assert any(_fires(stop, pre + FORCED + post) for pre in around for post in around)
+
+
+def test_overlaps_from_a_start_only_sees_pieces_from_there():
+    assert overlaps('r"', 'get_weather"', earliest=0)
+    assert overlaps('",', 'get_weather"', earliest=0)  # runs past the end
+    assert not overlaps('x get', 'get_weather"', earliest=0)
+
+
+def _fires(stop: str, text: str) -> bool:
+    matcher = StopMatcher([stop], markers=["<tool_call>"])
+    matcher.push(text)
+    matcher.flush()
+    return matcher.match is not None

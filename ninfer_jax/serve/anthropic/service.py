@@ -71,7 +71,7 @@ class MessagesService:
             max_tokens=request.max_tokens, max_tokens_param="max_tokens",
             sampling={"temperature": request.temperature, "top_p": request.top_p,
                       **request.engine.sampling},
-            seed=request.engine.seed, stop=request.stop_sequences,
+            seed=request.engine.seed, stop=request.stop_sequences, stop_param="stop_sequences",
             stop_token_ids=request.engine.stop_token_ids, ignore_eos=request.engine.ignore_eos,
             tool_choice=request.tool_choice,
             parallel_tool_calls=request.parallel_tool_calls,

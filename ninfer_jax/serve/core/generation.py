@@ -29,7 +29,8 @@ from ninfer_jax.serve.core.output import OutputAssembler
 from ninfer_jax.engine.policies import (EARLY_CLOSE_GUIDANCE, BlankToken, ForcedToolCall,
                                        PlainEncode, PolicyChain, ThinkingBudget)
 from ninfer_jax.text.conversation import Conversation, ToolSpec
-from ninfer_jax.serve.core.tools import ToolChoice, check_tool_format, effective_tools
+from ninfer_jax.serve.core.tools import (ForcedText, ToolChoice, check_stops_spare_forced_call,
+                                         check_tool_format, effective_tools)
 from ninfer_jax.text.tool_parsers import tool_format
 
 
@@ -43,6 +44,7 @@ class GenerationOptions:
     sampling: dict = dataclasses.field(default_factory=dict)  # SAMPLING_FIELDS -> value|None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    stop_param: str = "stop"  # the field `stop` came from (Anthropic: stop_sequences)
     stop_token_ids: tuple[int, ...] = ()  # vLLM's field (Chat and Completions), validated
     ignore_eos: bool = False
     tool_choice: ToolChoice = ToolChoice()
@@ -217,9 +219,15 @@ def _forced_call(ctx, options, tools, fmt, thinking, starts_in_reasoning):
     # effective_tools left at least one tool and check_tool_format a format: fmt is set.
     markers = ctx.reasoning_markers or (None, None)
     tokenizer = ctx.tokenizer
+    prefix_ids = tokenizer.encode(fmt.call_prefix, special=True)
+    forced = ForcedText(fmt.call_prefix, tuple(prefix_ids),
+                        tuple(t.qualified_name + fmt.name_terminator for t in tools),
+                        tuple(m for m in (*markers, fmt.opener, fmt.closer) if m))
+    check_stops_spare_forced_call(forced, options.stop, options.stop_param,
+                                  options.stop_token_ids, lambda t: tokenizer.decode([t]))
     return ForcedToolCall(
         decode=tokenizer.decode, encode=PlainEncode(tokenizer),
-        prefix_ids=tokenizer.encode(fmt.call_prefix, special=True),
+        prefix_ids=prefix_ids,
         names=[t.qualified_name for t in tools], terminator=fmt.name_terminator,
         open_id=_open_marker(ctx, markers[0])[0] if markers[0] else None,
         close_id=_single_token(ctx, markers[1]) if markers[1] else None,
