@@ -12,7 +12,7 @@ import dataclasses
 
 from ninfer_jax.errors import InvalidRequest
 from ninfer_jax.serve.core.fields import (opt_bool, opt_int, opt_number, opt_top_k,
-                                          require_list, type_name)
+                                          require_int, require_list)
 
 MAX_STOP_TOKEN_IDS = 64
 # OpenAI's seed is a signed 64-bit integer; vLLM takes unsigned ones (sampling.py folds both).
@@ -40,15 +40,8 @@ def stop_token_ids(value, vocab_size: int) -> tuple[int, ...]:
     if len(ids) > MAX_STOP_TOKEN_IDS:
         raise InvalidRequest(f"'stop_token_ids' holds at most {MAX_STOP_TOKEN_IDS} token ids, "
                              f"got {len(ids)}.", param="stop_token_ids")
-    for index, token in enumerate(ids):
-        if isinstance(token, bool) or not isinstance(token, int):
-            got = str(token) if isinstance(token, float) else type_name(token)
-        elif not 0 <= token < vocab_size:
-            got = str(token)
-        else:
-            continue
-        raise InvalidRequest(f"'stop_token_ids[{index}]' must be a token id in "
-                             f"0..{vocab_size - 1}, got {got}.", param="stop_token_ids")
+    ids = [require_int(token, "stop_token_ids", 0, vocab_size - 1,
+                       where=f"stop_token_ids[{index}]") for index, token in enumerate(ids)]
     return tuple(dict.fromkeys(ids))
 
 

@@ -153,18 +153,51 @@ def opt_number(value, param: str, low: float, high: float) -> float | None:
     return float(value)
 
 
-def opt_int(value, param: str, low: int | None = None, high: int | None = None) -> int | None:
-    if value is None:
+def integral(value) -> int | None:
+    """The integer a JSON value stands for, or None: an integer, or a float with no fraction
+    (5.0, which JavaScript clients and pydantic's lax mode send for 5, as vLLM and OpenAI
+    accept). Booleans, strings and 5.5 stand for none. Every integer-valued request field
+    of every dialect is read through here, so one value means the same everywhere."""
+    if isinstance(value, bool):
         return None
+    if isinstance(value, int):
+        return value
     if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise invalid(param, "an integer", value)
-    if (low is not None and value < low) or (high is not None and value > high):
+        return int(value)
+    return None
+
+
+def require_int(value, param: str, low: int | None = None, high: int | None = None,
+                where: str | None = None) -> int:
+    """An integer in [low, high]; else a 400 on `param` (`where` names the element the
+    message quotes, e.g. stop_token_ids[2], when it is not the field itself)."""
+    where = where or param
+    number = integral(value)
+    if number is None:
+        got = as_json(value) if isinstance(value, (float, str)) else type_name(value)
+        raise InvalidRequest(f"'{where}' must be an integer, got {got}.", param=param)
+    if (low is not None and number < low) or (high is not None and number > high):
         bounds = (f">= {low}" if high is None else f"<= {high}" if low is None
                   else f"in [{low}, {high}]")
-        raise InvalidRequest(f"'{param}' must be {bounds}, got {value}.", param=param)
-    return value
+        shown = number if abs(number) < 10**30 else f"an integer of {len(str(abs(number)))} digits"
+        raise InvalidRequest(f"'{where}' must be {bounds}, got {shown}.", param=param)
+    return number
+
+
+_INTEGER_TEXT = re.compile(r"-?[0-9]+")
+
+
+def integer_key(key: str, param: str) -> int:
+    """An object key that stands for an integer (logit_bias's token ids: JSON keys are
+    text), written as plain decimal digits ("5"; not "5.0", "+5" or " 5")."""
+    if not _INTEGER_TEXT.fullmatch(key):
+        raise InvalidRequest(f"'{param}' keys must be integers written as text, got "
+                             f"{as_json(key)}.", param=param)
+    return int(key)
+
+
+def opt_int(value, param: str, low: int | None = None, high: int | None = None) -> int | None:
+    return None if value is None else require_int(value, param, low, high)
 
 
 def opt_top_k(value, param: str, high: int) -> int | None:
@@ -192,13 +225,12 @@ def is_background(value, param: str = "priority") -> bool:
         return False
     if value in PRIORITY_CLASSES:
         return value == "background"
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
+    number = integral(value)
+    if number is None:
         shown = as_json(value) if isinstance(value, (str, float)) else type_name(value)
         raise InvalidRequest(f"'{param}' must be 'background', 'foreground' or an integer "
                              f"(> 0: background); got {shown}.", param=param)
-    return value > 0
+    return number > 0
 
 
 def allows_draft(value, param: str = "draft") -> bool:

@@ -16,9 +16,10 @@ import math
 from ninfer_jax.errors import InvalidRequest, ModelNotFound, Unsupported
 from ninfer_jax.serve.core.generation import GenerationOptions
 from ninfer_jax.serve.core.tools import ToolChoice
-from ninfer_jax.serve.core.fields import (allows_draft, check_enum, is_background, opt_bool,
-                                         opt_int, opt_number, opt_string, require_list,
-                                         require_object, require_string, warn_unknown)
+from ninfer_jax.serve.core.fields import (allows_draft, check_enum, integer_key,
+                                         is_background, opt_bool, opt_int, opt_number,
+                                         opt_string, require_list, require_object,
+                                         require_string, warn_unknown)
 from ninfer_jax.serve.core.engine_fields import ENGINE_FIELDS, engine_fields, sampler_extensions
 from ninfer_jax.serve.core.sampling import SAMPLING_FIELDS
 
@@ -146,6 +147,7 @@ def check_common_unsupported(body: dict) -> None:
     logit_bias = body.get("logit_bias")
     if logit_bias is not None:
         for token, bias in require_object(logit_bias, "logit_bias").items():
+            integer_key(token, "logit_bias")
             opt_number(bias, f"logit_bias.{token}", -100, 100)
             if bias != 0:
                 raise unsupported("logit_bias", "token biases are not applied by the sampler")

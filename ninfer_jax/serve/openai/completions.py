@@ -20,13 +20,13 @@ from ninfer_jax.serve.core.generation import prepare_raw, start
 from ninfer_jax.serve.wire.json_body import read_json_body
 from ninfer_jax.serve.core.output import HEARTBEAT, GenerationResult, OutputAssembler
 from ninfer_jax.serve.openai.chat import usage_body
-from ninfer_jax.serve.core.fields import opt_bool, opt_int
+from ninfer_jax.serve.core.fields import integral, opt_bool, opt_int
 from ninfer_jax.serve.wire.sse import KEEPALIVE_SECONDS, openai_event_stream, start_sse
 
 
 def _is_token_list(value) -> bool:
     return isinstance(value, list) and bool(value) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in value)
+        integral(t) is not None for t in value)
 
 
 def prompt_ids(value, ctx: ServingContext) -> tuple[list[int], str]:
@@ -47,12 +47,13 @@ def prompt_ids(value, ctx: ServingContext) -> tuple[list[int], str]:
             ids = [ctx.tokenizer.bos_id] + ids
         return ids, value
     if _is_token_list(value):
+        value = [integral(t) for t in value]
         vocab = ctx.tokenizer.vocab_size
         bad = next((t for t in value if not 0 <= t < vocab), None)
         if bad is not None:
             raise InvalidRequest(f"'prompt' holds token id {bad}, outside the vocabulary "
                                  f"(0..{vocab - 1}).", param="prompt")
-        return list(value), ctx.tokenizer.decode(value)
+        return value, ctx.tokenizer.decode(value)
     if isinstance(value, list) and len(value) > 1 and all(
             isinstance(item, str) or _is_token_list(item) for item in value):
         raise fields.unsupported("prompt", "one prompt per request (batch prompts are not "
