@@ -130,20 +130,49 @@ def test_abandoned_stream_still_gets_one_terminal(default_artifact, default_toke
                                                   tmp_path):
     h = make(default_artifact, default_tokenizer, tmp_path, "abandon", decode_sleep=0.01)
     h.book.add("ramble", "la", end=False)
+    # The stream's release reads nothing (no wait), so the reaper's takeover is what ends it.
+    h.ctx.extras["observer"].release_wait_s = 0.0
     headers = abandon_stream(h, "/v1/chat/completions", {
         "model": h.ctx.model_id, "stream": True, "max_tokens": 400,
         "messages": [{"role": "user", "content": "SCRIPT:ramble"}]})
     request_id = headers["x-request-id"]
     observer = h.ctx.extras["observer"]
     observer.abandon_grace_s = 0.0
-    observer.reap(time.monotonic())  # notices the cancellation
-    observer.reap(time.monotonic())  # takes the handle over
+    observer.reap(time.monotonic())  # takes the handle over (its grace ended at release)
+    # ... unless the reaper's own thread claimed it first: then that thread ends it.
+    assert wait_for(lambda: observer.active() == [])
     lines = read_log(h)
     (done,) = by_id(lines, request_id, "request_done")
     assert done["finish_reason"] == "cancelled"
     assert 0 < done["tokens"]["completion"] < 400
     assert done["result"]["tool_call_parse"] is not None  # replayed through the assembler
     assert_one_terminal_per_start(lines)
+    h.close()
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "SCRIPT:ramble"}]}),
+    ("/v1/completions", {"prompt": "SCRIPT:ramble"}),
+    ("/v1/responses", {"input": "SCRIPT:ramble", "store": False}),
+    ("/v1/messages", {"messages": [{"role": "user", "content": "SCRIPT:ramble"}]})])
+def test_a_released_stream_is_done_when_its_client_leaves(default_artifact, default_tokenizer,
+                                                          tmp_path, path, body):
+    # The reaper's grace never ends here, so only the stream's own release can write the
+    # record, and it does before the close returns: the cancelled request's request_done
+    # follows the disconnect by one engine round, not by the grace period (5-6 s live).
+    h = make(default_artifact, default_tokenizer, tmp_path, "release", decode_sleep=0.01)
+    h.book.add("ramble", "la", end=False)
+    observer = h.ctx.extras["observer"]
+    observer.abandon_grace_s = float("inf")
+    observer.release_wait_s = 600.0
+    limit = "max_output_tokens" if path == "/v1/responses" else "max_tokens"
+    headers = abandon_stream(h, path, {"model": h.ctx.model_id, "stream": True, limit: 400,
+                                       **body})
+    request_id = headers.get("x-request-id") or headers["request-id"].removeprefix("req_")
+    (done,) = by_id(read_log(h), request_id, "request_done")
+    assert done["finish_reason"] == "cancelled"
+    assert 0 < done["tokens"]["completion"] < 400
+    assert observer.active() == []  # nothing is left for the reaper
     h.close()
 
 

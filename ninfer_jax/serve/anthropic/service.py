@@ -141,8 +141,7 @@ class MessagesService:
                     "The server hit an internal error.")))
             yield sse_frames(builder.take_events())
         finally:
-            if not assembler.done:
-                run.handle.cancel()
+            assembler.release()
 
     def _error_body(self, run: MessagesRun, error: NinferError) -> dict:
         return anthropic_error_body(error, f"req_{run.request_id}")

@@ -188,6 +188,15 @@ class OutputAssembler:
                  self.handle.request.request_id)
         self.handle.cancel()
 
+    def release(self) -> None:
+        """This consumer reads no more events (its stream closed before the terminal event:
+        the client went away). A request that has not ended is cancelled, and the request
+        log's observer reads it on to the engine's terminal event right away, so its
+        request_done follows the cancellation instead of the reaper's grace period."""
+        if not self.done:
+            self.handle.cancel()
+            self._trace.released()
+
     def response_failed(self, error: Exception) -> None:
         """The reply could not be delivered for a reason of the server's own (request_trace
         counts it once per request)."""

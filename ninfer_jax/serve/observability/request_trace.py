@@ -15,15 +15,21 @@ the engine's outcome that failure is the request's terminal `request_error` (sta
 `response`); after it, `request_done` stands and the failure is an operational line only.
 
 Exactly one terminal record per started request: it is written under the trace's lock, once.
-A consumer that abandons its request (the client went away) cancels the handle and stops
-reading; the observer's reaper thread then takes the handle over after a grace period and
-feeds the remaining events itself, so the engine's terminal event still ends the trace.
+A consumer that abandons its request (the client went away mid-stream) says so
+(`OutputAssembler.release` -> `RequestObserver.release`): the request is cancelled and the
+releasing thread reads the handle on to the engine's terminal event (one engine round after
+the cancellation), so request_done is written as soon as the engine ended the request; only
+if that takes longer than `release_wait_s` does the reaper take it over, at its next tick. A
+consumer that stops reading without saying so is found by the reaper thread, which takes the
+handle over after a grace period. Either way the engine's terminal event ends the trace,
+and one thread at a time reads a handle (`RequestTrace.claim`).
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
 import logging
+import math
 import re
 import threading
 import time
@@ -37,6 +43,9 @@ log = logging.getLogger("ninfer_jax.serve.requests")
 # How long a cancelled request's consumer may keep reading before the reaper takes over
 # (Responses keeps reading up to 2 s after a disconnect to store the cancelled response).
 ABANDON_GRACE_S = 5.0
+# How long a releasing consumer's thread reads on for the terminal event before it leaves
+# the request to the reaper (the same bound as a Responses stream storing its cancellation).
+RELEASE_WAIT_S = 2.0
 # How long the reaper waits for the engine's terminal event of a taken-over request.
 TAKEOVER_TIMEOUT_S = 30.0
 REAPER_TICK_S = 1.0
@@ -57,6 +66,7 @@ class RequestTrace:
         self.submitted_at: float | None = None
         self.first_token_at: float | None = None
         self.cancel_noticed_at: float | None = None
+        self.is_claimed = False  # a thread other than the consumer reads the handle
         self._lock = threading.Lock()
         self.is_done = False  # a terminal (or rejection) record was written
         self.has_response_failure = False  # response_failed counted this request
@@ -118,6 +128,22 @@ class RequestTrace:
             self._terminal(lambda: self._done(event, assembler))
         elif isinstance(event, Failed):
             self._terminal(lambda: self._error(event.error, event.time))
+
+    def claim(self) -> bool:
+        """True for the one thread that takes the abandoned handle over."""
+        with self._lock:
+            if self.is_claimed or self.is_done:
+                return False
+            self.is_claimed = True
+            return True
+
+    def unclaim(self) -> None:
+        with self._lock:
+            self.is_claimed = False
+
+    def released(self) -> None:
+        """The consumer reads no more (see OutputAssembler.release)."""
+        self.observer.release(self)
 
     def fail_without_outcome(self, error: NinferError, stage: str | None = None) -> None:
         self._terminal(lambda: self._error(error, time.monotonic(), stage))
@@ -215,6 +241,9 @@ class NullTrace:
     def response_failed(self, error: Exception) -> None:
         pass
 
+    def released(self) -> None:
+        pass
+
 
 NULL_TRACE = NullTrace()
 
@@ -238,6 +267,7 @@ class RequestObserver:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.abandon_grace_s = ABANDON_GRACE_S
+        self.release_wait_s = RELEASE_WAIT_S
 
     @property
     def metrics(self):
@@ -304,14 +334,28 @@ class RequestObserver:
                 continue
             if trace.cancel_noticed_at is None:
                 trace.cancel_noticed_at = now
-            elif now - trace.cancel_noticed_at >= self.abandon_grace_s:
-                self._take_over(trace)
+            elif now - trace.cancel_noticed_at >= self.abandon_grace_s and trace.claim():
+                self._read_to_end(trace, time.monotonic() + TAKEOVER_TIMEOUT_S)
+                if not trace.is_done:
+                    trace.fail_without_outcome(EngineUnavailable(
+                        "the engine published no terminal event for the cancelled request"))
+
+    def release(self, trace: RequestTrace) -> None:
+        """On the releasing consumer's thread: read the cancelled request on to its terminal
+        event (the engine ends it at its next round), so its record is not left to the
+        reaper's grace period; past `release_wait_s` the reaper takes it at its next tick."""
+        if trace.handle is None or not trace.claim():
+            return
+        self._read_to_end(trace, time.monotonic() + self.release_wait_s)
+        if not trace.is_done:
+            trace.cancel_noticed_at = -math.inf  # the grace is over: the next tick takes it
+            trace.unclaim()
 
     @staticmethod
-    def _take_over(trace: RequestTrace) -> None:
-        deadline = time.monotonic() + TAKEOVER_TIMEOUT_S
+    def _read_to_end(trace: RequestTrace, deadline: float) -> None:
         while not trace.is_done and time.monotonic() < deadline:
-            event = trace.handle.next_event(timeout=0.5)
+            event = trace.handle.next_event(timeout=min(0.5, max(0.0,
+                                                                 deadline - time.monotonic())))
             if event is None:
                 continue
             assembler = trace.assembler
@@ -322,6 +366,3 @@ class RequestObserver:
             except Exception:  # noqa: BLE001 - an output-parser failure must not lose the record
                 log.exception("request %s: replaying abandoned output failed", trace.request_id)
             trace.on_event(event, None)
-        if not trace.is_done:
-            trace.fail_without_outcome(EngineUnavailable(
-                "the engine published no terminal event for the cancelled request"))

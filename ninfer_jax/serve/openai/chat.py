@@ -107,12 +107,12 @@ class ChatCompletionsResource:
         fields.warn_unknown(body, fields.CHAT_FIELDS, request_id)
         prepared = prepare_chat(ctx, conversation, options, request_id)
         started = start(ctx, prepared, peer_of(req))
-        handle, assembler = started.handle, started.assembler
+        assembler = started.assembler
         envelope = {"id": f"chatcmpl-{request_id}", "created": int(time.time()),
                     "model": ctx.model_id, "system_fingerprint": None}
         if stream.stream:
             start_sse(resp, openai_event_stream(
-                self._chunks(assembler, envelope, stream), handle.cancel, request_id,
+                self._chunks(assembler, envelope, stream), assembler.release, request_id,
                 assembler.response_failed))
             return
         with assembler.answering():

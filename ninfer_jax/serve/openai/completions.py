@@ -90,14 +90,14 @@ class CompletionsResource:
         fields.warn_unknown(body, fields.COMPLETIONS_FIELDS, request_id)
         prepared = prepare_raw(ctx, ids, options, request_id)
         started = start(ctx, prepared, peer_of(req))
-        handle, assembler = started.handle, started.assembler
+        assembler = started.assembler
         envelope = {"id": f"cmpl-{request_id}", "object": "text_completion",
                     "created": int(time.time()), "model": ctx.model_id,
                     "system_fingerprint": None}
         prefix = prompt_text if echo else ""
         if stream.stream:
             start_sse(resp, openai_event_stream(
-                self._chunks(assembler, envelope, stream, prefix), handle.cancel, request_id,
+                self._chunks(assembler, envelope, stream, prefix), assembler.release, request_id,
                 assembler.response_failed))
             return
         with assembler.answering():

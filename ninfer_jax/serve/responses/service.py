@@ -181,6 +181,7 @@ class ResponsesService:
                 run.handle.cancel()
             elif not assembler.done:
                 self._cancel_and_record(run)
+            assembler.release()
 
     def _complete_quietly(self, run: ResponsesRun) -> None:
         try:

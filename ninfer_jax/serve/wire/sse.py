@@ -6,7 +6,7 @@ markers) into SSE bytes: `data: {...}` per chunk, `: keep-alive` for a heartbeat
 any more, so it becomes one error event (the dialect's error body) followed by [DONE], and
 is handed to `on_failure` (the assembler's response_failed).
 `on_close` always runs, also when the client disconnects (the WSGI server closes the
-generator), which is where the request is cancelled.
+generator), which is where the request is cancelled and released (OutputAssembler.release).
 
 `builder_frames(assembler, feed, take_events)` is the generation loop of the named-frame
 dialects (Responses, Anthropic): deltas go to the dialect's event builder, its new events
@@ -78,6 +78,11 @@ def openai_event_stream(chunks: Iterable, on_close: Callable[[], None],
             yield sse_data(openai_error_body(InternalError("The server hit an internal error.")))
         yield DONE
     finally:
+        # The chunks' generators (the assembler's stream among them) end first, so on_close
+        # is the only reader of the request from here on.
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
         on_close()
 
 
