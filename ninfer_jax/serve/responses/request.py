@@ -203,7 +203,7 @@ def parse_request(body, public_model_id: str, *, vocab_size: int, count_only: bo
         echo={"tool_choice": body.get("tool_choice") or "auto",
               "tools": body.get("tools") or [], "text": _text_config(body.get("text")),
               "reasoning": reasoning, "metadata": _metadata(body.get("metadata")),
-              "max_tool_calls": body.get("max_tool_calls"),
+              "max_tool_calls": fields.opt_int(body.get("max_tool_calls"), "max_tool_calls", 0),
               "prompt_cache_key": body.get("prompt_cache_key"),
               "prompt_cache_retention": body.get("prompt_cache_retention"),
               "safety_identifier": body.get("safety_identifier"), "user": body.get("user")},
