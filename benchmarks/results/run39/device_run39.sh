@@ -6,6 +6,10 @@
 # Everything is written to /tmp/o and tarred into $OUT/run39-<groups>.tgz at the end.
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o; rm -rf "$OUT"; mkdir -p "$OUT"
 for g in $1; do
+  # A group cut by its timeout can leave a spawned child holding the GPU (run 40: a w8a8
+  # bench child kept 61.5 GB and the next group's server ran out of memory): clear the card.
+  for p in $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null); do
+    kill -9 "$p" 2>/dev/null; done
   case $g in
     lanesref)
       . benchmarks/device_common.sh; stamp lanesref
