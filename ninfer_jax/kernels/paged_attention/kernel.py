@@ -22,6 +22,8 @@ Layout: k_cache, v_cache [P, K, S, D], 8-bit ScaledPages or 4-bit E2M1Pages / In
 (reference.py; a block of 4-bit codes is widened in registers: nibbles split and interleaved
 by a join, levels by integer arithmetic, times the block's e4m3 scales); partials
 o [NS, B, K, Gp, D] f32, m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
+fp8 (e4m3) codes widen to q's dtype or, with FP8_WIDEN = "float16", to float16 with both dots
+fed float16 operands (FP8_WIDEN says why and when).
 """
 from __future__ import annotations
 
