@@ -11,6 +11,7 @@ Each checked config is also compared with the XLA reference on the same inputs (
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
@@ -77,10 +78,32 @@ def scaled_pages(cache, kv_dtype, part=0):
     return pages[part]
 
 
+@contextlib.contextmanager
+def fp8_widening(module, value):
+    """module.FP8_WIDEN (a kernel's trace-time switch) set to `value` (None: as it is) while
+    the block traces and times; every jit inside is a fresh trace, so it reads the value."""
+    saved = module.FP8_WIDEN
+    module.FP8_WIDEN = value or saved
+    try:
+        yield module.FP8_WIDEN
+    finally:
+        module.FP8_WIDEN = saved
+
+
 def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, tag="",
-                 table_context=None, kv_dtype=None):
+                 table_context=None, kv_dtype=None, widen=None, interpret=False, iters=20):
     """The Pallas decode kernel over bf16 (kv_dtype None) or kv_dtype pages (a pair it does
-    not read through the dispatch, which runs the XLA reference; `path` says which)."""
+    not read through the dispatch, which runs the XLA reference; `path` says which). fp8
+    pages are widened as `widen` says (attn_kernel.FP8_WIDEN; None: its default), recorded
+    as "widen". `interpret` and `iters` are for the CPU smoke test."""
+    with fp8_widening(attn_kernel, widen) as widening:
+        _bench_decode(batch, context, tuning=tuning, reference=reference, page_size=page_size,
+                      tag=tag, table_context=table_context, kv_dtype=kv_dtype,
+                      widen=widening, interpret=interpret, iters=iters)
+
+
+def _bench_decode(batch, context, *, tuning, reference, page_size, tag, table_context,
+                  kv_dtype, widen, interpret, iters):
     q, k, v, table, lengths = paged_inputs(batch, context, page_size=page_size,
                                            table_context=table_context)
     k_bf16, v_bf16 = k, v
@@ -90,14 +113,15 @@ def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, 
     ref_fn = jax.jit(functools.partial(attn_reference.paged_decode_attention, scale=scale))
     if attn_kernel.supports(k, v):
         path = "pallas"
-        fn = functools.partial(attn_kernel.paged_decode_attention, scale=scale, tuning=tuning)
+        fn = functools.partial(attn_kernel.paged_decode_attention, scale=scale, tuning=tuning,
+                               interpret=interpret)
     else:
         path = "xla_reference"
         fn = functools.partial(paged_attention.paged_decode_attention, scale=scale)
     out = jax.jit(fn)(q, k, v, table, lengths)
     err = rel_err(out, ref_fn(q, k, v, table, lengths))
     err_bf16 = rel_err(out, ref_fn(q, k_bf16, v_bf16, table, lengths))
-    seconds = time_op(fn, q, k, v, table, lengths)
+    seconds = time_op(fn, q, k, v, table, lengths, iters=iters)
     # every valid token's codes and scales read once
     moved = batch * context * attn_reference.cache_bytes_per_token(
         8, 128, jnp.bfloat16 if kv_dtype is None else kv_dtype)
@@ -106,6 +130,8 @@ def bench_decode(batch, context, *, tuning=None, reference=False, page_size=16, 
                table_context=table_context or context, kv_dtype=name, path=path,
                tuning=str(tuning) if tuning else "default", us=seconds * 1e6,
                tbps=moved / seconds / 1e12, err=err, err_vs_bf16_pages=err_bf16, tag=tag)
+    if name == "float8_e4m3fn" and path == "pallas":
+        row["widen"] = widen
     if reference:
         row["xla_reference_us"] = time_op(ref_fn, q, k, v, table, lengths, iters=3) * 1e6
     rec.add(**row)
@@ -138,26 +164,35 @@ def kv8_section():
                          tag="kv8")
 
 
+# Each 8-bit page dtype a sweep times, with the fp8 widenings (attn_kernel.FP8_WIDEN) it tries.
+KV8_VARIANTS = ((jnp.float8_e4m3fn, "bfloat16"), (jnp.float8_e4m3fn, "float16"),
+                (jnp.int8, None))
+
+
 def kv4_section():
-    """The decode kernel over bf16, fp8, int8, k8v4 and nvfp4 pages at 32k x 8 and 4k x 1
-    (issue 14: fp8 KV at 32k x 8 >= 1.7x bf16's tok/s; the 4-bit formats widen their codes
-    in registers, `err_vs_bf16_pages` is each format's quantization error)."""
+    """The decode kernel over bf16, fp8 (both widenings), int8, k8v4 and nvfp4 pages at 32k x
+    8 and 4k x 1 (issue 14: fp8 KV at 32k x 8 >= 1.7x bf16's tok/s; the 4-bit formats widen
+    their codes in registers, `err_vs_bf16_pages` is each format's quantization error)."""
     for batch, context in [(8, 32768), (1, 4096)]:
-        for kv_dtype in (None, jnp.float8_e4m3fn, jnp.int8, attn_reference.K8V4,
-                         attn_reference.NVFP4):
-            bench_decode(batch, context, kv_dtype=kv_dtype, tag="kv4")
+        for kv_dtype, widen in ((None, None), *KV8_VARIANTS, (attn_reference.K8V4, None),
+                                (attn_reference.NVFP4, None)):
+            bench_decode(batch, context, kv_dtype=kv_dtype, widen=widen, tag="kv4")
 
 
-def kv_sweep_section():
+def kv_sweep_section(batch=8, context=32768, configs=None, interpret=False, iters=20):
     """Block/warps/stages of the decode kernel over 8-bit pages at 8 x 32k (issue 14: fp8 KV
-    >= 1.7x bf16 there; run 39 on an H100: 1.20x with bf16's defaults). The defaults were swept
-    for bf16 pages: 64 tokens a loop iteration move 16 KiB of bf16 keys but 8 KiB of 8-bit
-    ones, so an 8-bit block may want twice the tokens to keep as many bytes in flight."""
-    bench_decode(8, 32768, tag="kvsweep-bf16-default")
-    for kv_dtype in (jnp.float8_e4m3fn, jnp.int8):
-        for block, warps, stages in itertools.product((64, 128, 256), (2, 4), (1, 2)):
-            _sweep_one(8, 32768, kv_dtype=kv_dtype, tag="kvsweep", block_tokens=block,
-                       num_warps=warps, num_stages=stages)
+    >= 1.7x bf16 there; run 40 on an H100: int8 1.44x, fp8 1.24x with bf16's defaults), fp8
+    with both widenings (bfloat16 through float16 per code; float16 in one instruction per
+    pair). The defaults were swept for bf16 pages: 64 tokens a loop iteration move 16 KiB of
+    bf16 keys but 8 KiB of 8-bit ones, so an 8-bit block may want twice the tokens to keep as
+    many bytes in flight. `configs`, `interpret` and `iters` are for the CPU smoke test."""
+    bench_decode(batch, context, tag="kvsweep-bf16-default", interpret=interpret, iters=iters)
+    configs = configs or list(itertools.product((64, 128, 256), (2, 4), (1, 2)))
+    for kv_dtype, widen in KV8_VARIANTS:
+        for block, warps, stages in configs:
+            _sweep_one(batch, context, kv_dtype=kv_dtype, tag="kvsweep", block_tokens=block,
+                       num_warps=warps, num_stages=stages, widen=widen, interpret=interpret,
+                       iters=iters)
 
 
 def rows_sweep_section():
@@ -170,14 +205,17 @@ def rows_sweep_section():
                        num_stages=stages)
 
 
-def _sweep_one(batch, context, table_context=None, kv_dtype=None, tag="sweep", **knobs):
+def _sweep_one(batch, context, table_context=None, kv_dtype=None, tag="sweep", widen=None,
+               interpret=False, iters=20, **knobs):
     tuning = decode_tuning(batch=batch, num_kv_heads=8, page_size=16,
                            table_width=(table_context or context) // 16, **knobs)
     try:
         bench_decode(batch, context, tuning=tuning, table_context=table_context,
-                     kv_dtype=kv_dtype, tag=tag)
+                     kv_dtype=kv_dtype, tag=tag, widen=widen, interpret=interpret,
+                     iters=iters)
     except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
-        rec.add(op="decode_attention", tag=tag, tuning=str(tuning), error=repr(err)[:300])
+        rec.add(op="decode_attention", tag=tag, tuning=str(tuning), widen=widen,
+                error=repr(err)[:300])
 
 
 def prefill_section():
@@ -269,47 +307,60 @@ def quant_sweep_section():
             _matmul_guarded(fmt, 1, 4096, 14336, tuning=tuning, tag="sweep")
 
 
-def gemv_sweep_section(k=4096, n=14336, copies=8, interpret=False):
+def gemv_sweep_section(k=4096, n=14336, copies=8, interpret=False, iters=5):
     """Issue 10's batch 1 (>= 240 tok/s in bf16 needs ~3.6 TB/s of weight streaming; XLA's
     one-row dot gives 2.7-3.35) and issue 14's (the one-row kernel reads int8 codes at 1.78
-    TB/s): the one-row kernel (gemv.py) over plain bf16 tiles and over int8 codes, tiles x
-    warps x stages, against XLA's bf16 dot at 1 and 2 rows in the same run. If bf16 tiles
-    stream no faster than int8 codes, the loop, not the widening, sets the pace."""
+    TB/s, fp8 at 0.97x XLA's bf16 in run 40): the one-row kernel (gemv.py) over plain bf16
+    tiles, int8 codes and fp8 codes widened both ways (qm_gemv.FP8_WIDEN, recorded as
+    "widen"), tiles x warps x stages, against XLA's bf16 dot at 1 and 2 rows in the same run.
+    If bf16 tiles stream no faster than int8 codes, the loop, not the widening, sets the pace.
+    `interpret` (one config) and `iters` are for the CPU smoke test."""
     keys = jax.random.split(jax.random.PRNGKey(11), copies)
     x = jax.random.normal(jax.random.PRNGKey(12), (1, k), jnp.bfloat16)
     plain = [random_leaf(key, k, n, "bf16") for key in keys]
     for rows in (1, 2):
         xr = jnp.tile(x, (rows, 1))
-        seconds = time_op(lambda xr, ws: [xr @ w for w in ws], xr, plain, iters=5)
+        seconds = time_op(lambda xr, ws: [xr @ w for w in ws], xr, plain, iters=iters)
         rec.add(op="gemv", fmt="bf16", path="xla", rows=rows, k=k, n=n, tag="gemvsweep",
                 us=seconds / copies * 1e6, tbps=copies * k * n * 2 / seconds / 1e12)
     leaves = {"bf16": [{"bf16": w, "scale": jnp.ones((n,), jnp.float32)} for w in plain],
-              "int8": [random_leaf(key, k, n, "int8") for key in keys]}
+              "int8": [random_leaf(key, k, n, "int8") for key in keys],
+              "fp8": [random_leaf(key, k, n, "fp8") for key in keys]}
+    variants = [("bf16", None), ("int8", None), ("fp8", "float32"), ("fp8", "float16")]
     configs = [(64, 128, 4, 1)] if interpret else itertools.product(
         (32, 64, 128), (128, 256, 512), (4, 8), (1, 3))
     for block_k, block_n, warps, stages in configs:
-        for fmt, ws in leaves.items():
+        for fmt, widen in variants:
             tuning = MatmulTuning(block_n=block_n, block_k=block_k, num_splits=0,
                                   num_warps=warps, num_stages=stages, use_dot=False)
             blocks = k // block_k
             wanted = max(1, -(-GEMV_TARGET_PROGRAMS // (n // block_n)))
             splits = max(d for d in range(1, min(wanted, blocks) + 1) if blocks % d == 0)
             tuning = dataclasses.replace(tuning, num_splits=splits)
-            try:
-                def run(x, ws, fmt=fmt, tuning=tuning):
-                    return [qm_gemv.gemv(x[0], w, fmt, n=n, tuning=tuning, interpret=interpret)
-                            for w in ws]
-                out = jax.jit(run)(x, ws[:1])[0]
-                want = (x.astype(jnp.float32) @ (ws[0][fmt].astype(jnp.float32)
-                                                 * ws[0]["scale"][None, :]))[0]
-                seconds = time_op(run, x, ws, iters=5)
-                moved = sum(stored_bytes(w) if fmt != "bf16" else k * n * 2 for w in ws)
-                rec.add(op="gemv", fmt=fmt, path="pallas", rows=1, k=k, n=n, tag="gemvsweep",
-                        tuning=str(tuning), us=seconds / copies * 1e6,
-                        tbps=moved / seconds / 1e12, err=rel_err(out, want))
-            except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
-                rec.add(op="gemv", fmt=fmt, path="pallas", tag="gemvsweep", tuning=str(tuning),
-                        error=repr(err)[:300])
+            tags = dict(op="gemv", fmt=fmt, path="pallas", rows=1, k=k, n=n, tag="gemvsweep",
+                        tuning=str(tuning), **({"widen": widen} if widen else {}))
+            with fp8_widening(qm_gemv, widen):
+                _gemv_one(x, leaves[fmt], fmt, n=n, tuning=tuning, interpret=interpret,
+                          iters=iters, tags=tags)
+
+
+def _gemv_one(x, ws, fmt, *, n, tuning, interpret, iters, tags):
+    """One gemvsweep record: the one-row kernel over `copies` weights in turn (fresh jits, so
+    they trace under the caller's FP8_WIDEN)."""
+    k, copies = x.shape[1], len(ws)
+    try:
+        def run(x, ws):
+            return [qm_gemv.gemv(x[0], w, fmt, n=n, tuning=tuning, interpret=interpret)
+                    for w in ws]
+        out = jax.jit(run)(x, ws[:1])[0]
+        want = (x.astype(jnp.float32) @ (ws[0][fmt].astype(jnp.float32)
+                                         * ws[0]["scale"][None, :]))[0]
+        seconds = time_op(run, x, ws, iters=iters)
+        moved = sum(stored_bytes(w) if fmt != "bf16" else k * n * 2 for w in ws)
+        rec.add(**tags, us=seconds / copies * 1e6, tbps=moved / seconds / 1e12,
+                err=rel_err(out, want))
+    except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+        rec.add(**tags, error=repr(err)[:300])
 
 
 def _matmul_guarded(fmt, rows, k, n, **kw):

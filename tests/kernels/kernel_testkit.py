@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.extend.core import ClosedJaxpr, Jaxpr
 
 from ninfer_jax.kernels.paged_attention.reference import DUMMY_PAGE
 
@@ -50,3 +51,24 @@ def lowers_for_cuda(fn, *args) -> str:
     """Lower `fn(*args)` for CUDA on any machine: runs the Pallas Triton lowering (tile sizes,
     supported ops) without a GPU. Returns the module text."""
     return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def kernel_equations(fn, *args, primitive: str) -> list:
+    """Every `primitive` equation traced by fn(*args), inside Pallas kernels and loops too, as
+    (input dtypes, output dtypes): what a kernel really computes in, whatever it returns."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == primitive:
+                found.append((tuple(str(v.aval.dtype) for v in eqn.invars),
+                              tuple(str(v.aval.dtype) for v in eqn.outvars)))
+            for param in eqn.params.values():
+                for sub in param if isinstance(param, (list, tuple)) else [param]:
+                    if isinstance(sub, ClosedJaxpr):
+                        walk(sub.jaxpr)
+                    elif isinstance(sub, Jaxpr):
+                        walk(sub)
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr)
+    return found

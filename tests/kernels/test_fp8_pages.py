@@ -1,6 +1,8 @@
 """fp8 KV pages (ScaledPages: e4m3 codes with a float32 scale per token and kv head): what
 write_kv stores, and every reader (reference, two-part prefill, the Pallas decode kernel in
-interpret mode, its CUDA lowering, natively on a GPU) attending over exactly the stored values."""
+interpret mode, its CUDA lowering, natively on a GPU) attending over exactly the stored values.
+The decode kernel's two ways of widening the codes (kernel.FP8_WIDEN: bfloat16, float16) both
+run against the reference."""
 from __future__ import annotations
 
 import functools
@@ -13,14 +15,17 @@ import pytest
 from ninfer_jax.kernels.paged_attention import kernel, prefill, reference
 from ninfer_jax.kernels.paged_attention.reference import ScaledPages, cache_specs, widen
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning
-from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, paged_setup, relative_error
+from kernel_testkit import (cpu_only, kernel_equations, lowers_for_cuda, needs_gpu, paged_setup,
+                            relative_error)
+
+WIDENINGS = kernel.FP8_WIDEN_CHOICES
 
 
-def scaled_copy(cache):
-    """The f32 cache [P, K, S, D] written token by token into fp8 pages by write_kv."""
+def scaled_copy(cache, kv_dtype=jnp.float8_e4m3fn):
+    """The f32 cache [P, K, S, D] written token by token into 8-bit pages by write_kv."""
     P, K, S, D = cache.shape
     empty = jax.tree.map(lambda spec: jnp.zeros(spec.shape, spec.dtype),
-                         cache_specs(P, S, K, D, jnp.float8_e4m3fn)[0])
+                         cache_specs(P, S, K, D, kv_dtype)[0])
     tokens = jnp.moveaxis(cache, 2, 1).reshape(P * S, K, D)  # slot order: page * S + offset
     slots = jnp.arange(P * S)
     pages, _ = reference.write_kv(empty, empty, tokens, tokens, slots)
@@ -72,21 +77,77 @@ def test_reference_attends_over_exactly_the_stored_values():
             assert relative_error(out, want) < 1e-5
 
 
+def small_tuning(table):
+    return DecodeTuning(pages_per_block=2, pages_per_split=4, num_splits=-(-table.shape[1] // 4))
+
+
 @cpu_only
+@pytest.mark.parametrize("widening", WIDENINGS)
 @pytest.mark.parametrize("merge_min_splits", [1, 10**6])
-def test_decode_kernel_in_interpret_mode_reads_fp8_pages(merge_min_splits, monkeypatch):
+def test_decode_kernel_in_interpret_mode_reads_fp8_pages(merge_min_splits, widening,
+                                                        monkeypatch):
     monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", merge_min_splits)
+    monkeypatch.setattr(kernel, "FP8_WIDEN", widening)
     rng, k8, v8, kw, vw, table, lens = fp8_setup(2, [29, 3, 16])
     q = jnp.asarray(rng.standard_normal((3, 8, 64)), jnp.float32)
-    tuning = DecodeTuning(pages_per_block=2, pages_per_split=4,
-                          num_splits=-(-table.shape[1] // 4))
-    out = kernel.paged_decode_attention(q, k8, v8, table, lens, scale=0.125, tuning=tuning,
-                                        interpret=True)
+    out = kernel.paged_decode_attention(q, k8, v8, table, lens, scale=0.125,
+                                        tuning=small_tuning(table), interpret=True)
     want = reference.paged_decode_attention(q, kw, vw, table, lens, scale=0.125)
-    assert relative_error(out, want) < 1e-5
+    # float16 rounds the f32 query and the probabilities to 11 significant bits
+    assert relative_error(out, want) < (1e-5 if widening == "bfloat16" else 1e-3)
 
 
-def test_decode_kernel_on_fp8_pages_lowers_for_cuda():
+@cpu_only
+@pytest.mark.parametrize("widening", WIDENINGS)
+@pytest.mark.parametrize("q_size,v_size", [(1.0, 1.0), (1e5, 1.0), (1e-6, 1.0), (1.0, 1e8),
+                                           (1.0, 1e-7)])
+def test_both_widenings_keep_the_reference_at_any_magnitude(widening, q_size, v_size,
+                                                            monkeypatch):
+    """bf16 queries (as served) of 1e5 (float16's largest is 65504) or 1e-6 (its subnormals),
+    and values of 1e8 (a per-token scale of 2.2e5) or 1e-7: the float16 path scales each query
+    row and each block's value scales so that nothing overflows or underflows, and stays as
+    close to the reference as the bfloat16 path (the GPU test's bound is 2e-2)."""
+    monkeypatch.setattr(kernel, "FP8_WIDEN", widening)
+    rng = np.random.default_rng(5)
+    k, v, table, lens = paged_setup(rng, batch=3, lengths=[29, 3, 16], num_kv_heads=2,
+                                    head_dim=64, page_size=8)
+    k8, v8 = scaled_copy(k), scaled_copy(v * v_size)
+    q = jnp.asarray(rng.standard_normal((3, 8, 64)) * q_size, jnp.bfloat16)
+    scale = 0.125 / q_size  # the same softmax at every query size
+    out = kernel.paged_decode_attention(q, k8, v8, table, lens, scale=scale,
+                                        tuning=small_tuning(table), interpret=True)
+    want = reference.paged_decode_attention(q.astype(jnp.float32), widen(k8), widen(v8),
+                                            table, lens, scale=scale)
+    assert relative_error(out.astype(jnp.float32), want) < 5e-3
+
+
+@pytest.mark.parametrize("kv_dtype,widening,operands", [
+    (jnp.float8_e4m3fn, "bfloat16", "bfloat16"), (jnp.float8_e4m3fn, "float16", "float16"),
+    (jnp.int8, "float16", "bfloat16")])  # the switch is for e4m3 codes only
+def test_the_switch_sets_what_both_dots_multiply(kv_dtype, widening, operands, monkeypatch):
+    monkeypatch.setattr(kernel, "FP8_WIDEN", widening)
+    rng = np.random.default_rng(6)
+    k, v, table, lens = paged_setup(rng, batch=2, lengths=[20, 9], num_kv_heads=2,
+                                    head_dim=64, page_size=8)
+    k8, v8 = scaled_copy(k, kv_dtype), scaled_copy(v, kv_dtype)
+    q = jnp.zeros((2, 8, 64), jnp.bfloat16)
+    dots = kernel_equations(
+        lambda *a: kernel.paged_decode_attention(*a, scale=0.1, interpret=True),
+        q, k8, v8, table, lens, primitive="dot_general")
+    assert dots == [((operands, operands), ("float32",))] * 2
+
+
+def test_an_unknown_widening_is_refused(monkeypatch):
+    monkeypatch.setattr(kernel, "FP8_WIDEN", "float8")
+    rng, k8, v8, _, _, table, lens = fp8_setup(7, [9])
+    with pytest.raises(ValueError, match="FP8_WIDEN"):
+        kernel.paged_decode_attention(jnp.zeros((1, 8, 64)), k8, v8, table, lens, scale=0.1,
+                                      interpret=True)
+
+
+@pytest.mark.parametrize("widening", WIDENINGS)
+def test_decode_kernel_on_fp8_pages_lowers_for_cuda(widening, monkeypatch):
+    monkeypatch.setattr(kernel, "FP8_WIDEN", widening)
     rng = np.random.default_rng(3)
     k, v, table, lens = paged_setup(rng, batch=3, lengths=[300, 5, 77], num_kv_heads=8,
                                     head_dim=128, page_size=16)
@@ -98,8 +159,10 @@ def test_decode_kernel_on_fp8_pages_lowers_for_cuda():
 
 
 @needs_gpu
+@pytest.mark.parametrize("widening", WIDENINGS)
 @pytest.mark.parametrize("lengths", [[1, 1000, 4097, 333], [384] * 64])
-def test_decode_kernel_on_gpu_reads_fp8_pages(lengths):
+def test_decode_kernel_on_gpu_reads_fp8_pages(lengths, widening, monkeypatch):
+    monkeypatch.setattr(kernel, "FP8_WIDEN", widening)
     rng = np.random.default_rng(len(lengths))
     k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths, num_kv_heads=8,
                                     head_dim=128, page_size=16)

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from ninfer_jax.kernels import quant_matmul
-from ninfer_jax.kernels.quant_matmul import formats, kernel, reference
+from ninfer_jax.kernels.quant_matmul import formats, gemv, kernel, reference
 from ninfer_jax.kernels.quant_matmul.tuning import MatmulTuning, matmul_tuning
-from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu, relative_error
+from kernel_testkit import (cpu_only, kernel_equations, lowers_for_cuda, needs_gpu,
+                            relative_error)
 
 # Relative Frobenius error of quantizing N(0, 1) weights; each format's bound is loose enough
 # for any seed and tight enough to catch a wrong scale or a swapped nibble.
@@ -119,6 +120,38 @@ def test_kernel_in_interpret_mode_matches_reference(fmt, rows, k, n, tuning):
     assert relative_error(out, reference.matmul(x, w)) < 2e-3
 
 
+ONE_ROW_FP8 = MatmulTuning(block_n=32, block_k=32, num_splits=2, use_dot=False)
+
+
+@cpu_only
+@pytest.mark.parametrize("widening", gemv.FP8_WIDEN_CHOICES)
+@pytest.mark.parametrize("x_size", [30.0, 1e6, 1e-6])
+def test_one_row_kernel_widens_fp8_either_way_at_any_activation_size(widening, x_size,
+                                                                      monkeypatch):
+    """gemv.FP8_WIDEN: float32 FMA, or float16 codes times float16 x. bf16 activations of 1e6
+    (a float16 product overflows from 146 x 448) or 1e-6 (float16 subnormals): x's power-of-two
+    scale keeps the float16 path as close to the reference as the kernel grid's bound."""
+    monkeypatch.setattr(gemv, "FP8_WIDEN", widening)
+    w = quantized("fp8", 128, 96, seed=1)
+    x = jnp.asarray(gaussian(1, 128, seed=7) * x_size).astype(jnp.bfloat16)
+    run = jax.jit(functools.partial(kernel.matmul, tuning=ONE_ROW_FP8, interpret=True,
+                                    out_dtype=jnp.float32))
+    assert relative_error(run(x, w), reference.matmul(x.astype(jnp.float32), w)) < 2e-3
+
+
+@pytest.mark.parametrize("widening,fmt,products", [
+    ("float32", "fp8", set()), ("float16", "fp8", {("float16", "float16")}),
+    ("float16", "int8", set())])  # the switch is for fp8 codes only
+def test_the_switch_sets_what_the_one_row_kernel_multiplies(widening, fmt, products,
+                                                            monkeypatch):
+    monkeypatch.setattr(gemv, "FP8_WIDEN", widening)
+    w = quantized(fmt, 128, 96)
+    x = jnp.zeros((1, 128), jnp.bfloat16)
+    muls = kernel_equations(functools.partial(kernel.matmul, tuning=ONE_ROW_FP8, interpret=True),
+                            x, w, primitive="mul")
+    assert {ins for ins, _ in muls if "float16" in ins} == products
+
+
 @cpu_only
 def test_the_one_row_kernel_streams_plain_bf16_tiles_in_interpret_mode():
     """kernel_bench's gemvsweep times the one-row loop over bf16 tiles against int8 codes;
@@ -159,10 +192,27 @@ def test_dispatch_uses_xla_for_plain_weights_and_the_reference_on_cpu():
 @pytest.mark.parametrize("fmt", COLUMN_FORMATS)
 @pytest.mark.parametrize("rows", [1, 8])
 def test_kernel_lowers_for_cuda(fmt, rows):
+    _lowers(fmt, rows)
+
+
+@pytest.mark.parametrize("widening", gemv.FP8_WIDEN_CHOICES)
+def test_one_row_fp8_kernel_lowers_for_cuda_either_way(widening, monkeypatch):
+    monkeypatch.setattr(gemv, "FP8_WIDEN", widening)
+    _lowers("fp8", 1)
+
+
+def _lowers(fmt, rows):
     w = quantized(fmt, 4096 if fmt == "int4" else 512, 256)
     x = jnp.zeros((rows, w[fmt].shape[0]), jnp.bfloat16)
     name = f"ninfer_{fmt}_gemv" if rows == 1 else f"ninfer_{fmt}_matmul"
     assert name in lowers_for_cuda(kernel.matmul, x, w)
+
+
+@needs_gpu
+@pytest.mark.parametrize("widening", gemv.FP8_WIDEN_CHOICES)
+def test_one_row_fp8_kernel_on_gpu_matches_reference_either_way(widening, monkeypatch):
+    monkeypatch.setattr(gemv, "FP8_WIDEN", widening)
+    test_kernel_on_gpu_matches_reference("fp8", 1)
 
 
 @needs_gpu

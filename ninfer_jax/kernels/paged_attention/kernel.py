@@ -22,6 +22,8 @@ Layout: k_cache, v_cache [P, K, S, D], 8-bit ScaledPages or 4-bit E2M1Pages / In
 (reference.py; a block of 4-bit codes is widened in registers: nibbles split and interleaved
 by a join, levels by integer arithmetic, times the block's e4m3 scales); partials
 o [NS, B, K, Gp, D] f32, m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
+fp8 (e4m3) codes widen to q's dtype or, with FP8_WIDEN = "float16", to float16 with both dots
+fed float16 operands (FP8_WIDEN says why and when).
 """
 from __future__ import annotations
 
@@ -50,6 +52,20 @@ MASK_VALUE = -1e30
 MERGE_KERNEL_MIN_SPLITS = 8
 # The merge moves a few KiB per program; more warps only add synchronisation.
 NUM_MERGE_WARPS = 2
+# What the decode kernel widens e4m3 (fp8) page codes to, read while tracing (so a benchmark
+# can set the module's value before it jits): "bfloat16" widens them to q's dtype, as every
+# other page kind (bfloat16 in the served models); "float16" widens them to float16 and feeds
+# both dots float16 operands (the query, scaled per row by a power of two, and the
+# probabilities), products still summed in float32. Why: Hopper turns a pair of e4m3 codes into
+# float16 in one instruction (cvt.rn.f16x2.e4m3x2), and Triton reaches bfloat16 only through a
+# further conversion per code, while int8 codes widen with cheap integer tricks (run 40: int8
+# pages 1.44x bf16's at 32k x 8, fp8 1.24x). The default stays "bfloat16" until a GPU figure
+# (kernel_bench kvsweep / kv4, whose records carry "widen") says otherwise.
+FP8_WIDEN = "bfloat16"
+FP8_WIDEN_CHOICES = ("bfloat16", "float16")
+# A float16 operand row's largest magnitude lands in (2^13, 2^15] after its power-of-two scale:
+# far below float16's 65504, and every value within 2^-27 of it stays a normal number.
+F16_ROW_PEAK = 2.0 ** 14
 
 
 def _next_power_of_2(n: int) -> int:
@@ -100,15 +116,38 @@ def _four_bit_values(codes, block_scale, kind: str, dtype):
     return (levels * scales).astype(dtype)
 
 
+def widens_to_f16(cache) -> bool:
+    """Whether the decode kernel reads this cache's codes as float16 (FP8_WIDEN "float16" and
+    e4m3 codes); read while tracing."""
+    if FP8_WIDEN not in FP8_WIDEN_CHOICES:
+        raise ValueError(f"FP8_WIDEN={FP8_WIDEN!r}: expected one of {FP8_WIDEN_CHOICES}")
+    return (FP8_WIDEN == "float16" and cache_kind(cache) == SCALED
+            and cache.codes.dtype == jnp.float8_e4m3fn)
+
+
+def _f16_rows(x):
+    """x [R, C] -> (x / 2^e in float16, 2^e [R, 1] float32): each row scaled by a power of two
+    (exact) so its peak lies near F16_ROW_PEAK, whatever the row's magnitude (a query of
+    1e5 would overflow float16, one of 1e-6 lose its bits to subnormals). An all-zero row
+    stays zero."""
+    x = x.astype(jnp.float32)
+    peak = jnp.maximum(jnp.abs(x).max(axis=1, keepdims=True), 1e-30)
+    exponent = jnp.ceil(jnp.log2(peak / F16_ROW_PEAK))
+    return (x * jnp.exp2(-exponent)).astype(jnp.float16), jnp.exp2(exponent)
+
+
 def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
                    page_size: int, pages_per_block: int, pages_per_split: int,
-                   store_empty: bool, k_kind: str, v_kind: str):
+                   store_empty: bool, k_kind: str, v_kind: str, k_f16: bool, v_f16: bool):
     """One (row, kv head, split) program. table_ref holds this split's pages only. refs: each
     cache's leaves (cache_leaves: codes, then 4-bit pages' block scales), then the key's and
     the value's per-token scale [P, K, S] when they have one, then the outputs. A key's
     per-token scale multiplies its logit column and a value's its probability, so the
     products run on the widened codes (times their block scales for 4-bit pages) and no
-    fully dequantized tile is formed."""
+    fully dequantized tile is formed. k_f16 / v_f16 (widens_to_f16): that cache's codes
+    widen to float16 and its dot takes float16 operands; the query's per-row power of two
+    joins the logit scale, and the values' probabilities are divided by the block's largest
+    per-token scale (so they stay in [0, 1]) and the product multiplied by it."""
     refs = list(refs)
     k_leaves = [refs.pop(0) for _ in range(1 + (k_kind in (E2M1, INT4)))]
     v_leaves = [refs.pop(0) for _ in range(1 + (v_kind in (E2M1, INT4)))]
@@ -123,17 +162,21 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
     num_blocks = (num_tokens + block_tokens - 1) // block_tokens
     q = q_ref[...]  # [Gp, D]
     num_rows, head_dim = q.shape
+    q_dot, logit_scale = q, scale
+    if k_f16:
+        q_dot, row_scale = _f16_rows(q)
+        logit_scale = row_scale * scale  # [Gp, 1]
 
-    def _widened(leaves, kind, page_ids):
-        """A block's keys or values [block, D] in q's dtype (codes widened; 4-bit codes times
-        their block scales)."""
+    def _widened(leaves, kind, page_ids, is_f16):
+        """A block's keys or values [block, D] in q's dtype or float16 (codes widened; 4-bit
+        codes times their block scales)."""
         codes = leaves[0][page_ids, head]
         codes = codes.reshape(block_tokens, codes.shape[-1])
         if kind in (E2M1, INT4):
             block_scale = leaves[1][page_ids, head]
             block_scale = block_scale.reshape(block_tokens, block_scale.shape[-1])
             return _four_bit_values(codes, block_scale, kind, q.dtype)
-        return codes.astype(q.dtype)
+        return codes.astype(jnp.float16 if is_f16 else q.dtype)
 
     def body(i, carry):
         acc, running_max, running_sum = carry
@@ -141,9 +184,9 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
         # Pages past the row's length may hold anything; read the dummy page instead.
         page_start = first_token + (i * pages_per_block + jnp.arange(pages_per_block)) * page_size
         page_ids = jnp.where(page_start < length, page_ids, DUMMY_PAGE)
-        k, v = (_widened(leaves, kind, page_ids) for leaves, kind in
-                ((k_leaves, k_kind), (v_leaves, v_kind)))
-        logits = pltriton.dot(q, k, trans_b=True) * scale  # [Gp, block] f32
+        k, v = (_widened(leaves, kind, page_ids, is_f16) for leaves, kind, is_f16 in
+                ((k_leaves, k_kind, k_f16), (v_leaves, v_kind, v_f16)))
+        logits = pltriton.dot(q_dot, k, trans_b=True) * logit_scale  # [Gp, block] f32
         if ks_ref is not None:
             logits = logits * ks_ref[page_ids, head].reshape(block_tokens)[None, :]
         token = first_token + i * block_tokens + jnp.arange(block_tokens)
@@ -152,9 +195,18 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
         correction = jnp.exp(running_max - new_max)
         probs = jnp.exp(logits - new_max[:, None])
         running_sum = running_sum * correction + probs.sum(axis=1)
-        weights = probs * vs_ref[page_ids, head].reshape(block_tokens)[None, :] \
-            if vs_ref is not None else probs
-        acc = acc * correction[:, None] + pltriton.dot(weights.astype(v.dtype), v)
+        value_scale = vs_ref[page_ids, head].reshape(block_tokens) if vs_ref is not None \
+            else None
+        if v_f16:
+            # weights in [0, 1]: float16 neither overflows (a scale of 2^16 is a value of
+            # 2.9e7) nor drops small scales' probabilities into its subnormals
+            peak_scale = jnp.maximum(value_scale.max(), 1e-30)
+            weights = probs * (value_scale / peak_scale)[None, :]
+            update = pltriton.dot(weights.astype(jnp.float16), v) * peak_scale
+        else:
+            weights = probs * value_scale[None, :] if value_scale is not None else probs
+            update = pltriton.dot(weights.astype(v.dtype), v)
+        acc = acc * correction[:, None] + update
         return acc, new_max, running_sum
 
     init = (jnp.zeros((num_rows, head_dim), jnp.float32),
@@ -294,7 +346,8 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
     kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
                                pages_per_block=tuning.pages_per_block,
                                pages_per_split=tuning.pages_per_split,
-                               store_empty=store_empty, k_kind=k_kind, v_kind=v_kind)
+                               store_empty=store_empty, k_kind=k_kind, v_kind=v_kind,
+                               k_f16=widens_to_f16(k_cache), v_f16=widens_to_f16(v_cache))
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
     caches = cache_leaves(k_cache) + cache_leaves(v_cache) + [
         cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]

@@ -27,6 +27,17 @@ from ninfer_jax.kernels.quant_matmul.tuning import GROUP_SIZE, MatmulTuning
 # Float32 bits of 2**23: OR-ing or adding an integer n < 2**23 into its mantissa gives 2**23 + n.
 F32_2_POW_23 = 0x4B000000
 NVFP4_EXPONENT_GAP = 16384.0  # e2m1 bits placed in a float16 come out 2**-14 too small
+# How the one-row kernel widens fp8 (e4m3) codes, read while tracing (so a benchmark can set
+# the module's value before it jits): "float32" widens them to float32 for a float32 FMA;
+# "float16" widens them to float16 (one instruction per pair of codes on Hopper, where Triton's
+# float32 path adds a conversion per code) and multiplies them by x in float16, each product
+# summed in float32. x is scaled per program by a power of two so its peak is at most
+# FP8_X_PEAK: 128 x 448 (e4m3's largest) stays below float16's 65504 whatever x holds.
+# The default stays "float32" until a GPU figure (kernel_bench gemvsweep, "widen") says
+# otherwise. (The multi-row kernel, kernel.py, always widens fp8 tiles to float16.)
+FP8_WIDEN = "float32"
+FP8_WIDEN_CHOICES = ("float32", "float16")
+FP8_X_PEAK = 128.0
 
 # int8 and int4 codes become float32 with one integer add/OR and one float add, avoiding the
 # int->float conversion instructions (a quarter of the FMA rate on Hopper): int8 went from
@@ -61,16 +72,37 @@ def _byte_values(fmt: str, raw):
 BYTE_FORMATS = ("int8", "fp8", "bf16")
 
 
-def _byte_kernel(x_ref, w_ref, scale_ref, o_ref, *, fmt: str, block_k: int, num_blocks: int):
-    """int8 / fp8 / bf16: x_ref [split_k], w_ref [split_k, bn], scale_ref [bn], o_ref [bn]."""
+def fp8_widens_to_f16(fmt: str) -> bool:
+    """Whether the one-row kernel multiplies `fmt` codes in float16 (FP8_WIDEN "float16" and
+    fp8 codes); read while tracing."""
+    if FP8_WIDEN not in FP8_WIDEN_CHOICES:
+        raise ValueError(f"FP8_WIDEN={FP8_WIDEN!r}: expected one of {FP8_WIDEN_CHOICES}")
+    return FP8_WIDEN == "float16" and fmt == "fp8"
+
+
+def _byte_kernel(x_ref, w_ref, scale_ref, o_ref, *, fmt: str, block_k: int, num_blocks: int,
+                 f16: bool):
+    """int8 / fp8 / bf16: x_ref [split_k], w_ref [split_k, bn], scale_ref [bn], o_ref [bn].
+    f16 (fp8_widens_to_f16): codes and x in float16, x over 2^e (its split's peak near
+    FP8_X_PEAK; exact), the 2^e applied with the per-channel scale."""
+    x_unit = 1.0
+    if f16:
+        peak = jnp.maximum(jnp.abs(x_ref[...].astype(jnp.float32)).max(), 1e-30)
+        exponent = jnp.ceil(jnp.log2(peak / FP8_X_PEAK))
+        x_unit, x_inverse = jnp.exp2(exponent), jnp.exp2(-exponent)
+
     def body(i, acc):
         k0 = pl.multiple_of(i * block_k, block_k)
         x = x_ref[pl.ds(k0, block_k)].astype(jnp.float32)
-        return acc + x[:, None] * _byte_values(fmt, w_ref[pl.ds(k0, block_k), :])
+        raw = w_ref[pl.ds(k0, block_k), :]
+        if f16:
+            x16 = (x * x_inverse).astype(jnp.float16)
+            return acc + (x16[:, None] * raw.astype(jnp.float16)).astype(jnp.float32)
+        return acc + x[:, None] * _byte_values(fmt, raw)
 
     cols = o_ref.shape[0]
     acc = lax.fori_loop(0, num_blocks, body, jnp.zeros((block_k, cols), jnp.float32))
-    o_ref[...] = acc.sum(axis=0) * scale_ref[...]
+    o_ref[...] = acc.sum(axis=0) * (scale_ref[...] * x_unit)
 
 
 def _halves(pairs):
@@ -109,7 +141,8 @@ def gemv(x_row, w, fmt: str, *, n: int, tuning: MatmulTuning, interpret: bool = 
     split_k = Kp // NS
     codes = w[fmt]
     if fmt in BYTE_FORMATS:
-        kernel = functools.partial(_byte_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk)
+        kernel = functools.partial(_byte_kernel, fmt=fmt, block_k=bk, num_blocks=split_k // bk,
+                                   f16=fp8_widens_to_f16(fmt))
         operands = (x_row, codes, w["scale"].astype(jnp.float32))
         in_specs = [pl.BlockSpec((split_k,), lambda j, s: (s,)),
                     pl.BlockSpec((split_k, bn), lambda j, s: (s, j)),

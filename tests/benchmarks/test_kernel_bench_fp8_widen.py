@@ -1,0 +1,43 @@
+"""benchmarks/kernel_bench.py's `kvsweep` and `gemvsweep` sections at tiny sizes on the CPU
+(Pallas interpret mode), so the device run does not die on a typo: every variant, fp8 widened
+both ways included, gives a timed record tagged with its widening and a plausible error, and
+the kernels' switches are left as they were."""
+from __future__ import annotations
+
+import pytest
+
+import kernel_bench
+from ninfer_jax.kernels.paged_attention import kernel as attn_kernel
+from ninfer_jax.kernels.quant_matmul import gemv
+
+
+@pytest.fixture
+def records(tmp_path, monkeypatch):
+    monkeypatch.setattr(kernel_bench.rec, "path", str(tmp_path / "kernel_bench.jsonl"))
+    monkeypatch.setattr(kernel_bench.rec, "rows", [])
+    return kernel_bench.rec.rows
+
+
+def test_kvsweep_times_fp8_pages_widened_both_ways(records):
+    kernel_bench.kv_sweep_section(batch=1, context=64, configs=[(64, 2, 1)], interpret=True,
+                                  iters=1)
+    assert all("error" not in row for row in records), [r for r in records if "error" in r]
+    seen = {(row["kv_dtype"], row.get("widen")) for row in records}
+    assert seen == {("bfloat16", None), ("float8_e4m3fn", "bfloat16"),
+                    ("float8_e4m3fn", "float16"), ("int8", None)}
+    for row in records:
+        assert row["us"] > 0 and row["path"] == "pallas"
+        assert row["err"] < 2e-2  # against the reference over the same pages (bf16 queries)
+    assert attn_kernel.FP8_WIDEN == "bfloat16"
+
+
+def test_gemvsweep_times_fp8_codes_widened_both_ways(records):
+    kernel_bench.gemv_sweep_section(k=256, n=256, copies=1, interpret=True, iters=1)
+    assert all("error" not in row for row in records), [r for r in records if "error" in r]
+    pallas = {(row["fmt"], row.get("widen")) for row in records if row["path"] == "pallas"}
+    assert pallas == {("bf16", None), ("int8", None), ("fp8", "float32"), ("fp8", "float16")}
+    for row in records:
+        assert row["us"] > 0
+        if row["path"] == "pallas":
+            assert row["err"] < 1e-2, row  # the kernel against the f32 product of its codes
+    assert gemv.FP8_WIDEN == "float32"
