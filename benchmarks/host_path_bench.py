@@ -51,6 +51,9 @@ class DeviceModel:
     # released (XLA's execute), `dispatch_hold_ms` holding it (argument processing).
     dispatch_ms: float = 0.0
     dispatch_hold_ms: float = 0.0
+    # Long-lived objects a background compile leaves after warm-up's gc.freeze (full
+    # collections walk them with the GIL held; the GC share figure shows what that costs).
+    leftover_objects: int = 0
 
     def step_s(self, rows: int, chunk_tokens: int) -> float:
         return 1e-3 * (self.step_ms + self.row_ms * rows + self.chunk_token_ms * chunk_tokens)
@@ -84,6 +87,19 @@ def timed_runner_class():
             self.has_slots, self.num_drafts, self.dflash = False, 0, None
             self._packer = packed_inputs.HostPacker()
             self.busy_s = 0.0  # the fake device's sleeps, read by the probe
+
+        def warmup(self):
+            super().warmup()
+            threading.Thread(target=self._compile_in_background, daemon=True,
+                             name="bench-compile").start()
+
+        def _compile_in_background(self):
+            """What JaxRunner's background compiles leave on the heap after warm-up's
+            gc.freeze: `leftover_objects` long-lived containers (traced jaxprs and the like;
+            SmolLM2 on CPU: 257k for 5 shapes)."""
+            time.sleep(0.2)
+            self.leftovers = [[i, (i,)] for i in range(self.device.leftover_objects)]
+
 
         def launch(self, plan):
             unit, rows = plan.chunk, plan.rows
@@ -167,7 +183,9 @@ def _probe_threads(path: str, runner) -> None:
     ticks = os.sysconf("SC_CLK_TCK")
     while True:
         names = {t.native_id: t.name for t in threading.enumerate()}
-        cpu: dict = {"device_busy": runner.busy_s}
+        from ninfer_jax.engine.step_loop import GC_CLOCK
+
+        cpu: dict = {"device_busy": runner.busy_s, "gc": GC_CLOCK.seconds}
         for tid in os.listdir("/proc/self/task"):
             try:
                 with open(f"/proc/self/task/{tid}/stat") as handle:
@@ -208,7 +226,7 @@ def serve(args) -> None:
 
 def device_model(args) -> DeviceModel:
     return DeviceModel(args.step_ms, args.row_ms, args.chunk_token_ms, args.dispatch_ms,
-                       args.dispatch_hold_ms)
+                       args.dispatch_hold_ms, args.leftover_objects)
 
 
 def process_cpu(pid: int) -> float:
@@ -276,6 +294,7 @@ def measure_level(args, serve_bench, url: str, launcher_pid: int, concurrency: i
     cpu = delta(process_table(launcher_pid), cpu_before)
     threads = delta(read_probe(args.probe), probe_before)
     busy = threads.pop("device_busy", 0.0)
+    gc_s = threads.pop("gc", 0.0)
     host_s = sum(v for k, v in metrics.items() if k.startswith("ninfer_host_work"))
     host_s -= rounds_of(metrics) * 1e-3 * device.dispatch_ms  # modelled: not CPU
     rounds = metrics.get("ninfer_decode_rounds_total") or 1.0
@@ -294,7 +313,7 @@ def measure_level(args, serve_bench, url: str, launcher_pid: int, concurrency: i
         "ttft_p50_s": record["ttft_p50_s"], "ttft_p99_s": record["ttft_p99_s"],
         "itl_p50_s": record["itl_p50_s"], "itl_p99_s": record["itl_p99_s"],
         "itl_max_s": record["itl_max_s"], "num_errors": record["num_errors"],
-        "device_busy": round(busy / wall, 3),
+        "device_busy": round(busy / wall, 3), "gc_share": round(gc_s / wall, 4),
         # the engine thread's host phases: wall seconds over its CPU seconds (above 1: it
         # waited for the GIL or a core while it should have worked)
         "engine_wall_over_cpu": round(host_s / threads["ninfer-engine"], 2)
@@ -316,6 +335,7 @@ def start_server(args) -> subprocess.Popen:
                "--chunk-token-ms", str(args.chunk_token_ms), "--dispatch-ms",
                str(args.dispatch_ms), "--dispatch-hold-ms", str(args.dispatch_hold_ms),
                "--switch-interval-ms", str(args.switch_interval_ms), "--probe", args.probe,
+               "--leftover-objects", str(args.leftover_objects),
                "--log-stats-ms", str(args.log_stats_ms)]
     log = open(args.log, "a")
     server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
@@ -347,6 +367,8 @@ def drive(args) -> None:
     server = start_server(args)
     try:
         url = f"http://127.0.0.1:{args.port}"
+        if args.leftover_objects:
+            time.sleep(3)  # the "background compile" is over, as gpu_serve_bench waits for
         serve_bench.one_request(*_warm(serve_bench, url, args))
         for _ in range(args.repeat):
             for concurrency in args.concurrency:
@@ -378,7 +400,8 @@ def print_record(r: dict) -> None:
           f"{phases.get('program_submit')} wait {phases.get('device_wait')} post "
           f"{phases.get('program_post')} commit {phases.get('engine_commit_output')} ms; "
           f"TTFT p99 {r['ttft_p99_s']:.3f} s, ITL max {r['itl_max_s']:.3f} s; device busy "
-          f"{100 * r['device_busy']:.0f}%, engine host wall/cpu {r['engine_wall_over_cpu']}")
+          f"{100 * r['device_busy']:.0f}%, GC {100 * r['gc_share']:.1f}% of the time, engine "
+          f"host wall/cpu {r['engine_wall_over_cpu']}")
     print(f"      CPU share {r['cpu_share']}; core threads {r['core_thread_share']}",
           flush=True)
 
@@ -399,6 +422,7 @@ def main(argv=None) -> None:
     parser.add_argument("--dispatch-hold-ms", type=float, default=0.0)
     parser.add_argument("--switch-interval-ms", type=float, default=0.0,
                         help="the core's GIL switch interval (0: the core's own)")
+    parser.add_argument("--leftover-objects", type=int, default=0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--max-tokens", type=int, default=256)
