@@ -114,6 +114,9 @@ def _core_main(spec: CoreSpec, address: str, authkey: bytes, control) -> None:
     # The engine thread waits on the device with the GIL released; when its step is done it
     # must get the GIL back at once, not after another thread's default 5 ms time slice.
     sys.setswitchinterval(CORE_SWITCH_INTERVAL_S)
+    from ninfer_jax.engine.step_loop import GC_CLOCK  # not in the launcher: core only
+
+    GC_CLOCK.install()  # slow step submits say how much of them the collector took
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

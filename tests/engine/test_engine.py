@@ -237,3 +237,33 @@ def test_a_stopped_engine_and_its_runner_are_collected():
         assert time.monotonic() < deadline, "a stopped engine or its runner is still alive"
         gc.collect()
         time.sleep(0.05)
+
+
+def test_a_slow_step_submit_is_logged_with_where_it_went(caplog):
+    """A plan plus launch of SLOW_SUBMIT_S or more is logged (live runs name the steps behind
+    a large program_submit), at most once per SLOW_LOG_PERIOD_S of the loop's clock, the
+    next line counting the ones in between."""
+    import logging
+
+    from ninfer_jax.engine.step_loop import StepLoop
+
+    from engine_testkit import Driver
+
+    driver = Driver(max_concurrency=2, prefill_chunk=64)
+    now = [0.0]
+    launch = driver.runner.launch
+
+    def slow_launch(plan):
+        now[0] += 0.25  # by the loop's clock, every launch takes 250 ms
+        return launch(plan)
+
+    driver.runner.launch = slow_launch
+    driver.loop = StepLoop(driver.scheduler, driver.runner, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="ninfer_jax.engine"):
+        driver.run_all([make_request(prompt_of(5), max_tokens=30)])
+    lines = [r.getMessage() for r in caplog.records if "slow step submit" in r.getMessage()]
+    assert lines[0] == ("slow step submit: 250 ms (planning 0.0 ms, launching 250.0 ms; "
+                        "garbage collection 0.0 ms of it) for 0 rows and a 5-token chunk")
+    assert len(lines) == 2  # about 30 launches: 7.5 s of the loop's clock
+    assert lines[1].startswith("slow step submit: 250 ms") and lines[1].endswith(
+        "; 19 more since the last such line")
