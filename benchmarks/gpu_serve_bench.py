@@ -39,7 +39,8 @@ LOG_HIGHLIGHTS = r"(?i)compil|warm|KV pool|lanes|ready|listening|error|cannot|Tr
 METRICS = ("ninfer_decode_rounds_total", "ninfer_decode_rows_total",
            "ninfer_prefill_units_total", "ninfer_device_wait_seconds_total",
            "ninfer_preemptions_total", "ninfer_generation_tokens_total",
-           "ninfer_host_work_seconds_total:phase")
+           "ninfer_host_work_seconds_total:phase", "ninfer_step_launches_total:kind",
+           "ninfer_step_launch_seconds_total:kind")
 
 GPU_DEFAULTS = dict(
     presets="qwen3-8b", work="/tmp/gsb", total=560.0,

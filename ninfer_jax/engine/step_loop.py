@@ -95,6 +95,10 @@ class StepLoop:
         if self.on_step is not None:
             self.on_step(plan)
         launched = self._host("program_submit", started)
+        kind = ("mixed" if plan.rows else "prefill") if plan.chunk is not None else "decode"
+        counters = self.scheduler.counters
+        counters.launches[kind] += 1
+        counters.launch_seconds[kind] += launched - planned
         if launched - started >= SLOW_SUBMIT_S:
             self._slow_submit(plan, planned - started, launched - planned,
                               GC_CLOCK.seconds - gc_before, launched)

@@ -214,6 +214,24 @@ def test_host_work_and_device_wait_are_measured_by_phase(make_engine):
     assert set(stats.host_work) == {"engine_boundary", "program_submit", "program_post",
                                     "engine_commit_output", "engine_maintenance"}
     assert stats.host_work["program_submit"] > 0 and stats.host_work["engine_commit_output"] > 0
+    # The launches, by kind: the 5-token prompt's one chunk alone, then decode rows only.
+    assert stats.launches == {"decode": 5, "prefill": 1, "mixed": 0}
+    assert all(stats.launch_seconds[kind] > 0 for kind in ("decode", "prefill"))
+    assert stats.launch_seconds["mixed"] == 0.0
+    assert sum(stats.launch_seconds.values()) <= stats.host_work["program_submit"]
+
+
+def test_a_step_with_a_chunk_and_rows_is_launched_as_mixed(make_engine):
+    runner = FakeRunner(num_pages=65, page_size=4, vocab_size=VOCAB, decode_sleep=0.002)
+    engine = make_engine(runner, max_concurrency=2, prefill_chunk=4)
+    first = engine.submit(make_request(prompt_of(5), max_tokens=40))
+    wait_for(lambda: engine.stats().decode_rounds >= 1)
+    second = engine.submit(make_request(prompt_of(30, salt=3), max_tokens=2))
+    terminal(collect(first)), terminal(collect(second))
+    wait_for(lambda: engine.stats().requests["length"] == 2)
+    stats = engine.stats()
+    assert stats.launches["mixed"] >= 1  # the second prompt's chunks ride with the first's rows
+    assert stats.launch_seconds["mixed"] > 0
 
 
 def test_a_stopped_engine_and_its_runner_are_collected():

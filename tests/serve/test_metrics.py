@@ -58,7 +58,8 @@ def test_every_documented_name_is_exported(client):
     for name in ("ninfer_model_info", "ninfer_engine_ready", "ninfer_max_concurrency",
                  "ninfer_max_context_tokens", "ninfer_requests_total",
                  "ninfer_response_failures_total", "ninfer_context_transfer_bytes_total",
-                 "ninfer_host_work_seconds_total"):
+                 "ninfer_host_work_seconds_total", "ninfer_step_launches_total",
+                 "ninfer_step_launch_seconds_total"):
         assert name in names, name
     for histogram in ("ninfer_time_to_first_token_seconds", "ninfer_request_duration_seconds",
                       "ninfer_request_queue_seconds"):

@@ -28,7 +28,7 @@ from prometheus_client import (CollectorRegistry, Counter, Histogram,
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
 
-from ninfer_jax.engine.stats import HOST_PHASES
+from ninfer_jax.engine.stats import HOST_PHASES, LAUNCH_KINDS
 
 # Outcomes of requests_total: rejected at preparation, the engine's finish reasons, a queue
 # timeout, and failures without an outcome.
@@ -165,6 +165,17 @@ class EngineCollector:
         for phase in HOST_WORK_PHASES:
             host_work.add_metric([phase], float(phases.get(phase, 0.0)))
         yield host_work
+        launches = CounterMetricFamily("ninfer_step_launches_total",
+                                       "Steps launched, by what they carry (decode rows, a "
+                                       "prefill chunk, or both: mixed).", labels=["kind"])
+        launch_seconds = CounterMetricFamily(
+            "ninfer_step_launch_seconds_total", "Engine-thread time inside step launches "
+            "(part of program_submit; planning excluded), by step kind.", labels=["kind"])
+        for kind in LAUNCH_KINDS:
+            launches.add_metric([kind], float(stats.launches.get(kind, 0)))
+            launch_seconds.add_metric([kind], float(stats.launch_seconds.get(kind, 0.0)))
+        yield launches
+        yield launch_seconds
 
     def _info(self) -> GaugeMetricFamily:
         ctx = self.ctx
