@@ -13,6 +13,7 @@ import concurrent.futures
 import random
 import re
 import subprocess
+import threading
 
 import httpx
 import pytest
@@ -67,10 +68,11 @@ def model_id(server) -> str:
     return httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
 
 
-def stream(server, prompt: str, fields: dict, *, cut_after: int | None = None) -> dict:
+def stream(server, prompt: str, fields: dict, *, cut_after: int | None = None,
+           started: threading.Event | None = None) -> dict:
     """One streamed chat request: its text, reasoning, tool calls, finish and usage (cached
     tokens left out: they depend on what ran before). `cut_after`: disconnect after that
-    many chunks."""
+    many chunks; `started` is set at the first chunk."""
     standard = {k: v for k, v in fields.items() if k in ("temperature", "seed", "tools",
                                                           "tool_choice", "presence_penalty",
                                                           "frequency_penalty")}
@@ -83,6 +85,8 @@ def stream(server, prompt: str, fields: dict, *, cut_after: int | None = None) -
         extra_body={"ignore_eos": True, **extra}, **standard)
     reply = {"content": "", "reasoning": "", "calls": {}, "finish": None, "usage": None}
     for count, chunk in enumerate(chunks, 1):
+        if started is not None:
+            started.set()
         if cut_after is not None and count >= cut_after:
             chunks.close()
             return {"id": chunk.id, "cut": True}
@@ -109,6 +113,18 @@ def run_all(server, **kwargs) -> list[dict]:
         return list(pool.map(lambda spec: stream(server, *spec, **kwargs), SPECS))
 
 
+def run_all_under_pressure(server) -> list[dict]:
+    """Every spec at once, the long-tools request first: the others are sent once it streams,
+    so its ~1000 tokens share the 1024-token pool with them and something must pause. (Sent
+    all at once, a loaded host could let the long one run alone and nothing paused.)"""
+    started = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(len(SPECS)) as pool:
+        first = pool.submit(stream, server, *SPECS[-1], started=started)
+        assert started.wait(120)
+        rest = [pool.submit(stream, server, *spec) for spec in SPECS[:-1]]
+        return [future.result() for future in rest] + [first.result()]
+
+
 def generation_tokens(server) -> float:
     text = httpx.get(server.url + "/metrics").text
     return float(re.search(r"^ninfer_generation_tokens_total (\S+)$", text, re.M).group(1))
@@ -124,7 +140,7 @@ def test_mixed_policies_under_pressure_equal_each_request_alone(policy_server, a
     assert any(r["reasoning"] for r in alone)  # budgets ran inside a think block
     log_before = policy_server.stderr_text()
     before = generation_tokens(policy_server)
-    together = run_all(policy_server)
+    together = run_all_under_pressure(policy_server)
     assert together == alone
     assert generation_tokens(policy_server) - before == MAX_TOKENS * len(SPECS)
     log = policy_server.stderr_text()[len(log_before):]
