@@ -6,13 +6,22 @@ key and a 1 MiB body limit (so 401 and 413 are testable on it); `server_factory(
 another one with other flags, reused when the same flags are asked for again. Every server
 gets JAX's persistent compile cache (`.cache/jax`, as the Makefile sets), so later starts
 load their executables instead of compiling them. All servers stop at the end of the session.
+
+Servers of the default artifact that a fixture asks the factory for start early: a module
+names them in EARLY_SERVERS (fixture name -> factory arguments), and once the run's tests are
+collected, those of the selected tests' fixtures start one after another in a background
+thread, so their warm-up compiles run beside the tests before tests/e2e (one core each on
+CI's two) instead of holding the suite; the factory hands the early server to the fixture
+that asks for the same flags.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -138,6 +147,52 @@ def log_records(path, request_id, event, wait_s=10.0) -> list[dict]:
         time.sleep(0.05)
 
 
+def early_folder(name: str) -> pathlib.Path:
+    """A folder for the files (request logs) of the early server `name`: the same path for
+    the flags it starts with and for the fixture that reads them (one per pytest process)."""
+    folder = pathlib.Path(tempfile.gettempdir()) / f"ninfer-e2e-{os.getpid()}" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+# (artifact, flags, api_key) -> the background start of that server (pytest_collection_finish)
+_early: dict[tuple, concurrent.futures.Future] = {}
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    wanted: dict[str, tuple] = {}
+    for item in session.items:
+        declared = {**EARLY_SERVERS, **getattr(getattr(item, "module", None), "EARLY_SERVERS", {})}
+        for name in getattr(item, "fixturenames", ()):
+            if name in declared and name not in wanted:
+                wanted[name] = declared[name]()
+    if not wanted:
+        return
+    from ninfer_jax.artifact.default_model import ensure_default_artifact
+
+    artifact = str(ensure_default_artifact())
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-early-servers")
+    for flags, api_key in wanted.values():
+        key = (artifact, tuple(flags), api_key)
+        _early.setdefault(key, pool.submit(start_server, artifact, *flags, api_key=api_key))
+    pool.shutdown(wait=False)
+
+
+def pytest_sessionfinish(session):
+    """Early servers that no test took (the run stopped first) stop here; their folders go."""
+    while _early:
+        _, future = _early.popitem()
+        if not future.cancel():
+            try:
+                future.result().stop()
+            except Exception:  # it failed to start: nothing to stop
+                pass
+    shutil.rmtree(pathlib.Path(tempfile.gettempdir()) / f"ninfer-e2e-{os.getpid()}",
+                  ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def server_factory(default_artifact_path):
     """start(*flags, api_key=None, artifact=None) -> LiveServer; same flags, same server."""
@@ -146,8 +201,9 @@ def server_factory(default_artifact_path):
     def start(*flags, api_key=None, artifact=None):
         key = (str(artifact or default_artifact_path), flags, api_key)
         if key not in servers:
-            servers[key] = start_server(artifact or default_artifact_path, *flags,
-                                        api_key=api_key)
+            early = _early.pop(key, None)
+            servers[key] = early.result() if early else \
+                start_server(artifact or default_artifact_path, *flags, api_key=api_key)
         return servers[key]
 
     yield start
@@ -155,10 +211,14 @@ def server_factory(default_artifact_path):
         server.stop()
 
 
+LIVE_SERVER_FLAGS = (*BASE_FLAGS, "--seed", str(SEED), "--max-request-mib", "1")
+# fixture name -> () -> (flags, api_key) of its server_factory call; modules add their own
+EARLY_SERVERS = {"live_server": lambda: (LIVE_SERVER_FLAGS, API_KEY)}
+
+
 @pytest.fixture(scope="session")
 def live_server(server_factory) -> LiveServer:
-    return server_factory(*BASE_FLAGS, "--seed", str(SEED), "--max-request-mib", "1",
-                          api_key=API_KEY)
+    return server_factory(*LIVE_SERVER_FLAGS, api_key=API_KEY)
 
 
 def pytest_collection_modifyitems(config, items):

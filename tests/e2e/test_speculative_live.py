@@ -22,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FEW_SHAPES, NINFER, free_port, start_server
+from conftest import FEW_SHAPES, NINFER, early_folder, free_port, start_server
 
 MODEL = "smollm2-135m-instruct"
 LANES = 8
@@ -32,16 +32,21 @@ PARAGRAPH = ("The old lighthouse stood on a rock at the edge of the bay. Every e
              "the harbour was full and the night was quiet.")
 
 
+def spec_flags() -> tuple:
+    return ("--max-context", "1024", "--prefill-chunk", "64", "--max-concurrency", str(LANES),
+            "--spec", "ngram", "--draft-tokens", "3", "--seed", "7", *FEW_SHAPES,
+            "--request-log-jsonl", str(early_folder("speculative") / "requests.jsonl"),
+            "--log-stats-interval-ms", "500")
+
+
+EARLY_SERVERS = {"spec_server": lambda: (spec_flags(), None)}
+
+
 @pytest.fixture(scope="module")
-def spec_server(default_artifact_path, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("speculative")
-    server = start_server(default_artifact_path, "--max-context", "1024", "--prefill-chunk",
-                          "64", "--max-concurrency", str(LANES), "--spec", "ngram",
-                          "--draft-tokens", "3", "--seed", "7", *FEW_SHAPES, "--request-log-jsonl",
-                          str(folder / "requests.jsonl"), "--log-stats-interval-ms", "500")
-    server.folder = folder
-    yield server
-    server.stop()
+def spec_server(server_factory):
+    server = server_factory(*spec_flags())
+    server.folder = early_folder("speculative")
+    return server
 
 
 def echo(client, index=0, *, draft=True, **fields):
