@@ -7,12 +7,13 @@ another one with other flags, reused when the same flags are asked for again. Ev
 gets JAX's persistent compile cache (`.cache/jax`, as the Makefile sets), so later starts
 load their executables instead of compiling them. All servers stop at the end of the session.
 
-Servers of the default artifact that a fixture asks the factory for start early: a module
-names them in EARLY_SERVERS (fixture name -> factory arguments), and once the run's tests are
-collected, those of the selected tests' fixtures start one after another in a background
-thread, so their warm-up compiles run beside the tests before tests/e2e (one core each on
-CI's two) instead of holding the suite; the factory hands the early server to the fixture
-that asks for the same flags.
+Servers start early: a module names them in EARLY_SERVERS (fixture name -> the factory's
+arguments, for servers of the default artifact) or EARLY_STARTS (fixture name -> a function
+of a folder that builds its artifact there and starts its own server: `early_or_now`), and
+once the run's tests are collected, those of the selected tests' fixtures start one after
+another in a background thread, so their warm-up compiles run beside the tests before
+tests/e2e (one core each on CI's two) instead of holding the suite; the factory hands an
+early server to the fixture that asks for the same flags.
 """
 from __future__ import annotations
 
@@ -96,7 +97,7 @@ class LiveServer:
                                        + self.stderr_text()[-4000:])
             except (httpx.HTTPError, ValueError):
                 pass
-            time.sleep(1.0)
+            time.sleep(0.25)
         raise RuntimeError("ninfer serve did not become healthy in time:\n"
                            + self.stderr_text()[-4000:])
 
@@ -155,29 +156,49 @@ def early_folder(name: str) -> pathlib.Path:
     return folder
 
 
-# (artifact, flags, api_key) -> the background start of that server (pytest_collection_finish)
+# (artifact, flags, api_key) of a factory server, or (module, name) of an EARLY_STARTS
+# function -> its background start (pytest_collection_finish)
 _early: dict[tuple, concurrent.futures.Future] = {}
+
+
+def _starter_key(starter) -> tuple:
+    return (starter.__module__, starter.__qualname__)
 
 
 def pytest_collection_finish(session):
     if session.config.option.collectonly:
         return
-    wanted: dict[str, tuple] = {}
+    starts: dict[tuple, tuple] = {}  # key -> (function, args, keywords), in the tests' order
     for item in session.items:
-        declared = {**EARLY_SERVERS, **getattr(getattr(item, "module", None), "EARLY_SERVERS", {})}
+        module = getattr(item, "module", None)
+        declared = {**EARLY_SERVERS, **getattr(module, "EARLY_SERVERS", {})}
+        starters = getattr(module, "EARLY_STARTS", {})
         for name in getattr(item, "fixturenames", ()):
-            if name in declared and name not in wanted:
-                wanted[name] = declared[name]()
-    if not wanted:
-        return
-    from ninfer_jax.artifact.default_model import ensure_default_artifact
+            if name in declared:
+                from ninfer_jax.artifact.default_model import ensure_default_artifact
 
-    artifact = str(ensure_default_artifact())
+                flags, api_key = declared[name]()
+                artifact = str(ensure_default_artifact())
+                starts.setdefault((artifact, tuple(flags), api_key),
+                                  (start_server, (artifact, *flags), {"api_key": api_key}))
+            elif name in starters:
+                key = _starter_key(starters[name])
+                starts.setdefault(key, (starters[name], (early_folder(".".join(key)),), {}))
+    if not starts:
+        return
     pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-early-servers")
-    for flags, api_key in wanted.values():
-        key = (artifact, tuple(flags), api_key)
-        _early.setdefault(key, pool.submit(start_server, artifact, *flags, api_key=api_key))
+    for key, (function, args, keywords) in starts.items():
+        _early[key] = pool.submit(function, *args, **keywords)
     pool.shutdown(wait=False)
+
+
+def early_or_now(starter) -> LiveServer:
+    """The server of starter(folder), a module's EARLY_STARTS function that builds an
+    artifact in `folder` and starts its own server on it: the one started early, or one
+    started now the same way."""
+    key = _starter_key(starter)
+    future = _early.pop(key, None)
+    return future.result() if future is not None else starter(early_folder(".".join(key)))
 
 
 def pytest_sessionfinish(session):
