@@ -101,14 +101,26 @@ class LiveServer:
         raise RuntimeError("ninfer serve did not become healthy in time:\n"
                            + self.stderr_text()[-4000:])
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """SIGTERM, then wait for the exit (killed after 30 s); wait=False leaves the wait
+        to the session's end, for a module's server whose drain no later test needs."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            if not wait:
+                _stopping.append(self)
+                return
+            self.reap()
+
+    def reap(self) -> None:
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+# servers stopped with wait=False, reaped at the session's end
+_stopping: list[LiveServer] = []
 
 
 def start_server(artifact, *flags, api_key: str | None = None,
@@ -202,7 +214,10 @@ def early_or_now(starter) -> LiveServer:
 
 
 def pytest_sessionfinish(session):
-    """Early servers that no test took (the run stopped first) stop here; their folders go."""
+    """Servers stopped without waiting are reaped; early servers that no test took (the run
+    stopped first) stop here; their folders go."""
+    while _stopping:
+        _stopping.pop().reap()
     while _early:
         _, future = _early.popitem()
         if not future.cancel():

@@ -52,7 +52,7 @@ EARLY_STARTS = {"scripted": start_scripted}
 def scripted():
     server = early_or_now(start_scripted)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def test_a_forced_call_comes_back_as_tool_calls_and_the_result_round_trips(scripted):

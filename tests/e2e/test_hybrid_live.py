@@ -34,7 +34,7 @@ EARLY_STARTS = {"hybrid_server": start_hybrid}
 def hybrid_server():
     server = early_or_now(start_hybrid)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def model_id(server) -> str:

@@ -241,21 +241,21 @@ EARLY_STARTS = {"mtp_server": start_mtp, "dflash2_server": start_dflash2,
 def mtp_server():
     server = early_or_now(start_mtp)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 @pytest.fixture(scope="module")
 def dflash2_server():
     server = early_or_now(start_dflash2)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 @pytest.fixture(scope="module")
 def dense_dflash_server():
     server = early_or_now(start_dense_dflash)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def test_dense_dflash_greedy_equals_draft_false(dense_dflash_server):

@@ -50,7 +50,7 @@ EARLY_STARTS = {"tp_server": start_tp}
 def tp_server():
     server = early_or_now(start_tp)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def _chat(server, prompt: str) -> str:

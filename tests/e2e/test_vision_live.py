@@ -48,7 +48,7 @@ EARLY_STARTS = {"vision_server": start_vision}
 def vision_server():
     server = early_or_now(start_vision)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def chat(server, content, *, max_tokens=6, role="user", **extra):
