@@ -1,5 +1,6 @@
 """Suite-wide fixtures: the default artifact (converted on first use if `make setup` has not
-done it) and its tokenizer, shared by serve and e2e tests."""
+done it) and its tokenizer, shared by serve and e2e tests; early starts of slow child
+processes."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,30 @@ import pytest
 # llama.cpp's reference outputs for the default model, vendored unchanged from shared/golden
 # so a fresh clone (CI) has them.
 GOLDEN_PATH = pathlib.Path(__file__).parent / "golden" / "smollm2_llamacpp.json"
+
+
+# what the selected modules' start_early() returned (pytest_collection_finish)
+_started_early: list = []
+
+
+def pytest_collection_finish(session):
+    """A selected test module's `start_early()` (which starts a slow child process its
+    fixture only waits for, as test_tensor_parallel's, and returns it) runs once the run's
+    tests are collected, so the child works beside the tests before that module (CI has two
+    cores) instead of holding the suite; the fixture's own call returns the same child."""
+    if session.config.option.collectonly:
+        return
+    for module in dict.fromkeys(getattr(item, "module", None) for item in session.items):
+        if hasattr(module, "start_early"):
+            _started_early.append(module.start_early())
+
+
+def pytest_sessionfinish(session):
+    """Children still running (the run stopped before their tests) are killed."""
+    for child in _started_early:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
 
 
 @pytest.fixture(scope="session")

@@ -6,13 +6,23 @@ key and a 1 MiB body limit (so 401 and 413 are testable on it); `server_factory(
 another one with other flags, reused when the same flags are asked for again. Every server
 gets JAX's persistent compile cache (`.cache/jax`, as the Makefile sets), so later starts
 load their executables instead of compiling them. All servers stop at the end of the session.
+
+Servers start early: a module names them in EARLY_SERVERS (fixture name -> the factory's
+arguments, for servers of the default artifact) or EARLY_STARTS (fixture name -> a function
+of a folder that builds its artifact there and starts its own server: `early_or_now`), and
+once the run's tests are collected, those of the selected tests' fixtures start one after
+another in a background thread, so their warm-up compiles run beside the tests before
+tests/e2e (one core each on CI's two) instead of holding the suite; the factory hands an
+early server to the fixture that asks for the same flags.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -87,18 +97,30 @@ class LiveServer:
                                        + self.stderr_text()[-4000:])
             except (httpx.HTTPError, ValueError):
                 pass
-            time.sleep(1.0)
+            time.sleep(0.25)
         raise RuntimeError("ninfer serve did not become healthy in time:\n"
                            + self.stderr_text()[-4000:])
 
-    def stop(self) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """SIGTERM, then wait for the exit (killed after 30 s); wait=False leaves the wait
+        to the session's end, for a module's server whose drain no later test needs."""
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
+            if not wait:
+                _stopping.append(self)
+                return
+            self.reap()
+
+    def reap(self) -> None:
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+# servers stopped with wait=False, reaped at the session's end
+_stopping: list[LiveServer] = []
 
 
 def start_server(artifact, *flags, api_key: str | None = None,
@@ -138,6 +160,75 @@ def log_records(path, request_id, event, wait_s=10.0) -> list[dict]:
         time.sleep(0.05)
 
 
+def early_folder(name: str) -> pathlib.Path:
+    """A folder for the files (request logs) of the early server `name`: the same path for
+    the flags it starts with and for the fixture that reads them (one per pytest process)."""
+    folder = pathlib.Path(tempfile.gettempdir()) / f"ninfer-e2e-{os.getpid()}" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+# (artifact, flags, api_key) of a factory server, or (module, name) of an EARLY_STARTS
+# function -> its background start (pytest_collection_finish)
+_early: dict[tuple, concurrent.futures.Future] = {}
+
+
+def _starter_key(starter) -> tuple:
+    return (starter.__module__, starter.__qualname__)
+
+
+def pytest_collection_finish(session):
+    if session.config.option.collectonly:
+        return
+    starts: dict[tuple, tuple] = {}  # key -> (function, args, keywords), in the tests' order
+    for item in session.items:
+        module = getattr(item, "module", None)
+        declared = {**EARLY_SERVERS, **getattr(module, "EARLY_SERVERS", {})}
+        starters = getattr(module, "EARLY_STARTS", {})
+        for name in getattr(item, "fixturenames", ()):
+            if name in declared:
+                from ninfer_jax.artifact.default_model import ensure_default_artifact
+
+                flags, api_key = declared[name]()
+                artifact = str(ensure_default_artifact())
+                starts.setdefault((artifact, tuple(flags), api_key),
+                                  (start_server, (artifact, *flags), {"api_key": api_key}))
+            elif name in starters:
+                key = _starter_key(starters[name])
+                starts.setdefault(key, (starters[name], (early_folder(".".join(key)),), {}))
+    if not starts:
+        return
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-early-servers")
+    for key, (function, args, keywords) in starts.items():
+        _early[key] = pool.submit(function, *args, **keywords)
+    pool.shutdown(wait=False)
+
+
+def early_or_now(starter) -> LiveServer:
+    """The server of starter(folder), a module's EARLY_STARTS function that builds an
+    artifact in `folder` and starts its own server on it: the one started early, or one
+    started now the same way."""
+    key = _starter_key(starter)
+    future = _early.pop(key, None)
+    return future.result() if future is not None else starter(early_folder(".".join(key)))
+
+
+def pytest_sessionfinish(session):
+    """Servers stopped without waiting are reaped; early servers that no test took (the run
+    stopped first) stop here; their folders go."""
+    while _stopping:
+        _stopping.pop().reap()
+    while _early:
+        _, future = _early.popitem()
+        if not future.cancel():
+            try:
+                future.result().stop()
+            except Exception:  # it failed to start: nothing to stop
+                pass
+    shutil.rmtree(pathlib.Path(tempfile.gettempdir()) / f"ninfer-e2e-{os.getpid()}",
+                  ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def server_factory(default_artifact_path):
     """start(*flags, api_key=None, artifact=None) -> LiveServer; same flags, same server."""
@@ -146,8 +237,9 @@ def server_factory(default_artifact_path):
     def start(*flags, api_key=None, artifact=None):
         key = (str(artifact or default_artifact_path), flags, api_key)
         if key not in servers:
-            servers[key] = start_server(artifact or default_artifact_path, *flags,
-                                        api_key=api_key)
+            early = _early.pop(key, None)
+            servers[key] = early.result() if early else \
+                start_server(artifact or default_artifact_path, *flags, api_key=api_key)
         return servers[key]
 
     yield start
@@ -155,10 +247,14 @@ def server_factory(default_artifact_path):
         server.stop()
 
 
+LIVE_SERVER_FLAGS = (*BASE_FLAGS, "--seed", str(SEED), "--max-request-mib", "1")
+# fixture name -> () -> (flags, api_key) of its server_factory call; modules add their own
+EARLY_SERVERS = {"live_server": lambda: (LIVE_SERVER_FLAGS, API_KEY)}
+
+
 @pytest.fixture(scope="session")
 def live_server(server_factory) -> LiveServer:
-    return server_factory(*BASE_FLAGS, "--seed", str(SEED), "--max-request-mib", "1",
-                          api_key=API_KEY)
+    return server_factory(*LIVE_SERVER_FLAGS, api_key=API_KEY)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,9 +15,13 @@ OTHERS = [f"Topic {n}: " + ("a long note about rivers, mountains and coastlines.
           for n in range(3)]
 
 
+BATCHED = (*SCHED_FLAGS, "--max-concurrency", "8", "--kv-capacity", "1024")
+EARLY_SERVERS = {"batched": lambda: (BATCHED, None)}
+
+
 @pytest.fixture(scope="module")
 def batched(server_factory):
-    return server_factory(*SCHED_FLAGS, "--max-concurrency", "8", "--kv-capacity", "1024")
+    return server_factory(*BATCHED)
 
 
 def metric(server, name: str) -> float:

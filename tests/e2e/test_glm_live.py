@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import start_server
+from conftest import early_or_now, start_server
 from ninfer_jax.artifact.format import save_artifact
 from ninfer_jax.artifact.random_init import init_random
 from scripted_tools import (FLAGS, check_concurrent_equals_alone, check_forced_call_round_trip,
@@ -35,12 +35,18 @@ def scripted_glm(out):
     return save_artifact(out, contents)
 
 
+def start_scripted(folder):
+    return start_server(scripted_glm(folder / "glm-script.ninfer"), *FLAGS)
+
+
+EARLY_STARTS = {"scripted": start_scripted}
+
+
 @pytest.fixture(scope="module")
-def scripted(tmp_path_factory):
-    server = start_server(scripted_glm(tmp_path_factory.mktemp("glm") / "glm-script.ninfer"),
-                          *FLAGS)
+def scripted():
+    server = early_or_now(start_scripted)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def test_a_forced_call_comes_back_as_tool_calls_and_the_result_round_trips(scripted):

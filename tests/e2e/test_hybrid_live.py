@@ -12,22 +12,29 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import FEW_SHAPES, NINFER, start_server
+from conftest import FEW_SHAPES, NINFER, early_or_now, start_server
 
 LANES = 4
 QUESTIONS = ["Name a colour.", "Count to three.", "Say hello in French.", "What is 2 + 2?",
              "Spell cat backwards.", "Name a planet."]
 
 
-@pytest.fixture(scope="module")
-def hybrid_server(tmp_path_factory):
-    artifact = tmp_path_factory.mktemp("hybrid") / "qwen3.5-tiny.ninfer"
+def start_hybrid(folder):
+    artifact = folder / "qwen3.5-tiny.ninfer"
     subprocess.run([str(NINFER), "init-random", "--preset", "qwen3.5-tiny", str(artifact),
                     "--quiet"], check=True)
-    server = start_server(artifact, "--max-context", "512", "--prefill-chunk", "64", *FEW_SHAPES,
-                          "--max-concurrency", str(LANES))
+    return start_server(artifact, "--max-context", "512", "--prefill-chunk", "64", *FEW_SHAPES,
+                        "--max-concurrency", str(LANES))
+
+
+EARLY_STARTS = {"hybrid_server": start_hybrid}
+
+
+@pytest.fixture(scope="module")
+def hybrid_server():
+    server = early_or_now(start_hybrid)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def model_id(server) -> str:

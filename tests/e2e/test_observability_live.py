@@ -19,20 +19,26 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import API_KEY, BASE_FLAGS, FEW_SHAPES, NINFER, free_port, log_records
+from conftest import API_KEY, BASE_FLAGS, FEW_SHAPES, NINFER, early_folder, free_port, log_records
 
 MODEL = "smollm2-135m-instruct"
 SECRET_PROMPT = "Describe the violet heron of Quillmere in two words."
 STDERR_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} [A-Z]+ ")
 
 
+def obs_flags() -> tuple:
+    folder = early_folder("observability")
+    return (*BASE_FLAGS, *FEW_SHAPES, "--request-log-jsonl", str(folder / "requests.jsonl"),
+            "--capture-requests", str(folder / "capture.jsonl"), "--log-stats-interval-ms", "500")
+
+
+EARLY_SERVERS = {"obs": lambda: (obs_flags(), API_KEY)}
+
+
 @pytest.fixture(scope="module")
-def obs(server_factory, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("observability")
-    server = server_factory(*BASE_FLAGS, *FEW_SHAPES, "--request-log-jsonl", str(folder / "requests.jsonl"),
-                            "--capture-requests", str(folder / "capture.jsonl"),
-                            "--log-stats-interval-ms", "500", api_key=API_KEY)
-    server.folder = folder
+def obs(server_factory):
+    server = server_factory(*obs_flags(), api_key=API_KEY)
+    server.folder = early_folder("observability")
     return server
 
 

@@ -22,6 +22,19 @@ pytestmark = pytest.mark.skipif(not pathlib.Path("/proc/self/maps").exists(),
                                 reason="reads /proc")
 MODEL = "smollm2-135m-instruct"
 TWO_WORKERS = (*BASE_FLAGS, *FEW_SHAPES, "--http-workers", "2", "--response-store-max-records", "0")
+PENDING_THREE = (*BASE_FLAGS, *FEW_SHAPES, "--max-pending-requests", "3")
+EARLY_SERVERS = {"two_workers": lambda: (TWO_WORKERS, None),
+                 "pending_three": lambda: (PENDING_THREE, None)}
+
+
+@pytest.fixture
+def two_workers(server_factory):
+    return server_factory(*TWO_WORKERS)
+
+
+@pytest.fixture
+def pending_three(server_factory):
+    return server_factory(*PENDING_THREE)
 
 
 def children(pid: int) -> dict[int, str]:
@@ -85,8 +98,8 @@ def test_only_the_engine_core_loads_jax(live_server):
     assert len(info) == 1 and 'backend="cpu"' in info[0]
 
 
-def test_two_http_workers_share_one_core_until_it_dies(server_factory):
-    server = server_factory(*TWO_WORKERS)
+def test_two_http_workers_share_one_core_until_it_dies(two_workers):
+    server = two_workers
     core, workers = roles(server)
     assert len(workers) == 2 and has_jax(core) and not any(has_jax(w) for w in workers)
     before = requests_total(server).get("length", 0.0)
@@ -112,8 +125,8 @@ def test_two_http_workers_share_one_core_until_it_dies(server_factory):
     assert not any(alive(pid) for pid in workers)
 
 
-def test_sigterm_stops_workers_and_core(server_factory):
-    server = server_factory(*BASE_FLAGS, *FEW_SHAPES, "--max-pending-requests", "3")
+def test_sigterm_stops_workers_and_core(pending_three):
+    server = pending_three
     core, workers = roles(server)
     assert chat(server, "Hi").status_code == 200
     server.stop()

@@ -30,15 +30,20 @@ PROMPTS = [
 ]
 
 
+BATCHED = (*SCHED_FLAGS, "--max-concurrency", "8", "--kv-capacity", "1024")
+ONE_LANE = (*SCHED_FLAGS, "--max-concurrency", "1", "--max-pending-requests", "1",
+            "--pending-timeout-ms", "2000")
+EARLY_SERVERS = {"batched": lambda: (BATCHED, None), "one_lane": lambda: (ONE_LANE, None)}
+
+
 @pytest.fixture(scope="module")
 def batched(server_factory):
-    return server_factory(*SCHED_FLAGS, "--max-concurrency", "8", "--kv-capacity", "1024")
+    return server_factory(*BATCHED)
 
 
 @pytest.fixture(scope="module")
 def one_lane(server_factory):
-    return server_factory(*SCHED_FLAGS, "--max-concurrency", "1", "--max-pending-requests", "1",
-                          "--pending-timeout-ms", "2000")
+    return server_factory(*ONE_LANE)
 
 
 def stream_text(server, prompt, **fields) -> tuple[str, list[str], dict]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import pathlib
 import subprocess
+import threading
 import time
 
 import anthropic
@@ -22,7 +24,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FEW_SHAPES, NINFER, free_port, start_server
+from conftest import FEW_SHAPES, NINFER, early_folder, early_or_now, free_port, start_server
 
 MODEL = "smollm2-135m-instruct"
 LANES = 8
@@ -32,16 +34,21 @@ PARAGRAPH = ("The old lighthouse stood on a rock at the edge of the bay. Every e
              "the harbour was full and the night was quiet.")
 
 
+def spec_flags() -> tuple:
+    return ("--max-context", "1024", "--prefill-chunk", "64", "--max-concurrency", str(LANES),
+            "--spec", "ngram", "--draft-tokens", "3", "--seed", "7", *FEW_SHAPES,
+            "--request-log-jsonl", str(early_folder("speculative") / "requests.jsonl"),
+            "--log-stats-interval-ms", "500")
+
+
+EARLY_SERVERS = {"spec_server": lambda: (spec_flags(), None)}
+
+
 @pytest.fixture(scope="module")
-def spec_server(default_artifact_path, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("speculative")
-    server = start_server(default_artifact_path, "--max-context", "1024", "--prefill-chunk",
-                          "64", "--max-concurrency", str(LANES), "--spec", "ngram",
-                          "--draft-tokens", "3", "--seed", "7", *FEW_SHAPES, "--request-log-jsonl",
-                          str(folder / "requests.jsonl"), "--log-stats-interval-ms", "500")
-    server.folder = folder
-    yield server
-    server.stop()
+def spec_server(server_factory):
+    server = server_factory(*spec_flags())
+    server.folder = early_folder("speculative")
+    return server
 
 
 def echo(client, index=0, *, draft=True, **fields):
@@ -186,12 +193,17 @@ def test_startup_refuses_drafters_the_model_cannot_take(default_artifact_path):
     assert result.returncode == 2 and "needs --spec" in result.stderr
 
 
-@pytest.fixture(scope="module")
-def hybrid_artifact(tmp_path_factory):
-    """A tiny random hybrid with its MTP head, DFlash / DFlash2 drafters and proposal head."""
-    artifact = tmp_path_factory.mktemp("hybrid") / "qwen3.5-tiny.ninfer"
-    subprocess.run([str(NINFER), "init-random", "--preset", "qwen3.5-tiny", str(artifact),
-                    "--quiet"], check=True)
+_HYBRID_BUILD = threading.Lock()
+
+
+def hybrid_artifact() -> pathlib.Path:
+    """A tiny random hybrid with its MTP head, DFlash / DFlash2 drafters and proposal head,
+    built once for the two servers on it."""
+    artifact = early_folder("hybrid") / "qwen3.5-tiny.ninfer"
+    with _HYBRID_BUILD:
+        if not artifact.exists():
+            subprocess.run([str(NINFER), "init-random", "--preset", "qwen3.5-tiny",
+                            str(artifact), "--quiet"], check=True)
     return artifact
 
 
@@ -203,33 +215,47 @@ def hybrid_server(artifact, folder, *spec):
     return server
 
 
-@pytest.fixture(scope="module")
-def mtp_server(hybrid_artifact, tmp_path_factory):
-    server = hybrid_server(hybrid_artifact, tmp_path_factory.mktemp("mtp"), "--spec", "mtp",
-                           "--draft-tokens", "3")
-    yield server
-    server.stop()
+def start_mtp(folder):
+    return hybrid_server(hybrid_artifact(), folder, "--spec", "mtp", "--draft-tokens", "3")
 
 
-@pytest.fixture(scope="module")
-def dflash2_server(hybrid_artifact, tmp_path_factory):
-    server = hybrid_server(hybrid_artifact, tmp_path_factory.mktemp("dflash2"), "--spec",
-                           "dflash2", "--draft-tokens", "3", "--lm-head-draft")
-    yield server
-    server.stop()
+def start_dflash2(folder):
+    return hybrid_server(hybrid_artifact(), folder, "--spec", "dflash2", "--draft-tokens", "3",
+                         "--lm-head-draft")
 
 
-@pytest.fixture(scope="module")
-def dense_dflash_server(tmp_path_factory):
+def start_dense_dflash(folder):
     """A tiny random dense qwen3 with random DFlash / DFlash2 drafters, under --spec dflash:
     its sequences hold draft-store slots (engine/state_slots.py)."""
-    folder = tmp_path_factory.mktemp("dense-dflash")
     artifact = folder / "qwen3-tiny.ninfer"
     subprocess.run([str(NINFER), "init-random", "--preset", "qwen3-tiny", str(artifact),
                     "--drafters", "--quiet"], check=True)
-    server = hybrid_server(artifact, folder, "--spec", "dflash", "--draft-tokens", "3")
+    return hybrid_server(artifact, folder, "--spec", "dflash", "--draft-tokens", "3")
+
+
+EARLY_STARTS = {"mtp_server": start_mtp, "dflash2_server": start_dflash2,
+                "dense_dflash_server": start_dense_dflash}
+
+
+@pytest.fixture(scope="module")
+def mtp_server():
+    server = early_or_now(start_mtp)
     yield server
-    server.stop()
+    server.stop(wait=False)
+
+
+@pytest.fixture(scope="module")
+def dflash2_server():
+    server = early_or_now(start_dflash2)
+    yield server
+    server.stop(wait=False)
+
+
+@pytest.fixture(scope="module")
+def dense_dflash_server():
+    server = early_or_now(start_dense_dflash)
+    yield server
+    server.stop(wait=False)
 
 
 def test_dense_dflash_greedy_equals_draft_false(dense_dflash_server):

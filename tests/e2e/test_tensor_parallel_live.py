@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import FEW_SHAPES, NINFER, free_port, start_server
+from conftest import FEW_SHAPES, NINFER, early_or_now, free_port, start_server
 
 HOST_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
 PROMPTS = ["Say hello.", "Name a colour.", "Count to three.", "What is two plus two?"]
@@ -29,17 +29,28 @@ def tiny_artifact(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def tp_server(tiny_artifact, tmp_path_factory):
-    log = tmp_path_factory.mktemp("tp-log") / "requests.jsonl"
-    server = start_server(tiny_artifact, "--tensor-parallel", "2", "--max-context", "256",
+def start_tp(folder):
+    artifact = folder / "qwen3-tiny.ninfer"
+    subprocess.run([str(NINFER), "init-random", "--preset", "qwen3-tiny", str(artifact)],
+                   check=True, capture_output=True, timeout=300)
+    log = folder / "requests.jsonl"
+    server = start_server(artifact, "--tensor-parallel", "2", "--max-context", "256",
                           "--prefill-chunk", "32", "--max-concurrency", "4", "--seed", "1",
                           *FEW_SHAPES, "--request-log-jsonl", str(log),
                           env_extra=HOST_DEVICES)
     server.model_id = "qwen3-tiny"
     server.request_log = log
+    return server
+
+
+EARLY_STARTS = {"tp_server": start_tp}
+
+
+@pytest.fixture(scope="module")
+def tp_server():
+    server = early_or_now(start_tp)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def _chat(server, prompt: str) -> str:

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import FEW_SHAPES, log_records, start_server
+from conftest import FEW_SHAPES, early_or_now, log_records, start_server
 from media_samples import PNG_B64, PNG_URI, VIDEO_URI, media_url, png  # noqa: F401 (fixture)
 from ninfer_jax.artifact.format import save_artifact
 from ninfer_jax.artifact.random_init import init_random
@@ -28,9 +28,7 @@ IMAGE_TOKENS = 70  # the 40 x 60 sample: 14 x 20 patches, merged 2 x 2
 LEAD = "Describe what follows in the picture, carefully and in order, please. " * 4
 
 
-@pytest.fixture(scope="module")
-def vision_server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("vision")
+def start_vision(folder):
     contents = init_random("qwen3-vl-tiny")
     sharpen(contents.params)  # tests/vision_models.py: texts that depend on the image
     artifact = save_artifact(folder / "qwen3-vl-tiny.ninfer", contents)
@@ -40,8 +38,17 @@ def vision_server(tmp_path_factory):
                           "--media-live-mib", "4", "--request-log-jsonl", str(log))
     server.request_log = log
     server.model_id = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    return server
+
+
+EARLY_STARTS = {"vision_server": start_vision}
+
+
+@pytest.fixture(scope="module")
+def vision_server():
+    server = early_or_now(start_vision)
     yield server
-    server.stop()
+    server.stop(wait=False)
 
 
 def chat(server, content, *, max_tokens=6, role="user", **extra):

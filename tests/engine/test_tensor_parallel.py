@@ -20,6 +20,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -35,17 +36,39 @@ PLAN = {"qwen3": ("1", "2", "4"), "moe": ("1", "2ep", "4"), "glm": ("1", "2ep")}
 NUM_LAYERS = 2  # the child's tiny models (the hybrids: one Gated DeltaNet, one attention)
 
 
+_child: subprocess.Popen | None = None
+
+
+def start_early() -> subprocess.Popen:
+    """The child, started once: by tests/conftest.py as soon as the run's tests are collected,
+    or by the fixture. Its stdout and stderr go to temporary files, read once it exits."""
+    global _child
+    if _child is None:
+        root = pathlib.Path(__file__).resolve().parents[2]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+        args = [f"{name}={','.join(sizes)}" for name, sizes in PLAN.items()]
+        args += ["restore=2", "restore_ep=2"]
+        output, errors = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        _child = subprocess.Popen([sys.executable, str(CHILD), *args], env=env, text=True,
+                                  stdout=output, stderr=errors)
+        _child.output, _child.errors = output, errors
+    return _child
+
+
 @pytest.fixture(scope="module")
 def results():
-    root = pathlib.Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    args = [f"{name}={','.join(sizes)}" for name, sizes in PLAN.items()]
-    args += ["restore=2", "restore_ep=2"]
-    done = subprocess.run([sys.executable, str(CHILD), *args], capture_output=True,
-                          text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+    child = start_early()
+    try:
+        child.wait(timeout=600)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    child.output.seek(0)
+    child.errors.seek(0)
+    assert child.returncode == 0, child.errors.read()[-4000:]
+    return json.loads(child.output.read())
 
 
 @pytest.mark.parametrize("name,size", [(n, s) for n, sizes in PLAN.items()

@@ -7,6 +7,7 @@ default init (and norms away from 1) so that every term of the forward pass matt
 from __future__ import annotations
 
 import pathlib
+import types
 
 import numpy as np
 import torch
@@ -36,6 +37,15 @@ def tiny_hf_model(architecture: str, seed: int = 0):
         model = Qwen3ForCausalLM(hf_config)
     randomize(model)
     return model.float().eval()
+
+
+def saved_tiny_model(architecture: str, checkpoint_dir: pathlib.Path, seed: int = 0):
+    """(HF model, artifact stand-in with .config and .params) of tiny_hf_model(architecture,
+    seed), its weights saved to `checkpoint_dir` and read back the way a checkpoint is."""
+    model = tiny_hf_model(architecture, seed=seed)
+    model.save_pretrained(checkpoint_dir)
+    config = model_config_from_hf(model.config)
+    return model, types.SimpleNamespace(config=config, params=load_params(checkpoint_dir, config))
 
 
 def randomize(model) -> None:

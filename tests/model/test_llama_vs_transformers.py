@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
+from hf_reference import reference_logits, saved_tiny_model
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.model import llama, ragged_batch
 
@@ -27,11 +27,8 @@ TOLERANCE = 1e-4
 
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def reference(request, tmp_path_factory):
-    model = tiny_hf_model(request.param)
-    checkpoint = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(checkpoint)
-    config = model_config_from_hf(model.config)
-    params = jax.tree_util.tree_map(jnp.asarray, load_params(checkpoint, config))
+    model, tiny = saved_tiny_model(request.param, tmp_path_factory.mktemp(request.param))
+    config, params = tiny.config, jax.tree_util.tree_map(jnp.asarray, tiny.params)
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, config.vocab_size, PROMPT_LEN + NUM_DECODE)
     import torch

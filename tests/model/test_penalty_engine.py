@@ -8,14 +8,13 @@ to that implementation's f64 formula (tests/model/test_sampling.py)."""
 from __future__ import annotations
 
 import math
-import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_reference import load_params, model_config_from_hf, tiny_hf_model
+from hf_reference import saved_tiny_model
 from ninfer_jax.engine.config import EngineConfig
 from ninfer_jax.engine.pages import PagePool
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
@@ -45,11 +44,7 @@ CPU_EXACT = pytest.mark.skipif(jax.default_backend() != "cpu",
 
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
-    model = tiny_hf_model("llama", seed=3)
-    checkpoint = tmp_path_factory.mktemp("penalty-llama")
-    model.save_pretrained(checkpoint)
-    config = model_config_from_hf(model.config)
-    artifact = types.SimpleNamespace(config=config, params=load_params(checkpoint, config))
+    artifact = saved_tiny_model("llama", tmp_path_factory.mktemp("penalty-llama"), seed=3)[1]
     runner = JaxRunner(artifact, num_pages=64, page_size=PAGE, max_batch=LANES,
                        max_context=CONTEXT, prefill_chunk=32, dtype=jnp.float32)
     runner.warmup()

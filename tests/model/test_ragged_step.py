@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
+from hf_reference import reference_logits, saved_tiny_model
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner_api import SampleSpec
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE, get_kv_cache_shape
@@ -51,10 +51,9 @@ class World:
     sequence's first CACHED positions (host copy), and transformers' logits per sequence."""
 
     def __init__(self, architecture, tmp_path):
-        model = tiny_hf_model(architecture, seed=4)
-        model.save_pretrained(tmp_path)
-        self.config = model_config_from_hf(model.config)
-        self.params = jax.tree_util.tree_map(jnp.asarray, load_params(tmp_path, self.config))
+        model, tiny = saved_tiny_model(architecture, tmp_path, seed=4)
+        self.config = tiny.config
+        self.params = jax.tree_util.tree_map(jnp.asarray, tiny.params)
         rng = np.random.default_rng(6)
         self.tokens = rng.integers(0, self.config.vocab_size, (4, SEQUENCE_LEN)).astype(np.int32)
         self.expected = [reference_logits(model, seq) for seq in self.tokens]

@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from hf_reference import load_params, model_config_from_hf, reference_logits, tiny_hf_model
+from hf_reference import reference_logits, saved_tiny_model
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import (JaxRunner, chunk_buckets, chunk_row_buckets, fit_bucket,
                                       geometric_buckets, kv_dtype_for, row_buckets)
@@ -19,11 +19,7 @@ NUM_NEW = 12
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    model = tiny_hf_model("llama", seed=3)
-    checkpoint = tmp_path_factory.mktemp("runner-llama")
-    model.save_pretrained(checkpoint)
-    config = model_config_from_hf(model.config)
-    return model, types.SimpleNamespace(config=config, params=load_params(checkpoint, config))
+    return saved_tiny_model("llama", tmp_path_factory.mktemp("runner-llama"), seed=3)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from hf_reference import load_params, model_config_from_hf, tiny_hf_model
+from hf_reference import saved_tiny_model
 from ninfer_jax.artifact.convert_common import quantize_projections
 from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.kernels import quant_matmul
@@ -32,11 +32,7 @@ WEIGHT_ERROR_FACTOR = 3.0
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    model = tiny_hf_model("llama", seed=3)
-    checkpoint = tmp_path_factory.mktemp("w8a8-llama")
-    model.save_pretrained(checkpoint)
-    config = model_config_from_hf(model.config)
-    return types.SimpleNamespace(config=config, params=load_params(checkpoint, config))
+    return saved_tiny_model("llama", tmp_path_factory.mktemp("w8a8-llama"), seed=3)[1]
 
 
 def make_runner(tiny, fmt=None):
