@@ -4,18 +4,9 @@ both ways included, gives a timed record tagged with its widening and a plausibl
 the kernels' switches are left as they were."""
 from __future__ import annotations
 
-import pytest
-
 import kernel_bench
 from ninfer_jax.kernels.paged_attention import kernel as attn_kernel
 from ninfer_jax.kernels.quant_matmul import gemv
-
-
-@pytest.fixture
-def records(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernel_bench.rec, "path", str(tmp_path / "kernel_bench.jsonl"))
-    monkeypatch.setattr(kernel_bench.rec, "rows", [])
-    return kernel_bench.rec.rows
 
 
 def test_kvsweep_times_fp8_pages_widened_both_ways(records):

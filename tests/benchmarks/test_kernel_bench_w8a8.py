@@ -3,16 +3,7 @@ not die on a typo: every variant produces a timed record (no error rows) with a 
 error against the bf16 product."""
 from __future__ import annotations
 
-import pytest
-
 import kernel_bench
-
-
-@pytest.fixture
-def records(tmp_path, monkeypatch):
-    monkeypatch.setattr(kernel_bench.rec, "path", str(tmp_path / "kernel_bench.jsonl"))
-    monkeypatch.setattr(kernel_bench.rec, "rows", [])
-    return kernel_bench.rec.rows
 
 
 def test_w8a8_section_records_every_variant(records):
