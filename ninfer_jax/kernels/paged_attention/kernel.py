@@ -59,9 +59,10 @@ NUM_MERGE_WARPS = 2
 # probabilities), products still summed in float32. Why: Hopper turns a pair of e4m3 codes into
 # float16 in one instruction (cvt.rn.f16x2.e4m3x2), and Triton reaches bfloat16 only through a
 # further conversion per code, while int8 codes widen with cheap integer tricks (run 40: int8
-# pages 1.44x bf16's at 32k x 8, fp8 1.24x). The default stays "bfloat16" until a GPU figure
-# (kernel_bench kvsweep / kv4, whose records carry "widen") says otherwise.
-FP8_WIDEN = "bfloat16"
+# pages 1.44x bf16's at 32k x 8, fp8 1.24x). Default "float16" since run 40's last calls
+# (kernel_bench kv4 on an H100, records tagged "widen"): 344.7 against 377.3 us at 32k x 8
+# (1.34x bf16 pages instead of 1.23x) and 66.9 against 71.3 us at 4k x 1, the same error.
+FP8_WIDEN = "float16"
 FP8_WIDEN_CHOICES = ("bfloat16", "float16")
 # A float16 operand row's largest magnitude lands in (2^13, 2^15] after its power-of-two scale:
 # far below float16's 65504, and every value within 2^-27 of it stays a normal number.
