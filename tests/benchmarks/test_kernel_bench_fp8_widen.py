@@ -9,7 +9,8 @@ from ninfer_jax.kernels.paged_attention import kernel as attn_kernel
 from ninfer_jax.kernels.quant_matmul import gemv
 
 
-def test_kvsweep_times_fp8_pages_widened_both_ways(records):
+def test_kvsweep_times_fp8_pages_widened_both_ways(records, monkeypatch):
+    monkeypatch.setattr(attn_kernel, "FP8_WIDEN", "bfloat16")  # not the last one swept
     kernel_bench.kv_sweep_section(batch=1, context=64, configs=[(64, 2, 1)], interpret=True,
                                   iters=1)
     assert all("error" not in row for row in records), [r for r in records if "error" in r]
@@ -19,10 +20,11 @@ def test_kvsweep_times_fp8_pages_widened_both_ways(records):
     for row in records:
         assert row["us"] > 0 and row["path"] == "pallas"
         assert row["err"] < 2e-2  # against the reference over the same pages (bf16 queries)
-    assert attn_kernel.FP8_WIDEN == "bfloat16"
+    assert attn_kernel.FP8_WIDEN == "bfloat16"  # the sweep puts the switch back
 
 
-def test_gemvsweep_times_fp8_codes_widened_both_ways(records):
+def test_gemvsweep_times_fp8_codes_widened_both_ways(records, monkeypatch):
+    monkeypatch.setattr(gemv, "FP8_WIDEN", "float32")  # not the last one swept
     kernel_bench.gemv_sweep_section(k=256, n=256, copies=1, interpret=True, iters=1)
     assert all("error" not in row for row in records), [r for r in records if "error" in r]
     pallas = {(row["fmt"], row.get("widen")) for row in records if row["path"] == "pallas"}
@@ -31,4 +33,4 @@ def test_gemvsweep_times_fp8_codes_widened_both_ways(records):
         assert row["us"] > 0
         if row["path"] == "pallas":
             assert row["err"] < 1e-2, row  # the kernel against the f32 product of its codes
-    assert gemv.FP8_WIDEN == "float32"
+    assert gemv.FP8_WIDEN == "float32"  # the sweep puts the switch back
