@@ -45,7 +45,10 @@ METRICS = ("ninfer_decode_rounds_total", "ninfer_decode_rows_total",
 GPU_DEFAULTS = dict(
     presets="qwen3-8b", work="/tmp/gsb", total=560.0,
     serve_args="--max-concurrency 256 --max-context 4096 --http-threads 320",
-    runner_args="--batches 1,8,64,256 --context 384 --prompt 256 --steps 32 --json",
+    # The server's max context: the page table's width shapes the decode kernel's splits
+    # (a 512-token table made the step look twice as fast as the server at 64 rows, run 41).
+    runner_args="--batches 1,8,64,256 --context 384 --prompt 256 --steps 32 --max-context 4096 "
+                "--json",
     levels="1,8,64,256", prompt_tokens=256, max_tokens=256, min_requests=4,
     interference=63, long_prompt=4000, interference_max_tokens=2048,
     caps="install=60,artifact=150,step=150,cold=200,compiled=150,warm=120,level=90,"

@@ -223,10 +223,13 @@ def main():
     batches = [int(b) for b in args.batches.split(",")]
     verify = [int(k) for k in args.verify.split(",") if k]
     speculative = bool(verify) or args.mtp > 0
-    max_context = args.max_context or 2 ** math.ceil(
-        math.log2(max(args.context + args.steps + max(verify, default=0) + 1, args.prompt,
-                      64 + args.mtp_acceptance + args.mtp + 1)))
-    pages = max(batches) * math.ceil(max_context / 16) + 2
+    needed = max(args.context + args.steps + max(verify, default=0) + 1, args.prompt,
+                 64 + args.mtp_acceptance + args.mtp + 1)
+    max_context = args.max_context or 2 ** math.ceil(math.log2(needed))
+    # Pages for what the rows hold, not for a full table each: a 4k table (the server's) at
+    # 256 rows would otherwise ask for 151 GB of 8B pages.
+    held = min(max_context, 2 ** math.ceil(math.log2(needed)))
+    pages = max(batches) * math.ceil(held / 16) + 2
     max_rows = max(batches) * (1 + max(verify + [args.mtp]))
     runner = JaxRunner(artifact, num_pages=pages, max_batch=max_rows, max_context=max_context,
                        prefill_chunk=args.prefill_chunk,
