@@ -205,23 +205,6 @@ def rows_sweep_section():
                        num_stages=stages)
 
 
-def split_by_section(interpret=False, iters=20,
-                     shapes=((1, 384, 4096), (8, 384, 4096), (64, 384, 4096), (256, 384, 4096),
-                             (64, 384, 512), (8, 32768, 32768), (64, 2048, 4096))):
-    """The decode kernel's SPLIT_BY ("length" against "table") on the server's shapes: rows of
-    a few hundred tokens in a 4k table (the live server's), the same rows in a table their
-    size (the step bench's before run 42), and a long context. (batch, context, table context)."""
-    saved = attn_kernel.SPLIT_BY
-    try:
-        for batch, context, table_context in shapes:
-            for split_by in attn_kernel.SPLIT_BY_CHOICES:
-                attn_kernel.SPLIT_BY = split_by
-                bench_decode(batch, context, table_context=table_context,
-                             tag=f"splitby-{split_by}", interpret=interpret, iters=iters)
-    finally:
-        attn_kernel.SPLIT_BY = saved
-
-
 def _sweep_one(batch, context, table_context=None, kv_dtype=None, tag="sweep", widen=None,
                interpret=False, iters=20, **knobs):
     tuning = decode_tuning(batch=batch, num_kv_heads=8, page_size=16,
@@ -519,8 +502,7 @@ def ceilings_section():
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
             "rows": rows_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
-            "kvsweep": kv_sweep_section, "splitby": split_by_section,
-            "gemvsweep": gemv_sweep_section,
+            "kvsweep": kv_sweep_section, "gemvsweep": gemv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
             "qquick": quant_quick_section, "w8a8": w8a8_section,
             # one 8B projection each (a device command has 10 minutes)

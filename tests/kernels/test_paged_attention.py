@@ -175,15 +175,13 @@ DECODE_GRID = [
 
 
 @cpu_only
-@pytest.mark.parametrize("split_by", kernel.SPLIT_BY_CHOICES)
 @pytest.mark.parametrize("merge", ["kernel", "xla"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID)
 def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head_dim,
                                                            page_size, lengths, merge,
-                                                           split_by, monkeypatch):
+                                                           monkeypatch):
     # Both merges: the kernel (empty splits store nothing) and XLA's (every split stores).
     monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", 1 if merge == "kernel" else 10**6)
-    monkeypatch.setattr(kernel, "SPLIT_BY", split_by)
     rng = np.random.default_rng(len(lengths) * head_dim + heads)
     k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
                                     num_kv_heads=kv_heads, head_dim=head_dim,
@@ -202,69 +200,25 @@ def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head
 
 
 @cpu_only
-@pytest.mark.parametrize("split_by,lengths,used", [
-    # a fixed 32 tokens a split: 1, 2 and 4 splits hold keys
-    ("table", [1, 40, 128], [1, 2, 4]),
-    # an even share of the 8-token blocks, at least 2 a split: 1 block (1 split), 5 blocks
-    # (2 a split: 3 splits), 16 blocks (4 a split: 4 splits)
-    ("length", [1, 40, 128], [1, 3, 4]),
-])
-def test_merge_reads_only_the_splits_that_hold_a_rows_keys(split_by, lengths, used):
+def test_merge_reads_only_the_splits_that_hold_a_rows_keys():
     """Splits past a row's length are never stored by the decode kernel, so the merge must not
     read them: NaN there must not reach the output, and the result is the by-hand merge."""
     rng = np.random.default_rng(7)
-    splits, batch, kv_heads, rows, dim = 4, 3, 2, 16, 8
-    rule = dict(block_tokens=8, num_splits=splits, min_blocks=2,
-                blocks_per_split=4 if split_by == "table" else None)
-    lengths = np.array(lengths, np.int32)
+    splits, batch, kv_heads, rows, dim, split_tokens = 4, 3, 2, 16, 8, 32
+    lengths = np.array([1, 40, 128], np.int32)  # 1, 2 and 4 splits hold keys
+    used = -(-lengths // split_tokens)
     o = rng.standard_normal((splits, batch, kv_heads, rows, dim)).astype(np.float32)
     m = rng.standard_normal((splits, batch, kv_heads, rows)).astype(np.float32)
     l = rng.uniform(0.5, 2.0, (splits, batch, kv_heads, rows)).astype(np.float32)
     for b, n in enumerate(used):
         o[n:, b], m[n:, b], l[n:, b] = np.nan, np.nan, np.nan
     out = np.asarray(kernel._merge_call(jnp.asarray(o), jnp.asarray(m), jnp.asarray(l),
-                                        jnp.asarray(lengths), **rule,
+                                        jnp.asarray(lengths), split_tokens=split_tokens,
                                         dtype=jnp.float32, interpret=True))
     for b, n in enumerate(used):
         weight = np.exp(m[:n, b] - m[:n, b].max(axis=0))
         want = (weight[..., None] * o[:n, b]).sum(0) / (weight * l[:n, b]).sum(0)[..., None]
         np.testing.assert_allclose(out[b], want, rtol=1e-5, atol=1e-6)
-
-
-@cpu_only
-@pytest.mark.parametrize("split_by", kernel.SPLIT_BY_CHOICES)
-def test_decode_kernel_on_a_wide_table_matches_reference(split_by, monkeypatch):
-    """The server's shape: a table far wider than the rows (max context 4k, rows of a few
-    hundred tokens) with the tuning's own splits; by length every split of a row works."""
-    monkeypatch.setattr(kernel, "SPLIT_BY", split_by)
-    rng = np.random.default_rng(41)
-    lengths, page_size, kv_heads = [1, 300, 64, 129, 500], 16, 2
-    k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
-                                    num_kv_heads=kv_heads, head_dim=64, page_size=page_size)
-    wide = np.full((len(lengths), 256), reference.DUMMY_PAGE, np.int32)
-    wide[:, :table.shape[1]] = np.asarray(table)
-    tuning = decode_tuning(batch=len(lengths), num_kv_heads=kv_heads, page_size=page_size,
-                           table_width=256)
-    assert tuning.num_splits > 1
-    q = jnp.asarray(rng.standard_normal((len(lengths), 8, 64)), jnp.float32)
-    run = jax.jit(functools.partial(kernel.paged_decode_attention, scale=0.125, tuning=tuning,
-                                    interpret=True))
-    out = run(q, k, v, jnp.asarray(wide), lens)
-    ref = reference_decode(q, k, v, jnp.asarray(wide), lens, scale=0.125)
-    assert relative_error(out, ref) < 1e-5
-
-
-@pytest.mark.parametrize("length,splits,min_blocks,want", [
-    (0, 4, 2, (2, 0)), (1, 4, 2, (2, 1)), (384, 4, 2, (2, 6)), (4096, 4, 2, (16, 64)),
-    (4095, 32, 2, (2, 64)), (700, 3, 1, (4, 11))])
-def test_split_blocks_shares_the_blocks_that_hold_keys(length, splits, min_blocks, want):
-    per, used = kernel._split_blocks(jnp.int32(length), block_tokens=64, num_splits=splits,
-                                     blocks_per_split=None, min_blocks=min_blocks)
-    assert (int(per), int(used)) == want
-    assert int(per) * splits >= int(used)  # every block is some split's
-    fixed = kernel._split_blocks(jnp.int32(length), block_tokens=64, num_splits=splits,
-                                 blocks_per_split=16, min_blocks=min_blocks)
-    assert (fixed[0], int(fixed[1])) == (16, want[1])
 
 
 def test_decode_tuning_covers_the_table_and_splits_long_contexts():

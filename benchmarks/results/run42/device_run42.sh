@@ -1,6 +1,7 @@
 #!/bin/bash
-# Run 42 (2026-12-06, fourth session): the decode kernel's SPLIT_BY ("length", new default,
-# against "table"). From the repository root, carry [".whl"]:
+# Run 42 (2026-12-06, fourth session), at commit 58bf10a: the decode kernel's SPLIT_BY ("length",
+# then the default, against "table"; measured no better and removed after, so `splitby` needs
+# that commit). From the repository root, carry [".whl"]:
 #   bash benchmarks/results/run42/device_run42.sh "splitby live"
 # splitby: the attention kernels' GPU tests, then kernel_bench splitby (both rules on the
 # server's shapes). live: the step bench at the server's 4k max context and the live server

@@ -10,11 +10,9 @@ Work split (flash-decoding): one program per (row b, kv head h, context split s)
 walks its split's pages `pages_per_block` at a time, keeping an online softmax for the G query
 heads that share kv head h, and writes an unnormalised partial output plus its running max and
 sum, and a merge combines the splits. The split count follows the page table's width (the
-server's max context); how a row's keys are dealt to the splits is SPLIT_BY's choice: by the
-row's length (each split takes an even share of the blocks that hold keys) or by the table
-(split s always covers the same pages, so at 8 rows and a 4k table 3 of 32 splits hold keys
-at a 384-token context, and an XLA merge over all of them moved 1.2 GB of partials per step,
-0.34 ms of a 5.2 ms step, run 18). Past MERGE_KERNEL_MIN_SPLITS splits a
+server's max context), not the rows' lengths: at 8 rows and a 4k table there are 32 splits,
+of which 3 hold keys at a 384-token context, and an XLA merge over all of them moved 1.2 GB of
+partials per step (0.34 ms of a 5.2 ms step, run 18). Past MERGE_KERNEL_MIN_SPLITS splits a
 second Pallas kernel merges each (row, kv head) reading only the splits that hold its keys,
 and empty splits store nothing; with few splits the XLA merge is cheaper than one more launch
 (about 5 us per layer, run 18) and every split stores its partials. Query heads are padded
@@ -39,7 +37,6 @@ from jax.experimental.pallas import triton as pltriton
 
 from ninfer_jax.kernels.paged_attention.reference import (DUMMY_PAGE, E2M1Pages, Int4Pages,
                                                           ScaledPages)
-from ninfer_jax.kernels.paged_attention import tuning as tuning_module
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
 
 MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
@@ -67,16 +64,6 @@ NUM_MERGE_WARPS = 2
 # (1.34x bf16 pages instead of 1.23x) and 66.9 against 71.3 us at 4k x 1, the same error.
 FP8_WIDEN = "float16"
 FP8_WIDEN_CHOICES = ("bfloat16", "float16")
-# How a row's keys are dealt to the context splits, read while tracing (benchmarks set the
-# module's value before they jit). "length": the blocks that hold the row's keys are shared
-# evenly among the splits (never fewer than MIN_SPLIT_TOKENS' worth a split), so every split
-# works whatever the row's length. "table": split s covers the table's pages [s, s + 1) x
-# pages_per_split whatever the length: with the server's 4k table and 64 rows of 384 tokens
-# (4 splits of 1,024 tokens) one split in four holds keys and each row's keys are read by
-# one program in a loop, where a bench at a 512-token table spreads them over all four (the
-# live server's c64 figure was half the step bench's, run 41).
-SPLIT_BY = "length"
-SPLIT_BY_CHOICES = ("length", "table")
 # A float16 operand row's largest magnitude lands in (2^13, 2^15] after its power-of-two scale:
 # far below float16's 65504, and every value within 2^-27 of it stays a normal number.
 F16_ROW_PEAK = 2.0 ** 14
@@ -150,23 +137,10 @@ def _f16_rows(x):
     return (x * jnp.exp2(-exponent)).astype(jnp.float16), jnp.exp2(exponent)
 
 
-def _split_blocks(length, *, block_tokens: int, num_splits: int, blocks_per_split: int | None,
-                  min_blocks: int):
-    """(blocks per split, blocks holding keys) of a row of `length` keys: a fixed share per
-    split (SPLIT_BY "table", `blocks_per_split`), or an even share of the blocks holding keys
-    and at least `min_blocks` (None: SPLIT_BY "length")."""
-    used = (jnp.maximum(length, 0) + block_tokens - 1) // block_tokens
-    if blocks_per_split is not None:
-        return blocks_per_split, used
-    return jnp.maximum((used + num_splits - 1) // num_splits, min_blocks), used
-
-
 def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
-                   page_size: int, pages_per_block: int, block_tokens: int,
-                   num_splits: int, blocks_per_split: int | None, min_blocks: int,
+                   page_size: int, pages_per_block: int, pages_per_split: int,
                    store_empty: bool, k_kind: str, v_kind: str, k_f16: bool, v_f16: bool):
-    """One (row, kv head, split) program. table_ref holds the row's whole table (padded);
-    the split's blocks follow from the row's length (_split_blocks). refs: each
+    """One (row, kv head, split) program. table_ref holds this split's pages only. refs: each
     cache's leaves (cache_leaves: codes, then 4-bit pages' block scales), then the key's and
     the value's per-token scale [P, K, S] when they have one, then the outputs. A key's
     per-token scale multiplies its logit column and a value's its probability, so the
@@ -182,12 +156,11 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
     vs_ref = refs.pop(0) if v_kind != PLAIN else None
     o_ref, m_ref, l_ref = refs
     head, split = pl.program_id(1), pl.program_id(2)
+    block_tokens = pages_per_block * page_size
     length = length_ref[0]
-    per_split, used = _split_blocks(length, block_tokens=block_tokens, num_splits=num_splits,
-                                    blocks_per_split=blocks_per_split, min_blocks=min_blocks)
-    first_block = split * per_split
-    first_token = first_block * block_tokens
-    num_blocks = jnp.clip(used - first_block, 0, per_split)
+    first_token = split * pages_per_split * page_size
+    num_tokens = jnp.clip(length - first_token, 0, pages_per_split * page_size)
+    num_blocks = (num_tokens + block_tokens - 1) // block_tokens
     q = q_ref[...]  # [Gp, D]
     num_rows, head_dim = q.shape
     q_dot, logit_scale = q, scale
@@ -208,7 +181,7 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
 
     def body(i, carry):
         acc, running_max, running_sum = carry
-        page_ids = table_ref[pl.ds((first_block + i) * pages_per_block, pages_per_block)]
+        page_ids = table_ref[pl.ds(i * pages_per_block, pages_per_block)]
         # Pages past the row's length may hold anything; read the dummy page instead.
         page_start = first_token + (i * pages_per_block + jnp.arange(pages_per_block)) * page_size
         page_ids = jnp.where(page_start < length, page_ids, DUMMY_PAGE)
@@ -253,15 +226,11 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
         pl.when(num_blocks > 0)(store)
 
 
-def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, block_tokens: int,
-                  num_splits: int, blocks_per_split: int | None, min_blocks: int):
-    """One (row, kv head) program: fold the partials of the splits that hold its keys (the
-    decode kernel's _split_blocks)."""
+def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int,
+                  num_splits: int):
+    """One (row, kv head) program: fold the partials of the splits that hold its keys."""
     row, head = pl.program_id(0), pl.program_id(1)
-    per_split, blocks = _split_blocks(length_ref[0], block_tokens=block_tokens,
-                                      num_splits=num_splits, blocks_per_split=blocks_per_split,
-                                      min_blocks=min_blocks)
-    used = jnp.clip((blocks + per_split - 1) // per_split, 0, num_splits)
+    used = jnp.clip((length_ref[0] + split_tokens - 1) // split_tokens, 0, num_splits)
     num_rows, head_dim = out_ref.shape
 
     def body(split, carry):
@@ -301,15 +270,17 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     W = page_table.shape[1]
     if tuning is None:
         tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W)
-    table = _padded_table(page_table, tuning)
+    padded_width = tuning.num_splits * tuning.pages_per_split
+    table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
+                    constant_values=DUMMY_PAGE)
     qg = jnp.pad(q.reshape(B, K, G, D), ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
     lengths = lengths.astype(jnp.int32)
     merge_kernel = tuning.num_splits >= MERGE_KERNEL_MIN_SPLITS
     o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
                            store_empty=not merge_kernel, interpret=interpret)
     if merge_kernel:
-        out = _merge_call(o, m, l, lengths, **_split_rule(tuning, S), dtype=q.dtype,
-                          interpret=interpret)
+        out = _merge_call(o, m, l, lengths, split_tokens=tuning.pages_per_split * S,
+                          dtype=q.dtype, interpret=interpret)
     else:
         out = merge_splits(o, m, l).astype(q.dtype)
     return out[:, :, :G, :].reshape(B, H, D)
@@ -336,7 +307,9 @@ def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: 
     W = page_table.shape[1]
     if tuning is None:
         tuning = decode_tuning(batch=B * C, num_kv_heads=K, page_size=S, table_width=W)
-    table = _padded_table(page_table, tuning)
+    padded_width = tuning.num_splits * tuning.pages_per_split
+    table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
+                    constant_values=DUMMY_PAGE)
     qg = jnp.moveaxis(q.reshape(B, T, K, G, D), 1, 2).reshape(B, K, R, D)
     qg = jnp.pad(qg, ((0, 0), (0, 0), (0, C * per_program - R), (0, 0)))
     qg = jnp.moveaxis(qg.reshape(B, K, C, per_program, D), 2, 1)
@@ -357,26 +330,6 @@ def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: 
     return unfold(out), unfold(lse)
 
 
-def _split_rule(tuning: DecodeTuning, page_size: int) -> dict:
-    """The static arguments of _split_blocks for this tuning and SPLIT_BY (read now)."""
-    if SPLIT_BY not in SPLIT_BY_CHOICES:
-        raise ValueError(f"SPLIT_BY={SPLIT_BY!r}: expected one of {SPLIT_BY_CHOICES}")
-    block_tokens = tuning.pages_per_block * page_size
-    fixed = tuning.pages_per_split // tuning.pages_per_block
-    return dict(block_tokens=block_tokens, num_splits=tuning.num_splits,
-                blocks_per_split=fixed if SPLIT_BY == "table" else None,
-                min_blocks=max(1, min(fixed, tuning_module.MIN_SPLIT_TOKENS // block_tokens)))
-
-
-def _padded_table(page_table, tuning: DecodeTuning):
-    """[B, W] -> [B, N] int32, N a power of two covering every split (Triton's block
-    shapes are powers of two), DUMMY_PAGE past W."""
-    W = page_table.shape[1]
-    width = _next_power_of_2(max(W, tuning.num_splits * tuning.pages_per_split))
-    return jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, width - W)),
-                   constant_values=DUMMY_PAGE)
-
-
 def merge_splits(o, m, l):
     """Combine per-split partials o [NS, ..., D], m/l [NS, ...] into the normalised output."""
     global_max = m.max(axis=0)
@@ -393,7 +346,7 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
     k_kind, v_kind = cache_kind(k_cache), cache_kind(v_cache)
     kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
                                pages_per_block=tuning.pages_per_block,
-                               **_split_rule(tuning, k_cache.shape[2]),
+                               pages_per_split=tuning.pages_per_split,
                                store_empty=store_empty, k_kind=k_kind, v_kind=v_kind,
                                k_f16=widens_to_f16(k_cache), v_f16=widens_to_f16(v_cache))
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
@@ -404,7 +357,7 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
         grid=(B, K, NS),
         in_specs=[
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
-            pl.BlockSpec((None, table.shape[1]), lambda b, h, s: (b, 0)),
+            pl.BlockSpec((None, tuning.pages_per_split), lambda b, h, s: (b, s)),
             pl.BlockSpec((None, None, Gp, D), lambda b, h, s: (b, h, 0, 0)),
             *[whole(cache) for cache in caches],
         ],
@@ -425,12 +378,9 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
     )(lengths, table, qg, *caches)
 
 
-def _merge_call(o, m, l, lengths, *, block_tokens: int, num_splits: int,
-                blocks_per_split: int | None, min_blocks: int, dtype, interpret: bool):
+def _merge_call(o, m, l, lengths, *, split_tokens: int, dtype, interpret: bool):
     NS, B, K, Gp, D = o.shape
-    assert NS == num_splits, (NS, num_splits)
-    kernel = functools.partial(_merge_kernel, block_tokens=block_tokens, num_splits=NS,
-                               blocks_per_split=blocks_per_split, min_blocks=min_blocks)
+    kernel = functools.partial(_merge_kernel, split_tokens=split_tokens, num_splits=NS)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h: (0,) * a.ndim)  # noqa: E731
     return pl.pallas_call(
         kernel,
