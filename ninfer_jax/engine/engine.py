@@ -64,6 +64,8 @@ class Engine:
                                  state_bytes)
         if page_bytes:
             runner.clear_host_pages()  # a runner that served an earlier engine
+            if self.host.is_enabled and hasattr(runner, "use_host_tier"):
+                runner.use_host_tier()
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, host=self.host,
@@ -228,8 +230,10 @@ class Engine:
         primed = False
         while not self._has_round_work() and self.runner.prime_one():
             primed = True
-        if primed:
-            self._publish_stats()  # /health counts primed executables as ready
+        if primed:  # /health counts primed executables as ready: tell the workers now, not
+            self._publish_stats()  # at the next round's end (a request's, maybe minutes away)
+            for listener in self.round_listeners:
+                listener()
         with self._cond:
             while not self._has_round_work():
                 self._cond.wait()

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from ninfer_jax.engine.compile_clock import COMPILE_CLOCK
 from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine import page_store
 from ninfer_jax.engine.host_pages import StateCopy
@@ -286,6 +287,12 @@ class JaxRunner:
         # one slot's (0: dense, whose draft-store slots are never saved)
         self.state_bytes = page_store.state_bytes(self._kv_spec) if self.has_state else 0
         self._page_store = page_store.HostPageStore(self.mesh)
+        COMPILE_CLOCK.install()  # the step loop counts compiles inside launches
+        # The host tier's copy shapes past warm-up's smallest, compiled while the engine is
+        # idle (prime_one) once the engine says its host tier is on (use_host_tier).
+        self._unwarmed_copies: list = []
+        self._copy_shapes = 0  # how many use_host_tier planned
+        self._copy_warm_seconds = 0.0
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
@@ -534,13 +541,15 @@ class JaxRunner:
 
     def compile_progress(self) -> tuple[int, int]:
         """(executables ready, executables planned), for /health and the logs: every step
-        shape plus the greedy variants; ready means compiled and run once (prime_one), so
-        none of them would stall a request with its first-run set-up."""
+        shape plus the greedy variants and, with the host tier on, its copy shapes
+        (use_host_tier); ready means compiled and run once (prime_one), so none of them
+        would stall a request with its first-run set-up or a compile."""
         compiled = (len(self._executables) + len(self._greedy_executables)
                     + len(self._media_executables))
         shapes = self.step_shapes()
-        return (compiled - len(self._unprimed),
-                len(shapes) + len(self.greedy_shapes()) + len(self._media_shapes(shapes)))
+        return (compiled - len(self._unprimed) + self._copy_shapes - len(self._unwarmed_copies),
+                len(shapes) + len(self.greedy_shapes()) + len(self._media_shapes(shapes))
+                + self._copy_shapes)
 
     def warmup(self) -> None:
         """Compile the essential shapes (in parallel), run each once on padding inputs (they
@@ -583,15 +592,40 @@ class JaxRunner:
         threading.Thread(target=self._compile_rest, args=(rest, greedy), name="ninfer-compile",
                          daemon=True).start()
 
+    def use_host_tier(self) -> None:
+        """The engine's host tier is on: every save and load run length (and a state
+        snapshot's copy) compiles while the engine is idle, after the step shapes."""
+        self._unwarmed_copies = list(self._page_store.run_sizes[1:])  # warm-up: the first
+        if self.has_state:
+            self._unwarmed_copies.append("state")
+        self._copy_shapes = len(self._unwarmed_copies)
+
+    def _warm_one_copy(self) -> bool:
+        if not self._unwarmed_copies:
+            return False
+        started = time.perf_counter()
+        item = self._unwarmed_copies.pop(0)
+        if item == "state":
+            self.kv = self._placed(self._page_store.warm_state(self.kv, DUMMY_STATE_SLOT))
+        else:
+            self.kv = self._placed(self._page_store.warm(self.kv, item))
+        jax.block_until_ready(self.kv)
+        self._copy_warm_seconds += time.perf_counter() - started
+        if not self._unwarmed_copies:
+            log.info("host tier: %d more copy shapes compiled while idle in %.1f s",
+                     self._copy_shapes, self._copy_warm_seconds)
+        return True
+
     def prime_one(self) -> bool:
         """Run one executable that compiled in the background but never ran, on padding
         inputs (they write the dummy page only; the previous step's output is kept). Its
         first run pays a one-time set-up, on the GPU CUDA graph instantiation and module
         loading (run 12: 0.36-0.49 s stalls of every stream when a load level first used a
-        shape), which would otherwise land on a request. Engine thread, no step in flight."""
+        shape), which would otherwise land on a request. Then, one at a time, the host tier's
+        copy shapes (use_host_tier). Engine thread, no step in flight."""
         key = next(iter(self._unprimed), None)
         if key is None:
-            return False
+            return self._warm_one_copy()
         shape, variant = key
         self._unprimed.pop(key, None)
         self._run_padding(self._variant_executables(variant)[shape], shape,

@@ -157,9 +157,14 @@ class StepRunner(Protocol):
     def compile_progress(self) -> tuple[int, int]:
         """(step shapes compiled, step shapes planned)."""
 
+    def use_host_tier(self) -> None:
+        """The engine's host tier is on: compile its page copies' shapes while idle
+        (prime_one). Optional: a runner with page_bytes 0 has no host tier."""
+
     def prime_one(self) -> bool:
-        """Run one compiled step that has never run, on padding inputs; False when none is
-        left. The engine thread calls it only while idle with no step in flight."""
+        """Run one compiled step that has never run, on padding inputs, or compile one more
+        host-tier copy shape (use_host_tier); False when nothing is left. The engine thread
+        calls it only while idle with no step in flight."""
 
     def launch(self, plan: StepPlan) -> object:
         """Dispatch one step and return at once (a handle for `collect`). Steps run on the

@@ -60,6 +60,10 @@ class EngineCounters:
     launches: dict = dataclasses.field(default_factory=lambda: dict.fromkeys(LAUNCH_KINDS, 0))
     launch_seconds: dict = dataclasses.field(
         default_factory=lambda: dict.fromkeys(LAUNCH_KINDS, 0.0))
+    # XLA compiles inside launches (engine thread; compile_clock.py, installed by the
+    # JaxRunner): a shape or helper warm-up did not compile
+    launch_compiles: int = 0
+    launch_compile_seconds: float = 0.0
 
     def record_decode(self, batch_size: int, seconds: float) -> None:
         self.decode_rounds += 1
@@ -132,6 +136,8 @@ class EngineStats:
     host_work: dict  # phase -> seconds
     launches: dict  # LAUNCH_KINDS -> steps launched
     launch_seconds: dict  # LAUNCH_KINDS -> seconds inside runner.launch
+    launch_compiles: int  # XLA compiles inside launches
+    launch_compile_seconds: float
 
     @classmethod
     def empty(cls, *, page_size: int = 0, capacity: int = 0, max_concurrency: int = 0,

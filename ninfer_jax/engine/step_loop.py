@@ -15,9 +15,12 @@ the scheduler round by round with the fake runner.
 
 A plan plus launch that takes SLOW_SUBMIT_S or more stalls every stream (a step is 5-20 ms
 on a GPU): it is logged with how it split between planning, launching and the garbage
-collector (GcClock, installed by the engine core), at most once per SLOW_LOG_PERIOD_S, so
-that a live run names the steps behind a large program_submit (run 40: 14-27 ms a round at
-64 streams on the H100, 0.5 ms of it planning and packing).
+collector (GcClock, installed by the engine core) and XLA compiling on the engine thread
+(compile_clock.py, installed by the JaxRunner: a jitted helper meeting a shape warm-up did
+not compile), at most once per
+SLOW_LOG_PERIOD_S, so that a live run names the steps behind a large program_submit (run 40:
+14-27 ms a round at 64 streams on the H100, 0.5 ms of it planning and packing). Compiles
+inside launches are also counted (`launch_compiles`, `launch_compile_seconds`).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ import logging
 import time
 from typing import Callable
 
+from ninfer_jax.engine.compile_clock import COMPILE_CLOCK
 from ninfer_jax.engine.runner_api import PageCopyError, StepPlan, StepRunner
 from ninfer_jax.engine.scheduler import NEEDS_SYNC, Scheduler
 
@@ -76,7 +80,7 @@ class StepLoop:
 
     def advance(self) -> bool:
         """Plan, launch and collect what is due; False when there was nothing to do."""
-        started, gc_before = self.clock(), GC_CLOCK.seconds
+        started, gc_before, compiles_before = self.clock(), GC_CLOCK.seconds, COMPILE_CLOCK.here()
         plan = self.scheduler.schedule()
         planned = self.clock()
         if plan is None or plan is NEEDS_SYNC:
@@ -99,9 +103,13 @@ class StepLoop:
         counters = self.scheduler.counters
         counters.launches[kind] += 1
         counters.launch_seconds[kind] += launched - planned
+        compiles, compiling = (now - before for now, before in
+                               zip(COMPILE_CLOCK.here(), compiles_before))
+        counters.launch_compiles += compiles
+        counters.launch_compile_seconds += compiling
         if launched - started >= SLOW_SUBMIT_S:
             self._slow_submit(plan, planned - started, launched - planned,
-                              GC_CLOCK.seconds - gc_before, launched)
+                              GC_CLOCK.seconds - gc_before, compiling, launched)
         if self._in_flight is not None:
             self._collect()
         self._in_flight = (plan, handle, launched)
@@ -110,7 +118,7 @@ class StepLoop:
         return True
 
     def _slow_submit(self, plan: StepPlan, planning: float, launching: float,
-                     collecting: float, now: float) -> None:
+                     collecting: float, compiling: float, now: float) -> None:
         if now - self._slow_logged_at < SLOW_LOG_PERIOD_S:
             self._slow_unlogged += 1
             return
@@ -118,8 +126,9 @@ class StepLoop:
         more = (f"; {self._slow_unlogged} more since the last such line"
                 if self._slow_unlogged else "")
         log.info("slow step submit: %.0f ms (planning %.1f ms, launching %.1f ms; garbage "
-                 "collection %.1f ms of it) for %d rows%s%s", 1e3 * (planning + launching),
-                 1e3 * planning, 1e3 * launching, 1e3 * collecting, len(plan.rows), chunk, more)
+                 "collection %.1f ms, compiling %.1f ms of it) for %d rows%s%s",
+                 1e3 * (planning + launching), 1e3 * planning, 1e3 * launching,
+                 1e3 * collecting, 1e3 * compiling, len(plan.rows), chunk, more)
         self._slow_logged_at, self._slow_unlogged = now, 0
 
     def _host(self, phase: str, since: float) -> float:

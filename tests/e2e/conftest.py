@@ -132,7 +132,9 @@ def start_server(artifact, *flags, api_key: str | None = None,
     env = dict(os.environ)
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str(REPO / ".cache" / "jax"))
     env.update(env_extra or {})
-    log_file = tempfile.NamedTemporaryFile(prefix="ninfer-serve-", suffix=".log", delete=False)
+    # in the session's folder, removed at its end (they piled up in /tmp, 455 of them)
+    log_file = tempfile.NamedTemporaryFile(prefix="ninfer-serve-", suffix=".log", delete=False,
+                                           dir=early_folder("logs"))
     process = subprocess.Popen(args, cwd=REPO, env=env, stdout=log_file,
                                stderr=subprocess.STDOUT, start_new_session=True)
     server = LiveServer(process, port, api_key, "smollm2-135m-instruct",

@@ -234,6 +234,50 @@ def test_a_step_with_a_chunk_and_rows_is_launched_as_mixed(make_engine):
     assert stats.launch_seconds["mixed"] > 0
 
 
+def test_compiles_inside_launches_are_counted_and_named(caplog, monkeypatch):
+    """A launch that makes XLA compile (a jitted helper meeting a shape warm-up did not
+    compile: run 41's host-tier save of a new run length) is counted, in compiles and seconds,
+    and a slow submit's line says how much of it was compiling; a compile on another thread
+    (the background compiles) is not the launch's."""
+    import logging
+    import threading
+
+    import jax
+    import numpy as np
+
+    from ninfer_jax.engine import step_loop
+    from ninfer_jax.engine.compile_clock import COMPILE_CLOCK
+    from ninfer_jax.engine.step_loop import StepLoop
+
+    from engine_testkit import Driver
+
+    monkeypatch.setattr(step_loop, "SLOW_SUBMIT_S", 0.0)  # every submit is "slow": logged
+    COMPILE_CLOCK.install()
+    driver = Driver(max_concurrency=2, prefill_chunk=64)
+    launch = driver.runner.launch
+    sizes = iter(range(3, 1000))
+
+    def compiling_launch(plan):
+        if plan.chunk is not None:  # a fresh shape each time: a real compile
+            jax.jit(lambda x: x * 2 + 1)(np.zeros(next(sizes), np.float32)).block_until_ready()
+        return launch(plan)
+
+    elsewhere = threading.Thread(target=lambda: jax.jit(lambda x: x - 5)(np.zeros(2)))
+    driver.runner.launch = compiling_launch
+    driver.loop = StepLoop(driver.scheduler, driver.runner)
+    with caplog.at_level(logging.INFO, logger="ninfer_jax.engine"):
+        elsewhere.start(), elsewhere.join()
+        driver.run_all([make_request(prompt_of(5), max_tokens=3),
+                        make_request(prompt_of(7, salt=2), max_tokens=3)])
+    counters = driver.scheduler.counters
+    assert counters.launch_compiles == 2  # the two chunks' launches, not the thread's compile
+    assert counters.launch_compile_seconds > 0
+    assert counters.launch_compile_seconds <= sum(counters.launch_seconds.values())
+    lines = [r.getMessage() for r in caplog.records if "slow step submit" in r.getMessage()]
+    # the first launch (a chunk's, then once per SLOW_LOG_PERIOD_S): its compile is named
+    assert "a 5-token chunk" in lines[0] and "compiling 0.0 ms" not in lines[0], lines[0]
+
+
 def test_a_stopped_engine_and_its_runner_are_collected():
     """An engine started in a process that builds many (tests, benchmarks) leaves nothing
     behind once stopped: with gc.freeze() after every warm-up the suite kept every runner and
@@ -281,7 +325,8 @@ def test_a_slow_step_submit_is_logged_with_where_it_went(caplog):
         driver.run_all([make_request(prompt_of(5), max_tokens=30)])
     lines = [r.getMessage() for r in caplog.records if "slow step submit" in r.getMessage()]
     assert lines[0] == ("slow step submit: 250 ms (planning 0.0 ms, launching 250.0 ms; "
-                        "garbage collection 0.0 ms of it) for 0 rows and a 5-token chunk")
+                        "garbage collection 0.0 ms, compiling 0.0 ms of it) for 0 rows and a "
+                        "5-token chunk")
     assert len(lines) == 2  # about 30 launches: 7.5 s of the loop's clock
     assert lines[1].startswith("slow step submit: 250 ms") and lines[1].endswith(
         "; 19 more since the last such line")

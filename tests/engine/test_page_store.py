@@ -165,3 +165,30 @@ def test_a_save_out_of_memory_loses_only_its_slots_and_the_loads_that_read_them(
     host.save(3)
     with pytest.raises(ZeroDivisionError):
         store.apply(kv, host.pop_copies())
+
+
+def test_a_warmed_run_length_copies_without_compiling():
+    """HostPageStore.warm(kv, size) compiles the save and the load of a run length, so a later
+    run padded to it compiles nothing; a length it did not warm does compile."""
+    from ninfer_jax.engine.page_store import RUN_SIZES
+    from ninfer_jax.engine.compile_clock import COMPILE_CLOCK
+
+    COMPILE_CLOCK.install()
+    rng = np.random.default_rng(5)
+    # a page shape no other test uses: jit caches are shared by every store in the process
+    kv = [tuple(jnp.asarray(rng.standard_normal((NUM_PAGES, 1, 4, 8)), jnp.float32)
+                for _ in range(2))]
+    store = HostPageStore()
+    kv = store.warm(kv, 32)
+    before = COMPILE_CLOCK.here()
+    kv = store.apply(kv, [PageCopy(SAVE, 1 + i, i) for i in range(20)])  # padded to 32
+    kv = store.apply(kv, [PageCopy(LOAD, 21 + i, i) for i in range(20)])
+    jax.block_until_ready(kv)
+    assert COMPILE_CLOCK.here() == before
+    assert same(page_of(kv, 21), page_of(kv, 1))
+    kv = store.apply(kv, [PageCopy(SAVE, 1 + i, 100 + i) for i in range(33)])  # 64: cold
+    assert COMPILE_CLOCK.here()[0] > before[0]
+    assert RUN_SIZES == (16, 32, 64, 128, 256)
+    assert store.run_sizes == (16, 32, 64) and store.max_run == 64  # the CPU: rows stay here
+    with pytest.raises(ValueError, match="no copy run of 24 pages"):
+        store.warm(kv, 24)

@@ -325,6 +325,36 @@ def test_a_restart_loads_stored_executables_without_tracing(tiny, runner, tmp_pa
         other.warmup()
 
 
+def test_the_host_tiers_copy_shapes_compile_while_idle(tiny):
+    """With the engine's host tier on, every save / load run length compiles in prime_one
+    (the engine idle), counted in compile_progress until it has; after that a spill of any
+    length compiles nothing inside a launch (run 41: a 32-page save compiled for 0.39 s
+    there, every stream waiting)."""
+    from ninfer_jax.engine import page_store
+    from ninfer_jax.engine.host_pages import SAVE, PageCopy
+    from ninfer_jax.engine.compile_clock import COMPILE_CLOCK
+
+    COMPILE_CLOCK.install()
+    warmed = JaxRunner(tiny[1], num_pages=300, page_size=8, max_batch=2, max_context=128,
+                       prefill_chunk=32)
+    warmed.use_host_tier()
+    warmed.warmup()
+    ready, planned = warmed.compile_progress()
+    sizes = warmed._page_store.run_sizes
+    assert sizes == page_store.RUN_SIZES[:3]  # the CPU's: runs of at most 64 pages
+    assert planned - ready == len(sizes) - 1  # warm-up compiled the smallest
+    primed = 0
+    while warmed.prime_one():
+        primed += 1
+    assert primed == len(sizes) - 1
+    assert warmed.compile_progress() == (planned, planned)
+    before = COMPILE_CLOCK.here()
+    for length in (1, 20, 40, 100, 200):  # runs of 16, 32 and 64 pages (64 + 36, ...)
+        copies = tuple(PageCopy(SAVE, 1 + i, length * 1000 + i) for i in range(length))
+        warmed.kv = warmed._page_store.apply(warmed.kv, copies)
+    assert COMPILE_CLOCK.here() == before
+
+
 def test_all_greedy_steps_use_the_variant_without_draws(tiny, runner):
     """With greedy variants (the GPU's default) every decode-only shape compiles twice; a step
     whose rows are all greedy runs the variant without the draws, any sampled row the full

@@ -59,7 +59,8 @@ def test_every_documented_name_is_exported(client):
                  "ninfer_max_context_tokens", "ninfer_requests_total",
                  "ninfer_response_failures_total", "ninfer_context_transfer_bytes_total",
                  "ninfer_host_work_seconds_total", "ninfer_step_launches_total",
-                 "ninfer_step_launch_seconds_total"):
+                 "ninfer_step_launch_seconds_total", "ninfer_step_launch_compiles_total",
+                 "ninfer_step_launch_compile_seconds_total"):
         assert name in names, name
     for histogram in ("ninfer_time_to_first_token_seconds", "ninfer_request_duration_seconds",
                       "ninfer_request_queue_seconds"):
