@@ -17,10 +17,10 @@ A plan plus launch that takes SLOW_SUBMIT_S or more stalls every stream (a step 
 on a GPU): it is logged with how it split between planning, launching and the garbage
 collector (GcClock, installed by the engine core) and XLA compiling on the engine thread
 (compile_clock.py, installed by the JaxRunner: a jitted helper meeting a shape warm-up did
-not compile), at most once per
-SLOW_LOG_PERIOD_S, so that a live run names the steps behind a large program_submit (run 40:
-14-27 ms a round at 64 streams on the H100, 0.5 ms of it planning and packing). Compiles
-inside launches are also counted (`launch_compiles`, `launch_compile_seconds`).
+not compile), at most once per SLOW_LOG_PERIOD_S, so that a live run names the steps behind
+a large program_submit (run 40: 14-27 ms a round at 64 streams on the H100, 0.5 ms of it
+planning and packing). Compiles inside launches are also counted (`launch_compiles`,
+`launch_compile_seconds`).
 """
 from __future__ import annotations
 
