@@ -1,9 +1,11 @@
-"""CompileClock: the XLA compiles each thread has waited for, from JAX's backend-compile event.
+"""CompileClock: the XLA compiles each thread has waited for, from JAX's monitoring events.
 
 The step loop reads the engine thread's count around every launch: a compile there (a jitted
 helper meeting a shape warm-up did not compile) stalls every stream, and nothing else names
 it (run 41's CPU server: a host-tier save of a new run length compiled for 0.39 s inside a
-launch). The JaxRunner installs it when it is built: the listener imports jax, which the
+launch). A load from JAX's persistent compilation cache (JAX_COMPILATION_CACHE_DIR, set by
+`make`) stands in for the compile it saves and counts the same: JAX's event spans both. The
+JaxRunner installs it when it is built: the listener imports jax, which the
 engine-core process must not do before its environment (XLA_FLAGS) is applied, and a fake
 runner's engine never needs it.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import threading
 
+# JAX times compile_or_get_cached under this name: a compile, or a persistent-cache load
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 

@@ -107,11 +107,12 @@ ENGINE_COUNTERS = (
     ("ninfer_device_wait_seconds_total", "Engine-thread wall time blocked on the device "
      "waiting for a step's samples (not kernel time: steps overlap host work).",
      "device_wait_seconds"),
-    ("ninfer_step_launch_compiles_total", "XLA compiles inside step launches (a shape or "
-     "helper warm-up did not compile; every stream waits for each).", "launch_compiles"),
-    ("ninfer_step_launch_compile_seconds_total", "Engine-thread time XLA spent compiling "
-     "inside step launches (part of ninfer_step_launch_seconds_total).",
-     "launch_compile_seconds"),
+    ("ninfer_step_launch_compiles_total", "XLA compiles (or loads from the persistent "
+     "compilation cache) inside step launches: a shape or helper warm-up did not compile; "
+     "every stream waits for each.", "launch_compiles"),
+    ("ninfer_step_launch_compile_seconds_total", "Engine-thread time XLA spent compiling (or "
+     "loading from the cache) inside step launches (part of "
+     "ninfer_step_launch_seconds_total).", "launch_compile_seconds"),
 )
 TRANSFER_RESOURCES = ("state", "main_kv", "backend_kv")
 TRANSFER_DIRECTIONS = ("device_to_host", "host_to_device")
