@@ -45,9 +45,10 @@ MIN_RUN_PAGES = 16
 RUN_SIZES = tuple(MIN_RUN_PAGES << i for i in range((MAX_RUN_PAGES // MIN_RUN_PAGES)
                                                      .bit_length()))
 # Where the rows stay in device memory (the CPU): runs of at most this many pages. XLA:CPU
-# takes 2.8 and 5.9 s to compile the 128- and 256-page copies of the default model (a row per
-# page is an output or input each), and more calls cost nothing there (no DMA to batch).
-PLAIN_MAX_RUN_PAGES = 64
+# takes 1.7, 1.4, 2.3, 2.8 and 5.9 s to compile the 16- to 256-page copies of the default
+# model (a row per page is an output or input each; every server start pays them), and more
+# calls cost little there (no DMA to batch).
+PLAIN_MAX_RUN_PAGES = 32
 
 
 # An attention layer's cache is a (k, v) tuple whose members are arrays or, for 8-bit pages,

@@ -341,7 +341,7 @@ def test_the_host_tiers_copy_shapes_compile_while_idle(tiny):
     warmed.warmup()
     ready, planned = warmed.compile_progress()
     sizes = warmed._page_store.run_sizes
-    assert sizes == page_store.RUN_SIZES[:3]  # the CPU's: runs of at most 64 pages
+    assert sizes == page_store.RUN_SIZES[:2]  # the CPU's: runs of at most 32 pages
     assert planned - ready == len(sizes) - 1  # warm-up compiled the smallest
     primed = 0
     while warmed.prime_one():
@@ -349,7 +349,7 @@ def test_the_host_tiers_copy_shapes_compile_while_idle(tiny):
     assert primed == len(sizes) - 1
     assert warmed.compile_progress() == (planned, planned)
     before = COMPILE_CLOCK.here()
-    for length in (1, 20, 40, 100, 200):  # runs of 16, 32 and 64 pages (64 + 36, ...)
+    for length in (1, 20, 40, 100, 200):  # runs of 16 and 32 pages (32 + 8, ...)
         copies = tuple(PageCopy(SAVE, 1 + i, length * 1000 + i) for i in range(length))
         warmed.kv = warmed._page_store.apply(warmed.kv, copies)
     assert COMPILE_CLOCK.here() == before
