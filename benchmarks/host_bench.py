@@ -36,6 +36,7 @@ class HostOnlyRunner:
         self.page_size, self.num_pages, self.max_batch = page_size, num_pages, max_batch
         self.max_context = max_context
         self.width = -(-max_context // page_size)
+        self.chunk_segments = 1  # one chunk per step: out holds it at 0, row i at 1 + i
         self.row_buckets = row_buckets(max_batch, 2)
         self._packer = packed_inputs.HostPacker()
         self.vocab_size = vocab_size
@@ -55,7 +56,7 @@ class HostOnlyRunner:
         layout = packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width)
         specs = [plan.chunk.sample if plan.chunk is not None else None] + \
             [row.sample for row in plan.rows]
-        batch = JaxRunner._host_batch(self, plan.chunk, plan.rows, chunk, rows)
+        batch = JaxRunner._host_batch(self, plan.chunks, plan.rows, chunk, rows)
         self._packer.pack(layout, batch, specs)
         return plan
 

@@ -107,7 +107,7 @@ def timed_runner_class():
             chunk = fit_bucket(self.chunk_buckets, len(unit.tokens), "chunk") if unit else 0
             layout = packed_inputs.PackedLayout(chunk=chunk, rows=num_rows, width=self.width)
             specs = [unit.sample if unit is not None else None] + [r.sample for r in rows]
-            self._packer.pack(layout, JaxRunner._host_batch(self, unit, rows, chunk, num_rows),
+            self._packer.pack(layout, JaxRunner._host_batch(self, plan.chunks, rows, chunk, num_rows),
                               specs)
             if self.device.dispatch_hold_ms:
                 until = time.perf_counter() + 1e-3 * self.device.dispatch_hold_ms

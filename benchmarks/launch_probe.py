@@ -49,7 +49,7 @@ def probe(runner, batch: int, calls: int) -> dict:
     shape = runner._shape_for(0, batch)
     layout = runner._layout(*shape)
     specs = [None] + [row.sample for row in plan.rows]
-    ints, floats = runner._packer.pack(layout, runner._host_batch(None, plan.rows, *shape),
+    ints, floats = runner._packer.pack(layout, runner._host_batch((), plan.rows, *shape),
                                        specs)
     executable = (runner._greedy_executables.get(shape) if runner.greedy_variants else None) \
         or runner._executables[shape]

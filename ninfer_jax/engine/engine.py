@@ -70,6 +70,8 @@ class Engine:
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, host=self.host,
                                    max_chunk_rows=getattr(runner, "max_chunk_rows", None),
+                                   chunk_segments=getattr(runner, "chunk_segments", 1),
+                                   segment_tokens=getattr(runner, "segment_tokens", None),
                                    vocab_size=getattr(runner, "vocab_size", None))
         self.scheduler.life.on_terminal = self._on_terminal
         self.loop = StepLoop(self.scheduler, runner)

@@ -39,7 +39,7 @@ model's; a penalised row on the dummy lane fails loudly.
 
 Token policies, as on the real runner (engine/policy_lanes.py): each lane also holds a
 token-policy automaton row (`policy_table`, set by the same loads), and every row's token,
-the chunk's too, goes through its lane's automaton (model/token_automaton.py `advance`, the
+each chunk's too, goes through its lane's automaton (model/token_automaton.py `advance`, the
 function the step runs) before it is counted and returned.
 
 Dispatch is asynchronous, like JAX's: `launch` queues the step for a "device" thread and
@@ -48,6 +48,12 @@ returns at once; the device runs steps strictly in launch order (sleeping `prefi
 row that names the previous step's output (`from_previous`) reads it there, on the device
 side, exactly as the compiled step does. `async_dispatch=False` runs each step inside
 `launch` instead (same results, for tests that want the step on their own thread).
+
+Chunk segments, with `chunk_segments=N` (N > 1): a plan may carry up to N chunks of different
+sequences (`StepPlan.more_chunks`), each of at most `segment_tokens` tokens when there are
+several, as the JaxRunner's segmented chunk shapes take them; each runs as the single chunk
+does and its sample is returned in `StepResult.more_chunk_tokens`. A plan over those limits,
+or with more chunks on a runner of one segment, is refused at launch.
 
 `copy_fault(copy) -> bool` makes page copies run out of memory at launch, as the JaxRunner's
 do at dispatch (page_store.py): the step is not run, the plan's other copies are, and launch
@@ -68,7 +74,7 @@ from ninfer_jax.engine.host_pages import DROP, LOAD, SAVE, PageCopy, StateCopy
 from ninfer_jax.engine.pages import DUMMY_PAGE
 from ninfer_jax.model import token_automaton
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
+    DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult, chunk_index,
 )
 
 NextToken = Callable[[np.ndarray, SampleSpec], int]
@@ -138,7 +144,8 @@ class FakeRunner:
                  async_dispatch: bool = True, state_slot_capacity: int = 0,
                  max_chunk_rows: int | None = None, accepts_media: bool = False,
                  copy_fault: Callable[[PageCopy], bool] | None = None,
-                 chained_rows: bool = False, penalty_lanes: int | None = None):
+                 chained_rows: bool = False, penalty_lanes: int | None = None,
+                 chunk_segments: int = 1, segment_tokens: int = 64):
         self.page_size = page_size
         # Speculation on a hybrid: consecutive rows on one slot chain, as JaxRunner's do.
         self.chained_rows = chained_rows and bool(state_slot_capacity)
@@ -149,6 +156,9 @@ class FakeRunner:
         self.max_batch = max_batch
         # Rows a step with a chunk may carry (JaxRunner compiles fewer chunk shapes on CPU).
         self.max_chunk_rows = max_chunk_rows or max_batch
+        # Chunks per step, and each one's most tokens in a step with several.
+        self.chunk_segments = chunk_segments
+        self.segment_tokens = segment_tokens
         self.vocab_size = vocab_size
         self.next_token = next_token or weighted_sum_next_token(vocab_size)
         self.prefill_sleep = prefill_sleep  # seconds per step that carries a prefill chunk
@@ -221,12 +231,31 @@ class FakeRunner:
         if plan.chunk is not None and len(plan.rows) > self.max_chunk_rows:
             raise ValueError(f"chunk step of {len(plan.rows)} rows "
                              f"(max {self.max_chunk_rows})")
+        self._check_chunks(plan)
         plan, error = self._screen_copies(plan)
         if error is not None:
             self._dispatch(_Launched(plan, copies_only=True))
             raise error
         self.plans.append(plan)
         return self._dispatch(_Launched(plan))
+
+    def _check_chunks(self, plan: StepPlan) -> None:
+        """Refuse the chunks a runner of `chunk_segments` segments cannot take in one step."""
+        if plan.more_chunks and plan.chunk is None:
+            raise ValueError("a plan with more_chunks lacks its first chunk")
+        chunks = plan.chunks
+        if len(chunks) > self.chunk_segments:
+            raise ValueError(f"step of {len(chunks)} chunks (max {self.chunk_segments})")
+        if len(chunks) < 2:
+            return
+        if len({unit.seq_id for unit in chunks}) < len(chunks):
+            raise ValueError("a step carries two chunks of one sequence")
+        for unit in chunks:
+            if len(unit.tokens) > self.segment_tokens:
+                raise ValueError(f"a {len(unit.tokens)}-token chunk among {len(chunks)} "
+                                 f"(max {self.segment_tokens} tokens a segment)")
+            if unit.media is not None:
+                raise ValueError("a chunk with media shares a step")
 
     def _dispatch(self, launched: _Launched) -> _Launched:
         if not self.async_dispatch:
@@ -296,9 +325,7 @@ class FakeRunner:
         if sleep:
             time.sleep(sleep)
         self._apply_copies(plan)
-        chunk_token = None
-        if plan.chunk is not None:
-            chunk_token = self._prefill(plan.chunk)
+        chunk_tokens = [self._prefill(unit) for unit in plan.chunks]
         rows = np.empty(len(plan.rows), np.int32)
         if plan.rows:
             self.steps.append(("decode", tuple(r.seq_id for r in plan.rows)))
@@ -314,17 +341,28 @@ class FakeRunner:
             for i, row in enumerate(plan.rows):
                 rows[i] = self._next(self._read(row.page_table, row.position + 1),
                                      row.sample, row.state_slot)
-        chunk_forced, forced = False, np.zeros(len(plan.rows), bool)
-        if plan.chunk is not None and plan.chunk.sample is not None:
-            chunk_token, chunk_forced = self._apply_policy(plan.chunk.sample, chunk_token)
-            self._count(plan.chunk.sample, chunk_token)
+        chunk_forced = self._settle_chunks(plan.chunks, chunk_tokens)
+        forced = np.zeros(len(plan.rows), bool)
         for i, row in enumerate(plan.rows):
             rows[i], forced[i] = self._apply_policy(row.sample, rows[i])
             self._count(row.sample, rows[i])
-        result = StepResult(chunk_token=chunk_token, row_tokens=rows, chunk_forced=chunk_forced,
-                            row_forced=forced if forced.any() else None)
+        result = StepResult(chunk_token=chunk_tokens[0] if chunk_tokens else None,
+                            row_tokens=rows, chunk_forced=bool(chunk_forced and chunk_forced[0]),
+                            row_forced=forced if forced.any() else None,
+                            more_chunk_tokens=tuple(chunk_tokens[1:]),
+                            more_chunk_forced=tuple(chunk_forced[1:]))
         self._previous = result
         return result
+
+    def _settle_chunks(self, chunks, tokens: list) -> list[bool]:
+        """Every chunk's sample through its lane's policy, then counted, as a row's (in
+        place); returns which ones a rule forced."""
+        forced = [False] * len(chunks)
+        for k, unit in enumerate(chunks):
+            if unit.sample is not None:
+                tokens[k], forced[k] = self._apply_policy(unit.sample, tokens[k])
+                self._count(unit.sample, tokens[k])
+        return forced
 
     def _chained_rows(self, plan_rows, tokens, rows) -> None:
         """Rows on the same slot as the row before them continue its state; each slot then
@@ -374,10 +412,15 @@ class FakeRunner:
         previous = self._previous
         if previous is None:
             raise AssertionError("a row reads the previous step's output, but none ran")
-        if row.from_previous == CHUNK_SLOT:
-            if previous.chunk_token is None:
+        if row.from_previous < 0:
+            index = chunk_index(row.from_previous)
+            if index > len(previous.more_chunk_tokens):
+                raise AssertionError(f"a row reads chunk {index}'s sample; the previous step "
+                                     f"had {len(previous.more_chunk_tokens) + 1} chunks")
+            token, _ = previous.chunk_sample(index)
+            if token is None:
                 raise AssertionError("a row reads a chunk sample the previous step lacks")
-            return int(previous.chunk_token)
+            return int(token)
         return int(previous.row_tokens[row.from_previous])
 
     def _prefill(self, unit: PrefillUnit) -> int | None:

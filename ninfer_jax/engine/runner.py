@@ -52,7 +52,7 @@ from ninfer_jax.engine.executable_store import ExecutableStore
 from ninfer_jax.engine import page_store
 from ninfer_jax.engine.host_pages import StateCopy
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, StepPlan, StepResult,
+    DecodeRow, PageCopyError, PrefillUnit, StepPlan, StepResult, chunk_index,
 )
 from ninfer_jax.engine.state_slots import DUMMY_STATE_SLOT
 from ninfer_jax.kernels import paged_attention, quant_matmul
@@ -69,6 +69,10 @@ GPU_SMALLEST_CHUNK = 64
 # Shapes compiled at once after ready; each may hold a scratch copy of the largest weight
 # while XLA autotunes (serve/kv_sizing.compile_scratch_bytes leaves room for that).
 BACKGROUND_COMPILE_THREADS = 4
+# Steps with several prompts' chunks (JaxRunner._init_segments): on GPUs 8 segments of 256
+# tokens, a 2048-token step as cheap per token as the 1024-token chunk.
+DEFAULT_CHUNK_SEGMENTS = 8
+DEFAULT_SEGMENT_TOKENS = 256
 
 
 def step_tokens_of(prefill_chunk: int, max_batch: int) -> int:
@@ -197,7 +201,8 @@ class JaxRunner:
                  step_shapes: str = "all", tensor_parallel: int = 1, vision: bool = False,
                  speculative: bool = False, mtp_drafts: int = 0,
                  dflash_drafts: int = 0, dflash_config=None,
-                 expert_parallel: bool = False, penalty_lanes: int | None = None):
+                 expert_parallel: bool = False, penalty_lanes: int | None = None,
+                 chunk_segments: int | None = None, segment_tokens: int | None = None):
         if num_pages < 2:
             raise ValueError("num_pages must leave at least one page besides the dummy page")
         if step_shapes not in STEP_SHAPE_SETS:
@@ -347,6 +352,7 @@ class JaxRunner:
         # launch). Chunk steps keep one variant: their chunk dwarfs the sort.
         self.greedy_variants = kernels if greedy_variants is None else greedy_variants
         self._init_vision(artifact, vision, max_batch)
+        self._init_segments(chunk_segments, segment_tokens)
         self._copy_slot = jax.jit(copy_state_slot, donate_argnames=("kv",),
                                   **({} if self.mesh is None
                                      else {"out_shardings": self._kv_shardings}))
@@ -409,6 +415,34 @@ class JaxRunner:
                                      static_argnames=("config", "page_size", "layout", "draws",
                                                       "mesh"),
                                      donate_argnames=self._donated())
+
+    def _init_segments(self, chunk_segments: int | None, segment_tokens: int | None) -> None:
+        """Several sequences' chunks in one step (StepPlan.more_chunks): `chunk_segments` K
+        segments of `segment_tokens` tokens each (model/ragged_batch.py), so prompts that
+        arrive together prefill together instead of one step each (64 prompts on an H100
+        took 64 mixed steps of 60-70 ms, run 41). On by default on GPUs for the text steps
+        of the dense families (8 x 256 tokens); the CPU, whose step time grows with its
+        tokens anyway, keeps one chunk unless told. K = 1: one chunk per step."""
+        family_takes = getattr(self._family, "CHUNK_SEGMENTS", False)
+        plain = (family_takes and not self.has_slots and not self.num_drafts
+                 and self.vision is None)
+        if chunk_segments is None:
+            chunk_segments = DEFAULT_CHUNK_SEGMENTS if use_kernels() and plain else 1
+        if chunk_segments < 1 or (chunk_segments > 1 and not plain):
+            raise ValueError(f"chunk_segments={chunk_segments}: several chunks per step are "
+                             "built for the text steps of dense llama / qwen3 models")
+        self.chunk_segments = chunk_segments
+        largest = self.chunk_buckets[-1]
+        self.segment_tokens = fit_bucket(
+            self.chunk_buckets, min(segment_tokens or DEFAULT_SEGMENT_TOKENS, largest),
+            "segment tokens")
+
+    def _segment_shapes(self, rows_buckets) -> list[tuple[int, int, int]]:
+        """(chunk tokens, rows, segments) of the steps with several chunks."""
+        if self.chunk_segments == 1:
+            return []
+        K = self.chunk_segments
+        return [(K * self.segment_tokens, rows, K) for rows in rows_buckets]
 
     def _variant_executables(self, variant: str) -> dict:
         return {"draws": self._executables, "greedy": self._greedy_executables,
@@ -522,13 +556,15 @@ class JaxRunner:
             return self.essential_shapes()
         shapes = [(0, rows) for rows in self.row_buckets]
         shapes += [(chunk, rows) for chunk in self.chunk_buckets for rows in self.chunk_rows]
-        return shapes
+        return shapes + self._segment_shapes(self.chunk_rows)
 
     def essential_shapes(self) -> list[tuple[int, int]]:
-        """The shapes that can serve any step between them (by padding), compiled first."""
+        """The shapes that can serve any step between them (by padding), compiled first.
+        With chunk segments, steps of several chunks have (chunk tokens, rows, segments)
+        shapes; the one with the most rows is essential."""
         largest = (self.chunk_buckets[-1], self.chunk_rows[-1])
         return list(dict.fromkeys([(0, self.row_buckets[0]), (0, self.row_buckets[-1]),
-                                   largest]))
+                                   largest, *self._segment_shapes(self.chunk_rows[-1:])]))
 
     @property
     def compiled_shapes(self) -> set[tuple[int, int]]:
@@ -652,8 +688,9 @@ class JaxRunner:
 
     @property
     def _out_size(self) -> int:
-        """A step's output: 1 + max_batch samples, then K drafts after each (steps.py)."""
-        return (1 + self.max_batch) * (1 + self.num_drafts)
+        """A step's output: chunk_segments + max_batch samples, then K drafts after each
+        (steps.py)."""
+        return (self.chunk_segments + self.max_batch) * (1 + self.num_drafts)
 
     def _staged(self, shape, ints: np.ndarray, floats: np.ndarray):
         """The shape's staging buffers, now holding `ints` and `floats` (same addresses as
@@ -720,6 +757,7 @@ class JaxRunner:
                               for s in jax.tree_util.tree_leaves(self._kv_spec)}),
                 "num_layers": len(self._kv_spec), "page_size": self.page_size,
                 "width": self.width, "max_batch": self.max_batch,
+                "chunk_segments": self.chunk_segments,
                 "stable_buffers": self.stable_buffers, "tensor_parallel": self.tensor_parallel,
                 "vision": self.vision.config.to_dict() if self.vision is not None else None,
                 "expert_parallel": self.expert_parallel,
@@ -764,16 +802,28 @@ class JaxRunner:
             self.on_compiled()
 
     def _shape_for(self, num_chunk: int, num_rows: int,
-                   variant: str = "draws") -> tuple[int, int]:
-        """The cheapest compiled shape holding the step (fewest padded tokens)."""
-        chunk = 0 if num_chunk == 0 else fit_bucket(self.chunk_buckets, num_chunk,
-                                                    "prefill chunk")
+                   variant: str = "draws", num_chunks: int = 1) -> tuple[int, ...]:
+        """The cheapest compiled shape holding the step (fewest padded tokens); a step of
+        several chunks (`num_chunks`, each at most segment_tokens) takes a segment shape."""
         rows = fit_bucket(self.row_buckets, num_rows, "row count")
         executables = self._variant_executables(variant)
+        if num_chunks > 1:
+            if num_chunks > self.chunk_segments:
+                raise ValueError(f"{num_chunks} chunks in a step (at most "
+                                 f"{self.chunk_segments})")
+            fitting = [s for s in list(executables) if len(s) == 3 and s[1] >= rows]
+            if fitting:
+                return min(fitting, key=lambda s: s[1])
+            shape = self._segment_shapes([fit_bucket(self.chunk_rows, num_rows, "row count")])[0]
+            log.warning("compiling step shape %s after warm-up", shape)
+            self._compile(shape, variant)
+            return shape
+        chunk = 0 if num_chunk == 0 else fit_bucket(self.chunk_buckets, num_chunk,
+                                                    "prefill chunk")
         if (chunk, rows) in executables:
             return chunk, rows
-        fitting = [s for s in list(executables) if s[0] >= chunk and s[1] >= rows
-                   and (chunk == 0 or s[0] > 0)]
+        fitting = [s for s in list(executables) if len(s) == 2 and s[0] >= chunk
+                   and s[1] >= rows and (chunk == 0 or s[0] > 0)]
         if not fitting:
             if self.is_warm:
                 log.warning("compiling %s step shape %s after warm-up", variant, (chunk, rows))
@@ -782,8 +832,9 @@ class JaxRunner:
             return shape
         return min(fitting, key=lambda s: (s[0] + s[1], s))
 
-    def _layout(self, chunk: int, rows: int) -> packed_inputs.PackedLayout:
+    def _layout(self, chunk: int, rows: int, segments: int = 1) -> packed_inputs.PackedLayout:
         return packed_inputs.PackedLayout(chunk=chunk, rows=rows, width=self.width,
+                                          segments=segments, chunk_slots=self.chunk_segments,
                                           state_slots=self.has_slots,
                                           chained_rows=self.chained_rows,
                                           mtp_drafts=self.num_drafts * (self.dflash is None),
@@ -791,8 +842,8 @@ class JaxRunner:
                                                                            is not None),
                                           dflash=self.dflash)
 
-    def _example_inputs(self, chunk: int, rows: int):
-        layout = self._layout(chunk, rows)
+    def _example_inputs(self, chunk: int, rows: int, segments: int = 1):
+        layout = self._layout(chunk, rows, segments)
         return np.zeros(layout.num_ints, np.int32), np.zeros(layout.num_floats, np.float32)
 
     def _counts_spec(self) -> jax.ShapeDtypeStruct:
@@ -821,17 +872,22 @@ class JaxRunner:
         rows = plan.rows
         if len(rows) > self.max_batch:
             raise ValueError(f"step of {len(rows)} rows (max {self.max_batch})")
-        unit = plan.chunk
+        unit, units = plan.chunk, plan.chunks
         # Steps with media rows, or rows after a prompt with media (their MRoPE positions
         # are offset), run the media executables; text steps never pay for them.
         media = self.vision is not None and (
             (unit is not None and unit.media is not None) or any(r.rope_delta for r in rows))
         variant = "media" if media else "draws"
+        if len(units) > 1 and any(len(u.tokens) > self.segment_tokens for u in units):
+            raise ValueError(f"a step of {len(units)} chunks has one over "
+                             f"{self.segment_tokens} tokens")
         shape = self._shape_for(len(unit.tokens) if unit is not None else 0, max(1, len(rows)),
-                                variant)
+                                variant, num_chunks=len(units))
         layout = self._layout(*shape)
-        specs = [unit.sample if unit is not None else None] + [row.sample for row in rows]
-        ints, floats = self._packer.pack(layout, self._host_batch(unit, rows, *shape), specs)
+        chunk_specs = [u.sample for u in units] or [None]
+        chunk_specs += [None] * (layout.sampled - layout.rows - len(chunk_specs))
+        specs = chunk_specs + [row.sample for row in rows]
+        ints, floats = self._packer.pack(layout, self._host_batch(units, rows, *shape), specs)
         executable = self._variant_executables(variant)[shape]
         extra, encoded = (), (0, 0.0)
         if media:
@@ -871,39 +927,47 @@ class JaxRunner:
     def collect(self, launched: _Launched) -> StepResult:
         host = np.asarray(launched.out)
         plan = launched.plan
-        num_rows = len(plan.rows)
-        flagged = host[:1 + num_rows] & token_automaton.FORCED_BIT != 0
-        host = host.copy()
-        host[:1 + num_rows] &= token_automaton.TOKEN_MASK
-        chunk_token = None
-        if plan.chunk is not None and plan.chunk.sample is not None:
-            chunk_token = int(host[0])
+        num_rows, first_row = len(plan.rows), self.chunk_segments
+        sampled = host[:first_row + num_rows]  # chunk k's sample at k, row i's at S + i
+        flagged = sampled & token_automaton.FORCED_BIT != 0
+        tokens = sampled & token_automaton.TOKEN_MASK
+        chunk_tokens = [int(tokens[k]) if unit.sample is not None else None
+                        for k, unit in enumerate(plan.chunks)] or [None]
+        row_flags = flagged[first_row:]
         drafts = {}
-        if self.num_drafts:
-            after = host[1 + self.max_batch:].reshape(1 + self.max_batch, self.num_drafts)
+        if self.num_drafts:  # chunk_segments is 1 with drafts
+            after = host[first_row + self.max_batch:].reshape(first_row + self.max_batch,
+                                                             self.num_drafts)
             drafts = dict(chunk_draft=after[0].astype(np.int32),
-                          row_drafts=after[1:1 + num_rows].astype(np.int32))
-        return StepResult(chunk_token=chunk_token,
-                          row_tokens=host[1:1 + num_rows].astype(np.int32),
+                          row_drafts=after[first_row:first_row + num_rows].astype(np.int32))
+        return StepResult(chunk_token=chunk_tokens[0],
+                          row_tokens=tokens[first_row:].astype(np.int32),
                           chunk_forced=bool(flagged[0]),
-                          row_forced=flagged[1:] if flagged[1:].any() else None,
+                          row_forced=row_flags if row_flags.any() else None,
                           vision_items=launched.vision[0], vision_seconds=launched.vision[1],
+                          more_chunk_tokens=tuple(chunk_tokens[1:]),
+                          more_chunk_forced=tuple(bool(f) for f in
+                                                  flagged[1:len(plan.chunks)]),
                           **drafts)
 
-    def _host_batch(self, unit: PrefillUnit | None, rows: Sequence[DecodeRow], chunk: int,
-                    num_rows: int) -> dict:
-        """The RaggedBatch fields of a step, as numpy arrays by field name."""
+    def _host_batch(self, units: Sequence[PrefillUnit], rows: Sequence[DecodeRow], chunk: int,
+                    num_rows: int, segments: int = 1) -> dict:
+        """The RaggedBatch fields of a step, as numpy arrays by field name: its chunks as
+        `segments` segments of chunk / segments tokens (one chunk: the plain fields)."""
+        unit = units[0] if units else None
         chunk_tokens = np.zeros(chunk, np.int32)
-        chunk_table = np.full(self.width, paged_attention.DUMMY_PAGE, np.int32)
-        start, length = 0, 1  # a padding chunk writes and reads the dummy page only
-        if unit is not None:
-            length = len(unit.tokens)
-            start = unit.start
-            if length < 1 or start + length > self.max_context:
-                raise ValueError(f"prefill of {length} tokens at {start} exceeds the context")
-            _check_covers(unit.page_table, start + length, self.page_size)
-            chunk_tokens[:length] = unit.tokens
-            chunk_table[:len(unit.page_table)] = unit.page_table
+        chunk_table = np.full((segments, self.width), paged_attention.DUMMY_PAGE, np.int32)
+        # a padding chunk (segment) writes and reads the dummy page only
+        start, length = np.zeros(segments, np.int32), np.ones(segments, np.int32)
+        span = chunk // segments
+        for k, each in enumerate(units):
+            num = len(each.tokens)
+            if num < 1 or each.start + num > self.max_context:
+                raise ValueError(f"prefill of {num} tokens at {each.start} exceeds the context")
+            _check_covers(each.page_table, each.start + num, self.page_size)
+            start[k], length[k] = each.start, num
+            chunk_tokens[k * span:k * span + num] = each.tokens
+            chunk_table[k, :len(each.page_table)] = each.page_table
         tokens, positions = np.zeros(num_rows, np.int32), np.zeros(num_rows, np.int32)
         sources = np.full(num_rows, -1, np.int32)
         # Padding rows: position 0 in an all-dummy page table, so they write the dummy page.
@@ -919,7 +983,9 @@ class JaxRunner:
                 tables[i, :len(row.page_table)] = row.page_table
             previous = [row.from_previous for row in rows]
             tokens[:num] = [row.token if p is None else 0 for row, p in zip(rows, previous)]
-            sources[:num] = [-1 if p is None else 0 if p == CHUNK_SLOT else 1 + p
+            # the previous step's output: chunk k's sample at k, row i's at S + i
+            first_row = self.chunk_segments
+            sources[:num] = [-1 if p is None else chunk_index(p) if p < 0 else first_row + p
                              for p in previous]
         fields = dict(chunk_tokens=chunk_tokens, chunk_start=start, chunk_len=length,
                       chunk_table=chunk_table, row_tokens=tokens, row_src=sources,

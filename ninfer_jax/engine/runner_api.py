@@ -65,13 +65,25 @@ class DecodeRow(NamedTuple):
     page_table: np.ndarray  # int32, covers position
     sample: SampleSpec
     # The token is still on the device: the previous step sampled it in this output slot
-    # (`CHUNK_SLOT` for its chunk, else that plan's row index). `token` is then ignored.
+    # (`chunk_slot(k)` for its k-th chunk, else that plan's row index). `token` is then
+    # ignored.
     from_previous: int | None = None
     state_slot: int = DUMMY_STATE_SLOT  # hybrid models: holds the state after [0, position)
     rope_delta: int = 0  # after a prompt with media: its MRoPE offset (prompt_media.py)
 
 
-CHUNK_SLOT = -1  # DecodeRow.from_previous naming the previous step's chunk sample
+CHUNK_SLOT = -1  # DecodeRow.from_previous naming the previous step's (first) chunk sample
+
+
+def chunk_slot(index: int) -> int:
+    """DecodeRow.from_previous naming the sample of the previous plan's chunk `index`
+    (StepPlan.chunks order; CHUNK_SLOT is index 0's)."""
+    return CHUNK_SLOT - index
+
+
+def chunk_index(slot: int) -> int:
+    """The StepPlan.chunks index a negative from_previous names (chunk_slot's inverse)."""
+    return CHUNK_SLOT - slot
 
 
 class VerifySpan(NamedTuple):
@@ -87,12 +99,15 @@ class VerifySpan(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class StepPlan:
-    """One ragged step: an optional prefill chunk of one sequence plus any number of rows
-    (at most max_batch; with a chunk at most the runner's chunk row capacity), run as one
-    compiled call."""
+    """One ragged step: optional prefill chunks plus any number of rows (at most max_batch;
+    with a chunk at most the runner's chunk row capacity), run as one compiled call.
+    `chunk` is the first chunk; `more_chunks` are other sequences' chunks in the same step
+    (a runner with chunk_segments > 1 runs each as a segment of at most segment_tokens
+    tokens, the first one included)."""
 
     chunk: PrefillUnit | None
     rows: tuple[DecodeRow, ...] = ()
+    more_chunks: tuple[PrefillUnit, ...] = ()
     # Hybrid models: (src, dst) state slot copies applied in order before the step runs
     # (state checkpoints: engine/state_checkpoints.py).
     state_copies: tuple[tuple[int, int], ...] = ()
@@ -104,6 +119,11 @@ class StepPlan:
     # Penalty lanes (re)started by this plan (penalty_lanes.PenaltyLoad): applied in order
     # before the step, and applied even when the page copies fail (PageCopyError).
     penalty_loads: tuple = ()
+
+    @property
+    def chunks(self) -> tuple[PrefillUnit, ...]:
+        """Every chunk of the step, the first one first (empty without one)."""
+        return () if self.chunk is None else (self.chunk, *self.more_chunks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +140,16 @@ class StepResult:
     # --vision: items of the chunk's sequence the step encoded, and the encode's seconds
     vision_items: int = 0
     vision_seconds: float = 0.0
+    # The samples of StepPlan.more_chunks (None where a chunk asked for none) and which of
+    # them a device token policy forced, in that order
+    more_chunk_tokens: tuple = ()
+    more_chunk_forced: tuple = ()
+
+    def chunk_sample(self, index: int) -> tuple[int | None, bool]:
+        """(sample, forced) of the plan's chunk `index` (StepPlan.chunks order)."""
+        if index == 0:
+            return self.chunk_token, self.chunk_forced
+        return self.more_chunk_tokens[index - 1], bool(self.more_chunk_forced[index - 1])
 
 
 class PageCopyError(Exception):
@@ -140,6 +170,10 @@ class StepRunner(Protocol):
     max_batch: int
     # Most rows a step with a prefill chunk may carry (optional: max_batch without it).
     max_chunk_rows: int
+    # Most chunks one step may carry, each of at most segment_tokens tokens when there are
+    # several (optional: 1 without it, one chunk per step)
+    chunk_segments: int
+    segment_tokens: int
     # Lanes of the device-resident penalty counts (engine/penalty_lanes.py), at least one
     # per resident sequence.
     penalty_lanes: int

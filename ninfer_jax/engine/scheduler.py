@@ -2,7 +2,7 @@
 
 The engine loop (engine/step_loop.py) calls, once per step:
     apply_controls()            cancellations, stop_at truncations, queue deadlines
-    schedule() -> StepPlan      one ragged step: a prefill chunk and/or decode rows
+    schedule() -> StepPlan      one ragged step: prefill chunks and/or decode rows
                                 (None: nothing to run now; NEEDS_SYNC: collect first)
     launched(plan)              the plan is on the device: advance KV frontiers, note pending
     postprocess(plan, result)   when its tokens arrive: commit, stops, TokenPolicy, free pages
@@ -40,6 +40,11 @@ Policies (see also sequence.py for the prefill/decode rule):
   that needs one. Fairness is counted in tokens, not time: decode rows ride along with each
   chunk, so streams advance every step. With decode_share 0 prompts go first: a step with a
   chunk carries no decode rows.
+- Segments: a runner with chunk_segments > 1 takes the chunks of that many residents that
+  need one (oldest first) in one step, each of at most segment_tokens tokens, so a burst of
+  prompts is admitted in a few steps rather than one per prompt. A prompt with media runs
+  alone (its vision encode belongs to the step's first chunk); a lone chunk is planned as
+  with one segment (up to prefill_chunk).
 - Priority: background requests are admitted only when no foreground request waits; when a
   foreground request waits for a lane or pages, the youngest background resident yields
   (paused: tokens kept, pages freed, resumed later by replay, nothing delivered twice).
@@ -83,8 +88,8 @@ from ninfer_jax.engine.pages import PagePool, pages_for
 from ninfer_jax.engine.prefix_cache import ROOT, PrefixCache
 from ninfer_jax.engine.request import RequestHandle
 from ninfer_jax.engine.runner_api import (
-    CHUNK_SLOT, DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult,
-    VerifySpan,
+    DecodeRow, PageCopyError, PrefillUnit, SampleSpec, StepPlan, StepResult, VerifySpan,
+    chunk_slot,
 )
 from ninfer_jax.engine.sequence import Sequence, Status
 from ninfer_jax.engine.speculation import num_accepted
@@ -118,7 +123,8 @@ class Scheduler:
                  max_batch: int, eos_ids: Iterable[int] = (),
                  clock: Callable[[], float] = time.monotonic,
                  slots: StateSlotPool | None = None, max_chunk_rows: int | None = None,
-                 host: HostPagePool | None = None, vocab_size: int | None = None):
+                 host: HostPagePool | None = None, vocab_size: int | None = None,
+                 chunk_segments: int = 1, segment_tokens: int | None = None):
         self.config = config
         # The runner's vocabulary, which token policies compile over (policy_lanes.py);
         # None keeps every policy on the host.
@@ -131,6 +137,10 @@ class Scheduler:
         self.max_batch = min(max_batch, config.max_concurrency)
         self.max_rows = max_batch
         self.max_chunk_rows = min(max_chunk_rows or max_batch, max_batch)
+        # Chunks per step, each of at most segment_tokens tokens when there are several
+        # (the runner's segments; 1: one chunk per step).
+        self.chunk_segments = max(1, chunk_segments)
+        self.segment_tokens = min(segment_tokens or config.prefill_chunk, config.prefill_chunk)
         self.clock = clock
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.resident: list[Sequence] = []  # sorted by seq_id: [0] is the oldest
@@ -219,31 +229,32 @@ class Scheduler:
         if any(s.pending_slots and self.spec.can_draft(s) and not self._pending_ends(s)
                for s in self.resident):
             raise _Sync()  # a drafting sequence waits for its tokens: so does the plan
-        chunk_seq = next((s for s in self.resident if s.needs_prefill), None)
+        chunk_seqs = self._chunk_seqs()
         ready = [s for s in self.resident if s.is_decode_ready and self._can_decode(s)]
-        if chunk_seq is None and not ready and not self._in_flight and not any(
+        if not chunk_seqs and not ready and not self._in_flight and not any(
                 s.is_decode_ready for s in self.resident):
             # Every resident either lacks KV for several tokens or for exactly its last one;
             # anything else is a bug, and re-planning would spin forever.
             raise RuntimeError("scheduler invariant broken: a resident has nothing to run")
-        if chunk_seq is not None and self.config.decode_share == 0:
+        if chunk_seqs and self.config.decode_share == 0:
             ready = []  # prompts first
-        max_rows = self.max_chunk_rows if chunk_seq is not None else self.max_rows
+        max_rows = self.max_chunk_rows if chunk_seqs else self.max_rows
         ready = ready[: min(self.max_batch, max_rows)]
-        chunk_end = self._chunk_end(chunk_seq) if chunk_seq is not None else None
+        limit = self.config.prefill_chunk if len(chunk_seqs) == 1 else self.segment_tokens
+        chunk_ends = {s.seq_id: self._chunk_end(s, limit) for s in chunk_seqs}
         # Oldest first: a reservation only ever pauses younger sequences.
-        wanted = sorted(ready + ([chunk_seq] if chunk_seq is not None else []),
-                        key=lambda s: s.seq_id)
+        wanted = sorted(ready + chunk_seqs, key=lambda s: s.seq_id)
         for seq in wanted:
             if seq.status is not Status.RESIDENT:
                 continue
-            end = chunk_end if seq is chunk_seq else seq.num_total
+            end = chunk_ends.get(seq.seq_id, seq.num_total)
             if not self._reserve(seq, end):
-                if seq is chunk_seq or not any(s.status is Status.RESIDENT for s in wanted):
+                if seq.seq_id in chunk_ends or not any(s.status is Status.RESIDENT
+                                                       for s in wanted):
                     return None
-        if chunk_seq is not None and chunk_seq.status is not Status.RESIDENT:
-            return None
-        chunk = self._chunk_unit(chunk_seq, chunk_end) if chunk_seq is not None else None
+        if any(s.status is not Status.RESIDENT for s in chunk_seqs):
+            return None  # a chunk's sequence was paused: plan again without it
+        chunks = [self._chunk_unit(s, chunk_ends[s.seq_id]) for s in chunk_seqs]
         ready = [s for s in ready if s.status is Status.RESIDENT]
         drafts = self.spec.drafts(ready, max_rows - len(ready))
         rows, verify = [], []
@@ -254,10 +265,25 @@ class Scheduler:
             else:
                 verify.append(VerifySpan(seq.seq_id, len(rows), draft))
                 rows += self.spec.rows(seq, draft, self._page_table(seq))
-        return StepPlan(chunk=chunk, rows=tuple(rows), verify=tuple(verify))
+        return StepPlan(chunk=chunks[0] if chunks else None, more_chunks=tuple(chunks[1:]),
+                        rows=tuple(rows), verify=tuple(verify))
 
-    def _chunk_end(self, seq: Sequence) -> int:
-        end = min(seq.prefill_target, seq.num_computed + self.config.prefill_chunk)
+    def _chunk_seqs(self) -> list[Sequence]:
+        """The residents whose prefill chunks the next step carries: the oldest that needs
+        one, then the next oldest up to chunk_segments. A prompt with media shares no step
+        (the runner encodes the media of the first chunk only)."""
+        chosen: list[Sequence] = []
+        for seq in self.resident:
+            if not seq.needs_prefill or (chosen and seq.media is not None):
+                continue
+            chosen.append(seq)
+            if len(chosen) >= self.chunk_segments or seq.media is not None:
+                break
+        return chosen
+
+    def _chunk_end(self, seq: Sequence, limit: int) -> int:
+        """Where `seq`'s next chunk ends: at most `limit` tokens, and at a checkpoint mark."""
+        end = min(seq.prefill_target, seq.num_computed + limit)
         checkpoints = self.checkpoints
         # Split only where a checkpoint can be kept (a free slot, or one to evict).
         if checkpoints is not None and (self.slots.num_free or checkpoints.num_checkpoints):
@@ -371,11 +397,11 @@ class Scheduler:
         """`plan` was dispatched: its KV counts as computed for planning and for the prefix
         cache (every later step runs after it on the device) and its samples are pending."""
         seqs = {s.seq_id: s for s in self.resident}
-        if plan.chunk is not None:
-            seq = seqs[plan.chunk.seq_id]
-            seq.num_computed = plan.chunk.start + len(plan.chunk.tokens)
-            if plan.chunk.sample is not None:
-                seq.pending_slots.append(CHUNK_SLOT)
+        for index, unit in enumerate(plan.chunks):
+            seq = seqs[unit.seq_id]
+            seq.num_computed = unit.start + len(unit.tokens)
+            if unit.sample is not None:
+                seq.pending_slots.append(chunk_slot(index))
             self._in_flight[seq.seq_id] += 1
             self._publish_prefix(seq)
             self._checkpoint(seq)
@@ -681,21 +707,19 @@ class Scheduler:
         self._in_flight += collections.Counter()  # drop the zero counts
         live = {s.seq_id: s for s in self.resident}
         num_rows = len(plan.rows)
-        chunk_tokens = len(plan.chunk.tokens) if plan.chunk is not None else 0
+        chunk_tokens = sum(len(unit.tokens) for unit in plan.chunks)
         prefill_share = chunk_tokens / (chunk_tokens + num_rows) if chunk_tokens else 0.0
         if plan.chunk is not None:
             self.counters.prefill_seconds += seconds * prefill_share
-            seq = live.get(plan.chunk.seq_id)
-            if result.vision_items:
-                self.counters.vision_items += result.vision_items
-                self.counters.vision_seconds += result.vision_seconds
-                if seq is not None:
-                    seq.counters["vision_items"] += result.vision_items
-                    seq.counters["vision_seconds"] += result.vision_seconds
-            if seq is not None:
-                self._apply_chunk(seq, plan.chunk, result.chunk_token, result.chunk_forced)
-                if plan.chunk.sample is not None and result.chunk_draft is not None:
-                    self.spec.keep_device_draft(seq, result.chunk_draft)
+            self._apply_vision(live.get(plan.chunk.seq_id), result)
+        for index, unit in enumerate(plan.chunks):
+            seq = live.get(unit.seq_id)
+            if seq is None:
+                continue
+            self._apply_chunk(seq, unit, *result.chunk_sample(index))
+            # a device drafter drafts after the first chunk's sample only
+            if index == 0 and unit.sample is not None and result.chunk_draft is not None:
+                self.spec.keep_device_draft(seq, result.chunk_draft)
         if num_rows:
             self.counters.record_decode(num_rows, seconds * (1.0 - prefill_share))
         rounds = {span.first_row: span for span in plan.verify}
@@ -738,6 +762,16 @@ class Scheduler:
         self._publish_prefix(seq)
         return accepted
 
+    def _apply_vision(self, seq: Sequence | None, result: StepResult) -> None:
+        """Count the step's vision encodes (of its first chunk's sequence: media never
+        shares a step)."""
+        if result.vision_items:
+            self.counters.vision_items += result.vision_items
+            self.counters.vision_seconds += result.vision_seconds
+            if seq is not None:
+                seq.counters["vision_items"] += result.vision_items
+                seq.counters["vision_seconds"] += result.vision_seconds
+
     def _apply_chunk(self, seq: Sequence, unit: PrefillUnit, token, forced=False) -> None:
         self.life.computed(seq, unit.start, unit.start + len(unit.tokens), is_prefill=True)
         self._publish_prefix(seq)
@@ -749,10 +783,7 @@ class Scheduler:
 
     @staticmethod
     def _step_seq_ids(plan: StepPlan) -> list[int]:
-        ids = [row.seq_id for row in plan.rows]
-        if plan.chunk is not None:
-            ids.append(plan.chunk.seq_id)
-        return ids
+        return [row.seq_id for row in plan.rows] + [unit.seq_id for unit in plan.chunks]
 
     def _publish_prefix(self, seq: Sequence) -> None:
         if self.cache is not None and seq.status is Status.RESIDENT:

@@ -39,6 +39,17 @@ SLOW_SUBMIT_S = 0.1
 SLOW_LOG_PERIOD_S = 5.0
 
 
+def _describe_chunks(plan: StepPlan) -> str:
+    """The slow-submit line's chunks: ' and a 512-token chunk', ' and 3 chunks of 1200
+    tokens' (every chunk of the step, StepPlan.chunks) or ''."""
+    chunks = plan.chunks
+    if len(chunks) == 1:
+        return f" and a {len(chunks[0].tokens)}-token chunk"
+    if chunks:
+        return f" and {len(chunks)} chunks of {sum(len(u.tokens) for u in chunks)} tokens"
+    return ""
+
+
 class GcClock:
     """Seconds the garbage collector has run in this process since `install()` (gc.callbacks;
     the collector holds the GIL, so every thread waits for it)."""
@@ -122,7 +133,7 @@ class StepLoop:
         if now - self._slow_logged_at < SLOW_LOG_PERIOD_S:
             self._slow_unlogged += 1
             return
-        chunk = f" and a {len(plan.chunk.tokens)}-token chunk" if plan.chunk else ""
+        chunk = _describe_chunks(plan)
         more = (f"; {self._slow_unlogged} more since the last such line"
                 if self._slow_unlogged else "")
         log.info("slow step submit: %.0f ms (planning %.1f ms, launching %.1f ms; garbage "

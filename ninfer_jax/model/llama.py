@@ -39,6 +39,11 @@ from ninfer_jax.model.layers import (apply_rope, embed, linear, mrope_tables, rm
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.vision.mrope import frequency_axes
 
+# `ragged` takes batches whose chunk region holds several sequences' chunks (segments,
+# model/ragged_batch.py): every per-token array comes from ragged_batch's helpers and the
+# attention splits the segments (kernels.ragged_attention). Text steps only (no media).
+CHUNK_SEGMENTS = True
+
 
 def ragged(params, kv, batch: ragged_batch.RaggedBatch, prev_out, *, config: ModelConfig,
            page_size: int, mesh=None, media: MediaRows | None = None,

@@ -8,7 +8,8 @@ compiled step slices them back apart at static offsets (`PackedLayout`). The pen
 is not sent: the step computes it from the device-resident output counts of each row's
 penalty lane (model/sampling.py `penalty_bias`).
 
-int32 buffer, in order (R = 1 + B sampled rows: the chunk's, then each row token's):
+int32 buffer, in order (R = 1 + B sampled rows: the chunk's, then each row token's; with K
+chunk segments R = K + B, and chunk_start, chunk_len, chunk_table carry K of each):
     chunk_tokens [C], chunk_start [1], chunk_len [1], chunk_table [W],
     row_tokens [B], row_src [B], row_positions [B], row_tables [B * W],
     chunk_state_slot [1], row_state_slots [B]   (hybrid families only: `state_slots`)
@@ -26,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.model.ragged_batch import RaggedBatch
+from ninfer_jax.model.ragged_batch import RaggedBatch, out_slots
 from ninfer_jax.model.sampling import SamplingBatch, penalty_bias
 
 
@@ -45,6 +46,16 @@ class PackedLayout:
     # K drafts of a DFlash / DFlash2 drafter after each sampled row, and its config (static)
     dflash_drafts: int = 0
     dflash: Any = None  # model/dflash.DFlashConfig
+    # The chunk region as this many segments of chunk / segments tokens, one sequence each
+    # (model/ragged_batch.py); 1: one chunk, the fields without the segment axis
+    segments: int = 1
+    # The runner's most chunks per step: where the rows' samples start in `out` (steps.py)
+    chunk_slots: int = 1
+
+    def __post_init__(self):
+        if self.segments > 1 and (self.chunk % self.segments or self.state_slots
+                                  or self.num_drafts or self.segments > self.chunk_slots):
+            raise ValueError(f"{self.segments} chunk segments do not fit this layout")
 
     @property
     def num_drafts(self) -> int:
@@ -52,14 +63,18 @@ class PackedLayout:
 
     @property
     def sampled(self) -> int:
-        return 1 + self.rows
+        return (self.segments if self.chunk else 1) + self.rows
+
+    def out_slots(self) -> np.ndarray:
+        """Where the R sampled rows land in the step's output (ragged_batch.out_slots)."""
+        return out_slots(self.sampled - self.rows, self.rows, self.chunk_slots)
 
     def int_fields(self) -> list[tuple[str, int]]:
-        C, B, W, R = self.chunk, self.rows, self.width, self.sampled
+        C, B, W, R, K = self.chunk, self.rows, self.width, self.sampled, self.segments
         slots = [("chunk_state_slot", 1), ("row_state_slots", B)] if self.state_slots else []
         if self.mtp_drafts:
             slots.append(("chunk_next", 1))
-        return [("chunk_tokens", C), ("chunk_start", 1), ("chunk_len", 1), ("chunk_table", W),
+        return [("chunk_tokens", C), ("chunk_start", K), ("chunk_len", K), ("chunk_table", K * W),
                 ("row_tokens", B), ("row_src", B), ("row_positions", B),
                 ("row_tables", B * W), *slots, ("top_k", R), ("seed_high", R), ("seed_low", R),
                 ("sample_index", R), ("is_greedy", R), ("penalty_lane", R)]
@@ -92,9 +107,14 @@ def unpack(layout: PackedLayout, ints, floats, counts):
         return jax.lax.slice_in_dim(ints, start, start + size)
 
     B, W, R = layout.rows, layout.width, layout.sampled
+    if layout.segments > 1:  # the fields keep their segment axis
+        chunk = dict(chunk_start=field("chunk_start"), chunk_len=field("chunk_len"),
+                     chunk_table=field("chunk_table").reshape(layout.segments, W))
+    else:
+        chunk = dict(chunk_start=field("chunk_start")[0], chunk_len=field("chunk_len")[0],
+                     chunk_table=field("chunk_table"))
     batch = RaggedBatch(
-        chunk_tokens=field("chunk_tokens"), chunk_start=field("chunk_start")[0],
-        chunk_len=field("chunk_len")[0], chunk_table=field("chunk_table"),
+        chunk_tokens=field("chunk_tokens"), **chunk,
         row_tokens=field("row_tokens"), row_src=field("row_src"),
         row_positions=field("row_positions"), row_tables=field("row_tables").reshape(B, W))
     if layout.state_slots:

@@ -2,7 +2,10 @@
 
 A ragged step runs two regions of tokens through one forward, concatenated as C + B rows:
   chunk region  C tokens of one sequence's prefill chunk (C static, possibly 0; the last
-                C - chunk_len are padding);
+                C - chunk_len are padding), or of K sequences' chunks ("segments", the
+                chunk fields then carry a leading axis of K: segment k holds tokens
+                k*C/K .. (k+1)*C/K - 1, its padding last), so several prompts prefill in
+                one step (dense families: `segmented`);
   row region    B single tokens, each with its own position and page table: decode rows,
                 the K+1 tokens of a speculative verify row, and padding rows.
 Padding (chunk tokens past chunk_len, rows with an all-DUMMY_PAGE table at position 0) writes
@@ -16,6 +19,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
 from ninfer_jax.model.token_automaton import TOKEN_MASK
@@ -29,9 +33,12 @@ class RaggedBatch:
     """Inputs of one ragged step (a pytree of arrays; every shape is part of the compile)."""
 
     chunk_tokens: jax.Array  # int32 [C]: the chunk's token ids (C may be 0: no chunk region)
-    chunk_start: jax.Array  # int32 []: position of chunk_tokens[0]
-    chunk_len: jax.Array  # int32 []: real chunk tokens (>= 1 when C > 0), padding after them
-    chunk_table: jax.Array  # int32 [W]: the chunk's sequence page table, DUMMY_PAGE-padded
+    chunk_start: jax.Array  # int32 [] (segments: [K]): position of chunk_tokens[0]
+    # int32 [] (segments: [K]): real chunk tokens (>= 1 when C > 0), padding after them
+    chunk_len: jax.Array
+    # int32 [W] (segments: [K, W]): the chunk's sequence page table, DUMMY_PAGE-padded; a
+    # padding segment has an all-DUMMY_PAGE table, start 0 and length 1
+    chunk_table: jax.Array
     row_tokens: jax.Array  # int32 [B]: host token ids of the row region
     row_src: jax.Array  # int32 [B]: FROM_HOST, or j >= 0: the token is prev_out[j]
     row_positions: jax.Array  # int32 [B]: absolute position of each row token
@@ -103,6 +110,32 @@ def num_chunk_tokens(batch: RaggedBatch) -> int:
     return batch.chunk_tokens.shape[0]
 
 
+def num_segments(batch: RaggedBatch) -> int:
+    """K, the chunks the chunk region holds (static): 1 for today's single chunk."""
+    return 1 if jnp.ndim(batch.chunk_start) == 0 else batch.chunk_start.shape[0]
+
+
+def segmented(batch: RaggedBatch) -> bool:
+    """Whether the chunk fields carry the segment axis (families without segment support
+    refuse such batches: only the dense llama / qwen3 forward takes them)."""
+    return jnp.ndim(batch.chunk_start) == 1
+
+
+def _segments(batch: RaggedBatch):
+    """(starts [K], lengths [K], tables [K, W], tokens per segment Cs), single chunks as K=1."""
+    K = num_segments(batch)
+    starts = jnp.reshape(jnp.asarray(batch.chunk_start, jnp.int32), (K,))
+    lengths = jnp.reshape(jnp.asarray(batch.chunk_len, jnp.int32), (K,))
+    tables = jnp.reshape(batch.chunk_table, (K, -1))
+    return starts, lengths, tables, num_chunk_tokens(batch) // K
+
+
+def num_sampled(batch: RaggedBatch) -> int:
+    """The step's sampled rows before the row tokens: one per segment (one, never used,
+    without a chunk)."""
+    return num_segments(batch) if num_chunk_tokens(batch) else 1
+
+
 def step_tokens(batch: RaggedBatch, prev_out=None):
     """Token ids of all C + B rows, row tokens with row_src >= 0 read from prev_out
     (without token_automaton.FORCED_BIT)."""
@@ -114,20 +147,31 @@ def step_tokens(batch: RaggedBatch, prev_out=None):
     return jnp.concatenate([jnp.asarray(batch.chunk_tokens, jnp.int32), rows])
 
 
+def _chunk_positions(batch: RaggedBatch):
+    """Absolute positions of the C chunk tokens, and whether each is a real token."""
+    starts, lengths, _, Cs = _segments(batch)
+    offsets = jnp.arange(Cs, dtype=jnp.int32)
+    positions = (starts[:, None] + offsets).reshape(-1)
+    return positions, (offsets < lengths[:, None]).reshape(-1)
+
+
 def step_positions(batch: RaggedBatch):
     """Absolute positions of all C + B rows."""
-    C = num_chunk_tokens(batch)
-    chunk = batch.chunk_start + jnp.arange(C, dtype=jnp.int32)
+    chunk, _ = _chunk_positions(batch)
     return jnp.concatenate([chunk, jnp.asarray(batch.row_positions, jnp.int32)])
 
 
 def step_slots(batch: RaggedBatch, page_size: int):
     """Flat cache slots (page * S + offset) where each of the C + B rows writes its K/V;
     chunk padding goes to the dummy page (rows carry their own dummy tables)."""
-    C = num_chunk_tokens(batch)
-    chunk_positions = batch.chunk_start + jnp.arange(C, dtype=jnp.int32)
-    chunk_pages = jnp.take(batch.chunk_table, chunk_positions // page_size, mode="clip")
-    chunk_pages = jnp.where(jnp.arange(C) < batch.chunk_len, chunk_pages, DUMMY_PAGE)
+    _, _, tables, Cs = _segments(batch)
+    chunk_positions, real = _chunk_positions(batch)
+    # each chunk token's page from its own segment's table (flat index: segment * W + entry)
+    K, W = tables.shape
+    segment = jnp.arange(K * Cs, dtype=jnp.int32) // max(Cs, 1)
+    entry = jnp.clip(chunk_positions // page_size, 0, W - 1)
+    chunk_pages = jnp.take(tables.reshape(-1), segment * W + entry, mode="clip")
+    chunk_pages = jnp.where(real, chunk_pages, DUMMY_PAGE)
     positions = jnp.asarray(batch.row_positions, jnp.int32)
     row_pages = jnp.take_along_axis(batch.row_tables, (positions // page_size)[:, None],
                                     axis=1)[:, 0]
@@ -144,7 +188,8 @@ def live_rows(slots, page_size: int):
 
 
 def sampled_logits(x, batch: RaggedBatch, logits_of):
-    """`logits_of` (a family's LM head) over the 1 + B sampled rows of x [C + B, H]. With no
+    """`logits_of` (a family's LM head) over the sampled rows of x [C + B, H] (K + B with K
+    segments, num_sampled; 1 + B for one chunk or none). With no
     chunk its row would be a wasted LM-head row (on XLA CPU a 2-row product costs nearly twice
     a 1-row one), so it gets zero logits without the product."""
     if num_chunk_tokens(batch) == 0:
@@ -154,11 +199,20 @@ def sampled_logits(x, batch: RaggedBatch, logits_of):
 
 
 def sampled_rows(x, batch: RaggedBatch):
-    """Of the step's final residual x [C + B, H], the 1 + B rows that are sampled: the
-    chunk's last real token (a zero row when C == 0, never used), then every row token."""
+    """Of the step's final residual x [C + B, H], the rows that are sampled: each chunk's
+    (segment's) last real token (one zero row when C == 0, never used), then every row
+    token."""
     C = num_chunk_tokens(batch)
-    if C:
-        last = jnp.take(x[:C], batch.chunk_len - 1, axis=0, mode="clip")
-    else:
-        last = jnp.zeros(x.shape[1:], x.dtype)
-    return jnp.concatenate([last[None], x[C:]])
+    if not C:
+        return jnp.concatenate([jnp.zeros((1, *x.shape[1:]), x.dtype), x])
+    _, lengths, _, Cs = _segments(batch)
+    last = jnp.arange(lengths.shape[0], dtype=jnp.int32) * Cs + jnp.clip(lengths - 1, 0, Cs - 1)
+    return jnp.concatenate([jnp.take(x, last, axis=0), x[C:]])
+
+
+def out_slots(num_sampled_chunks: int, num_rows: int, chunk_slots: int):
+    """Where a step's sampled rows go in its output (numpy, static): chunk sample k at k,
+    row i at chunk_slots + i. chunk_slots (the runner's most chunks per step) is the same
+    for every compiled shape, so a row's index in `out` never depends on the shape."""
+    return np.concatenate([np.arange(num_sampled_chunks),
+                           chunk_slots + np.arange(num_rows)]).astype(np.int32)

@@ -36,14 +36,17 @@ FAMILIES = {"llama": llama, "qwen3": llama,
 def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
                 config: ModelConfig, page_size: int, draws: bool = True, mesh=None,
                 num_drafts: int = 0, media: MediaRows | None = None,
-                drafter: dflash.DFlashConfig | None = None):
+                drafter: dflash.DFlashConfig | None = None, chunk_slots: int = 1):
     """One ragged step (see llama.ragged); returns (out int32, kv).
 
     prev_out: the previous step's `out` (int32 [(1 + max_rows) x (1 + num_drafts)], any values
     before the first step); max_rows follows from its length, so it is fixed per compiled
     shape. `sampling_batch` has 1 + B rows: the chunk, then the row tokens. out[0] is the token
     after the chunk's last real token (meaningless when C == 0), out[1 + i] the token after row
-    token i, and entries past 1 + B are zero. `draws=False` compiles greedy sampling only
+    token i, and entries past 1 + B are zero. With `chunk_slots` S > 1 (static, the runner's
+    most chunks per step, the same for all its shapes) out opens with S chunk slots: a batch of
+    K <= S segments (ragged_batch) samples K + B rows, segment k's token lands in out[k] and
+    row i's in out[S + i] (ragged_batch.out_slots); max_rows is then out's length - S. `draws=False` compiles greedy sampling only
     (sampling.sample). `mesh`: the tensor-parallel mesh (model/tensor_parallel.py); sampling
     reads the gathered logits. `num_drafts` K > 0 (hybrid families with the MTP head, whose
     cache and draft store are kv's last two entries): out[1 + max_rows:] holds
@@ -55,10 +58,16 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     params["draft_head"], when the runner placed it (--lm-head-draft), is the drafters'
     proposal head."""
     num_rows = batch.row_tokens.shape[0]
-    max_rows = prev_out.shape[0] // (1 + num_drafts) - 1
+    max_rows = prev_out.shape[0] // (1 + num_drafts) - chunk_slots
     if num_rows > max_rows:
         raise ValueError(f"{num_rows} row tokens exceed max_rows={max_rows}")
+    num_chunks = ragged_batch.num_sampled(batch)
+    if num_chunks > chunk_slots or (chunk_slots > 1 and (num_drafts or media is not None)):
+        raise ValueError(f"{num_chunks} chunks in a step with {chunk_slots} chunk slots "
+                         "(several chunks are built for text steps without drafts)")
     family = FAMILIES[config.architecture]
+    if ragged_batch.segmented(batch) and not getattr(family, "CHUNK_SEGMENTS", False):
+        raise ValueError(f"{config.architecture} steps take one chunk, not segments")
     # the mesh only when there is one: a family (or a test's stub) without tensor
     # parallelism keeps the plain signature
     extra = {} if mesh is None else {"mesh": mesh}
@@ -79,6 +88,9 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     logits = tensor_parallel.gathered_logits(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     rows = ragged_batch.step_tokens(batch, prev_out)[ragged_batch.num_chunk_tokens(batch):]
+    if num_chunks > 1:  # several chunks: their samples first, then the rows' (out_slots)
+        slots = ragged_batch.out_slots(num_chunks, num_rows, chunk_slots)
+        return jnp.zeros(prev_out.shape, jnp.int32).at[slots].set(sampled), kv
     if num_drafts and draws:  # sampled MTP drafts: rejection sampling against their q
         def verified():
             depth = ragged_batch.chain_depths(batch.row_state_slots)
@@ -92,7 +104,8 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
                                              lambda: sampled)
     if batch.chained_rows:  # hybrid verify rows: their accepted states, now known
         kv = family.settle_rows(kv, batch, rows, sampled[1:])
-    out = jnp.zeros(prev_out.shape, jnp.int32).at[:1 + num_rows].set(sampled)
+    out = jnp.zeros(prev_out.shape, jnp.int32)
+    out = out.at[ragged_batch.out_slots(1, num_rows, chunk_slots)].set(sampled)
     if num_drafts:
         is_live = jnp.concatenate([jnp.ones(1, bool), ragged_batch.last_accepted_rows(
             batch.row_state_slots, rows, sampled[1:])])
@@ -124,9 +137,10 @@ def packed_step(params, kv, prev_out, ints, floats, counts, policy, *, config: M
     batch, sampling_batch, lanes = unpack(layout, ints, floats, counts)
     out, kv = ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                           page_size=page_size, draws=draws, mesh=mesh,
-                          num_drafts=layout.num_drafts, drafter=layout.dflash)
+                          num_drafts=layout.num_drafts, drafter=layout.dflash,
+                          chunk_slots=layout.chunk_slots)
     out, counts, policy = _apply_lanes(out, counts, policy, lanes, sampling_batch,
-                                       layout.sampled)
+                                       layout.out_slots())
     return out, kv, counts, policy
 
 
@@ -138,18 +152,21 @@ def packed_media_step(params, kv, prev_out, ints, floats, counts, policy, media:
     batch, sampling_batch, lanes = unpack(layout, ints, floats, counts)
     out, kv = ragged_step(params, kv, prev_out, batch, sampling_batch, config=config,
                           page_size=page_size, draws=draws, mesh=mesh,
-                          num_drafts=layout.num_drafts, drafter=layout.dflash, media=media)
+                          num_drafts=layout.num_drafts, drafter=layout.dflash, media=media,
+                          chunk_slots=layout.chunk_slots)
     out, counts, policy = _apply_lanes(out, counts, policy, lanes, sampling_batch,
-                                       layout.sampled)
+                                       layout.out_slots())
     return out, kv, counts, policy
 
 
-def _apply_lanes(out, counts, policy, lanes, sampling_batch, num_sampled):
-    """The lanes' token policies on the samples, then their counts: (out, counts, policy).
-    A forced token's `out` slot carries token_automaton.FORCED_BIT. Rows on the dummy lane (all zeros: the identity automaton) keep their sample."""
+def _apply_lanes(out, counts, policy, lanes, sampling_batch, slots):
+    """The lanes' token policies on the samples (at `out[slots]`, in sampling order), then
+    their counts: (out, counts, policy). A forced token's `out` slot carries
+    token_automaton.FORCED_BIT. Rows on the dummy lane (all zeros: the identity automaton)
+    keep their sample."""
     emitted, node, counter, forced = token_automaton.advance(
-        jnp, policy, lanes, out[:num_sampled], sampling_batch.sample_index)
-    out = out.at[:num_sampled].set(token_automaton.mark(jnp, emitted, forced))
+        jnp, policy, lanes, out[slots], sampling_batch.sample_index)
+    out = out.at[slots].set(token_automaton.mark(jnp, emitted, forced))
     policy = policy.at[lanes, 0].set(node).at[lanes, 1].set(counter)
     return out, sampling.count_sampled(counts, lanes, emitted), policy
 

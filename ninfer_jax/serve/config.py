@@ -103,6 +103,10 @@ class ServeConfig:
         "then 503 request_queue_timeout.", min=1)
     prefill_chunk: int = option(_ENGINE.prefill_chunk, "Prompt tokens prefilled per step.",
                                 min=16)
+    chunk_segments: int | None = option(
+        None, "Most prompts prefilled together in one step, each up to 256 tokens of it "
+        "(default: 8 on GPUs for dense llama / qwen3 text models, else 1).", type=int, min=1,
+        max=32)
     decode_share: float = option(
         _ENGINE.decode_share, "0: a step that prefills a prompt chunk carries no decode rows "
         "(prompts first); above 0 running streams decode in every step, chunks included.",

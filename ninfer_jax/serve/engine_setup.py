@@ -124,6 +124,7 @@ def build_engine(config: ServeConfig):
                        vision=config.vision,
                        expert_parallel=config.expert_parallel,
                        penalty_lanes=config.max_concurrency,
+                       chunk_segments=config.chunk_segments,
                        state_slot_capacity=runner_state_slots(
                            engine_config, artifact.config, speculative),
                        **rows, **drafter_config(artifact, speculative))

@@ -65,13 +65,14 @@ class Driver:
     def __init__(self, *, num_pages=64, page_size=4, eos_ids=(), overlap=True,
                  async_dispatch=True, state_slots=0, max_batch=8, max_chunk_rows=None,
                  next_token=None, host_pages=0, copy_fault=None, device_policies=True,
-                 **config):
+                 chunk_segments=1, segment_tokens=64, **config):
         # device_policies False: every token policy stays on the host (their oracle)
         # state_slots: usable state slots of a hybrid-like fake model (0: dense)
         self.runner = FakeRunner(num_pages=num_pages, page_size=page_size, vocab_size=VOCAB,
                                  async_dispatch=async_dispatch, state_slot_capacity=state_slots,
                                  max_batch=max_batch, max_chunk_rows=max_chunk_rows,
-                                 next_token=next_token, copy_fault=copy_fault)
+                                 next_token=next_token, copy_fault=copy_fault,
+                                 chunk_segments=chunk_segments, segment_tokens=segment_tokens)
         self.config = EngineConfig(**config)
         self.pool = PagePool(num_pages)
         self.slots = StateSlotPool(state_slots)
@@ -81,7 +82,9 @@ class Driver:
                                    max_batch=self.runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, max_chunk_rows=self.runner.max_chunk_rows,
                                    host=self.host,
-                                   vocab_size=VOCAB if device_policies else None)
+                                   vocab_size=VOCAB if device_policies else None,
+                                   chunk_segments=chunk_segments,
+                                   segment_tokens=segment_tokens)
         self.loop = StepLoop(self.scheduler, self.runner, overlap=overlap)
         self.handles: list[RequestHandle] = []
         self.schedules: list[StepPlan] = []  # every launched plan, in order

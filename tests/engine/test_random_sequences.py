@@ -5,7 +5,8 @@ the fake model's exact output (a prefix of it when cut short). The hybrid varian
 fake with state slots (sometimes fewer than lanes) and background requests: a slot bug
 changes tokens there, and every slot must be back at the end. A host tier of a few slots to
 plenty takes spills, write-through copies and snapshots: the Driver checks its slots and the
-fake runner's rows every round."""
+fake runner's rows every round. Each workload runs with one chunk per step and with up to
+three sequences' chunks of at most 3 tokens per step (chunk_segments)."""
 import random
 
 import pytest
@@ -39,9 +40,10 @@ def random_request(rng: random.Random, pool_tokens: int, hybrid: bool = False,
                         background=background, cache_breakpoints=breakpoints)
 
 
+@pytest.mark.parametrize("segments", [1, 3], ids=["one-chunk", "three-chunks"])
 @pytest.mark.parametrize("hybrid", [False, True], ids=["dense", "hybrid"])
 @pytest.mark.parametrize("seed", range(10))
-def test_random_workload_keeps_pages_and_outputs_exact(seed, hybrid):
+def test_random_workload_keeps_pages_and_outputs_exact(seed, hybrid, segments):
     rng = random.Random(seed)
     page_size = rng.choice([1, 2, 4])
     num_pages = rng.randint(16 // page_size + 1, 48 // page_size + 1)
@@ -51,6 +53,8 @@ def test_random_workload_keeps_pages_and_outputs_exact(seed, hybrid):
                     max_concurrency=lanes, prefill_chunk=rng.randint(1, 8),
                     decode_share=rng.choice([0.0, 0.25, 1.0]), max_bypass=rng.randint(0, 3),
                     max_context=64, prefix_reuse=seed % 3 != 0,
+                    # three chunks of at most 3 tokens a step (chunk_segments)
+                    chunk_segments=segments, segment_tokens=3,
                     # (its own draw, so the workloads stay those of the seeds before it)
                     host_pages=random.Random(-seed).choice([0, 3, 8, 64]))
     pool_tokens = (num_pages - 1) * page_size

@@ -120,7 +120,7 @@ def test_dense_families_keep_their_layout(monkeypatch):
     assert not runner.has_state and runner.state_slot_capacity == 0
     assert not runner._layout(16, 2).state_slots
     assert "state_slots" not in runner._fingerprint()
-    assert "chunk_state_slot" not in runner._host_batch(None, (), 0, 1)
+    assert "chunk_state_slot" not in runner._host_batch((), (), 0, 1)
 
 
 def test_state_copies_run_in_order_before_the_step(runner):

@@ -8,7 +8,8 @@ else, and whenever
 NINFER_FORCE_REFERENCE=1, reference.py. Both share
 the signature and paged_attention's cache layout (write K/V with paged_attention.write_kv).
 A sliding `window` (Gemma's local layers) runs windowed.py on every backend (one gather of
-the pages a window spans; the reference when forced): the GPU kernels take no window.
+the pages a window spans; the reference when forced): the GPU kernels take no window, and
+windowed.py takes no segmented chunk (Gemma never schedules one).
 """
 from __future__ import annotations
 
@@ -28,18 +29,23 @@ def chunk_as_rows(chunk_table, chunk_start, num_tokens: int, page_size: int):
     activation blocks (the block artifact) XLA's chunk attention, whose summation order
     depends on the chunk's shape, made a request whose prompt came back from the context
     cache decode other greedy tokens than the same request before. Padding rows past the
-    chunk's real tokens read keys the table covers (it covers start + T - 1) and are unused."""
-    lengths = jnp.minimum(chunk_start + jnp.arange(num_tokens, dtype=jnp.int32) + 1,
-                          chunk_table.shape[0] * page_size)
-    tables = jnp.broadcast_to(chunk_table, (num_tokens, chunk_table.shape[0]))
-    return tables, lengths
+    chunk's real tokens read keys the table covers (it covers start + T - 1) and are unused.
+    A segmented chunk (chunk_table [G, W], chunk_start [G]) gives each segment's T // G
+    queries its own table and lengths chunk_start[g] + i + 1."""
+    per_segment = reference.queries_per_segment(num_tokens, chunk_table)
+    width = chunk_table.shape[-1]
+    tables = jnp.reshape(chunk_table, (-1, width))  # [G, W]; one chunk is one segment
+    starts = jnp.reshape(chunk_start, (-1, 1)).astype(jnp.int32)  # [G, 1]
+    lengths = jnp.minimum(starts + jnp.arange(per_segment, dtype=jnp.int32) + 1,
+                          width * page_size)
+    return jnp.repeat(tables, per_segment, axis=0), lengths.reshape(-1)
 
 
 def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row_tables,
                            row_lengths, scale: float, num_chunk_tokens: int,
                            window: int | None = None):
-    """Chunk region q[:C] causal over its sequence, row region q[C:] one query per row;
-    see reference.ragged_paged_attention."""
+    """Chunk region q[:C] causal over its sequence (or each of its segments over its own),
+    row region q[C:] one query per row; see reference.ragged_paged_attention."""
     args = dict(chunk_table=chunk_table, chunk_start=chunk_start, row_tables=row_tables,
                 row_lengths=row_lengths, scale=scale, num_chunk_tokens=num_chunk_tokens)
     if window is not None:

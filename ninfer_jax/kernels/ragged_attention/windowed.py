@@ -28,7 +28,12 @@ from ninfer_jax.kernels.ragged_attention import reference
 def ragged_paged_attention(q, k_cache, v_cache, *, chunk_table, chunk_start, row_tables,
                            row_lengths, scale: float, num_chunk_tokens: int, window: int):
     """q [C + B, H, D] -> [C + B, H, D]; see reference.ragged_paged_attention (`window` is
-    required here)."""
+    required here). A segmented chunk (a chunk_table [G, W]) is refused."""
+    if chunk_table.ndim != 1:
+        raise NotImplementedError(
+            f"windowed ragged attention takes one chunk (chunk_table [W]), not segments "
+            f"(chunk_table {tuple(chunk_table.shape)}); sliding-window models (Gemma) are "
+            f"scheduled one prefill chunk per step")
     page_size = k_cache.shape[2]
 
     def chunk(qc):
