@@ -113,3 +113,11 @@ def reference_logits(model, token_ids) -> np.ndarray:
     with torch.no_grad():
         out = model(torch.tensor([list(token_ids)], dtype=torch.long))
     return out.logits[0].float().numpy()
+
+
+def hf_greedy(model, prompt, num_new) -> list[int]:
+    """The num_new tokens HF's greedy decoding appends to prompt (one full forward each)."""
+    tokens = list(prompt)
+    for _ in range(num_new):
+        tokens.append(int(reference_logits(model, tokens)[-1].argmax()))
+    return tokens[len(prompt):]

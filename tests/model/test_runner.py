@@ -7,7 +7,7 @@ import types
 import numpy as np
 import pytest
 
-from hf_reference import reference_logits, saved_tiny_model
+from hf_reference import hf_greedy, saved_tiny_model
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import (JaxRunner, chunk_buckets, chunk_row_buckets, fit_bucket,
                                       geometric_buckets, kv_dtype_for, row_buckets)
@@ -35,13 +35,6 @@ def runner(tiny):
 def prompts(count, seed=5):
     rng = np.random.default_rng(seed)
     return [rng.integers(0, 96, int(n)).tolist() for n in rng.integers(3, 45, count)]
-
-
-def hf_greedy(model, prompt, num_new):
-    tokens = list(prompt)
-    for _ in range(num_new):
-        tokens.append(int(reference_logits(model, tokens)[-1].argmax()))
-    return tokens[len(prompt):]
 
 
 def test_greedy_generation_matches_transformers(tiny, runner):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hf_reference import reference_logits, saved_tiny_model
+from hf_reference import hf_greedy, saved_tiny_model
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import JaxRunner
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan, chunk_slot
@@ -29,13 +29,6 @@ def runner(tiny):
     runner.warmup()
     yield runner
     assert runner.compiled_shapes == set(runner.step_shapes()), "a step compiled after warm-up"
-
-
-def hf_greedy(model, prompt, num_new):
-    tokens = list(prompt)
-    for _ in range(num_new):
-        tokens.append(int(reference_logits(model, tokens)[-1].argmax()))
-    return tokens[len(prompt):]
 
 
 def _prompts():
