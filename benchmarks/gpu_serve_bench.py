@@ -33,6 +33,8 @@ from proclib import (REPO, Budget, Results, Server, dir_size, free_port, http_ge
                      parse_metrics, run_capped)
 
 STAGES = ("install", "artifact", "step", "cold", "warm", "load", "interference")
+# A load level or the interference run starts only with this much of --total left.
+MIN_MEASURE_S = 30.0
 # Start-up lines of the server log copied into its record (milestones and failures).
 LOG_HIGHLIGHTS = r"(?i)compil|warm|KV pool|lanes|ready|listening|error|cannot|Traceback|weights read"
 # Counters read from /metrics before and after each load level.
@@ -117,10 +119,16 @@ class Bench:
             env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
         return env
 
-    def capped(self, stage: str, cap_key: str | None = None) -> float | None:
+    def capped(self, stage: str, cap_key: str | None = None,
+               least_s: float = 0.0) -> float | None:
+        """The stage's cap within what is left of --total; None (and a skipped record) when
+        less than `least_s` is left: a load level cut after a few seconds measures nothing
+        (run 44's 64 level got 6 s and was killed)."""
         cap = self.budget.cap(self.caps[cap_key or stage])
-        if cap is None:
-            self.results.add(stage, "", skipped="no time left in --total")
+        if cap is None or cap < least_s:
+            left = "no time" if cap is None else f"only {cap:.0f} s"
+            self.results.add(stage, "", skipped=f"{left} left in --total")
+            return None
         return cap
 
     def capped_seconds(self, cap_key: str) -> float:
@@ -232,7 +240,7 @@ class Bench:
     def serve_bench_run(self, stage: str, cap_key: str, command: list[str], server: Server,
                         preset: str) -> dict | None:
         """Run one serve_bench command; its JSON record plus the /metrics counter deltas."""
-        cap = self.capped(stage, cap_key)
+        cap = self.capped(stage, cap_key, least_s=MIN_MEASURE_S)
         if cap is None:
             return None
         before = parse_metrics(http_get(server.url + "/metrics")[1], METRICS)

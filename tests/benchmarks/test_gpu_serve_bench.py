@@ -140,3 +140,17 @@ def test_a_level_measured_while_shapes_compile_says_so(capsys):
     compiling, steady = capsys.readouterr().out.splitlines()[-2:]
     assert "C=8: decode 179.2" in compiling and "still compiling" in compiling
     assert "C=8: decode 179.2" in steady and "still compiling" not in steady
+
+
+def test_a_level_with_too_little_time_left_is_skipped_not_cut(tmp_path):
+    """Run 44's 64 level got 6 s of --total and was killed mid-level: a level now starts
+    only with MIN_MEASURE_S left, else it is recorded as skipped."""
+    args = gpu_serve_bench.parse_args(["--out", str(tmp_path), "--total", "60",
+                                       "--reserve", "0"])
+    bench = gpu_serve_bench.Bench(args)
+    assert bench.capped("load", "level", least_s=gpu_serve_bench.MIN_MEASURE_S) is not None
+    bench.budget.deadline = time.monotonic() + gpu_serve_bench.MIN_MEASURE_S - 10
+    assert bench.capped("load", "level") is not None  # a plain stage still runs
+    assert bench.capped("load", "level", least_s=gpu_serve_bench.MIN_MEASURE_S) is None
+    rows = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert rows[-1]["stage"] == "load" and rows[-1]["skipped"].startswith("only ")
