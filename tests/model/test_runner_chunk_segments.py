@@ -24,8 +24,11 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(tiny):
+    # essential shapes only (each compile costs the suite seconds): every step below pads
+    # to one of them, the segment shape among them
     runner = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=4, max_context=128,
-                       prefill_chunk=32, chunk_segments=3, segment_tokens=SEGMENT)
+                       prefill_chunk=32, chunk_segments=3, segment_tokens=SEGMENT,
+                       step_shapes="essential")
     runner.warmup()
     yield runner
     assert runner.compiled_shapes == set(runner.step_shapes()), "a step compiled after warm-up"
@@ -50,9 +53,8 @@ def _unit(seq, prompt, start, end, table, sampling=GREEDY, index=0):
 
 def test_segment_shapes_are_compiled(runner):
     assert runner.chunk_segments == 3 and runner.segment_tokens == SEGMENT
-    segmented = [s for s in runner.step_shapes() if len(s) == 3]
-    assert segmented and all(s[0] == 3 * SEGMENT and s[2] == 3 for s in segmented)
-    assert segmented[-1] in runner.essential_shapes()
+    segmented = [s for s in runner.essential_shapes() if len(s) == 3]
+    assert segmented == [(3 * SEGMENT, runner.chunk_rows[-1], 3)]
 
 
 def test_several_chunks_per_step_generate_transformers_text(tiny, runner):
@@ -117,6 +119,13 @@ def test_limits(runner):
     with pytest.raises(ValueError, match="at most 3"):
         runner.launch(StepPlan(chunk=_unit(0, prompts["a"], 0, 10, tables["a"]),
                                more_chunks=four))
+
+
+def test_every_chunk_row_bucket_gets_a_segment_shape(tiny):
+    every = JaxRunner(tiny[1], num_pages=16, page_size=8, max_batch=4, max_context=64,
+                      prefill_chunk=32, chunk_segments=3, segment_tokens=SEGMENT)
+    segmented = [s for s in every.step_shapes() if len(s) == 3]
+    assert segmented == [(3 * SEGMENT, rows, 3) for rows in every.chunk_rows]
 
 
 def test_one_chunk_by_default_on_the_cpu(tiny):
