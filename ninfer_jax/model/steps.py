@@ -46,8 +46,8 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     token i, and entries past 1 + B are zero. With `chunk_slots` S > 1 (static, the runner's
     most chunks per step, the same for all its shapes) out opens with S chunk slots: a batch of
     K <= S segments (ragged_batch) samples K + B rows, segment k's token lands in out[k] and
-    row i's in out[S + i] (ragged_batch.out_slots); max_rows is then out's length - S. `draws=False` compiles greedy sampling only
-    (sampling.sample). `mesh`: the tensor-parallel mesh (model/tensor_parallel.py); sampling
+    row i's in out[S + i] (ragged_batch.out_slots); max_rows is then out's length - S.
+    `draws=False` compiles greedy sampling only (sampling.sample). `mesh`: the tensor-parallel mesh (model/tensor_parallel.py); sampling
     reads the gathered logits. `num_drafts` K > 0 (hybrid families with the MTP head, whose
     cache and draft store are kv's last two entries): out[1 + max_rows:] holds
     [1 + max_rows, K] drafts, K after each sampled row (model/mtp.py), and rows that feed a
@@ -88,9 +88,6 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     logits = tensor_parallel.gathered_logits(logits, mesh)
     sampled = sampling.sample(logits, sampling_batch, draws=draws)  # [1 + B]
     rows = ragged_batch.step_tokens(batch, prev_out)[ragged_batch.num_chunk_tokens(batch):]
-    if num_chunks > 1:  # several chunks: their samples first, then the rows' (out_slots)
-        slots = ragged_batch.out_slots(num_chunks, num_rows, chunk_slots)
-        return jnp.zeros(prev_out.shape, jnp.int32).at[slots].set(sampled), kv
     if num_drafts and draws:  # sampled MTP drafts: rejection sampling against their q
         def verified():
             depth = ragged_batch.chain_depths(batch.row_state_slots)
@@ -105,7 +102,7 @@ def ragged_step(params, kv, prev_out, batch: RaggedBatch, sampling_batch, *,
     if batch.chained_rows:  # hybrid verify rows: their accepted states, now known
         kv = family.settle_rows(kv, batch, rows, sampled[1:])
     out = jnp.zeros(prev_out.shape, jnp.int32)
-    out = out.at[ragged_batch.out_slots(1, num_rows, chunk_slots)].set(sampled)
+    out = out.at[ragged_batch.out_slots(num_chunks, num_rows, chunk_slots)].set(sampled)
     if num_drafts:
         is_live = jnp.concatenate([jnp.ones(1, bool), ragged_batch.last_accepted_rows(
             batch.row_state_slots, rows, sampled[1:])])
