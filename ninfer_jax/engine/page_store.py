@@ -170,6 +170,9 @@ class HostPageStore:
         self._unpack = jax.jit(unpack_pages, donate_argnames=("kv",))
         self._pack_state = jax.jit(pack_state)
         self._unpack_state = jax.jit(unpack_state, donate_argnames=("kv",))
+        # Ahead-of-time executables (compile_run): ("pack" | "unpack", run length) or
+        # ("pack_state" | "unpack_state", 0). Filled on a compile thread, read here.
+        self._compiled: dict[tuple[str, int], object] = {}
         self._host, self._device = _memory_shardings(mesh)
         self.max_run = MAX_RUN_PAGES if self._host is not None else PLAIN_MAX_RUN_PAGES
         self.run_sizes = tuple(size for size in RUN_SIZES if size <= self.max_run)
@@ -207,7 +210,7 @@ class HostPageStore:
         if copy.kind == SAVE:
             if copy.ticket in self._states:
                 raise AssertionError(f"state ticket {copy.ticket} saved while held")
-            row = self._pack_state(kv, slot)
+            row = self._fn("pack_state", 0)(kv, slot)
             self._states[copy.ticket] = (row if self._host is None
                                          else jax.device_put(row, self._host))
             return kv
@@ -215,7 +218,43 @@ class HostPageStore:
         row = self._states[copy.ticket]  # kept until its DROP (a spilled checkpoint's home)
         if self._device is not None:
             row = jax.device_put(row, self._device)
-        return self._unpack_state(kv, slot, row)
+        return self._fn("unpack_state", 0)(kv, slot, row)
+
+    def compile_run(self, kv_spec, size) -> None:
+        """Compile the save and the load of `size` pages (a run length) or, for "state", a
+        state snapshot's save and load, ahead of time from the caches' shapes: any thread,
+        so the engine thread only runs them once (warm / warm_state). One device only (a
+        mesh's copies compile in warm, where jit sees the placed caches)."""
+        if size == "state":
+            if not _state_leaves(kv_spec):  # nothing to copy: done (warm_state returns)
+                self._compiled["pack_state", 0] = None
+                return
+            slot = jax.ShapeDtypeStruct((), jnp.int32)
+            pack = jax.jit(pack_state).lower(kv_spec, slot).compile()
+            row = jax.eval_shape(pack_state, kv_spec, slot)
+            unpack = jax.jit(unpack_state, donate_argnames=("kv",)).lower(kv_spec, slot, row)
+            self._compiled["unpack_state", 0] = unpack.compile()
+            self._compiled["pack_state", 0] = pack
+            return
+        if not _paged_leaves(kv_spec):  # nothing to copy: done (warm returns)
+            self._compiled["pack", size] = None
+            return
+        pages = jax.ShapeDtypeStruct((size,), jnp.int32)
+        pack = jax.jit(pack_pages).lower(kv_spec, pages).compile()
+        rows = jax.eval_shape(pack_pages, kv_spec, pages)
+        unpack = jax.jit(unpack_pages, donate_argnames=("kv",)).lower(kv_spec, pages, rows)
+        self._compiled["unpack", size] = unpack.compile()
+        self._compiled["pack", size] = pack  # last: the pair is complete once this is in
+
+    def is_compiled(self, size) -> bool:
+        """Whether compile_run(size) finished (size: a run length or "state")."""
+        return ("pack_state", 0) in self._compiled if size == "state" else \
+            ("pack", size) in self._compiled
+
+    def _fn(self, name: str, size: int):
+        """The ahead-of-time executable of `name` at `size`, else the jitted function."""
+        compiled = self._compiled.get((name, size))
+        return compiled if compiled is not None else getattr(self, "_" + name)
 
     def warm(self, kv, size: int = MIN_RUN_PAGES):
         """Compile the save and the load of `size` pages (run_sizes; copies of DUMMY_PAGE
@@ -227,14 +266,14 @@ class HostPageStore:
         if size not in self.run_sizes:
             raise ValueError(f"no copy run of {size} pages (run lengths: {self.run_sizes})")
         pages = np.full(size, DUMMY_PAGE, np.int32)
-        return self._unpack(kv, pages, self._pack(kv, pages))
+        return self._fn("unpack", size)(kv, pages, self._fn("pack", size)(kv, pages))
 
     def warm_state(self, kv, slot: int):
         """Compile a state snapshot's save and load (slot `slot` onto itself)."""
         if not _state_leaves(kv):
             return kv
         slot = np.int32(slot)
-        return self._unpack_state(kv, slot, self._pack_state(kv, slot))
+        return self._fn("unpack_state", 0)(kv, slot, self._fn("pack_state", 0)(kv, slot))
 
     def apply(self, kv, copies):
         """`kv` after the plan's page copies: the same result as applying them in order,
@@ -257,7 +296,8 @@ class HostPageStore:
             return kv
         if kind == SAVE:
             try:
-                rows = self._pack(kv, _padded([c.device_page for c in run], DUMMY_PAGE))
+                pages = _padded([c.device_page for c in run], DUMMY_PAGE)
+                rows = self._fn("pack", len(pages))(kv, pages)
                 rows = rows[:len(run)]
                 if self._host is not None:
                     rows = jax.device_put(rows, self._host)  # asynchronous device -> host
@@ -286,7 +326,7 @@ class HostPageStore:
                 return kv
         pages = _padded([c.device_page for c in run], DUMMY_PAGE)
         rows = tuple(rows) + (rows[0],) * (len(pages) - len(rows))  # padding -> DUMMY_PAGE
-        return self._unpack(kv, pages, rows)
+        return self._fn("unpack", len(pages))(kv, pages, rows)
 
     def _fail(self, error: Exception, lost=(), failed=()) -> None:
         if not _is_out_of_memory(error):

@@ -293,11 +293,14 @@ class JaxRunner:
         self.state_bytes = page_store.state_bytes(self._kv_spec) if self.has_state else 0
         self._page_store = page_store.HostPageStore(self.mesh)
         COMPILE_CLOCK.install()  # the step loop counts compiles inside launches
-        # The host tier's copy shapes past warm-up's smallest, compiled while the engine is
-        # idle (prime_one) once the engine says its host tier is on (use_host_tier).
+        # The host tier's copy shapes past warm-up's smallest, compiled on a thread and run
+        # once while the engine is idle (prime_one) once the engine says its host tier is
+        # on (use_host_tier).
         self._unwarmed_copies: list = []
         self._copy_shapes = 0  # how many use_host_tier planned
         self._copy_warm_seconds = 0.0
+        self._copy_compile_failed = False
+        self.copies_compiled = threading.Event()  # the copy compile thread is done
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
@@ -630,17 +633,50 @@ class JaxRunner:
 
     def use_host_tier(self) -> None:
         """The engine's host tier is on: every save and load run length (and a state
-        snapshot's copy) compiles while the engine is idle, after the step shapes."""
+        snapshot's copy) compiles on a thread of its own once the step shapes have, and runs
+        once on the engine thread while it is idle (prime_one). (Compiled there, run 44's
+        8B server spent 27-31 s of its first idle time in them, a request that came then
+        waiting up to a compile.) Under a mesh they compile in that first run instead."""
         self._unwarmed_copies = list(self._page_store.run_sizes[1:])  # warm-up: the first
         if self.has_state:
             self._unwarmed_copies.append("state")
         self._copy_shapes = len(self._unwarmed_copies)
+        if self.mesh is not None or not self._unwarmed_copies:
+            self.copies_compiled.set()
+        else:
+            threading.Thread(target=self._compile_copies, args=(list(self._unwarmed_copies),),
+                             name="ninfer-copy-compile", daemon=True).start()
+
+    def _compile_copies(self, items) -> None:
+        self.compile_done.wait()  # the step shapes first: they serve requests
+        started = time.perf_counter()
+        try:
+            for item in items:
+                self._page_store.compile_run(self._kv_spec, item)
+                if self.on_compiled is not None:
+                    self.on_compiled()
+        except Exception:  # noqa: BLE001 - the engine thread compiles what is left
+            log.exception("host tier copy compile failed; the first runs compile instead")
+            self._copy_compile_failed = True
+            if self.on_compiled is not None:
+                self.on_compiled()
+            return
+        finally:
+            self.copies_compiled.set()
+        log.info("host tier: %d copy shapes compiled in the background in %.1f s",
+                 len(items), time.perf_counter() - started)
 
     def _warm_one_copy(self) -> bool:
-        if not self._unwarmed_copies:
+        """Run the next host-tier copy shape once; with the compile thread on, only one it
+        has compiled (False while it is still compiling: its on_compiled wakes the engine)."""
+        ready = [item for item in self._unwarmed_copies
+                 if self.mesh is not None or self._copy_compile_failed
+                 or self._page_store.is_compiled(item)]
+        if not ready:
             return False
         started = time.perf_counter()
-        item = self._unwarmed_copies.pop(0)
+        item = ready[0]
+        self._unwarmed_copies.remove(item)
         if item == "state":
             self.kv = self._placed(self._page_store.warm_state(self.kv, DUMMY_STATE_SLOT))
         else:
@@ -648,7 +684,7 @@ class JaxRunner:
         jax.block_until_ready(self.kv)
         self._copy_warm_seconds += time.perf_counter() - started
         if not self._unwarmed_copies:
-            log.info("host tier: %d more copy shapes compiled while idle in %.1f s",
+            log.info("host tier: %d more copy shapes ready (run once while idle: %.1f s)",
                      self._copy_shapes, self._copy_warm_seconds)
         return True
 

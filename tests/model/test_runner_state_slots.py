@@ -136,3 +136,25 @@ def test_state_copies_run_in_order_before_the_step(runner):
     state = np.asarray(runner.kv[0]["recurrent"])
     assert list(state[1:]) == [10, 10, 13]
     assert runner._copy_slot._cache_size() == compiled  # warm-up compiled the copy launch runs
+
+
+def test_a_state_snapshots_copy_compiles_off_the_engine_thread(runner):
+    """With the host tier on, the state snapshot's save and load (and the page runs, here
+    with no paged layer to copy) compile on the copy compile thread; the engine thread's
+    first runs compile nothing, and a snapshot saved and loaded round-trips the state."""
+    from ninfer_jax.engine.compile_clock import COMPILE_CLOCK
+    from ninfer_jax.engine.host_pages import LOAD, SAVE, StateCopy
+
+    runner.use_host_tier()
+    assert runner.copies_compiled.wait(120)
+    before = COMPILE_CLOCK.here()
+    while runner.prime_one():
+        pass
+    ready, planned = runner.compile_progress()
+    assert ready == planned
+    runner.prefill(PrefillUnit(0, np.asarray([4, 4], np.int32), 0, _table(1), GREEDY,
+                               state_slot=1))
+    for copy in (StateCopy(SAVE, 1, 7), StateCopy(LOAD, 2, 7)):  # as launch applies them
+        runner.kv = runner._page_store.apply_state(runner.kv, copy)
+    assert list(np.asarray(runner.kv[0]["recurrent"])[1:3]) == [10, 10]
+    assert COMPILE_CLOCK.here() == before
