@@ -8,6 +8,11 @@ memory (cudaHostAlloc) on the calling thread, which is the engine thread.
 
     python3 benchmarks/pinned_probe.py [--page-mib 2.25] [--bursts 16,64,256] [--json]
 
+XLA grows its pinned host pool by regions (each at least the request and the region before
+it, never given back); XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE=true with
+XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB=N pins N GiB when the client starts instead: run it both
+ways (the first record says how long the client took to start, and under which settings).
+
 For each burst size: `--repeats` puts of that many rows, each kept (as the host tier keeps
 its rows), then all dropped and `--repeats` more: the seconds of the put call itself
 (dispatch: what the engine thread waits) and until the rows are ready. Needs a GPU with the
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import jax
@@ -39,7 +45,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    started = time.perf_counter()
     device = jax.devices()[0]
+    jax.block_until_ready(jnp.zeros(1))
+    record = {"client_start_s": round(time.perf_counter() - started, 2), "device": str(device),
+              **{name: os.environ.get(name) for name in (
+                  "XLA_PJRT_GPU_HOST_MEMORY_PREALLOCATE", "XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB")}}
+    print(json.dumps(record) if args.json else record, flush=True)
     host = SingleDeviceSharding(device, memory_kind="pinned_host")
     size = int(args.page_mib * 2**20)
     for burst in (int(b) for b in args.bursts.split(",")):
