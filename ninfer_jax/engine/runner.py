@@ -641,10 +641,14 @@ class JaxRunner:
         if self.has_state:
             self._unwarmed_copies.append("state")
         self._copy_shapes = len(self._unwarmed_copies)
-        if self.mesh is not None or not self._unwarmed_copies:
+        # (a runner serving a later engine compiled them already)
+        pending = [item for item in self._unwarmed_copies
+                   if not self._page_store.is_compiled(item)]
+        if self.mesh is not None or not pending:
             self.copies_compiled.set()
         else:
-            threading.Thread(target=self._compile_copies, args=(list(self._unwarmed_copies),),
+            self.copies_compiled.clear()
+            threading.Thread(target=self._compile_copies, args=(pending,),
                              name="ninfer-copy-compile", daemon=True).start()
 
     def _compile_copies(self, items) -> None:
