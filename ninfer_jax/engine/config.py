@@ -38,15 +38,24 @@ def kv_bytes_per_token(*, num_layers: int, num_kv_heads: int, head_dim: int,
 def auto_kv_tokens(free_bytes: int, bytes_per_token: int, *, page_size: int,
                    headroom_bytes: int = AUTO_KV_HEADROOM_BYTES) -> int:
     """--kv-capacity auto: the tokens (whole pages) that fit in `free_bytes` (measured after
-    the weights are resident) minus the headroom, at least one page. Large pools are rounded
-    down to whole AUTO_POOL_GRANULE_PAGES: free memory varies by a few MiB between starts, and
-    a pool one page different changes every step's shapes, so a restart would find neither
-    its stored executables nor JAX's cache (run 9: 695488 then 695744 tokens)."""
+    the weights are resident) minus the headroom, at least one page. Pools are rounded down
+    to a granule of pages (a power of two, at most 1/64 of the pool, at most
+    AUTO_POOL_GRANULE_PAGES): free memory varies by a few MiB between starts, and a pool one
+    page different changes every step's shapes, so a restart would find neither its stored
+    executables nor JAX's cache (run 9: 695488 then 695744 tokens; run 41 on an H100:
+    17144 then 17173 pages, below the old 32768-page threshold for rounding, and the
+    restart compiled everything again). Two starts can still straddle a granule's edge:
+    serve/kv_sizing.py keeps the pool of the last start when it still fits."""
     usable = max(0, free_bytes - headroom_bytes)
     pages = usable // (bytes_per_token * page_size)
-    if pages >= 64 * AUTO_POOL_GRANULE_PAGES:  # at most 1/64 of the pool left unused
-        pages -= pages % AUTO_POOL_GRANULE_PAGES
+    pages -= pages % auto_pool_granule(pages)
     return max(1, pages) * page_size
+
+
+def auto_pool_granule(pages: int) -> int:
+    """The rounding granule of an auto pool of `pages` pages (1: no rounding)."""
+    granule = 1 << max(0, (pages // 64).bit_length() - 1) if pages >= 64 else 1
+    return min(granule, AUTO_POOL_GRANULE_PAGES)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,8 +26,11 @@ exactly the weights the server will hold.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
+import pathlib
 
 import numpy as np
 
@@ -36,6 +39,12 @@ from ninfer_jax.engine.penalty_lanes import penalty_counts_bytes
 from ninfer_jax.engine.state_slots import extra_slots, state_slot_capacity
 
 log = logging.getLogger("ninfer_jax.serve")
+
+# How far a remembered auto pool may stray from the one measured now and still be kept:
+# above it by at most this many bytes (taken from the headroom and compile scratch, 5.6 GiB
+# for the 8B shape), below it by at most 1/32 of the pool (pages left unused).
+KEEP_POOL_OVER_BYTES = 256 << 20
+KEEP_POOL_UNDER_SHARE = 32
 
 # On CPU: the share of available host RAM the pool may take, and its size in full contexts.
 CPU_RAM_SHARE = 4  # available RAM / 4
@@ -260,11 +269,50 @@ def auto_kv_tokens_for(artifact, kv_dtype, *, page_size: int, max_context: int,
                             scratch_bytes=(compile_scratch_bytes(artifact.params)
                                            + vision_scratch_bytes(artifact)) // size,
                             state_bytes=state_bytes)
+    if None not in free:
+        sizing = keep_last_pool(sizing, page_size=page_size, key={
+            "device": getattr(devices[0], "device_kind", str(devices[0])),
+            "devices": size, "page_size": page_size, "max_context": max_context,
+            "bytes_per_token": sizing.bytes_per_token, "state_bytes": state_bytes})
     log.info("KV pool bound (the --kv-capacity auto rule): %d tokens (%.1f KiB per token; %s)",
              sizing.tokens, sizing.bytes_per_token / 1024, sizing.basis)
     if sizing.tokens < max_context:
         log.warning("--kv-capacity auto gives %d tokens, less than one --max-context of %d",
                     sizing.tokens, max_context)
+    return sizing
+
+
+def keep_last_pool(sizing: KvSizing, *, page_size: int, key: dict,
+                   directory: str | os.PathLike | None = None) -> KvSizing:
+    """`sizing`, or the pool the last start with the same `key` chose where that one still
+    fits (KEEP_POOL_*): the same pool means the same step shapes, so a restart loads its
+    stored executables instead of compiling (auto pools are rounded, engine/config.py, but
+    two starts can straddle a granule's edge). Kept as a small file beside the executables
+    ($JAX_COMPILATION_CACHE_DIR/ninfer-executables); without that directory, `sizing`."""
+    if directory is None:
+        cache = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+        if not cache:
+            return sizing
+        directory = pathlib.Path(cache) / "ninfer-executables"
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    path = pathlib.Path(directory) / f"pool-{digest}.json"
+    try:
+        last = int(json.loads(path.read_text())["tokens"])
+    except (OSError, ValueError, KeyError, TypeError):
+        last = None
+    over = KEEP_POOL_OVER_BYTES // sizing.bytes_per_token
+    if last is not None and last % page_size == 0 and \
+            sizing.tokens - sizing.tokens // KEEP_POOL_UNDER_SHARE <= last <= sizing.tokens + over:
+        if last != sizing.tokens:
+            sizing = KvSizing(last, sizing.bytes_per_token,
+                              f"{sizing.basis}; the last start's {last} tokens kept, not "
+                              f"{sizing.tokens}: its step shapes are stored")
+        return sizing
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"tokens": sizing.tokens, "key": key}))
+    except OSError as exc:  # a read-only cache: every start measures afresh
+        log.warning("could not remember the KV pool in %s: %s", path, exc)
     return sizing
 
 

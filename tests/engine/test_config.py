@@ -54,6 +54,13 @@ def test_large_auto_pools_are_rounded_so_restarts_keep_their_shapes():
     assert a == b == 100 * AUTO_POOL_GRANULE_PAGES * 16
     small = auto_kv_tokens(37 * per_page, 1024, page_size=16, headroom_bytes=0)
     assert small == 37 * 16  # small pools keep every page
+    # a pool of ~17k pages (run 41's H100) rounds to 256 pages (a restart that straddles a
+    # granule's edge, as run 41's 17144 and 17173 would, keeps its pool in kv_sizing)
+    assert auto_kv_tokens(16900 * per_page, 1024, page_size=16, headroom_bytes=0) == \
+        auto_kv_tokens(17144 * per_page, 1024, page_size=16, headroom_bytes=0) == 16896 * 16
+    for pages in (64, 100, 1000, 17144, 10**6):  # never more than 1/64 of the pool unused
+        kept = auto_kv_tokens(pages * per_page, 1024, page_size=16, headroom_bytes=0) // 16
+        assert pages - pages // 64 <= kept <= pages
 
 
 def test_the_default_host_budget_adds_eight_states_an_explicit_one_does_not():

@@ -98,8 +98,9 @@ def test_device_memory_wins_when_the_device_reports_it():
     sizing = kv_sizing.auto_kv_sizing(free_device_bytes=3 * GIB, available_host_bytes=GIB,
                                       bytes_per_token=per_token, page_size=16,
                                       max_context=8192)
-    # 2 GiB after the headroom: 93206.7 tokens -> 5825 pages of 16.
-    assert sizing.tokens == 93200
+    # 2 GiB after the headroom: 93206.7 tokens -> 5825 pages of 16, rounded down to a
+    # granule of 64 pages (at most 1/64 of the pool): 5824.
+    assert sizing.tokens == 5824 * 16
     assert "GiB free on the device" in sizing.basis
     cpu = kv_sizing.auto_kv_sizing(free_device_bytes=None, available_host_bytes=GIB,
                                    bytes_per_token=per_token, page_size=16, max_context=8192)
@@ -209,7 +210,7 @@ def test_device_pool_leaves_room_for_a_compile_of_the_largest_weight():
                                       bytes_per_token=per_token, page_size=16,
                                       max_context=8192, scratch_bytes=GIB)
     # 4 GiB - 1 GiB headroom - 1 GiB scratch: the same 2 GiB as above.
-    assert sizing.tokens == 93200
+    assert sizing.tokens == 5824 * 16
     assert "compile scratch" in sizing.basis
 
 
@@ -255,3 +256,30 @@ def test_a_loaded_vision_tower_keeps_its_encode_scores_out_of_the_pool():
     assert kv_sizing.vision_scratch_bytes(with_tower) == 2 * 16 * 8192 ** 2 * 4
     text_only = types.SimpleNamespace(vision_config=vision, params={})
     assert kv_sizing.vision_scratch_bytes(text_only) == 0
+
+
+def test_a_restart_keeps_the_last_auto_pool_where_it_still_fits(tmp_path):
+    """Run 41 (H100): the cold start measured 17144 pages, the restart 17173, a granule's
+    edge apart after rounding, so every step shape compiled again. The pool of the last
+    start with the same key is kept while it fits (up to 256 MiB over what is measured now,
+    down to 1/32 under); further off, the new measurement wins and is remembered."""
+    per_token, page = 144 * 1024, 16
+    key = {"device": "NVIDIA H100 80GB HBM3", "bytes_per_token": per_token}
+
+    def start(pages, directory=tmp_path, key=key):
+        sizing = kv_sizing.KvSizing(pages * page, per_token, "measured")
+        return kv_sizing.keep_last_pool(sizing, page_size=page, key=key,
+                                        directory=directory).tokens // page
+
+    assert start(16896) == 16896  # the first start remembers its pool
+    assert start(17152) == 16896  # more free now: the stored shapes' pool, 256 pages unused
+    assert start(16890) == 16896  # a little less free: 6 pages (13.5 MiB) over is kept
+    assert start(16000) == 16000  # 896 pages (2 GiB) less: measured again ...
+    assert start(16100) == 16000  # ... and remembered
+    assert start(17000) == 17000  # 1000 pages more (over 1/32): the larger pool wins
+    assert start(17000, key=dict(key, max_context=4096)) == 17000  # another key: its own
+    assert start(16500, key=dict(key, max_context=4096)) == 16500
+    assert start(16990) == 17000
+    (next(tmp_path.glob("pool-*.json"))).write_text("not json")
+    assert start(16990) in (16990, 17000)  # an unreadable file is measured afresh
+    assert start(16000, directory=None) == 16000  # no cache directory: nothing kept
