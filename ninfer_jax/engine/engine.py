@@ -65,7 +65,7 @@ class Engine:
         if page_bytes:
             runner.clear_host_pages()  # a runner that served an earlier engine
             if self.host.is_enabled and hasattr(runner, "use_host_tier"):
-                runner.use_host_tier()
+                runner.use_host_tier(self.host.capacity)
         self.scheduler = Scheduler(config, self.pool, page_size=runner.page_size,
                                    max_batch=runner.max_batch, eos_ids=eos_ids,
                                    slots=self.slots, host=self.host,

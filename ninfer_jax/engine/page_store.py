@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 
 import jax
 import jax.numpy as jnp
@@ -245,6 +246,21 @@ class HostPageStore:
         unpack = jax.jit(unpack_pages, donate_argnames=("kv",)).lower(kv_spec, pages, rows)
         self._compiled["unpack", size] = unpack.compile()
         self._compiled["pack", size] = pack  # last: the pair is complete once this is in
+
+    def reserve_pinned(self, nbytes: int) -> float:
+        """Have XLA pin `nbytes` of host memory for the rows now (a GPU; elsewhere nothing):
+        seconds taken. XLA's pinned pool grows by regions (cudaHostAlloc, each at least
+        twice the last) inside the put that needs one, on the calling thread; from the
+        engine thread a burst of saves that grew it to gigabytes stalled every stream
+        (the suspect of runs 41-44's 1.4-2.1 s launch as a load level turned to decode,
+        benchmarks/pinned_probe.py). Regions are kept once freed, so one put of the whole
+        budget at start-up leaves room for every later row."""
+        if self._host is None or nbytes <= 0:
+            return 0.0
+        started = time.perf_counter()
+        # untouched zero pages: the put reads them without the process owning the bytes
+        jax.block_until_ready(jax.device_put(np.zeros(nbytes, np.uint8), self._host))
+        return time.perf_counter() - started
 
     def is_compiled(self, size) -> bool:
         """Whether compile_run(size) finished (size: a run length or "state")."""

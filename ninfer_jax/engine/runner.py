@@ -631,12 +631,18 @@ class JaxRunner:
         threading.Thread(target=self._compile_rest, args=(rest, greedy), name="ninfer-compile",
                          daemon=True).start()
 
-    def use_host_tier(self) -> None:
-        """The engine's host tier is on: every save and load run length (and a state
-        snapshot's copy) compiles on a thread of its own once the step shapes have, and runs
-        once on the engine thread while it is idle (prime_one). (Compiled there, run 44's
-        8B server spent 27-31 s of its first idle time in them, a request that came then
-        waiting up to a compile.) Under a mesh they compile in that first run instead."""
+    def use_host_tier(self, num_slots: int = 0) -> None:
+        """The engine's host tier is on, `num_slots` pages big: on a GPU its pinned host
+        memory is taken now (HostPageStore.reserve_pinned); every save and load run length
+        (and a state snapshot's copy) compiles on a thread of its own once the step shapes
+        have, and runs once on the engine thread while it is idle (prime_one). (Compiled
+        there, run 44's 8B server spent 27-31 s of its first idle time in them, a request
+        that came then waiting up to a compile.) Under a mesh they compile in that first
+        run instead."""
+        seconds = self._page_store.reserve_pinned(num_slots * self.page_bytes)
+        if seconds:
+            log.info("host tier: %.2f GiB of pinned host memory taken in %.1f s",
+                     num_slots * self.page_bytes / 2**30, seconds)
         self._unwarmed_copies = list(self._page_store.run_sizes[1:])  # warm-up: the first
         if self.has_state:
             self._unwarmed_copies.append("state")

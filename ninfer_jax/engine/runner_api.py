@@ -191,9 +191,10 @@ class StepRunner(Protocol):
     def compile_progress(self) -> tuple[int, int]:
         """(step shapes compiled, step shapes planned)."""
 
-    def use_host_tier(self) -> None:
-        """The engine's host tier is on: compile its page copies' shapes while idle
-        (prime_one). Optional: a runner with page_bytes 0 has no host tier."""
+    def use_host_tier(self, num_slots: int = 0) -> None:
+        """The engine's host tier is on, `num_slots` slots of page_bytes: take its memory
+        and compile its page copies' shapes (run once while idle: prime_one). Optional: a
+        runner with page_bytes 0 has no host tier."""
 
     def prime_one(self) -> bool:
         """Run one compiled step that has never run, on padding inputs, or compile one more

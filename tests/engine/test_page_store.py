@@ -192,3 +192,27 @@ def test_a_warmed_run_length_copies_without_compiling():
     assert store.run_sizes == (16, 32) and store.max_run == 32  # the CPU: rows stay here
     with pytest.raises(ValueError, match="no copy run of 24 pages"):
         store.warm(kv, 24)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="pinned host memory on a GPU")
+def test_pinned_memory_taken_up_front_still_round_trips_pages():
+    """reserve_pinned puts (and frees) the whole budget in pinned host memory, so XLA's pool
+    has grown before any save; the saves and loads after it are bit-exact."""
+    kv, store, host = random_kv(), HostPageStore(), HostPagePool(64)
+    assert store.reserve_pinned(64 * page_bytes(kv, NUM_PAGES)) > 0
+    saved = {page: page_of(kv, page) for page in range(1, 21)}
+    slots = {page: host.save(page) for page in saved}
+    kv = store.apply(kv, host.pop_copies())
+    kv = [layer if isinstance(layer, dict) else jax.tree.map(jnp.zeros_like, layer)
+          for layer in kv]
+    for page, slot in slots.items():
+        host.load(slot, page)
+    kv = store.apply(kv, host.pop_copies())
+    assert all(same(page_of(kv, page), saved[page]) for page in saved)
+
+
+def test_nothing_is_pinned_where_device_memory_is_host_memory():
+    if jax.default_backend() != "cpu":
+        pytest.skip("the CPU's store keeps rows where they are")
+    assert HostPageStore().reserve_pinned(1 << 30) == 0.0
