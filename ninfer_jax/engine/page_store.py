@@ -247,6 +247,11 @@ class HostPageStore:
         self._compiled["unpack", size] = unpack.compile()
         self._compiled["pack", size] = pack  # last: the pair is complete once this is in
 
+    @property
+    def pins_host(self) -> bool:
+        """Whether saved rows live in pinned host memory (a GPU), so reserve_pinned acts."""
+        return self._host is not None
+
     def reserve_pinned(self, nbytes: int) -> float:
         """Have XLA pin `nbytes` of host memory for the rows now (a GPU; elsewhere nothing):
         seconds taken. XLA's pinned pool grows by regions (cudaHostAlloc, each at least

@@ -301,6 +301,7 @@ class JaxRunner:
         self._copy_warm_seconds = 0.0
         self._copy_compile_failed = False
         self.copies_compiled = threading.Event()  # the copy compile thread is done
+        self._pinning: threading.Thread | None = None  # use_host_tier's reservation
         if min_rows is None:
             # On the H200 XLA's one-row matrix-vector path for bf16 weights is slower than its
             # two-row matmul (Llama-3-8B shape: 5.60 ms per step at batch 1, 4.46 ms at batch
@@ -617,6 +618,7 @@ class JaxRunner:
         # compiled now too: the first penalised request must not wait for it
         self.load_penalty_lane(sampling.DUMMY_PENALTY_LANE, ())
         jax.block_until_ready(self.kv)
+        self._wait_pinned()
         for shape in essential:
             self._unprimed.pop((shape, "draws"), None)
             self._unprimed.pop((shape, "media"), None)
@@ -633,16 +635,20 @@ class JaxRunner:
 
     def use_host_tier(self, num_slots: int = 0) -> None:
         """The engine's host tier is on, `num_slots` pages big: on a GPU its pinned host
-        memory is taken now (HostPageStore.reserve_pinned); every save and load run length
+        memory is taken on a thread beside warm-up (HostPageStore.reserve_pinned; warmup()
+        waits for it); every save and load run length
         (and a state snapshot's copy) compiles on a thread of its own once the step shapes
         have, and runs once on the engine thread while it is idle (prime_one). (Compiled
         there, run 44's 8B server spent 27-31 s of its first idle time in them, a request
         that came then waiting up to a compile.) Under a mesh they compile in that first
         run instead."""
-        seconds = self._page_store.reserve_pinned(num_slots * self.page_bytes)
-        if seconds:
-            log.info("host tier: %.2f GiB of pinned host memory taken in %.1f s",
-                     num_slots * self.page_bytes / 2**30, seconds)
+        self._wait_pinned()  # a runner serving a later engine: one reservation at a time
+        nbytes = num_slots * self.page_bytes
+        if self._page_store.pins_host and nbytes > 0:
+            # Run 45's restart spent 4.4 s of its 20.05 s here, before warm-up's 2.9 s.
+            self._pinning = threading.Thread(target=self._reserve_pinned, args=(nbytes,),
+                                             name="ninfer-pin", daemon=True)
+            self._pinning.start()
         self._unwarmed_copies = list(self._page_store.run_sizes[1:])  # warm-up: the first
         if self.has_state:
             self._unwarmed_copies.append("state")
@@ -656,6 +662,20 @@ class JaxRunner:
             self.copies_compiled.clear()
             threading.Thread(target=self._compile_copies, args=(pending,),
                              name="ninfer-copy-compile", daemon=True).start()
+
+    def _reserve_pinned(self, nbytes: int) -> None:
+        try:
+            seconds = self._page_store.reserve_pinned(nbytes)
+        except Exception:  # noqa: BLE001 - the tier still serves; its saves grow the pool
+            log.exception("host tier: taking pinned host memory failed")
+            return
+        log.info("host tier: %.2f GiB of pinned host memory taken in %.1f s (beside warm-up)",
+                 nbytes / 2**30, seconds)
+
+    def _wait_pinned(self) -> None:
+        if self._pinning is not None:
+            self._pinning.join()
+            self._pinning = None
 
     def _compile_copies(self, items) -> None:
         self.compile_done.wait()  # the step shapes first: they serve requests
