@@ -217,9 +217,11 @@ class Bench:
                 continue
             bare = step.get(concurrency)
             rate, engine_rate = record.get("decode_tok_s"), record.get("server_decode_tok_s")
+            full = record.get("full_decode_tok_s")
             self.results.add("load", command, preset=preset, **record,
                              all_shapes_compiled=all_compiled, step_decode_tok_s=bare,
                              server_over_step=rate / bare if rate and bare else None,
+                             full_over_step=full / bare if full and bare else None,
                              engine_over_step=engine_rate / bare if engine_rate and bare
                              else None)
 
@@ -314,7 +316,11 @@ def print_summary(rows: list[dict]) -> None:
                       f"{_fmt(row['ttft_p50_s'], 3)} s, ITL p50/p99/max "
                       f"{_fmt(row['itl_p50_s'], 3)}/{_fmt(row['itl_p99_s'], 3)}/"
                       f"{_fmt(row['itl_max_s'], 3)} s, server/step "
-                      f"{_fmt(row['server_over_step'], 2)}")
+                      f"{_fmt(row['server_over_step'], 2)}; all streams decoding "
+                      f"{_fmt(row.get('full_decode_tok_s'))} tok/s for "
+                      f"{_fmt(row.get('full_window_s'), 2)} s "
+                      f"({_fmt(row.get('full_over_step'), 2)} of the step), end to end "
+                      f"{_fmt(row.get('output_tok_s'))}")
             if row.get("all_shapes_compiled") is False:
                 figure += " [shapes still compiling: not a steady-state figure]"
         elif stage == "interference":

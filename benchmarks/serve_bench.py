@@ -172,6 +172,28 @@ def stream_stats(result: dict) -> dict:
             "decode_tok_s": (tokens - 1) / span if span > 0 else None}
 
 
+def full_window(results: list[dict]) -> dict:
+    """The span in which every stream of the level decodes (from the last first chunk to the
+    first last chunk) and the tokens all streams delivered in it per second: the server's
+    decode rate at the level's full row count, comparable to the bare step's. The median
+    stream's rate (decode_tok_s) also counts the spans in which others' prompts were
+    prefilled beside it; when all prompts arrive at once that can be half of each stream's
+    life (run 45 at 256). A chunk carries the stream's mean tokens per chunk. None when the
+    first stream ends before the last one starts (or a stream failed)."""
+    streams = [r for r in results if len(r["chunks"]) > 1 and not r["error"]]
+    if not streams or len(streams) < len(results):
+        return {"full_decode_tok_s": None, "full_window_s": None}
+    start = max(r["chunks"][0] for r in streams)
+    end = min(r["chunks"][-1] for r in streams)
+    if end <= start:
+        return {"full_decode_tok_s": None, "full_window_s": None}
+    tokens = 0.0
+    for r in streams:  # chunks after `start` up to `end`: the tokens made in the window
+        inside = sum(1 for t in r["chunks"] if start < t <= end)
+        tokens += inside * (r["tokens"] or len(r["chunks"])) / len(r["chunks"])
+    return {"full_decode_tok_s": tokens / (end - start), "full_window_s": end - start}
+
+
 def summarize(results: list[dict], wall: float, concurrency: int, max_tokens: int) -> dict:
     """One level's record from its streams."""
     stats = [stream_stats(r) for r in results]
@@ -196,6 +218,7 @@ def summarize(results: list[dict], wall: float, concurrency: int, max_tokens: in
         "num_short": sum(1 for r in results if not r["error"] and r["tokens"] != max_tokens),
         "output_tokens": tokens, "wall_s": wall, "output_tok_s": tokens / wall if wall else None,
         "decode_tok_s": concurrency * median_rate if median_rate else None,
+        **full_window(results),
         "request_tok_s_p50": median_rate, "request_tok_s_min": min(rates, default=None),
         "ttft_p50_s": percentile(ttfts, 0.5), "ttft_p99_s": percentile(ttfts, 0.99),
         "itl_p50_s": percentile(gaps, 0.5), "itl_p99_s": percentile(gaps, 0.99),

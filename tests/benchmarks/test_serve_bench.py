@@ -68,6 +68,26 @@ def test_summarize_by_hand():
     assert level["tokens_per_chunk"] == 1.0
     assert level["server_prompt_ms_p50"] == 400.0
     assert level["server_decode_tok_s"] == pytest.approx(12.0)  # 2 x the median 6
+    # A failed stream: no window in which every stream decodes.
+    assert level["full_decode_tok_s"] is None
+
+
+def test_the_full_window_counts_tokens_while_every_stream_decodes():
+    """From the last first chunk (1.0) to the first last chunk (2.0): stream A delivers
+    chunks at 1.5 and 2.0 (one token each), B at 1.5 (two tokens a chunk: 6 tokens in 3
+    chunks): 4 tokens in 1 s. A stream that ends before another starts leaves no window."""
+    results = [
+        {"sent": 0.0, "chunks": [0.1, 0.5, 1.0, 1.5, 2.0], "tokens": 5, "prompt_tokens": 10,
+         "timings": None, "error": None},
+        {"sent": 0.0, "chunks": [1.0, 1.5, 3.0], "tokens": 6, "prompt_tokens": 10,
+         "timings": None, "error": None},
+    ]
+    level = serve_bench.summarize(results, wall=3.0, concurrency=2, max_tokens=6)
+    assert level["full_window_s"] == pytest.approx(1.0)
+    assert level["full_decode_tok_s"] == pytest.approx(4.0)
+    apart = [dict(results[0], chunks=[0.1, 0.2]), dict(results[1], chunks=[0.5, 0.6])]
+    assert serve_bench.summarize(apart, wall=1.0, concurrency=2,
+                                 max_tokens=6)["full_decode_tok_s"] is None
 
 
 @pytest.fixture
