@@ -6,7 +6,8 @@ says what it builds and with which environment: --device, --no-cuda-graph) and w
 its socket listens. Then gunicorn forks `--http-workers` gthread workers
 (`--http-threads` HTTP threads each). Each worker loads the artifact without weights
 (tokenizer, template, metadata) and connects an EngineClient, which waits until the core has
-built its engine; warm-up goes on in the core while /health says "loading". No worker
+built its engine; meanwhile the worker already answers /health "loading" and holds other
+requests (_WhileBuilding), and warm-up goes on in the core while /health says so. No worker
 timeout (a long stream is not a hung worker), no control socket. Shutdown (SIGTERM, SIGINT)
 stops the workers gracefully, then the core; if the launcher dies, the core sees its control
 pipe close and stops too.
@@ -21,6 +22,7 @@ Stderr records read `YYYY-MM-DD HH:MM:SS.mmm LEVEL message` (gunicorn's own incl
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import logging.config
 import math
@@ -29,6 +31,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 
 from gunicorn.app.base import BaseApplication
 
@@ -77,6 +80,36 @@ class _KeepAliveSockets:
         if sock is not None:
             _tune_socket(sock)
         return self.app(environ, start_response)
+
+
+class _WhileBuilding:
+    """WSGI app of a worker whose engine core is still reading the weights (no engine to ask
+    yet): GET / HEAD /health answer 503 {"status": "loading"} at once, other requests wait
+    for the real app, then go to it. Before, the worker only started accepting once the core
+    had built its engine, so /health hung for the weights' 10-20 s (run 45: first answer
+    18.0 s into an 8B restart)."""
+
+    LOADING = json.dumps({"status": "loading", "compiled_shapes": 0,
+                          "total_shapes": 0}).encode()
+
+    def __init__(self):
+        self._built = threading.Event()
+        self._app = None
+
+    def serve(self, app) -> None:
+        self._app = app
+        self._built.set()
+
+    def __call__(self, environ, start_response):
+        if not self._built.is_set():
+            if (environ.get("PATH_INFO") == "/health"
+                    and environ.get("REQUEST_METHOD") in ("GET", "HEAD")):
+                start_response("503 Service Unavailable", [
+                    ("Content-Type", "application/json"),
+                    ("Content-Length", str(len(self.LOADING)))])
+                return [] if environ["REQUEST_METHOD"] == "HEAD" else [self.LOADING]
+            self._built.wait()  # a worker whose core failed exits (_build_worker_app)
+        return self._app(environ, start_response)
 
 
 def _tune_socket(sock) -> None:
@@ -196,17 +229,34 @@ class NinferApplication(BaseApplication):
             self.cfg.set(key, value)
 
     def load(self):
-        # Runs in the worker process, after the fork.
+        # Runs in the worker process, after the fork: the app is built on a thread while
+        # the worker already answers (_WhileBuilding).
+        app = _WhileBuilding()
+        threading.Thread(target=self._build_worker_app, args=(app,),
+                         name="ninfer-worker-build", daemon=True).start()
+        return _KeepAliveSockets(app)
+
+    def _build_worker_app(self, app: _WhileBuilding) -> None:
         from ninfer_jax.errors import EngineUnavailable
         from ninfer_jax.serve.app import create_app
 
         try:
             self.ctx = build_worker_context(self.config, self.core.address, self.core.authkey)
+            app.serve(create_app(self.ctx))
         except EngineUnavailable:
             # The core has logged why in one line; a worker traceback would bury it.
             log.error("cannot serve: the engine core stopped during start-up")
-            sys.exit(WORKER_BOOT_ERROR)
-        return _KeepAliveSockets(create_app(self.ctx))
+            self._boot_failed()
+        except BaseException:
+            log.exception("cannot serve: the HTTP worker could not start")
+            self._boot_failed()
+
+    @staticmethod
+    def _boot_failed() -> None:
+        """Leave with gunicorn's boot-failure status (its master then stops the server),
+        from this thread: sys.exit would only end the thread."""
+        logging.shutdown()
+        os._exit(WORKER_BOOT_ERROR)
 
     def _post_fork(self, server, worker) -> None:
         self.core.close_in_child()

@@ -59,6 +59,7 @@ class LiveServer:
     model_id: str
     log_path: pathlib.Path
     args: tuple
+    first_health_at: float | None = None  # time.time() of /health's first answer
 
     @property
     def url(self) -> str:
@@ -88,6 +89,8 @@ class LiveServer:
                                    + self.stderr_text()[-4000:])
             try:
                 health = httpx.get(self.url + "/health", timeout=2)
+                if self.first_health_at is None:
+                    self.first_health_at = time.time()
                 if health.status_code == 200:
                     return
                 # A failed engine stays up and says so (serving.md); waiting on it would only

@@ -98,6 +98,19 @@ def test_only_the_engine_core_loads_jax(live_server):
     assert len(info) == 1 and 'backend="cpu"' in info[0]
 
 
+def test_health_answers_while_the_core_reads_the_weights(two_workers):
+    """Each worker answers /health ("loading") as soon as it runs, before the engine core
+    has read the weights and built its engine (logged as "... warming up"): a worker used to
+    accept no connection until then (an 8B restart: 18 s with no answer)."""
+    import datetime
+
+    line = next(line for line in two_workers.stderr_text().splitlines()
+                if line.endswith("warming up"))
+    built = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    assert two_workers.first_health_at is not None
+    assert two_workers.first_health_at < built, (two_workers.first_health_at, line)
+
+
 def test_two_http_workers_share_one_core_until_it_dies(two_workers):
     server = two_workers
     core, workers = roles(server)

@@ -51,3 +51,37 @@ def test_worker_serves_through_the_core_without_importing_jax(default_artifact_p
     assert report["status"] == 200 and report["usage"]["completion_tokens"] == 5
     assert report["health"]["status"] == "ok"
     assert report["max_context"] == 256  # the core's engine config, not the CLI default
+
+
+def test_a_worker_answers_health_while_its_engine_is_built():
+    """Before the engine core has built its engine (the weights take 10-20 s on a GPU) a
+    worker answers GET / HEAD /health with 503 "loading" at once and holds every other
+    request until its app exists, then hands it over; afterwards the app answers all."""
+    import threading
+
+    from falcon import testing
+
+    from ninfer_jax.serve.launcher import _WhileBuilding
+
+    starting = _WhileBuilding()
+    client = testing.TestClient(starting)
+    health = client.simulate_get("/health")
+    assert health.status_code == 503
+    assert health.json == {"status": "loading", "compiled_shapes": 0, "total_shapes": 0}
+    head = client.simulate_head("/health")
+    assert head.status_code == 503 and head.content == b""
+
+    def app(environ, start_response):
+        start_response("200 OK", [("Content-Type", "text/plain")])
+        return [f"{environ['REQUEST_METHOD']} {environ['PATH_INFO']}".encode()]
+
+    replies = []
+    waiting = threading.Thread(target=lambda: replies.append(
+        client.simulate_post("/v1/chat/completions", body="{}")))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and not replies  # held until the app exists
+    starting.serve(app)
+    waiting.join(10)
+    assert replies[0].status_code == 200 and replies[0].text == "POST /v1/chat/completions"
+    assert client.simulate_get("/health").text == "GET /health"
