@@ -225,6 +225,12 @@ class ServeConfig:
         "expert index over the N devices (each holds E/N of them) instead of replicating "
         "them on every device; attention, dense MLPs and shared experts stay tensor-parallel. "
         "N must divide the routed experts.", is_flag=True)
+    # serve/engine_setup.core_environment: XLA_PYTHON_CLIENT_MEM_FRACTION of the core
+    gpu_memory_utilization: float = option(
+        0.9, "Fraction of each GPU's memory the engine core may use: weights, the KV pool "
+        "(--kv-capacity auto takes what is left) and compiled steps; the rest stays with the "
+        "CUDA context and libraries. (XLA's own default is 0.75.) No effect on CPU.",
+        type=float, min=0.05, max=1.0)
     no_cuda_graph: bool = option(  # XLA command buffers (CUDA graphs) off
         False, "Disable CUDA Graph decode graphs (XLA command buffers) in the engine core. "
         "On CPU: accepted, no effect beyond the core's environment.", is_flag=True)

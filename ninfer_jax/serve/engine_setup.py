@@ -37,9 +37,11 @@ def core_environment(config: ServeConfig, base: Mapping[str, str]) -> dict[str, 
     devices `base` already makes visible (all of them when CUDA_VISIBLE_DEVICES is unset),
     and with --tensor-parallel K the K devices from the Nth on (`auto`: every visible one,
     the variable left as it is); --no-cuda-graph appends the command-buffer switch to any
-    XLA_FLAGS in `base`."""
+    XLA_FLAGS in `base`; --gpu-memory-utilization is XLA's allocator limit (without it 75%
+    of the card, preallocating or not: 20 GB of an 80 GB H100 stayed unused, run 45's KV
+    pool was 43 GiB with 16 GB of weights)."""
     visible = base.get("CUDA_VISIBLE_DEVICES")
-    env = {}
+    env = {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{config.gpu_memory_utilization:g}"}
     if config.tensor_parallel != "auto":
         count = int(config.tensor_parallel)
         devices = [str(config.device + i) for i in range(count)]

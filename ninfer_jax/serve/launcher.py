@@ -325,6 +325,18 @@ def check_startup(config: ServeConfig) -> None:
                                               config.expert_parallel)
 
 
+def describe_core(config: ServeConfig, core_env, environ) -> str:
+    """The start-up line saying what the engine core's environment selects."""
+    # --tensor-parallel auto leaves the variable as it is, maybe unset (every device)
+    visible = core_env.get("CUDA_VISIBLE_DEVICES",
+                           environ.get("CUDA_VISIBLE_DEVICES", "unset: every device"))
+    flags = f" (XLA_FLAGS={core_env['XLA_FLAGS']})" if "XLA_FLAGS" in core_env else ""
+    return (f"engine core: --device {config.device} (CUDA_VISIBLE_DEVICES={visible}), CUDA "
+            f"graphs {'off' if config.no_cuda_graph else 'on'}{flags}, up to "
+            f"{100 * config.gpu_memory_utilization:g}% of each GPU's memory; "
+            f"{config.http_workers} HTTP worker(s)")
+
+
 def run_server(config: ServeConfig) -> None:
     logging.config.dictConfig(logging_config(config.log_level))
     try:
@@ -340,11 +352,7 @@ def run_server(config: ServeConfig) -> None:
         sys.exit(2)
     log.info("starting ninfer-jax on http://%s:%d (artifact %s)", config.host, config.port,
              config.artifact)
-    log.info("engine core: --device %d (CUDA_VISIBLE_DEVICES=%s), CUDA graphs %s%s; "
-             "%d HTTP worker(s)", config.device, core_env["CUDA_VISIBLE_DEVICES"],
-             "off" if config.no_cuda_graph else "on",
-             f" (XLA_FLAGS={core_env['XLA_FLAGS']})" if "XLA_FLAGS" in core_env else "",
-             config.http_workers)
+    log.info("%s", describe_core(config, core_env, os.environ))
     _serve(config)
 
 

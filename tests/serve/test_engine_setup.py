@@ -4,7 +4,7 @@ import pytest
 
 from ninfer_jax.serve.config import ServeConfig
 from ninfer_jax.serve.engine_setup import NO_COMMAND_BUFFERS_FLAG, core_environment
-from ninfer_jax.serve.launcher import check_http_workers
+from ninfer_jax.serve.launcher import check_http_workers, describe_core
 
 
 def config(**options) -> ServeConfig:
@@ -12,8 +12,8 @@ def config(**options) -> ServeConfig:
 
 
 def test_device_selects_a_cuda_device_for_the_core_only():
-    assert core_environment(config(), {}) == {"CUDA_VISIBLE_DEVICES": "0"}
-    assert core_environment(config(device=3), {}) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert core_environment(config(), {})["CUDA_VISIBLE_DEVICES"] == "0"
+    assert core_environment(config(device=3), {})["CUDA_VISIBLE_DEVICES"] == "3"
 
 
 def test_device_indexes_the_devices_already_visible():
@@ -24,7 +24,7 @@ def test_device_indexes_the_devices_already_visible():
 
 
 def test_tensor_parallel_makes_its_devices_visible():
-    assert core_environment(config(tensor_parallel=2), {}) == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert core_environment(config(tensor_parallel=2), {})["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert core_environment(config(device=1, tensor_parallel=2),
                             {"CUDA_VISIBLE_DEVICES": "4,6,7"})["CUDA_VISIBLE_DEVICES"] == "6,7"
     with pytest.raises(ValueError, match="--device 2 --tensor-parallel 2: CUDA_VISIBLE_DEVICES"):
@@ -40,6 +40,27 @@ def test_no_cuda_graph_appends_to_existing_xla_flags():
     assert env["XLA_FLAGS"] == f"--a=1 {NO_COMMAND_BUFFERS_FLAG}"
     env = core_environment(config(no_cuda_graph=True), {})
     assert env["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer="
+
+
+def test_gpu_memory_utilization_is_the_cores_allocator_limit():
+    """XLA's GPU allocator stops at 75% of the card unless told; the core gets 90% (vLLM's
+    default utilisation) or what --gpu-memory-utilization says, over any inherited value."""
+    assert core_environment(config(), {})["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.9"
+    env = core_environment(config(gpu_memory_utilization=0.5),
+                           {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.3"})
+    assert env["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+
+
+def test_the_start_up_line_says_what_the_core_gets():
+    auto = config(tensor_parallel="auto")  # the variable left unset: no KeyError (it was)
+    assert describe_core(auto, core_environment(auto, {}), {}) == (
+        "engine core: --device 0 (CUDA_VISIBLE_DEVICES=unset: every device), CUDA graphs on, "
+        "up to 90% of each GPU's memory; 1 HTTP worker(s)")
+    tuned = config(device=1, no_cuda_graph=True, gpu_memory_utilization=0.5)
+    line = describe_core(tuned, core_environment(tuned, {"CUDA_VISIBLE_DEVICES": "4,6"}), {})
+    assert line == ("engine core: --device 1 (CUDA_VISIBLE_DEVICES=6), CUDA graphs off "
+                    f"(XLA_FLAGS={NO_COMMAND_BUFFERS_FLAG}), up to 50% of each GPU's memory; "
+                    "1 HTTP worker(s)")
 
 
 def test_one_http_worker_accepts_every_option():
