@@ -15,7 +15,8 @@ one GPU (GLM-4.5-Air: ~200 GB); the fraction of the GEMV ceiling does not depend
 Per preset (one at a time; its params and runner are freed before the next): the params
 pytree the artifact loader would produce (config.expected_shapes, norms and Gated DeltaNet
 vectors float32, the rest in the preset's dtype, drawn as artifact/random_init.py draws them
-but with jax.random on the device), a JaxRunner over it, then exactly the shapes measured
+but with jax.random on the device, each layer's projections joined as the runner joins them
+as soon as it is drawn), a JaxRunner over it, then exactly the shapes measured
 compiled (one decode shape per batch, one prefill chunk shape). Decode is pipelined as the
 engine's step loop runs it (step n+1 launched before step n is collected, rows fed the token
 the previous step sampled on the device, greedy), every row at `--context` tokens on its own
@@ -42,7 +43,9 @@ ceilings (benchlib: bf16 GEMV bandwidth, copy bandwidth, bf16 matmul rate), meas
 time limit keeps what it measured. --smoke: CPU check with the tiny presets and sizes.
 
 On the H200, one process per preset (each under its own cap, its memory gone with it; the
-35B-A3B preset holds ~70 GB of params, the 27B ~54 GB plus ~15 GB of KV pages and state slots):
+35B-A3B preset holds ~70 GB of params, the 27B ~54 GB plus ~15 GB of KV pages and state slots;
+run as a script, XLA's allocator may take MEM_FRACTION of the card unless
+XLA_PYTHON_CLIENT_MEM_FRACTION says otherwise):
     export PYTHONPATH=.:benchmarks PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
     timeout 60 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_moe.py \
         -k "gpu or lower" > $OUT/pytest-moe.log 2>&1  # the MoE kernels natively, first
@@ -60,11 +63,13 @@ On the H200, one process per preset (each under its own cap, its memory gone wit
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import functools
 import gc
 import json
 import math
+import os
 import time
 import types
 
@@ -84,9 +89,17 @@ from ninfer_jax.engine import prompt_media
 from ninfer_jax.engine.request import MediaInput, SamplingParams
 from ninfer_jax.engine.runner import JaxRunner, fit_bucket
 from ninfer_jax.engine.runner_api import PrefillUnit, SampleSpec
+from ninfer_jax.model import fused_projections
 from ninfer_jax.model.vision import grid
 
 GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
+# XLA's GPU allocator stops at 75% of the card unless told, preallocating or not: 59.7 GiB of
+# an 80 GB H100, less than the 35B-A3B's weights and than the 31B's plus one compile's
+# autotuning copy of its LM head (runs 38 and 39: 2.64 GiB asked), or the 27B's plus its 14 GiB
+# of pages and state slots. The bench is the card's only user; the rest is left to the CUDA
+# context and libraries.
+MEM_FRACTION = "0.95"
+MEM_FRACTION_VARS = ("XLA_PYTHON_CLIENT_MEM_FRACTION", "XLA_CLIENT_MEM_FRACTION")
 DEFAULT_PRESETS = "qwen3.5-27b,qwen3.6-35b-a3b"
 SMOKE = dict(presets="qwen3.5-tiny,qwen3.6-tiny-moe", batches="1,2", context=40, prompt=48,
              steps=4, prefill_chunk=32)
@@ -94,11 +107,34 @@ SMOKE = dict(presets="qwen3.5-tiny,qwen3.6-tiny-moe", batches="1,2", context=40,
 
 # ---------------------------------------------------------------------------- params
 
+# Elements drawn at once: threefry's temporaries take 16 bytes an element on XLA CPU, 8.6 GB
+# for one of the 35B-A3B's 1.07 GB expert leaves, drawn when nearly all of its weights are
+# made. Larger leaves are drawn in blocks of first-axis rows, each from its own key.
+BLOCK_ELEMENTS = 1 << 24
+
+
 @functools.partial(jax.jit, static_argnames=("shape", "dtype", "log_uniform"))
 def _random_leaf(key, std, mean, *, shape, dtype, log_uniform=False):
-    if log_uniform:  # A_log ~ log U(1, 16)
-        return jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
-    return (jax.random.normal(key, shape, dtype) * std + mean).astype(dtype)
+    def draw(key, shape):
+        if log_uniform:  # A_log ~ log U(1, 16)
+            return jnp.log(jax.random.uniform(key, shape, jnp.float32, 1.0, 16.0)).astype(dtype)
+        return (jax.random.normal(key, shape, dtype) * std + mean).astype(dtype)
+
+    if math.prod(shape) <= BLOCK_ELEMENTS:
+        return draw(key, shape)
+    rows = _block_rows(shape)
+
+    def block(index, out):  # written in place into the loop's buffer, the leaf itself
+        return jax.lax.dynamic_update_slice_in_dim(
+            out, draw(jax.random.fold_in(key, index), (rows, *shape[1:])), index * rows, 0)
+    return jax.lax.fori_loop(0, shape[0] // rows, block, jnp.zeros(shape, dtype))
+
+
+def _block_rows(shape) -> int:
+    """The most first-axis rows of `shape` that divide it and hold at most BLOCK_ELEMENTS
+    (at least one row)."""
+    limit = max(1, BLOCK_ELEMENTS // math.prod(shape[1:]))
+    return max(rows for rows in range(1, min(limit, shape[0]) + 1) if shape[0] % rows == 0)
 
 
 def _leaf_law(config, name: str, shape) -> tuple[float, float, bool]:
@@ -121,14 +157,22 @@ def _leaf_law(config, name: str, shape) -> tuple[float, float, bool]:
     return 1.0 / math.sqrt(fan_in), 0.0, False
 
 
-def device_params(config, storage_dtype, seed: int = 0, mtp: bool = False) -> dict:
+def device_params(config, storage_dtype, seed: int = 0, mtp: bool = False,
+                  fuse: bool = False) -> dict:
     """The params tree load_artifact(weights=True, mtp=mtp) would return, made on the default
-    device leaf by leaf: norms and per-head vectors float32, the rest storage_dtype."""
+    device leaf by leaf: norms and per-head vectors float32, the rest storage_dtype. `fuse`:
+    each layer's projections joined as JaxRunner joins them (fused_projections, which then
+    keeps them) as soon as the layer is drawn. The runner joins device leaves on the device
+    while its caller still holds the parts, so given them unjoined both layouts would live at
+    once: 33 of the 27B's 54 GB twice (run 39's H100 ran out there)."""
     params: dict = {"layers": [{} for _ in range(config.num_layers)]}
     shapes = dict(config.expected_shapes())
     if mtp:
         shapes.update(mtp_expected_shapes(config))
         params["mtp"] = {"layers": [{} for _ in range(config.mtp_num_layers)]}
+    groups = fused_projections.fused_leaves(config) if fuse else None
+    undrawn = collections.Counter(name.split(".")[1] for name in shapes
+                                  if name.startswith("layers."))  # leaves left, by layer
     key = jax.random.PRNGKey(seed)
     for index, (name, shape) in enumerate(shapes.items()):
         tree, local = ((params["mtp"], name[len(MTP_PREFIX):]) if name.startswith(MTP_PREFIX)
@@ -142,6 +186,12 @@ def device_params(config, storage_dtype, seed: int = 0, mtp: bool = False) -> di
             tree["layers"][int(layer)][leaf_name] = leaf
         else:
             tree[local] = leaf
+        del leaf  # a joined layer's parts must have no reference left
+        if name.startswith("layers."):
+            undrawn[layer] -= 1
+            if groups is not None and not undrawn[layer]:
+                params["layers"][int(layer)] = fused_projections.fuse_layer(
+                    params["layers"][int(layer)], 1, groups)
     return params
 
 
@@ -276,7 +326,7 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
     started = time.perf_counter()
     params = jax.block_until_ready(
         device_params(config, jnp.bfloat16 if preset.dtype == "bf16" else jnp.float32,
-                      mtp=args.mtp > 0))
+                      mtp=args.mtp > 0, fuse=True))
     made = time.perf_counter()
     runner, max_context = build_runner(config, params, args, batches,
                                        preset.vision if args.images else None)
@@ -502,4 +552,6 @@ def main(argv=None) -> list[dict]:
 
 
 if __name__ == "__main__":
+    if not any(os.environ.get(name) for name in MEM_FRACTION_VARS):  # read as JAX's backend
+        os.environ[MEM_FRACTION_VARS[0]] = MEM_FRACTION  # starts, in ceilings()
     main()

@@ -35,6 +35,36 @@ def test_device_params_have_the_artifact_trees_names_shapes_and_dtypes():
         assert _described(got) == _described(expected)
 
 
+def test_joined_params_are_the_runners_join_and_it_keeps_them(monkeypatch):
+    """device_params(fuse=True) joins each layer as it is drawn: leaf for leaf the tree the
+    runner would join from the unjoined one, and the runner places those very arrays (no
+    second copy). Leaves past BLOCK_ELEMENTS (made small here) are drawn in blocks, each its
+    own key, with the leaf's law."""
+    from ninfer_jax.engine.runner import place_params
+    from ninfer_jax.model import fused_projections
+
+    monkeypatch.setattr(hybrid_bench, "BLOCK_ELEMENTS", 4096)
+    hybrid_bench._random_leaf.clear_cache()  # traces made with the real block size
+    try:
+        for name in ("qwen3.5-tiny", "qwen3.6-tiny-moe"):
+            config = dataclasses.replace(PRESETS[name].config, vocab_size=512)
+            joined = hybrid_bench.device_params(config, jnp.float32, mtp=True, fuse=True)
+            expected = fused_projections.fuse_projections(
+                hybrid_bench.device_params(config, jnp.float32, mtp=True), config)
+            assert jax.tree.structure(joined) == jax.tree.structure(expected)
+            assert all(np.array_equal(a, b) for a, b in
+                       zip(jax.tree.leaves(joined), jax.tree.leaves(expected)))
+            assert "in_qkvzba" in joined["layers"][0] and "in_qkv" not in joined["layers"][0]
+            placed = place_params(joined, config, jnp.float32)
+            assert all(a is b for a, b in zip(jax.tree.leaves(joined), jax.tree.leaves(placed)))
+        embed = np.asarray(joined["embed"])  # 512 x 64: 8 blocks of 64 rows, std 1
+        assert hybrid_bench._block_rows(embed.shape) == 64
+        assert abs(embed.std() - 1.0) < 0.05 and abs(embed.mean()) < 0.05
+        assert not np.array_equal(embed[:64], embed[64:128])
+    finally:
+        hybrid_bench._random_leaf.clear_cache()
+
+
 def test_expected_distinct_experts():
     assert hybrid_costs.expected_distinct_experts(256, 8, 1) == 8
     assert 15.7 < hybrid_costs.expected_distinct_experts(256, 8, 2) < 15.8
