@@ -774,8 +774,18 @@ class JaxRunner:
         come last: until they exist, greedy steps run the shapes with draws (same tokens)."""
         started = time.perf_counter()
         try:
-            self._compile_all(shapes, greedy_shapes,
-                              threads=min(BACKGROUND_COMPILE_THREADS, self.compile_threads))
+            failed = self._compile_all(
+                shapes, greedy_shapes, keep_going=True,
+                threads=min(BACKGROUND_COMPILE_THREADS, self.compile_threads))
+            # Once more, alone: run 47's cold 8B server lost a shape (and, stopping there,
+            # every shape after it) to XLA's autotuner finding its red zones written while
+            # another compile autotuned beside it; the restart compiled it without a fault.
+            for job in failed:
+                try:
+                    self._compile(*job)
+                except Exception:  # the essential shapes still serve every step
+                    log.exception("step shape %s (%s) failed to compile twice; steps that "
+                                  "need it run padded in a larger compiled shape", *job)
             log.info("background compile: %d more step shapes in %.1f s",
                      len(shapes) + len(greedy_shapes), time.perf_counter() - started)
         except Exception:  # the essential shapes still serve every step
@@ -793,21 +803,36 @@ class JaxRunner:
                           media_shapes=media_shapes)
 
     def _compile_all(self, shapes, greedy_shapes=(), threads: int | None = None,
-                     media_shapes=None) -> None:
+                     media_shapes=None, keep_going: bool = False) -> list:
         """Compile the shapes, then the greedy variants of `greedy_shapes` and the media
         variants of `media_shapes` (default: `shapes`, with vision), `threads` at a time
-        (default: compile_threads)."""
+        (default: compile_threads). The first failure raises, or with `keep_going` is
+        logged and the rest still compile: the (shape, variant) jobs that failed."""
         media = self._media_shapes(shapes if media_shapes is None else media_shapes)
         jobs = ([(shape, "draws") for shape in shapes] + [(s, "greedy") for s in greedy_shapes]
                 + [(s, "media") for s in media])
         threads = threads or self.compile_threads
+        failed = []
+
+        def outcome(job, run) -> None:
+            try:
+                run()
+            except Exception as error:
+                if not keep_going:
+                    raise
+                log.warning("step shape %s (%s) failed to compile: %s", *job,
+                            str(error).splitlines()[0] if str(error) else type(error).__name__)
+                failed.append(job)
+
         if len(jobs) <= 1 or threads <= 1:
             for job in jobs:
-                self._compile(*job)
-            return
+                outcome(job, functools.partial(self._compile, *job))
+            return failed
         with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-            for future in [pool.submit(self._compile, *job) for job in jobs]:
-                future.result()
+            futures = [(job, pool.submit(self._compile, *job)) for job in jobs]
+            for job, future in futures:
+                outcome(job, future.result)
+        return failed
 
     def _fingerprint(self) -> dict:
         """What a stored executable depends on besides the traced source (executable_store)."""
