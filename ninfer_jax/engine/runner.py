@@ -777,9 +777,9 @@ class JaxRunner:
             failed = self._compile_all(
                 shapes, greedy_shapes, keep_going=True,
                 threads=min(BACKGROUND_COMPILE_THREADS, self.compile_threads))
-            # Once more, alone: run 47's cold 8B server lost a shape (and, stopping there,
-            # every shape after it) to XLA's autotuner finding its red zones written while
-            # another compile autotuned beside it; the restart compiled it without a fault.
+            # Once more, alone: run 47's cold 8B server lost a shape for good to XLA's
+            # autotuner finding its red zones written while another compile autotuned beside
+            # it; the restart compiled the same shape without a fault.
             for job in failed:
                 try:
                     self._compile(*job)
