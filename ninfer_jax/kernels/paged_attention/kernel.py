@@ -23,7 +23,8 @@ Layout: k_cache, v_cache [P, K, S, D], 8-bit ScaledPages or 4-bit E2M1Pages / In
 by a join, levels by integer arithmetic, times the block's e4m3 scales); partials
 o [NS, B, K, Gp, D] f32, m and l [NS, B, K, Gp] f32, where NS = number of splits and Gp the padded group size.
 fp8 (e4m3) codes widen to q's dtype or, with FP8_WIDEN = "float16", to float16 with both dots
-fed float16 operands (FP8_WIDEN says why and when).
+fed float16 operands; the "e4m3" choices widen nothing and feed the codes to e4m3 dots
+(FP8_WIDEN says why and when).
 """
 from __future__ import annotations
 
@@ -62,11 +63,35 @@ NUM_MERGE_WARPS = 2
 # pages 1.44x bf16's at 32k x 8, fp8 1.24x). Default "float16" since run 40's last calls
 # (kernel_bench kv4 on an H100, records tagged "widen"): 344.7 against 377.3 us at 32k x 8
 # (1.34x bf16 pages instead of 1.23x) and 66.9 against 71.3 us at 4k x 1, the same error.
+# The e4m3 choices widen no code: the dots multiply the key and value codes as stored
+# (Hopper's e4m3 x e4m3 -> f32 MMA) by our operand (the query, the probabilities times the
+# value scales) rounded to e4m3 per row after a power-of-two scale. Issue 14 (fp8 >= 1.7x
+# bf16 pages at 32k x 8) needs the widening gone: "float16" still spends the kernel's time
+# converting codes (1.36x). "e4m3": our operand as one e4m3 term, 4 significant bits (error
+# 0.01-0.04 against the reference in interpret mode, "float16" 0.0001-0.0003); "e4m3x2": as
+# two, hi + lo / E4M3_LO_SCALE, about 8 bits (error 0.0002-0.0009) for a second MMA per dot
+# (the query's split is made once per program, the probabilities' once per block);
+# "e4m3qk": the score dot as "e4m3x2", the values widened to float16 as "float16" does.
+# Measured (run 49, H200, kernel_bench kv8, 32k x 8): none pays. bf16 pages 399.5 us,
+# "float16" 323.5 (1.23x), "e4m3" 342.9, "e4m3qk" 436.1, "e4m3x2" 505.8; at 64 x 384 "e4m3"
+# 56.5 against 62.3 but 25x the error. Triton's 16-row MMA tiles are likely not Hopper's
+# wgmma; the widening is not the whole cost either. Kept for the A/B on other cards.
 FP8_WIDEN = "float16"
-FP8_WIDEN_CHOICES = ("bfloat16", "float16")
-# A float16 operand row's largest magnitude lands in (2^13, 2^15] after its power-of-two scale:
-# far below float16's 65504, and every value within 2^-27 of it stays a normal number.
-F16_ROW_PEAK = 2.0 ** 14
+FP8_WIDEN_CHOICES = ("bfloat16", "float16", "e4m3", "e4m3x2", "e4m3qk")
+# Each choice's (score dot, value dot) operand over e4m3 pages: None widens the codes to q's
+# dtype, "float16" to float16; "e4m3" and "e4m3x2" keep them (one or two terms of ours).
+FP8_DOT_OPERANDS = {"bfloat16": (None, None), "float16": ("float16", "float16"),
+                    "e4m3": ("e4m3", "e4m3"), "e4m3x2": ("e4m3x2", "e4m3x2"),
+                    "e4m3qk": ("e4m3x2", "float16")}
+OPERAND_DTYPE = {"float16": jnp.float16, "e4m3": jnp.float8_e4m3fn,
+                 "e4m3x2": jnp.float8_e4m3fn}
+# A row's largest magnitude after its power-of-two scale lands in (peak / 2, peak]. float16:
+# far below its 65504, and every value within 2^-27 of it stays a normal number. e4m3: below
+# its 448 even rounded up, values within 2^-14 of it normal (2^-17 subnormal).
+ROW_PEAK = {"float16": 2.0 ** 14, "e4m3": 2.0 ** 8, "e4m3x2": 2.0 ** 8}
+# The second e4m3 term holds the first's rounding error (at most half a step: 8 below 256)
+# times this, so it stays below ROW_PEAK (e4m3fn has no infinity: overflow is NaN).
+E4M3_LO_SCALE = 16.0
 
 
 def _next_power_of_2(n: int) -> int:
@@ -117,38 +142,56 @@ def _four_bit_values(codes, block_scale, kind: str, dtype):
     return (levels * scales).astype(dtype)
 
 
-def widens_to_f16(cache) -> bool:
-    """Whether the decode kernel reads this cache's codes as float16 (FP8_WIDEN "float16" and
-    e4m3 codes); read while tracing."""
+def dot_operands(k_cache, v_cache) -> tuple:
+    """(score dot's, value dot's) operand (FP8_DOT_OPERANDS) as FP8_WIDEN says for e4m3 pages;
+    None (the codes widen to q's dtype) for other pages. Read while tracing."""
     if FP8_WIDEN not in FP8_WIDEN_CHOICES:
         raise ValueError(f"FP8_WIDEN={FP8_WIDEN!r}: expected one of {FP8_WIDEN_CHOICES}")
-    return (FP8_WIDEN == "float16" and cache_kind(cache) == SCALED
-            and cache.codes.dtype == jnp.float8_e4m3fn)
+    return tuple(operand if cache_kind(cache) == SCALED
+                 and cache.codes.dtype == jnp.float8_e4m3fn else None
+                 for cache, operand in zip((k_cache, v_cache), FP8_DOT_OPERANDS[FP8_WIDEN]))
 
 
-def _f16_rows(x):
-    """x [R, C] -> (x / 2^e in float16, 2^e [R, 1] float32): each row scaled by a power of two
-    (exact) so its peak lies near F16_ROW_PEAK, whatever the row's magnitude (a query of
-    1e5 would overflow float16, one of 1e-6 lose its bits to subnormals). An all-zero row
-    stays zero."""
+def _operand_rows(x, operand: str):
+    """x [R, C] -> (terms, 2^e [R, 1] float32), x / 2^e = sum(terms[i] / E4M3_LO_SCALE^i) but
+    for rounding. Each row is scaled by a power of two (exact) so its peak lies near
+    ROW_PEAK[operand], whatever the row's magnitude (a query of 1e5 would overflow float16,
+    one of 1e-6 lose its bits to subnormals, a block of probabilities far below the running
+    max its bits to e4m3's); then one term in the operand's dtype or, "e4m3x2", two. An
+    all-zero row stays zero."""
     x = x.astype(jnp.float32)
     peak = jnp.maximum(jnp.abs(x).max(axis=1, keepdims=True), 1e-30)
-    exponent = jnp.ceil(jnp.log2(peak / F16_ROW_PEAK))
-    return (x * jnp.exp2(-exponent)).astype(jnp.float16), jnp.exp2(exponent)
+    exponent = jnp.ceil(jnp.log2(peak / ROW_PEAK[operand]))
+    x = x * jnp.exp2(-exponent)
+    terms = [x.astype(OPERAND_DTYPE[operand])]
+    if operand == "e4m3x2":
+        rest = (x - terms[0].astype(jnp.float32)) * E4M3_LO_SCALE
+        terms.append(rest.astype(jnp.float8_e4m3fn))
+    return terms, jnp.exp2(exponent)
+
+
+def _dot_terms(terms, b, *, trans_b: bool = False):
+    """sum(dot(terms[i], b) / E4M3_LO_SCALE^i) in float32."""
+    out = pltriton.dot(terms[0], b, trans_b=trans_b)
+    for i, term in enumerate(terms[1:], 1):
+        out = out + pltriton.dot(term, b, trans_b=trans_b) * E4M3_LO_SCALE ** -i
+    return out
 
 
 def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
                    page_size: int, pages_per_block: int, pages_per_split: int,
-                   store_empty: bool, k_kind: str, v_kind: str, k_f16: bool, v_f16: bool):
+                   store_empty: bool, k_kind: str, v_kind: str, k_dot, v_dot):
     """One (row, kv head, split) program. table_ref holds this split's pages only. refs: each
     cache's leaves (cache_leaves: codes, then 4-bit pages' block scales), then the key's and
     the value's per-token scale [P, K, S] when they have one, then the outputs. A key's
     per-token scale multiplies its logit column and a value's its probability, so the
     products run on the widened codes (times their block scales for 4-bit pages) and no
-    fully dequantized tile is formed. k_f16 / v_f16 (widens_to_f16): that cache's codes
-    widen to float16 and its dot takes float16 operands; the query's per-row power of two
-    joins the logit scale, and the values' probabilities are divided by the block's largest
-    per-token scale (so they stay in [0, 1]) and the product multiplied by it."""
+    fully dequantized tile is formed. k_dot / v_dot (dot_operands): how that cache's e4m3
+    codes meet their dot (FP8_DOT_OPERANDS); the query's per-row power of two joins the
+    logit scale. float16 values: the probabilities are divided by the block's largest
+    per-token scale (so they stay in [0, 1]) and the product multiplied by it; e4m3 values:
+    each row of probabilities times value scales gets its own power of two, undone on the
+    product."""
     refs = list(refs)
     k_leaves = [refs.pop(0) for _ in range(1 + (k_kind in (E2M1, INT4)))]
     v_leaves = [refs.pop(0) for _ in range(1 + (v_kind in (E2M1, INT4)))]
@@ -163,21 +206,21 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
     num_blocks = (num_tokens + block_tokens - 1) // block_tokens
     q = q_ref[...]  # [Gp, D]
     num_rows, head_dim = q.shape
-    q_dot, logit_scale = q, scale
-    if k_f16:
-        q_dot, row_scale = _f16_rows(q)
+    q_terms, logit_scale = [q], scale
+    if k_dot is not None:  # made once per program: the query is the same for every block
+        q_terms, row_scale = _operand_rows(q, k_dot)
         logit_scale = row_scale * scale  # [Gp, 1]
 
-    def _widened(leaves, kind, page_ids, is_f16):
-        """A block's keys or values [block, D] in q's dtype or float16 (codes widened; 4-bit
-        codes times their block scales)."""
+    def _widened(leaves, kind, page_ids, operand):
+        """A block's keys or values [block, D] in q's dtype or the operand's (codes widened,
+        e4m3 ones kept; 4-bit codes times their block scales)."""
         codes = leaves[0][page_ids, head]
         codes = codes.reshape(block_tokens, codes.shape[-1])
         if kind in (E2M1, INT4):
             block_scale = leaves[1][page_ids, head]
             block_scale = block_scale.reshape(block_tokens, block_scale.shape[-1])
             return _four_bit_values(codes, block_scale, kind, q.dtype)
-        return codes.astype(jnp.float16 if is_f16 else q.dtype)
+        return codes.astype(OPERAND_DTYPE[operand] if operand else q.dtype)
 
     def body(i, carry):
         acc, running_max, running_sum = carry
@@ -185,9 +228,9 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
         # Pages past the row's length may hold anything; read the dummy page instead.
         page_start = first_token + (i * pages_per_block + jnp.arange(pages_per_block)) * page_size
         page_ids = jnp.where(page_start < length, page_ids, DUMMY_PAGE)
-        k, v = (_widened(leaves, kind, page_ids, is_f16) for leaves, kind, is_f16 in
-                ((k_leaves, k_kind, k_f16), (v_leaves, v_kind, v_f16)))
-        logits = pltriton.dot(q_dot, k, trans_b=True) * logit_scale  # [Gp, block] f32
+        k, v = (_widened(leaves, kind, page_ids, operand) for leaves, kind, operand in
+                ((k_leaves, k_kind, k_dot), (v_leaves, v_kind, v_dot)))
+        logits = _dot_terms(q_terms, k, trans_b=True) * logit_scale  # [Gp, block] f32
         if ks_ref is not None:
             logits = logits * ks_ref[page_ids, head].reshape(block_tokens)[None, :]
         token = first_token + i * block_tokens + jnp.arange(block_tokens)
@@ -198,12 +241,18 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
         running_sum = running_sum * correction + probs.sum(axis=1)
         value_scale = vs_ref[page_ids, head].reshape(block_tokens) if vs_ref is not None \
             else None
-        if v_f16:
+        if v_dot == "float16":
             # weights in [0, 1]: float16 neither overflows (a scale of 2^16 is a value of
             # 2.9e7) nor drops small scales' probabilities into its subnormals
             peak_scale = jnp.maximum(value_scale.max(), 1e-30)
             weights = probs * (value_scale / peak_scale)[None, :]
             update = pltriton.dot(weights.astype(jnp.float16), v) * peak_scale
+        elif v_dot is not None:
+            # e4m3's 2^-14 normal range is too narrow for [0, 1]: a block far below the
+            # running max would lose its probabilities to subnormals, so each row's own peak
+            # is brought to ROW_PEAK
+            terms, row_scale = _operand_rows(probs * value_scale[None, :], v_dot)
+            update = _dot_terms(terms, v) * row_scale
         else:
             weights = probs * value_scale[None, :] if value_scale is not None else probs
             update = pltriton.dot(weights.astype(v.dtype), v)
@@ -344,11 +393,12 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
     B, K, Gp, D = qg.shape
     NS = tuning.num_splits
     k_kind, v_kind = cache_kind(k_cache), cache_kind(v_cache)
+    k_dot, v_dot = dot_operands(k_cache, v_cache)
     kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
                                pages_per_block=tuning.pages_per_block,
                                pages_per_split=tuning.pages_per_split,
                                store_empty=store_empty, k_kind=k_kind, v_kind=v_kind,
-                               k_f16=widens_to_f16(k_cache), v_f16=widens_to_f16(v_cache))
+                               k_dot=k_dot, v_dot=v_dot)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
     caches = cache_leaves(k_cache) + cache_leaves(v_cache) + [
         cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]
