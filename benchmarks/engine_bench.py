@@ -26,6 +26,8 @@ import numpy as np
 from benchlib import Recorder, copy_bandwidth, environment, gemv_bandwidth, matmul_rate
 from kernel_bench import random_leaf
 from ninfer_jax.kernels import paged_attention, quant_matmul
+from ninfer_jax.kernels.quant_matmul import kernel as qm_kernel
+from ninfer_jax.kernels.quant_matmul import tuning as qm_tuning
 from ninfer_jax.kernels.quant_matmul import w8a8
 from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
 from ninfer_jax.model import llama
@@ -153,12 +155,26 @@ def main():
     parser.add_argument("--prefill", default="")
     parser.add_argument("--reference", action="store_true")
     parser.add_argument("--no-ceilings", action="store_true")
+    parser.add_argument("--packed-layout", choices=qm_kernel.PACKED_LAYOUT_CHOICES,
+                        default=qm_kernel.PACKED_LAYOUT,
+                        help="how the tensor-core kernel reads 4-bit codes (A/B runs)")
+    parser.add_argument("--one-row-dot", default=",".join(sorted(qm_tuning.ONE_ROW_DOT_FORMATS)),
+                        metavar="FMT,...",
+                        help="formats whose one row takes the tensor-core kernel (A/B runs)")
+    parser.add_argument("--nibble-decode", choices=qm_kernel.NIBBLE_DECODE_CHOICES,
+                        default=qm_kernel.NIBBLE_DECODE,
+                        help="how the half-tile kernel decodes 4-bit codes (A/B runs)")
     args = parser.parse_args()
     if args.reference:
         os.environ["NINFER_FORCE_REFERENCE"] = "1"
+    qm_kernel.PACKED_LAYOUT = args.packed_layout  # all read while tracing, before any jit
+    qm_kernel.NIBBLE_DECODE = args.nibble_decode
+    qm_tuning.ONE_ROW_DOT_FORMATS = frozenset(f for f in args.one_row_dot.split(",") if f)
     config = ModelConfig(**SHAPES[args.model])
     base = dict(model=args.model, weights=args.weights, attention="reference" if args.reference
-                else "kernels", w8a8_min_rows=quant_matmul.w8a8_min_rows())
+                else "kernels", w8a8_min_rows=quant_matmul.w8a8_min_rows(),
+                packed_layout=qm_kernel.PACKED_LAYOUT, nibble_decode=qm_kernel.NIBBLE_DECODE,
+                one_row_dot=sorted(qm_tuning.ONE_ROW_DOT_FORMATS))
     if not args.no_ceilings:
         rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
                 bf16_matmul_tflops=matmul_rate() / 1e12, gemv_tbps=gemv_bandwidth() / 1e12,

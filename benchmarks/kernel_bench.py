@@ -154,23 +154,26 @@ def sweep_section():
                    target_programs=target)
 
 
-def kv8_section():
-    """The decode kernel over bf16, fp8 and int8 pages (issue 14: fp8 KV at 32k x 8 >= 1.7x
-    bf16's tok/s), and the short-row shapes of the 8B server."""
-    for batch, context, table_context in [(8, 32768, None), (256, 384, 1024), (64, 384, 1024),
-                                          (1, 4096, None)]:
-        for kv_dtype in (None, jnp.float8_e4m3fn, jnp.int8):
+def kv8_section(shapes=None, interpret=False, iters=20):
+    """The decode kernel over bf16, fp8 (each widening) and int8 pages (issue 14: fp8 KV at
+    32k x 8 >= 1.7x bf16's tok/s), and the short-row shapes of the 8B server. `shapes`
+    (batch, context, table_context), `interpret` and `iters` are for the CPU smoke test."""
+    for batch, context, table_context in shapes or [(8, 32768, None), (256, 384, 1024),
+                                                    (64, 384, 1024), (1, 4096, None)]:
+        for kv_dtype, widen in ((None, None), *KV8_VARIANTS):
             bench_decode(batch, context, table_context=table_context, kv_dtype=kv_dtype,
-                         tag="kv8")
+                         widen=widen, tag="kv8", interpret=interpret, iters=iters)
 
 
-# Each 8-bit page dtype a sweep times, with the fp8 widenings (attn_kernel.FP8_WIDEN) it tries.
-KV8_VARIANTS = ((jnp.float8_e4m3fn, "bfloat16"), (jnp.float8_e4m3fn, "float16"),
+# Each 8-bit page dtype a sweep times, with the fp8 widenings (attn_kernel.FP8_WIDEN) it tries:
+# widened to bfloat16 or float16, or kept for e4m3 dots (one or two terms of the query and
+# the probabilities; e4m3qk: e4m3 scores, float16 values).
+KV8_VARIANTS = (*((jnp.float8_e4m3fn, widen) for widen in attn_kernel.FP8_WIDEN_CHOICES),
                 (jnp.int8, None))
 
 
 def kv4_section():
-    """The decode kernel over bf16, fp8 (both widenings), int8, k8v4 and nvfp4 pages at 32k x
+    """The decode kernel over bf16, fp8 (each widening), int8, k8v4 and nvfp4 pages at 32k x
     8 and 4k x 1 (issue 14: fp8 KV at 32k x 8 >= 1.7x bf16's tok/s; the 4-bit formats widen
     their codes in registers, `err_vs_bf16_pages` is each format's quantization error)."""
     for batch, context in [(8, 32768), (1, 4096)]:
@@ -179,16 +182,18 @@ def kv4_section():
             bench_decode(batch, context, kv_dtype=kv_dtype, widen=widen, tag="kv4")
 
 
-def kv_sweep_section(batch=8, context=32768, configs=None, interpret=False, iters=20):
+def kv_sweep_section(batch=8, context=32768, configs=None, interpret=False, iters=20,
+                     variants=KV8_VARIANTS):
     """Block/warps/stages of the decode kernel over 8-bit pages at 8 x 32k (issue 14: fp8 KV
     >= 1.7x bf16 there; run 40 on an H100: int8 1.44x, fp8 1.24x with bf16's defaults), fp8
-    with both widenings (bfloat16 through float16 per code; float16 in one instruction per
-    pair). The defaults were swept for bf16 pages: 64 tokens a loop iteration move 16 KiB of
-    bf16 keys but 8 KiB of 8-bit ones, so an 8-bit block may want twice the tokens to keep as
-    many bytes in flight. `configs`, `interpret` and `iters` are for the CPU smoke test."""
+    with each widening (bfloat16 through float16 per code; float16 in one instruction per
+    pair; e4m3 dots widen none). The defaults were swept for bf16 pages: 64 tokens a loop
+    iteration move 16 KiB of bf16 keys but 8 KiB of 8-bit ones, so an 8-bit block may want
+    twice the tokens to keep as many bytes in flight. `variants` (a subset of KV8_VARIANTS)
+    shortens a device call; `configs`, `interpret` and `iters` are for the CPU smoke test."""
     bench_decode(batch, context, tag="kvsweep-bf16-default", interpret=interpret, iters=iters)
     configs = configs or list(itertools.product((64, 128, 256), (2, 4), (1, 2)))
-    for kv_dtype, widen in KV8_VARIANTS:
+    for kv_dtype, widen in variants:
         for block, warps, stages in configs:
             _sweep_one(batch, context, kv_dtype=kv_dtype, tag="kvsweep", block_tokens=block,
                        num_warps=warps, num_stages=stages, widen=widen, interpret=interpret,
@@ -363,6 +368,88 @@ def _gemv_one(x, ws, fmt, *, n, tuning, interpret, iters, tags):
         rec.add(**tags, error=repr(err)[:300])
 
 
+# (block_n, block_k, warps, stages) of the tensor-core kernel tried by dotsweep
+DOT_SWEEP_TILES = [(bn, bk, warps, stages) for bn in (64, 128, 256) for bk in (128, 256)
+                   for warps, stages in ((4, 3), (4, 4), (8, 3))]
+
+
+def dot_sweep_section(k=4096, n=14336, copies=8, fmts=("int4", "nvfp4", "fp8", "int8"),
+                      rows_list=(1, 8, 64), configs=None, interpret=False, iters=5):
+    """Issue 14's 4-bit formats at >= 2.5x bf16 (run 3-4: 0.63-0.75 TB/s, compute bound): the
+    tensor-core kernel (kernel.py) with 4-bit codes as one interleaved tile or as two half
+    tiles (qm_kernel.PACKED_LAYOUT, recorded as "layout"; "halves+ptx" decodes the half tiles
+    with qm_kernel.NIBBLE_DECODE "ptx"), at one row (x padded to 16 rows,
+    against the one-row FMA kernel) and at 8 and 64 rows, tiles x warps x stages swept where
+    it matters (rows 1 and 8), against XLA's bf16 dot at the same rows. `configs`,
+    `interpret` and `iters` are for the CPU smoke test."""
+    keys = jax.random.split(jax.random.PRNGKey(13), copies)
+    if not interpret:
+        plain = [random_leaf(key, k, n, "bf16") for key in keys]
+        for rows in rows_list:
+            x = jax.random.normal(jax.random.PRNGKey(14), (rows, k), jnp.bfloat16)
+            seconds = time_op(lambda x, ws: [x @ w for w in ws], x, plain, iters=iters)
+            rec.add(op="dot", fmt="bf16", path="xla", rows=rows, k=k, n=n, tag="dotsweep",
+                    us=seconds / copies * 1e6, tbps=copies * k * n * 2 / seconds / 1e12)
+        del plain
+    configs = DOT_SWEEP_TILES if configs is None else configs
+    for fmt in fmts:
+        leaves = [random_leaf(key, k, n, fmt) for key in keys]
+        layouts = qm_kernel.PACKED_LAYOUT_CHOICES if fmt in qm_kernel.PACKED_FORMATS else (
+            qm_kernel.PACKED_LAYOUT,)
+        for rows in rows_list:
+            x = jax.random.normal(jax.random.PRNGKey(14), (rows, k), jnp.bfloat16)
+            runs = [(qm_kernel.PACKED_LAYOUT, matmul_tuning(rows=rows, k=k, n=n, fmt=fmt))]
+            if rows == 1:  # the one-row FMA kernel, whatever the default
+                runs.append((qm_kernel.PACKED_LAYOUT,
+                             matmul_tuning(rows=1, k=k, n=n, fmt=fmt, use_dot=False)))
+            for layout in layouts + (("halves+ptx",) if "halves" in layouts else ()):
+                runs.append((layout, matmul_tuning(rows=rows, k=k, n=n, fmt=fmt, use_dot=True)))
+                if rows <= 8 and (layout.startswith("halves") or len(layouts) == 1):
+                    runs += [(layout, matmul_tuning(rows=rows, k=k, n=n, fmt=fmt, use_dot=True,
+                                                    block_n=bn, block_k=bk, num_warps=warps,
+                                                    num_stages=stages))
+                             for bn, bk, warps, stages in configs]
+            seen = set()
+            for layout, tuning in runs:
+                if tuning is None or (layout, tuning) in seen:
+                    continue
+                seen.add((layout, tuning))
+                tags = dict(op="dot", fmt=fmt, path="pallas", rows=rows, k=k, n=n,
+                            tag="dotsweep", layout=layout, tuning=str(tuning))
+                with packed_layout(layout):
+                    _dot_one(x, leaves, tuning=tuning, interpret=interpret, iters=iters,
+                             tags=tags)
+
+
+@contextlib.contextmanager
+def packed_layout(layout):
+    """qm_kernel.PACKED_LAYOUT (and NIBBLE_DECODE, "halves+ptx") set while the caller jits
+    (both are read while tracing)."""
+    before = qm_kernel.PACKED_LAYOUT, qm_kernel.NIBBLE_DECODE
+    qm_kernel.PACKED_LAYOUT, _, decode = layout.partition("+")
+    qm_kernel.NIBBLE_DECODE = decode or "jnp"
+    try:
+        yield
+    finally:
+        qm_kernel.PACKED_LAYOUT, qm_kernel.NIBBLE_DECODE = before
+
+
+def _dot_one(x, ws, *, tuning, interpret, iters, tags):
+    """One dotsweep record: the kernel over `copies` weights in turn, its error against the
+    reference on the first."""
+    try:
+        def run(x, ws):
+            return [qm_kernel.matmul(x, w, tuning=tuning, interpret=interpret) for w in ws]
+        out = jax.jit(run)(x, ws[:1])[0]
+        want = jax.jit(qm_reference.matmul)(x.astype(jnp.float32), ws[0])
+        seconds = time_op(run, x, ws, iters=iters)
+        moved = sum(stored_bytes(w) for w in ws)
+        rec.add(**tags, us=seconds / len(ws) * 1e6, tbps=moved / seconds / 1e12,
+                err=rel_err(out, want))
+    except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+        rec.add(**tags, error=repr(err)[:300])
+
+
 def _matmul_guarded(fmt, rows, k, n, **kw):
     try:
         bench_matmul(fmt, rows, k, n, **kw)
@@ -504,7 +591,7 @@ SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": swe
             "rows": rows_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
             "kvsweep": kv_sweep_section, "gemvsweep": gemv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
-            "qquick": quant_quick_section, "w8a8": w8a8_section,
+            "qquick": quant_quick_section, "w8a8": w8a8_section, "dotsweep": dot_sweep_section,
             # one 8B projection each (a device command has 10 minutes)
             **{f"w8a8-{name}": functools.partial(w8a8_section, shapes=[shape])
                for name, shape in W8A8_SHAPES.items()}}

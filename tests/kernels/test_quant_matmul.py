@@ -12,7 +12,8 @@ import pytest
 
 from ninfer_jax.kernels import quant_matmul
 from ninfer_jax.kernels.quant_matmul import formats, gemv, kernel, reference
-from ninfer_jax.kernels.quant_matmul.tuning import MatmulTuning, matmul_tuning
+from ninfer_jax.kernels.quant_matmul.tuning import (ONE_ROW_DOT_FORMATS, MatmulTuning,
+                                                    matmul_tuning)
 from kernel_testkit import (cpu_only, kernel_equations, lowers_for_cuda, needs_gpu,
                             relative_error)
 
@@ -120,6 +121,43 @@ def test_kernel_in_interpret_mode_matches_reference(fmt, rows, k, n, tuning):
     assert relative_error(out, reference.matmul(x, w)) < 2e-3
 
 
+# The 4-bit cases of the tensor-core kernel, and one row padded to 16 (ONE_ROW_DOT_FORMATS)
+PACKED_DOT_GRID = [case for case in KERNEL_GRID if case[0] in kernel.PACKED_FORMATS
+                   and case[4] is not None and case[4].use_dot] + [
+    ("int4", 1, 512, 64, MatmulTuning(block_n=32, block_k=256, num_splits=2)),
+    ("nvfp4", 1, 256, 96, MatmulTuning(block_n=32, block_k=64, num_splits=2))]
+
+
+@cpu_only
+@pytest.mark.parametrize("layout", kernel.PACKED_LAYOUT_CHOICES)
+@pytest.mark.parametrize("fmt,rows,k,n,tuning", PACKED_DOT_GRID)
+def test_both_4bit_layouts_match_the_reference_in_interpret_mode(fmt, rows, k, n, tuning,
+                                                                  layout, monkeypatch):
+    """kernel.PACKED_LAYOUT: one interleaved tile, or even and odd columns as two tiles (int4
+    scaling each group's dot, a 256-row tile holding two groups)."""
+    monkeypatch.setattr(kernel, "PACKED_LAYOUT", layout)
+    w = quantized(fmt, k, n, seed=rows)
+    x = jnp.asarray(gaussian(rows, k, seed=7) * 30)
+    out = jax.jit(functools.partial(kernel.matmul, tuning=tuning, interpret=True))(x, w)
+    assert out.shape == (rows, n)
+    assert relative_error(out, reference.matmul(x, w)) < 2e-3
+
+
+def test_one_row_goes_to_the_tensor_core_kernel_for_the_listed_formats(monkeypatch):
+    from ninfer_jax.kernels.quant_matmul import tuning
+    assert tuning.ONE_ROW_DOT_FORMATS == {"int4", "nvfp4", "fp8"}  # run 49's choice
+    monkeypatch.setattr(tuning, "ONE_ROW_DOT_FORMATS", frozenset())
+    assert not matmul_tuning(rows=1, k=4096, n=256, fmt="int4").use_dot
+    monkeypatch.setattr(tuning, "ONE_ROW_DOT_FORMATS", frozenset({"int4"}))
+    assert matmul_tuning(rows=1, k=4096, n=256, fmt="int4").use_dot
+    assert not matmul_tuning(rows=1, k=4096, n=256, fmt="int8").use_dot
+    assert not matmul_tuning(rows=1, k=4096, n=256, fmt="int4", use_dot=False).use_dot
+    w = quantized("int4", 4096, 256)
+    # a fresh callable: jit's trace cache must not hand this trace to other tests
+    fresh = functools.partial(kernel.matmul)
+    assert "ninfer_int4_matmul" in lowers_for_cuda(fresh, jnp.zeros((1, 4096), jnp.bfloat16), w)
+
+
 ONE_ROW_FP8 = MatmulTuning(block_n=32, block_k=32, num_splits=2, use_dot=False)
 
 
@@ -174,7 +212,7 @@ def test_tuning_tiles_divide_the_weight_and_hold_whole_groups():
             t = matmul_tuning(rows=rows, k=k, n=n, fmt=fmt)
             assert n % t.block_n == 0 and k % (t.block_k * t.num_splits) == 0
             assert t.block_k % {"int4": 128, "nvfp4": 16, "int8": 1}[fmt] == 0
-            assert t.use_dot == (rows > 1)
+            assert t.use_dot == (rows > 1 or fmt in ONE_ROW_DOT_FORMATS)
             assert t.use_dot or t.block_k * t.block_n <= 8192
     assert matmul_tuning(rows=1, k=100, n=64, fmt="int8") is None  # no power-of-2 K tile
 
@@ -197,22 +235,59 @@ def test_kernel_lowers_for_cuda(fmt, rows):
 
 @pytest.mark.parametrize("widening", gemv.FP8_WIDEN_CHOICES)
 def test_one_row_fp8_kernel_lowers_for_cuda_either_way(widening, monkeypatch):
+    from ninfer_jax.kernels.quant_matmul import tuning
     monkeypatch.setattr(gemv, "FP8_WIDEN", widening)
-    _lowers("fp8", 1)
+    monkeypatch.setattr(tuning, "ONE_ROW_DOT_FORMATS", frozenset())
+    w = quantized("fp8", 512, 256)
+    fresh = functools.partial(kernel.matmul)  # not jit's trace of another test's settings
+    assert "ninfer_fp8_gemv" in lowers_for_cuda(fresh, jnp.zeros((1, 512), jnp.bfloat16), w)
+
+
+@pytest.mark.parametrize("fmt", kernel.PACKED_FORMATS)
+@pytest.mark.parametrize("rows", [1, 8])
+def test_halves_layout_lowers_for_cuda(fmt, rows, monkeypatch):
+    monkeypatch.setattr(kernel, "PACKED_LAYOUT", "halves")
+    w = quantized(fmt, 4096, 256)
+    x = jnp.zeros((rows, 4096), jnp.bfloat16)
+    tuning = matmul_tuning(rows=rows, k=4096, n=256, fmt=fmt, use_dot=True)
+    assert f"ninfer_{fmt}_matmul" in lowers_for_cuda(
+        functools.partial(kernel.matmul, tuning=tuning), x, w)
 
 
 def _lowers(fmt, rows):
     w = quantized(fmt, 4096 if fmt == "int4" else 512, 256)
     x = jnp.zeros((rows, w[fmt].shape[0]), jnp.bfloat16)
-    name = f"ninfer_{fmt}_gemv" if rows == 1 else f"ninfer_{fmt}_matmul"
+    one_row_fma = rows == 1 and fmt not in ONE_ROW_DOT_FORMATS
+    name = f"ninfer_{fmt}_gemv" if one_row_fma else f"ninfer_{fmt}_matmul"
     assert name in lowers_for_cuda(kernel.matmul, x, w)
 
 
 @needs_gpu
 @pytest.mark.parametrize("widening", gemv.FP8_WIDEN_CHOICES)
 def test_one_row_fp8_kernel_on_gpu_matches_reference_either_way(widening, monkeypatch):
+    from ninfer_jax.kernels.quant_matmul import tuning
     monkeypatch.setattr(gemv, "FP8_WIDEN", widening)
+    monkeypatch.setattr(tuning, "ONE_ROW_DOT_FORMATS", frozenset())
     test_kernel_on_gpu_matches_reference("fp8", 1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", COLUMN_FORMATS)
+def test_one_row_fma_kernel_on_gpu_matches_reference(fmt, monkeypatch):
+    """The one-row FMA kernel (gemv.py) for every format, ONE_ROW_DOT_FORMATS or not."""
+    from ninfer_jax.kernels.quant_matmul import tuning
+    monkeypatch.setattr(tuning, "ONE_ROW_DOT_FORMATS", frozenset())
+    test_kernel_on_gpu_matches_reference(fmt, 1)
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", kernel.PACKED_FORMATS)
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_halves_layout_on_gpu_matches_reference(fmt, rows, monkeypatch):
+    from ninfer_jax.kernels.quant_matmul import tuning
+    monkeypatch.setattr(kernel, "PACKED_LAYOUT", "halves")
+    monkeypatch.setattr(tuning, "ONE_ROW_DOT_FORMATS", frozenset(kernel.PACKED_FORMATS))
+    test_kernel_on_gpu_matches_reference(fmt, rows)
 
 
 @needs_gpu
@@ -221,7 +296,9 @@ def test_one_row_fp8_kernel_on_gpu_matches_reference_either_way(widening, monkey
 def test_kernel_on_gpu_matches_reference(fmt, rows):
     w = quantized(fmt, 1024, 768, seed=rows)
     x = jnp.asarray(gaussian(rows, 1024, seed=8), jnp.bfloat16)
-    out = jax.jit(kernel.matmul)(x, w)
+    # a fresh callable: the kernel's switches are read while tracing, and jit would hand back
+    # another test's trace of the same shapes
+    out = jax.jit(functools.partial(kernel.matmul))(x, w)
     ref = jax.jit(reference.matmul)(x.astype(jnp.float32), w)
     assert relative_error(out, ref) < 1e-2
 
@@ -238,3 +315,85 @@ def test_one_row_kernel_decoders_are_exact_for_every_code():
     every_int8 = jnp.arange(-128, 128, dtype=jnp.int32).astype(jnp.int8)
     np.testing.assert_array_equal(np.asarray(gemv._byte_values("int8", every_int8)),
                                   np.arange(-128, 128))
+
+
+def _run_ptx(asm: str, word: int) -> list:
+    """The few PTX instructions of kernel._INT4_PTX / _NVFP4_PTX on one 32-bit input word
+    ($2); returns [$0, $1]. A check of the bit logic on the CPU (the GPU test runs the real
+    thing)."""
+    regs = {"$2": word}
+
+    def value(token):
+        token = token.strip()
+        return int(token, 16) if token.startswith("0x") else (
+            int(token) if token.isdigit() else regs[token])
+
+    def f16x2(bits):
+        return np.array([bits & 0xFFFF, bits >> 16], np.uint16).view(np.float16)
+
+    for line in asm.strip().strip("{}").splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line.startswith(".reg"):
+            continue
+        op, rest = line.split(None, 1)
+        dst, *srcs = [part.strip() for part in rest.split(",")]
+        args = [value(s) for s in srcs]
+        if op == "shr.b32":
+            out = args[0] >> args[1]
+        elif op == "shl.b32":
+            out = (args[0] << args[1]) & 0xFFFFFFFF
+        elif op == "and.b32":
+            out = args[0] & args[1]
+        elif op == "or.b32":
+            out = args[0] | args[1]
+        elif op == "mov.b32":
+            out = args[0]
+        elif op == "lop3.b32":
+            a, b, c, lut = args
+            out = sum(((lut >> ((a >> i & 1) << 2 | (b >> i & 1) << 1 | (c >> i & 1))) & 1) << i
+                      for i in range(32))
+        elif op == "prmt.b32":
+            pool = (args[1] << 32) | args[0]
+            out = sum(((pool >> (8 * ((args[2] >> (4 * i)) & 7))) & 0xFF) << (8 * i)
+                      for i in range(4))
+        elif op == "sub.f16x2":
+            diff = (f16x2(args[0]) - f16x2(args[1])).astype(np.float16).view(np.uint16)
+            out = int(diff[0]) | int(diff[1]) << 16
+        else:
+            raise AssertionError(f"no interpreter for {op}")
+        regs[dst] = out
+    return [regs["$0"], regs["$1"]]
+
+
+@pytest.mark.parametrize("fmt", kernel.PACKED_FORMATS)
+def test_the_nibble_ptx_decodes_every_byte_as_its_jnp_twin(fmt):
+    """kernel.NIBBLE_DECODE "ptx": four bytes in a word (byte i = element i), each nibble's
+    float16 pairs out as ((0, 1), (2, 3)), equal to _nibble_tile's for all 256 byte values."""
+    template = kernel._INT4_PTX if fmt == "int4" else kernel._NVFP4_PTX
+    rng = np.random.default_rng(0)
+    raw = np.concatenate([np.arange(256), rng.integers(0, 256, 256)]).astype(np.uint8)
+    for shift, nibbles in ((0, raw & 0xF), (4, raw >> 4)):
+        want = np.asarray(kernel._nibble_tile(fmt, jnp.asarray(nibbles))).view(np.uint16)
+        asm = template % {"shift": shift, "shift_b": shift + 8}
+        got = []
+        for word in raw.reshape(-1, 4):
+            pairs = _run_ptx(asm, int(word.view("<u4")[0]))
+            got += [pairs[0] & 0xFFFF, pairs[0] >> 16, pairs[1] & 0xFFFF, pairs[1] >> 16]
+        np.testing.assert_array_equal(np.array(got, np.uint16), want)
+
+
+@pytest.mark.parametrize("fmt", kernel.PACKED_FORMATS)
+def test_the_nibble_ptx_lowers_for_cuda(fmt, monkeypatch):
+    monkeypatch.setattr(kernel, "NIBBLE_DECODE", "ptx")
+    w = quantized(fmt, 4096, 256)
+    fresh = functools.partial(kernel.matmul)
+    text = lowers_for_cuda(fresh, jnp.zeros((8, 4096), jnp.bfloat16), w)
+    assert f"ninfer_{fmt}_matmul" in text
+
+
+@needs_gpu
+@pytest.mark.parametrize("fmt", kernel.PACKED_FORMATS)
+@pytest.mark.parametrize("rows", [1, 7, 64])
+def test_the_nibble_ptx_on_gpu_matches_reference(fmt, rows, monkeypatch):
+    monkeypatch.setattr(kernel, "NIBBLE_DECODE", "ptx")
+    test_kernel_on_gpu_matches_reference(fmt, rows)

@@ -194,9 +194,12 @@ def test_w8a8_on_gpu_matches_its_twin(fmt, rows):
 
 
 @cpu_only
-def test_switch_off_keeps_the_weight_only_path(monkeypatch):
+def test_the_cpu_keeps_the_weight_only_path_by_default(monkeypatch):
+    """W8A8_MIN_ROWS is a GPU default: without NINFER_W8A8 the CPU never quantizes
+    activations."""
     monkeypatch.delenv(quant_matmul.W8A8_ENV, raising=False)
-    assert quant_matmul.w8a8_min_rows() == quant_matmul.W8A8_MIN_ROWS == 0
+    assert quant_matmul.W8A8_MIN_ROWS == 1 and quant_matmul.w8a8_min_rows() == 0
+    assert not quant_matmul.w8a8_transposes_at_load()
     x = activations(7)
     for fmt in FORMATS:
         w = weight(fmt)

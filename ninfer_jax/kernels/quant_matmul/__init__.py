@@ -38,11 +38,14 @@ from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
 
 DECODE_MAX_ROWS = 64
 CPU_KERNEL_MAX_ROWS = 32  # above it dequantize + XLA matmul wins (docs/benchmarks.md)
-# W8A8 for int8 / fp8 per-channel weights: 0 off; r >= 1 for x of at least r rows. 1 (every
-# row count) also transposes those leaves to [N, K] at load (w8a8.py says why); a threshold
-# above DECODE_MAX_ROWS (65) keeps them as stored for the decode kernels. Off until a GPU run
-# has timed it (benchmarks/kernel_bench.py w8a8).
-W8A8_MIN_ROWS = 0
+# W8A8 for int8 / fp8 per-channel weights on a GPU: 0 off; r >= 1 for x of at least r rows. 1
+# (every row count) also transposes those leaves to [N, K] at load (w8a8.py says why); a
+# threshold above DECODE_MAX_ROWS (65) keeps them as stored for the decode kernels. Run 49
+# (H200, the 8B step at 1 / 8 / 64 rows and a 4k prefill, against bf16): int8 W8A8 1.57x /
+# 1.31x / 1.17x / 1.27x; fp8 W8A8 1.34x / 0.69x / 0.86x / 1.41x, where fp8 weight-only
+# kernels gave 1.11x / 0.91x / 0.83x and a dequantized prefill. The CPU keeps the weight-only
+# paths (its C++ and reference kernels; XLA CPU would only upcast the 8-bit GEMM).
+W8A8_MIN_ROWS = 1
 W8A8_ENV = "NINFER_W8A8"  # a row count (0 off, 1 every row) overriding it at load and trace
 
 
@@ -76,10 +79,11 @@ def matmul(x, w, *, out_dtype=None):
 
 
 def w8a8_min_rows() -> int:
-    """W8A8_MIN_ROWS, or NINFER_W8A8 where set (read when tracing and at load)."""
+    """W8A8_MIN_ROWS on a GPU (0 elsewhere), or NINFER_W8A8 where set (read when tracing and
+    at load)."""
     override = os.environ.get(W8A8_ENV, "")
     if not override:
-        return W8A8_MIN_ROWS
+        return W8A8_MIN_ROWS if jax.default_backend() == "gpu" else 0
     if not override.isdigit():
         raise ValueError(f"{W8A8_ENV}={override!r}: expected a row count (0 off, 1 every row)")
     return int(override)

@@ -105,7 +105,7 @@ def _byte_kernel(x_ref, w_ref, scale_ref, o_ref, *, fmt: str, block_k: int, num_
     o_ref[...] = acc.sum(axis=0) * (scale_ref[...] * x_unit)
 
 
-def _halves(pairs):
+def split_pairs(pairs):
     """[..., 2] -> the two [...] halves (Triton splits only the last axis)."""
     first, second = jnp.split(pairs, 2, axis=-1)
     return first.reshape(pairs.shape[:-1]), second.reshape(pairs.shape[:-1])
@@ -120,7 +120,7 @@ def _nibble_kernel(x_ref, w_ref, scale_ref, o_ref, *, fmt: str, groups_per_step:
         g0 = pl.multiple_of(i * groups_per_step, groups_per_step)
         x = x_ref[pl.ds(g0, groups_per_step), :].astype(jnp.float32)[:, :, None]
         raw = w_ref[pl.ds(g0, groups_per_step), :, :]
-        scale_lo, scale_hi = _halves(scale_ref[pl.ds(g0, groups_per_step), :, :]
+        scale_lo, scale_hi = split_pairs(scale_ref[pl.ds(g0, groups_per_step), :, :]
                                      .astype(jnp.float32))
         acc_lo += (x * scale_lo[:, None, :]) * _nibble_values(fmt, raw & 0xF)
         acc_hi += (x * scale_hi[:, None, :]) * _nibble_values(fmt, raw >> 4)

@@ -18,6 +18,14 @@ GEMV_TARGET_PROGRAMS = 1056  # the one-row kernel has less in flight per program
 GEMV_TILES = {"int8": (64, 128), "fp8": (64, 128), "int4": (128, 64), "nvfp4": (64, 128)}
 MIN_BLOCKS_PER_SPLIT = 2  # keep at least two K tiles per program so the loop can pipeline
 GROUP_SIZE = {"int8": 1, "fp8": 1, "int4": 128, "nvfp4": 16}
+# Formats whose single row (batch-1 decode) goes to the tensor-core kernel (x padded to 16
+# rows) instead of the one-row FMA kernel, read while tracing: the FMA kernel spends several
+# float32 instructions per weight, which for 4-bit codes costs more than the bytes saved
+# (docs/benchmarks.md, runs 3-4); the tensor-core kernel decodes two codes per float16x2
+# instruction and wastes only idle tensor-core time on the padding rows. Run 49 (H200, 4096 x
+# 14336): int4 37.7 us against the FMA kernel's 53.8, fp8 36.1 against 50.3, nvfp4 49.5
+# against 52.6; int8 keeps the FMA kernel (31.0 against 39.2).
+ONE_ROW_DOT_FORMATS: frozenset = frozenset({"int4", "nvfp4", "fp8"})
 
 
 SHARED_MEMORY_BUDGET = 160 * 1024  # bytes of pipeline buffers we allow (H200: 227 KiB/block)
@@ -49,7 +57,9 @@ def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = 
                   use_dot: bool | None = None) -> MatmulTuning | None:
     """Tiles for x [rows, k] @ w [k, n] in `fmt`, or None when the shape does not tile."""
     group = GROUP_SIZE[fmt]
-    use_dot = rows > 1 if use_dot is None else (use_dot or rows > 1)
+    if use_dot is None:
+        use_dot = rows > 1 or fmt in ONE_ROW_DOT_FORMATS
+    use_dot = use_dot or rows > 1
     preferred_k, preferred_n = (256, 128) if use_dot else GEMV_TILES[fmt]
     block_k = block_k or fit_tile(k, preferred_k, max(group, 16))
     block_n = block_n or fit_tile(n, preferred_n, 32)
