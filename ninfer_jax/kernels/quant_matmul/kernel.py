@@ -6,11 +6,13 @@ Mosaic kernel needs, so it could not be tested in CI; Triton's is tested in inte
 Each program owns `block_n` output columns and one split of K. It streams the packed weight
 tiles, turns them into float16 in registers with integer tricks (no int->float conversion
 instructions: the codes are OR-ed into a float16's mantissa or exponent bits and the constant
-offset subtracted), applies group scales on the tile, and multiplies on the tensor cores with
-float32 accumulation. x is pre-scaled per row into float16's comfortable range (|x| <= 256) so
+offset subtracted), applies group scales on the tile (int4: on each group's dot), and
+multiplies on the tensor cores with float32 accumulation; 4-bit codes go as two half tiles
+(PACKED_LAYOUT). x is pre-scaled per row into float16's comfortable range (|x| <= 256) so
 activations larger than float16's maximum cannot overflow; the scale is undone in the epilogue,
 together with per-channel scales and the split sum (a few kB of XLA work).
-A single row of x (batch-1 decode) takes the FMA kernel in gemv.py instead.
+A single row of x (batch-1 decode) takes the FMA kernel in gemv.py instead, except for the
+formats in tuning.ONE_ROW_DOT_FORMATS, which pad it to 16 rows here.
 Shape letters: M rows (padded to Mp >= 16, Triton's smallest tile), K in, N out.
 """
 from __future__ import annotations
@@ -48,7 +50,9 @@ PACKED_LAYOUT_CHOICES = ("interleave", "halves")
 # low bits of two 16-bit lanes, a byte permute puts neighbours together, and int4's nibbles
 # OR-ed into float16 1024 minus 1032 become code - 8 in one float16x2 subtract: 10 instructions
 # for 4 int4 codes). Interpret mode (the CPU) always runs "jnp", the twin; the PTX's bit logic is
-# checked on the CPU by a small interpreter of its instructions (tests/kernels).
+# checked on the CPU by a small interpreter of its instructions (tests/kernels). Not yet run on a
+# GPU (the eighth session's device time ran out): benchmarks/results/run49/device_run49e.sh
+# runs its native tests and times it against "jnp"; the default stays "jnp" until then.
 NIBBLE_DECODE = "jnp"
 NIBBLE_DECODE_CHOICES = ("jnp", "ptx")
 
