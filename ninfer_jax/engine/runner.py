@@ -1010,6 +1010,11 @@ class JaxRunner:
         self._prev_out = out
         # With stable buffers `out` is donated to the next step, so the host reads a copy.
         host_view = self._snapshot(out, self._zero) if self.stable_buffers else out
+        # Start the sampled tokens' copy to the host now, behind this step only: collect()
+        # runs after the next step is launched, and a read enqueued then could wait for it
+        # (run 49, H200: program_post 3.9 ms a round at 256 rows, 0.9 at 64; not yet
+        # measured with this).
+        host_view.copy_to_host_async()
         return _Launched(out=host_view, plan=plan, vision=encoded)
 
     def wait(self, launched: _Launched) -> None:
