@@ -146,11 +146,7 @@ def _tile_weights(fmt: str, raw, scale):
         return _f16(raw.astype(jnp.int16) + (F16_ONE_THOUSAND_24 + 128)) - 1152.0
     if fmt == "fp8":
         return raw.astype(jnp.float16)  # one hardware conversion per pair on sm_89+
-    codes = _unpack_pairs(raw).astype(jnp.uint16)
-    if fmt == "int4":  # 1024 + u, minus 1024 + 8
-        values = _f16(codes | F16_ONE_THOUSAND_24) - 1032.0
-    else:  # e2m1 sign to bit 15, magnitude code to the top exponent/mantissa bits
-        values = _f16(((codes & 8) << 12) | ((codes & 7) << 9))
+    values = _nibble_tile(fmt, _unpack_pairs(raw))
     return values * _expand_groups(scale.astype(jnp.float16), raw.shape[0])
 
 
@@ -160,6 +156,7 @@ def _nibble_tile(fmt: str, nibbles):
     codes = nibbles.astype(jnp.uint16)
     if fmt == "int4":  # 1024 + u, minus 1024 + 8
         return _f16(codes | F16_ONE_THOUSAND_24) - 1032.0
+    # e2m1 sign to bit 15, magnitude code to the top exponent/mantissa bits
     return _f16(((codes & 8) << 12) | ((codes & 7) << 9))
 
 
