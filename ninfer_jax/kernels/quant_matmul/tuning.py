@@ -57,9 +57,7 @@ def matmul_tuning(*, rows: int, k: int, n: int, fmt: str, block_n: int | None = 
                   use_dot: bool | None = None) -> MatmulTuning | None:
     """Tiles for x [rows, k] @ w [k, n] in `fmt`, or None when the shape does not tile."""
     group = GROUP_SIZE[fmt]
-    if use_dot is None:
-        use_dot = rows > 1 or fmt in ONE_ROW_DOT_FORMATS
-    use_dot = use_dot or rows > 1
+    use_dot = rows > 1 or (fmt in ONE_ROW_DOT_FORMATS if use_dot is None else use_dot)
     preferred_k, preferred_n = (256, 128) if use_dot else GEMV_TILES[fmt]
     block_k = block_k or fit_tile(k, preferred_k, max(group, 16))
     block_n = block_n or fit_tile(n, preferred_n, 32)
