@@ -126,13 +126,27 @@ class LiveServer:
 _stopping: list[LiveServer] = []
 
 
+def environment() -> dict:
+    """os.environ copied from any thread. Early servers start on background threads while
+    pytest's main thread sets and pops PYTEST_CURRENT_TEST around every test, and copying the
+    environment lists its keys before reading each: a key popped in between raised KeyError
+    (a CI run lost a test to it)."""
+    while True:
+        try:
+            env = dict(os.environ)
+        except (KeyError, RuntimeError):  # changed while being copied: copy again
+            continue
+        env.pop("PYTEST_CURRENT_TEST", None)  # the server is no test
+        return env
+
+
 def start_server(artifact, *flags, api_key: str | None = None,
                  env_extra: dict | None = None) -> LiveServer:
     port = free_port()
     args = [str(NINFER), "serve", str(artifact), "--port", str(port), *flags]
     if api_key:
         args += ["--api-key", api_key]
-    env = dict(os.environ)
+    env = environment()
     env.setdefault("JAX_COMPILATION_CACHE_DIR", str(REPO / ".cache" / "jax"))
     env.update(env_extra or {})
     # in the session's folder, removed at its end (they piled up in /tmp, 455 of them)
