@@ -11,9 +11,10 @@ Servers start early: a module names them in EARLY_SERVERS (fixture name -> the f
 arguments, for servers of the default artifact) or EARLY_STARTS (fixture name -> a function
 of a folder that builds its artifact there and starts its own server: `early_or_now`), and
 once the run's tests are collected, those of the selected tests' fixtures start one after
-another in a background thread, so their warm-up compiles run beside the tests before
-tests/e2e (one core each on CI's two) instead of holding the suite; the factory hands an
-early server to the fixture that asks for the same flags.
+another in a background thread, in the order the tests need them and at most EARLY_AHEAD
+ahead of the tests that take them, so a warm-up compile runs beside the tests before its
+own instead of holding the suite; the factory hands an early server to the fixture that
+asks for the same flags.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import httpx
@@ -187,9 +189,68 @@ def early_folder(name: str) -> pathlib.Path:
     return folder
 
 
-# (artifact, flags, api_key) of a factory server, or (module, name) of an EARLY_STARTS
-# function -> its background start (pytest_collection_finish)
-_early: dict[tuple, concurrent.futures.Future] = {}
+# Servers started ahead of the test that takes them, at most. Each holds ~2 GB and its
+# warm-up compile competes with the tests for CI's two cores: with every early server
+# starting at once (nine servers of their own artifacts joined the default ones) the load
+# stood at 5 for the suite's first 20 minutes and the suite's time doubled.
+EARLY_AHEAD = 2
+
+
+class EarlyStarts:
+    """Server starts in the order the tests need them, on one background thread, never more
+    than EARLY_AHEAD started and not yet both taken and ready. `take(key)` hands a started
+    (or starting) server's future to its test; a start not begun yet is cancelled (the test
+    starts it)."""
+
+    def __init__(self, starts: dict):
+        self._queue = list(starts.items())  # key -> (function, args, keywords), in order
+        self._futures = {key: concurrent.futures.Future() for key in starts}
+        self._ahead = 0
+        self._changed = threading.Condition()
+        threading.Thread(target=self._run, name="e2e-early-servers", daemon=True).start()
+
+    def _run(self) -> None:
+        for key, (function, args, keywords) in self._queue:
+            with self._changed:
+                self._changed.wait_for(lambda: self._ahead < EARLY_AHEAD)
+                future = self._futures.get(key)
+                if future is None or not future.set_running_or_notify_cancel():
+                    continue  # taken (or the session ended) before it started
+                self._ahead += 1
+            try:
+                future.set_result(function(*args, **keywords))
+            except BaseException as exc:  # the test that takes it sees why
+                future.set_exception(exc)
+
+    def take(self, key) -> concurrent.futures.Future | None:
+        """The early start of `key` for its test, or None (none, or not begun: cancelled)."""
+        with self._changed:
+            future = self._futures.pop(key, None)
+            if future is None or future.cancel():
+                return None
+        future.add_done_callback(self._started)  # the next start waits for this one's
+        return future
+
+    def _started(self, _future) -> None:
+        with self._changed:
+            self._ahead -= 1
+            self._changed.notify()
+
+    def close(self) -> None:
+        """Starts not begun are cancelled; servers started and never taken stop."""
+        with self._changed:
+            futures, self._futures = list(self._futures.values()), {}
+            self._ahead = 0
+            self._changed.notify()
+        for future in futures:
+            if not future.cancel():
+                try:
+                    future.result().stop()
+                except Exception:  # it failed to start: nothing to stop
+                    pass
+
+
+_early: EarlyStarts | None = None
 
 
 def _starter_key(starter) -> tuple:
@@ -197,9 +258,12 @@ def _starter_key(starter) -> tuple:
 
 
 def pytest_collection_finish(session):
+    global _early
     if session.config.option.collectonly:
         return
-    starts: dict[tuple, tuple] = {}  # key -> (function, args, keywords), in the tests' order
+    # key: (artifact, flags, api_key) of a factory server, or (module, name) of an
+    # EARLY_STARTS function; value: (function, args, keywords), in the tests' order
+    starts: dict[tuple, tuple] = {}
     for item in session.items:
         module = getattr(item, "module", None)
         declared = {**EARLY_SERVERS, **getattr(module, "EARLY_SERVERS", {})}
@@ -215,12 +279,12 @@ def pytest_collection_finish(session):
             elif name in starters:
                 key = _starter_key(starters[name])
                 starts.setdefault(key, (starters[name], (early_folder(".".join(key)),), {}))
-    if not starts:
-        return
-    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="e2e-early-servers")
-    for key, (function, args, keywords) in starts.items():
-        _early[key] = pool.submit(function, *args, **keywords)
-    pool.shutdown(wait=False)
+    if starts:
+        _early = EarlyStarts(starts)
+
+
+def _take_early(key) -> concurrent.futures.Future | None:
+    return _early.take(key) if _early is not None else None
 
 
 def early_or_now(starter) -> LiveServer:
@@ -228,7 +292,7 @@ def early_or_now(starter) -> LiveServer:
     artifact in `folder` and starts its own server on it: the one started early, or one
     started now the same way."""
     key = _starter_key(starter)
-    future = _early.pop(key, None)
+    future = _take_early(key)
     return future.result() if future is not None else starter(early_folder(".".join(key)))
 
 
@@ -237,13 +301,8 @@ def pytest_sessionfinish(session):
     stopped first) stop here; their folders go."""
     while _stopping:
         _stopping.pop().reap()
-    while _early:
-        _, future = _early.popitem()
-        if not future.cancel():
-            try:
-                future.result().stop()
-            except Exception:  # it failed to start: nothing to stop
-                pass
+    if _early is not None:
+        _early.close()
     shutil.rmtree(pathlib.Path(tempfile.gettempdir()) / f"ninfer-e2e-{os.getpid()}",
                   ignore_errors=True)
 
@@ -256,7 +315,7 @@ def server_factory(default_artifact_path):
     def start(*flags, api_key=None, artifact=None):
         key = (str(artifact or default_artifact_path), flags, api_key)
         if key not in servers:
-            early = _early.pop(key, None)
+            early = _take_early(key)
             servers[key] = early.result() if early else \
                 start_server(artifact or default_artifact_path, *flags, api_key=api_key)
         return servers[key]
