@@ -49,13 +49,17 @@ serve: setup
 
 # The suite runs as two pytest processes, one a core on CI's two: the in-process model,
 # engine and protocol layers stream here; the live servers, artifacts, benchmarks and kernels
-# run beside them into .test-shard.log, printed once they end. A test under a new folder of
-# tests/ lands in the streamed half. With PYTEST_ARGS (a path, -k, ...) one process runs them.
+# run beside them into .test-shard.log, printed once they end. Both collect `tests` minus the
+# other's folders (listing folders instead would load every folder's conftest up front, and
+# the test modules' `from conftest import` would find the wrong one); a new folder runs in
+# both. With PYTEST_ARGS (a path, -k, ...) one process runs them.
+STREAMED := tests/engine tests/model tests/serve tests/text tests/ui tests/test_layers.py
 SHARD := tests/artifact tests/benchmarks tests/cli tests/e2e tests/kernels tests/reliability
 
 test: setup
 ifeq ($(strip $(PYTEST_ARGS)),)
-	@$(PY) -m pytest $(SHARD) > .test-shard.log 2>&1 & shard=$$!; \
+	@$(PY) -m pytest tests $(addprefix --ignore=,$(STREAMED)) > .test-shard.log 2>&1 & \
+	shard=$$!; \
 	$(PY) -m pytest tests $(addprefix --ignore=,$(SHARD)); streamed=$$?; \
 	wait $$shard; other=$$?; \
 	echo "=== the other half: pytest $(SHARD) (exit $$other) ==="; cat .test-shard.log; \
