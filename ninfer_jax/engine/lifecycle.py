@@ -163,6 +163,16 @@ class Lifecycle:
             seq.handle.publish(PromptProgress(processed=processed, total=seq.num_prompt,
                                               cache_n=seq.cache_n, time=self.clock()))
 
+    def decoded(self, seq: Sequence, position: int) -> None:
+        """computed(seq, position, position + 1, is_prefill=False), for a decode row: past
+        the high-water mark and the prompt (the common case) only two fields change."""
+        if position < seq.high_water or min(position + 1, seq.num_prompt) > \
+                seq.num_prompt_reported:
+            self.computed(seq, position, position + 1, is_prefill=False)
+            return
+        seq.counters["decode_rounds"] += 1
+        seq.high_water = position + 1
+
     # ---------------------------------------------------------------- output
 
     def commit(self, seq: Sequence, sampled: int, *, from_decode: bool):
@@ -186,13 +196,23 @@ class Lifecycle:
         return len(new), finish
 
     def _append(self, seq: Sequence, ids, *, from_decode: bool) -> tuple[list, tuple | None]:
-        """Append `ids` up to the first that ends the request; publish them as one event."""
+        """Append `ids` up to the first that ends the request; publish them as one event.
+        A token ends it when it is one of the request's stop ids or (unless ignore_eos,
+        which lifts only the model's end tokens) an end token ("stop"), or when it reaches
+        max_tokens or the context end ("length")."""
+        request, tokens = seq.request, seq.tokens
+        stops = request.stop_token_ids
+        ends = () if request.ignore_eos else self.eos_ids
+        limit = min(seq.num_prompt + request.max_tokens, self.max_context)
         new, finish = [], None
         for token in ids:
-            seq.tokens.append(token)
+            tokens.append(token)
             new.append(token)
-            finish = self._stop_reason(seq, token)
-            if finish is not None:
+            if token in stops or token in ends:
+                finish = ("stop", token)
+                break
+            if len(tokens) >= limit:
+                finish = ("length", None)
                 break
         now = self.clock()
         if seq.first_token_at is None:
@@ -204,17 +224,8 @@ class Lifecycle:
         self.counters.generation_tokens += len(new)
         if from_decode:
             self.counters.decode_tokens += len(new)
-        seq.handle.publish(Tokens(ids=tuple(new), num_committed=seq.num_output, time=now))
+        seq.handle.publish(Tokens(tuple(new), len(tokens) - seq.num_prompt, now))
         return new, finish
-
-    def _stop_reason(self, seq: Sequence, token: int):
-        request = seq.request
-        # ignore_eos lifts only the model's end tokens; the request's own stop ids still end it.
-        if token in request.stop_token_ids or (not request.ignore_eos and token in self.eos_ids):
-            return ("stop", token)
-        if seq.num_output >= request.max_tokens or len(seq.tokens) >= self.max_context:
-            return ("length", None)
-        return None
 
     def truncate_output(self, seq: Sequence, num_output: int) -> None:
         del seq.tokens[seq.num_prompt + num_output:]

@@ -75,6 +75,7 @@ import bisect
 import collections
 import dataclasses
 import logging
+import operator
 import time
 from typing import Callable, Iterable
 
@@ -112,6 +113,7 @@ class _NeedsSync:
 
 
 NEEDS_SYNC = _NeedsSync()
+_SEQ_ID = operator.attrgetter("seq_id")
 
 
 class _Sync(Exception):
@@ -226,11 +228,12 @@ class Scheduler:
 
     def _plan(self) -> StepPlan | None:
         """None when a reservation paused or ended chosen work (the caller re-plans)."""
-        if any(s.pending_slots and self.spec.can_draft(s) and not self._pending_ends(s)
-               for s in self.resident):
+        spec = self.spec
+        if spec.drafter is not None and any(
+                s.pending_slots and spec.can_draft(s) and not self._pending_ends(s)
+                for s in self.resident):
             raise _Sync()  # a drafting sequence waits for its tokens: so does the plan
-        chunk_seqs = self._chunk_seqs()
-        ready = [s for s in self.resident if s.is_decode_ready and self._can_decode(s)]
+        chunk_seqs, ready = self._runnable()
         if not chunk_seqs and not ready and not self._in_flight and not any(
                 s.is_decode_ready for s in self.resident):
             # Every resident either lacks KV for several tokens or for exactly its last one;
@@ -242,12 +245,18 @@ class Scheduler:
         ready = ready[: min(self.max_batch, max_rows)]
         limit = self.config.prefill_chunk if len(chunk_seqs) == 1 else self.segment_tokens
         chunk_ends = {s.seq_id: self._chunk_end(s, limit) for s in chunk_seqs}
-        # Oldest first: a reservation only ever pauses younger sequences.
-        wanted = sorted(ready + chunk_seqs, key=lambda s: s.seq_id)
+        # Oldest first: a reservation only ever pauses younger sequences. (Both lists are in
+        # resident order already; a decode row's pages mostly cover it: no call then.)
+        wanted = sorted(ready + chunk_seqs, key=_SEQ_ID) if chunk_seqs else ready
+        page_size = self.page_size
         for seq in wanted:
             if seq.status is not Status.RESIDENT:
                 continue
-            end = chunk_ends.get(seq.seq_id, seq.num_total)
+            end = chunk_ends.get(seq.seq_id)
+            if end is None:
+                end = len(seq.tokens) + len(seq.pending_slots)
+                if len(seq.pages) * page_size >= end:
+                    continue
             if not self._reserve(seq, end):
                 if seq.seq_id in chunk_ends or not any(s.status is Status.RESIDENT
                                                        for s in wanted):
@@ -256,30 +265,58 @@ class Scheduler:
             return None  # a chunk's sequence was paused: plan again without it
         chunks = [self._chunk_unit(s, chunk_ends[s.seq_id]) for s in chunk_seqs]
         ready = [s for s in ready if s.status is Status.RESIDENT]
-        drafts = self.spec.drafts(ready, max_rows - len(ready))
-        rows, verify = [], []
-        for seq in ready:
-            draft = drafts.get(seq.seq_id)
-            if draft is None:
-                rows.append(self._decode_row(seq))
-            else:
-                verify.append(VerifySpan(seq.seq_id, len(rows), draft))
-                rows += self.spec.rows(seq, draft, self._page_table(seq))
+        drafts = spec.drafts(ready, max_rows - len(ready)) if spec.drafter is not None else {}
+        if not drafts:
+            rows = [self._decode_row(seq) for seq in ready]
+            verify = []
+        else:
+            rows, verify = [], []
+            for seq in ready:
+                draft = drafts.get(seq.seq_id)
+                if draft is None:
+                    rows.append(self._decode_row(seq))
+                else:
+                    verify.append(VerifySpan(seq.seq_id, len(rows), draft))
+                    rows += spec.rows(seq, draft, self._page_table(seq))
         return StepPlan(chunk=chunks[0] if chunks else None, more_chunks=tuple(chunks[1:]),
                         rows=tuple(rows), verify=tuple(verify))
 
-    def _chunk_seqs(self) -> list[Sequence]:
-        """The residents whose prefill chunks the next step carries: the oldest that needs
-        one, then the next oldest up to chunk_segments. A prompt with media shares no step
-        (the runner encodes the media of the first chunk only)."""
+    def _runnable(self) -> tuple[list[Sequence], list[Sequence]]:
+        """The residents whose prefill chunks the next step carries, and those that may take
+        a decode row (oldest first both), in one pass: this runs every step for every lane,
+        so the Sequence properties are computed inline here (sequence.py defines them).
+        Chunks: the oldest resident that needs one, then the next oldest up to
+        chunk_segments; a prompt with media shares no step (the runner encodes the media
+        of the first chunk only)."""
         chosen: list[Sequence] = []
+        ready: list[Sequence] = []
+        choosing = True
+        max_context = self.config.max_context
+        spec_on = self.spec.drafter is not None
         for seq in self.resident:
-            if not seq.needs_prefill or (chosen and seq.media is not None):
-                continue
-            chosen.append(seq)
-            if len(chosen) >= self.chunk_segments or seq.media is not None:
-                break
-        return chosen
+            total = len(seq.tokens) + len(seq.pending_slots)  # num_total
+            num_output = total - seq.num_prompt  # num_output_total
+            if num_output > 0 and total - seq.num_computed == 1:  # is_decode_ready
+                if seq.pending_slots and not self._may_decode_pending(seq, spec_on):
+                    continue
+                if num_output >= seq.request.max_tokens or total >= max_context:
+                    continue  # its pending token already ends it (_pending_ends)
+                ready.append(seq)
+            elif choosing and seq.num_computed < (total if num_output <= 0 else total - 1):
+                if chosen and seq.media is not None:
+                    continue
+                chosen.append(seq)
+                if len(chosen) >= self.chunk_segments or seq.media is not None:
+                    choosing = False
+        return chosen, ready
+
+    def _may_decode_pending(self, seq: Sequence, spec_on: bool) -> bool:
+        """Whether `seq`, whose last token is pending, may take a row now: not when that
+        row needs the committed token on the host (a host token policy, a drafter)."""
+        request = seq.request
+        if request.token_policy is not None and seq.device_policy is None:
+            return False
+        return not (spec_on and self.spec.can_draft(seq))
 
     def _chunk_end(self, seq: Sequence, limit: int) -> int:
         """Where `seq`'s next chunk ends: at most `limit` tokens, and at a checkpoint mark."""
@@ -338,17 +375,6 @@ class Scheduler:
         queue = self.checkpoints.copies if self.checkpoints is not None else self._state_copies
         queue.append(copy)
 
-    def _can_decode(self, seq: Sequence) -> bool:
-        """Whether `seq` may take a row in the next step."""
-        request = seq.request
-        if self._pending_ends(seq):
-            return False  # its pending token already ends it
-        if seq.pending_slots and ((request.token_policy is not None
-                                   and seq.device_policy is None)
-                                  or self.spec.can_draft(seq)):
-            return False  # its next row needs the committed last token on the host
-        return True
-
     def _pending_ends(self, seq: Sequence) -> bool:
         return (seq.num_output_total >= seq.request.max_tokens
                 or seq.num_total >= self.config.max_context)
@@ -364,15 +390,14 @@ class Scheduler:
                            next_token=seq.tokens[end] if end < len(seq.tokens) else None)
 
     def _decode_row(self, seq: Sequence) -> DecodeRow:
-        position = seq.num_total - 1
-        if seq.pending_slots:
-            return DecodeRow(seq_id=seq.seq_id, token=0, position=position,
-                             page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                             from_previous=seq.pending_slots[-1], state_slot=seq.state_slot,
-                             rope_delta=seq.rope_delta)
-        return DecodeRow(seq_id=seq.seq_id, token=seq.tokens[-1], position=position,
-                         page_table=self._page_table(seq), sample=self._sample_spec(seq),
-                         state_slot=seq.state_slot, rope_delta=seq.rope_delta)
+        # (positional, the Sequence properties inline: this runs for every row of every step)
+        pending = seq.pending_slots
+        total = len(seq.tokens) + len(pending)
+        sample = SampleSpec(seq.request.sampling, total - seq.num_prompt, seq.penalty_lane)
+        media = seq.media
+        return DecodeRow(seq.seq_id, 0 if pending else seq.tokens[-1], total - 1,
+                         self._page_table(seq), sample, pending[-1] if pending else None,
+                         seq.state_slot, 0 if media is None else media.rope_delta)
 
     @staticmethod
     def _page_table(seq: Sequence) -> np.ndarray:
@@ -703,8 +728,13 @@ class Scheduler:
         """Apply a collected step: commit its samples to the sequences still running (those
         that ended meanwhile drop theirs) and account its time (`seconds`, split between
         prefill and decode by their share of the step's tokens)."""
-        self._in_flight.subtract(self._step_seq_ids(plan))
-        self._in_flight += collections.Counter()  # drop the zero counts
+        in_flight = self._in_flight
+        for seq_id in self._step_seq_ids(plan):
+            left = in_flight[seq_id] - 1
+            if left > 0:
+                in_flight[seq_id] = left
+            else:
+                del in_flight[seq_id]  # no zero counts: `not self._in_flight` means idle
         live = {s.seq_id: s for s in self.resident}
         num_rows = len(plan.rows)
         chunk_tokens = sum(len(unit.tokens) for unit in plan.chunks)
@@ -722,6 +752,9 @@ class Scheduler:
                 self.spec.keep_device_draft(seq, result.chunk_draft)
         if num_rows:
             self.counters.record_decode(num_rows, seconds * (1.0 - prefill_share))
+        if not plan.verify and result.row_drafts is None:
+            self._commit_rows(plan.rows, result, live)
+            return
         rounds = {span.first_row: span for span in plan.verify}
         drafted = drafted_rows(plan)
         for index, (row, token) in enumerate(zip(plan.rows, result.row_tokens)):
@@ -744,6 +777,22 @@ class Scheduler:
             self._publish_prefix(seq)
             if drafts is not None:
                 self.spec.keep_device_draft(seq, drafts[index])
+
+    def _commit_rows(self, rows, result: StepResult, live: dict[int, Sequence]) -> None:
+        """The plain decode rows of a step without speculation: one token each (the loop
+        below in postprocess, less the rounds and drafts, for every row of every step)."""
+        tokens, forced = result.row_tokens.tolist(), result.row_forced
+        life, resident, cache = self.life, Status.RESIDENT, self.cache
+        for index, row in enumerate(rows):
+            seq = live.get(row.seq_id)
+            if seq is None or seq.status is not resident:
+                continue  # ended while the step ran: its extra token is dropped
+            life.decoded(seq, row.position)
+            seq.pending_slots.pop(0)
+            self._commit(seq, tokens[index], from_decode=True,
+                         forced=forced is not None and bool(forced[index]))
+            if cache is not None:
+                self._publish_prefix(seq)
 
     def _apply_round(self, seq: Sequence, span: VerifySpan, position: int,
                      produced: np.ndarray) -> int:

@@ -174,17 +174,20 @@ class HostPacker:
         return ints, floats
 
     def _values(self, params) -> tuple:
-        cached = self._params.get(params)
-        if cached is None:
-            from ninfer_jax.model.limits import TOP_K_CAP
-            from ninfer_jax.model.sampling import seed_words
+        # Keyed by identity (the entry holds the object, so its id is not reused while
+        # cached): hashing and comparing a SamplingParams' fields cost more, row by row.
+        entry = self._params.get(id(params))
+        if entry is not None and entry[0] is params:
+            return entry[1]
+        from ninfer_jax.model.limits import TOP_K_CAP
+        from ninfer_jax.model.sampling import seed_words
 
-            high, low = seed_words(params.seed)
-            top_k = TOP_K_CAP if params.top_k <= 0 else min(params.top_k, TOP_K_CAP)
-            cached = (max(params.temperature, 0.0), params.top_p, params.min_p,
-                      params.presence_penalty, params.frequency_penalty, top_k, high, low,
-                      1 if params.is_greedy else 0)
-            if len(self._params) > 4096:
-                self._params.clear()
-            self._params[params] = cached
+        high, low = seed_words(params.seed)
+        top_k = TOP_K_CAP if params.top_k <= 0 else min(params.top_k, TOP_K_CAP)
+        cached = (max(params.temperature, 0.0), params.top_p, params.min_p,
+                  params.presence_penalty, params.frequency_penalty, top_k, high, low,
+                  1 if params.is_greedy else 0)
+        if len(self._params) > 4096:
+            self._params.clear()
+        self._params[id(params)] = (params, cached)
         return cached
