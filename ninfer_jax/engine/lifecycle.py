@@ -186,16 +186,16 @@ class Lifecycle:
             raise TokenPolicyError(f"token policy of {seq.request_id} failed") from exc
         if not ids:
             ids = [sampled]  # a policy may replace the sample, never swallow the round
-        return self._append(seq, ids, from_decode=from_decode)[1]
+        return self.append(seq, ids, from_decode=from_decode)[1]
 
     def commit_run(self, seq: Sequence, ids) -> tuple:
         """Commit a speculative round's tokens (no TokenPolicy: such requests never draft)
         up to the first that ends the request, as one Tokens event. Returns
         (number committed, finish or None)."""
-        new, finish = self._append(seq, [int(t) for t in ids], from_decode=True)
+        new, finish = self.append(seq, [int(t) for t in ids], from_decode=True)
         return len(new), finish
 
-    def _append(self, seq: Sequence, ids, *, from_decode: bool) -> tuple[list, tuple | None]:
+    def append(self, seq: Sequence, ids, *, from_decode: bool) -> tuple[list, tuple | None]:
         """Append `ids` up to the first that ends the request; publish them as one event.
         A token ends it when it is one of the request's stop ids or (unless ignore_eos,
         which lifts only the model's end tokens) an end token ("stop"), or when it reaches

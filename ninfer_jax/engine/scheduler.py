@@ -782,17 +782,25 @@ class Scheduler:
         """The plain decode rows of a step without speculation: one token each (the loop
         below in postprocess, less the rounds and drafts, for every row of every step)."""
         tokens, forced = result.row_tokens.tolist(), result.row_forced
-        life, resident, cache = self.life, Status.RESIDENT, self.cache
+        life, resident, cache, page_size = self.life, Status.RESIDENT, self.cache, self.page_size
         for index, row in enumerate(rows):
             seq = live.get(row.seq_id)
             if seq is None or seq.status is not resident:
                 continue  # ended while the step ran: its extra token is dropped
             life.decoded(seq, row.position)
             seq.pending_slots.pop(0)
-            self._commit(seq, tokens[index], from_decode=True,
-                         forced=forced is not None and bool(forced[index]))
-            if cache is not None:
-                self._publish_prefix(seq)
+            if seq.device_policy is None and seq.request.token_policy is None:
+                # no policy to follow or apply: what _commit does, less its policy steps
+                finish = life.append(seq, (tokens[index],), from_decode=True)[1]
+                if finish is not None:
+                    self._end(seq, *finish)
+                    continue
+            else:
+                self._commit(seq, tokens[index], from_decode=True,
+                             forced=forced is not None and bool(forced[index]))
+            if cache is not None and \
+                    min(seq.num_computed, len(seq.tokens)) // page_size > seq.cache_cursor[0]:
+                self._publish_prefix(seq)  # a page filled up (it checks the rest)
 
     def _apply_round(self, seq: Sequence, span: VerifySpan, position: int,
                      produced: np.ndarray) -> int:
