@@ -105,6 +105,11 @@ class Sequence:
     # Prompts with images or video: MRoPE positions, feature rows, prefix-cache marks
     # (engine/prompt_media.py); None for text.
     media: PromptMedia | None = None
+    # handle.request, read several times per row per step: an attribute, not a property
+    request: GenerationRequest = dataclasses.field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.request = self.handle.request
 
     @property
     def rope_delta(self) -> int:
@@ -116,10 +121,6 @@ class Sequence:
         """`tokens` as the prefix cache keys them: media placeholders carry their digest."""
         return self.tokens if self.media is None else MediaKeyedTokens(self.tokens,
                                                                        self.media.marks)
-
-    @property
-    def request(self) -> GenerationRequest:
-        return self.handle.request
 
     @property
     def request_id(self) -> str:
