@@ -3,13 +3,14 @@ serve flags exactly as the server builds it), N greedy streams decoding, driven 
 round on this thread as the engine thread drives them (no HTTP, no event relay).
 
     python3 benchmarks/engine_round_bench.py ARTIFACT [--rows 64,256] [--prompt 256]
-        [--rounds 100] [--serve-args "--max-concurrency 256 --max-context 4096"] [--profile]
+        [--rounds 100] [--serve-args "--max-concurrency 256 --max-context 4096
+        --step-shapes essential"] [--profile]
 
-Per level: every stream's prompt is prefilled first, every compiled shape the server plans
-is compiled and run once, then `--rounds` steady decode rounds are timed: tokens per second,
-milliseconds per round, and the engine's own host phases per round (/metrics'
-ninfer_host_work_seconds_total: planning + launching, reading the tokens back, committing;
-the device wait). With --profile the same number of rounds runs again under cProfile and
+Per level: every stream's prompt is prefilled first, the level's decode shape is compiled
+(if the serve flags did not) and every executable is run once, then `--rounds` steady
+decode rounds are timed: tokens per second, milliseconds per round, and the engine's own
+host phases per round (/metrics' ninfer_host_work_seconds_total: planning + launching,
+reading the tokens back, committing; the device wait). With --profile the same number of rounds runs again under cProfile and
 the functions with the most time of their own are printed: the launch's device calls show
 as the C functions they are (an executable call, a transfer). benchmarks/host_bench.py is
 the same loop over a device that answers at once; this one has the real runner and device.
@@ -26,6 +27,7 @@ import time
 import numpy as np
 
 from ninfer_jax.engine.request import GenerationRequest, RequestHandle, SamplingParams
+from ninfer_jax.engine.runner import fit_bucket
 from ninfer_jax.serve.engine_setup import build_engine
 from ninfer_jax.serve.options import parse_serve_args
 
@@ -61,8 +63,13 @@ def level(engine, rows: int, *, prompt: int, rounds: int, profile: bool, seed: i
                                    for s in scheduler.resident):
         scheduler.apply_controls()
         loop.advance()
-    while runner.prime_one() or runner.compile_progress()[0] < runner.compile_progress()[1]:
-        time.sleep(0.05)  # every planned shape compiled and run once, as before a load
+    # The level's own decode shape compiled (with --step-shapes essential nothing else
+    # compiles beside the rounds) and everything compiled run once, as before a load.
+    decode_shape = (0, fit_bucket(runner.row_buckets, rows, "rows"))
+    if decode_shape not in runner.compiled_shapes:
+        runner.compile_shapes([decode_shape])
+    while runner.prime_one():
+        pass
     _rounds(engine, 5)
     loop.drain()
     before, started = _phases(scheduler.counters), time.perf_counter()
@@ -94,19 +101,30 @@ def level(engine, rows: int, *, prompt: int, rounds: int, profile: bool, seed: i
     return result
 
 
+def warm_engine(artifact: str, serve_args: list[str]):
+    """The engine `ninfer serve ARTIFACT SERVE_ARGS` builds, warmed up, its host tier's
+    copies compiled in the background and run once (as it does while idle)."""
+    engine = build_engine(parse_serve_args(artifact, serve_args))
+    runner = engine.runner
+    runner.warmup()
+    runner.copies_compiled.wait()
+    while runner.prime_one():
+        pass
+    return engine
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("artifact")
     parser.add_argument("--rows", default="64,256")
     parser.add_argument("--prompt", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--serve-args", default="--max-concurrency 256 --max-context 4096")
+    parser.add_argument("--serve-args", default="--max-concurrency 256 --max-context 4096 "
+                        "--step-shapes essential")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
-    config = parse_serve_args(args.artifact, shlex.split(args.serve_args))
     started = time.perf_counter()
-    engine = build_engine(config)
-    engine.runner.warmup()
+    engine = warm_engine(args.artifact, shlex.split(args.serve_args))
     print(json.dumps({"built_and_warm_s": round(time.perf_counter() - started, 1),
                       "serve_args": args.serve_args}), flush=True)
     for seed, rows in enumerate(int(r) for r in args.rows.split(",")):

@@ -1,15 +1,11 @@
 """benchmarks/engine_round_bench.py drives `ninfer serve`'s own engine round by round."""
 import engine_round_bench
-from ninfer_jax.serve.engine_setup import build_engine
-from ninfer_jax.serve.options import parse_serve_args
 
 
 def test_a_level_decodes_every_stream_and_reports_the_host_phases(default_artifact_path):
-    config = parse_serve_args(str(default_artifact_path), [
+    engine = engine_round_bench.warm_engine(str(default_artifact_path), [
         "--max-concurrency", "3", "--max-context", "256", "--prefill-chunk", "64",
         "--step-shapes", "essential"])
-    engine = build_engine(config)
-    engine.runner.warmup()
     result = engine_round_bench.level(engine, 3, prompt=20, rounds=4, profile=False, seed=0)
     assert result["rows"] == 3 and result["rounds"] == 4
     assert result["decode_tokens"] == 3 * 4  # every timed round decoded all three streams
