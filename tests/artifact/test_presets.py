@@ -73,6 +73,13 @@ def tiny(request, tmp_path_factory):
     return request.param, load_artifact(out, mtp=PRESETS[request.param].config.mtp_num_layers > 0)
 
 
+@pytest.fixture(scope="module")
+def tokenizer(tiny):
+    """The preset's tokenizer, built once per preset (a full-size vocabulary: about a second)."""
+    _, artifact = tiny
+    return artifact.load_tokenizer()
+
+
 def test_tiny_keeps_everything_but_the_dimensions(tiny):
     name, artifact = tiny
     full, config = PRESETS[name].config, artifact.config
@@ -126,9 +133,8 @@ def test_hybrid_presets_carry_their_mtp_head(tiny):
     assert {k: v.shape for k, v in layer.items()} == {k: v.shape for k, v in full.items()}
 
 
-def test_end_tokens_and_template_agree_with_the_vocabulary(tiny):
+def test_end_tokens_and_template_agree_with_the_vocabulary(tiny, tokenizer):
     name, artifact = tiny
-    tokenizer = artifact.load_tokenizer()
     end_of_turn, begin, ends_per_prompt = TURN_TOKENS[name]
     assert all(0 <= i < min(tokenizer.vocab_size, artifact.config.vocab_size)
                for i in artifact.eos_ids)
@@ -178,9 +184,8 @@ def _generate(engine, request_id, prompt, stop_ids) -> tuple[list[int], Finished
     return streamed, finished
 
 
-def test_the_preset_answers_through_the_real_runner(tiny, engine):
+def test_the_preset_answers_through_the_real_runner(tiny, tokenizer, engine):
     _, artifact = tiny
-    tokenizer = artifact.load_tokenizer()
     prompt = _render(artifact, tokenizer).ids
     output, finished = _generate(engine, "length", prompt, artifact.eos_ids)
     assert finished.reason == "length" and len(output) == NUM_NEW

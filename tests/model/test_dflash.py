@@ -57,7 +57,13 @@ def artifact():
     return types.SimpleNamespace(config=config, params=params, drafters=drafters)
 
 
-def make_runner(artifact, variant: str | None, head: bool = False):
+def make_runner(artifact, variant: str | None, head: bool = False,
+                one_row_step: bool = True):
+    """A runner with the essential step shapes compiled (each compile of a drafting step
+    takes several seconds on the CPU). Without `one_row_step` a step of fewer rows runs
+    padded in the largest decode step, which leaves its tokens and drafts as they are, and
+    the one-row step is not compiled; plain decoding, the reference, has a single row bucket
+    (LANES) for the same reason."""
     params = {k: v for k, v in artifact.params.items()
               if k not in ("dflash", "dflash2", "draft_head") or k == variant
               or (k == "draft_head" and head)}
@@ -65,11 +71,15 @@ def make_runner(artifact, variant: str | None, head: bool = False):
     runner = JaxRunner(types.SimpleNamespace(config=artifact.config, params=params),
                        num_pages=PAGES, page_size=PAGE,
                        max_batch=spec.row_capacity(LANES) if spec else LANES,
+                       min_rows=None if spec else LANES,
                        max_chunk_rows=LANES, max_context=CONTEXT, prefill_chunk=CHUNK,
                        state_slot_capacity=SLOTS, step_shapes="essential",
                        speculative=spec is not None, dflash_drafts=K if spec else 0,
                        dflash_config=artifact.drafters.get(variant))
-    runner.warmup()
+    if one_row_step:
+        runner.warmup()
+    else:
+        runner.compile_shapes([shape for shape in runner.essential_shapes() if shape[1] > 1])
     return runner
 
 
@@ -341,7 +351,9 @@ def dense_artifact():
 
 @pytest.fixture(scope="module")
 def dense_runners(dense_artifact):
-    return {variant: make_runner(dense_artifact, variant)
+    """Two step shapes each: the drafting runners here compile no one-row decode step (the
+    hybrid ones above run it, and test_steps_sort_no_vocabulary_on_cpu reads it)."""
+    return {variant: make_runner(dense_artifact, variant, one_row_step=False)
             for variant in (None, "dflash", "dflash2")}
 
 

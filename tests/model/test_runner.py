@@ -17,6 +17,10 @@ from ninfer_jax.engine.runner_api import CHUNK_SLOT, DecodeRow, PrefillUnit, Sam
 from runner_driver import generate
 
 NUM_NEW = 12
+# The `runner` fixture's sizes. A runner built with them and the same params traces to the
+# same programs, so its steps come from JAX's in-process cache of compiled executables
+# (held for the module) instead of compiling again: each compile of a step costs seconds.
+SIZES = dict(num_pages=64, page_size=8, max_batch=8, max_context=128, prefill_chunk=32)
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +31,7 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runner(tiny):
     """Warmed up once: every later step must reuse one of its compiled shapes."""
-    runner = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
-                       prefill_chunk=32)
+    runner = JaxRunner(tiny[1], **SIZES)
     runner.warmup()
     yield runner
     assert runner.compiled_shapes == set(runner.step_shapes()), "a step compiled after warm-up"
@@ -112,9 +115,8 @@ def test_chunk_steps_use_fewer_row_buckets():
 
 def test_a_lone_row_padded_to_two_decodes_the_same_tokens(tiny, runner):
     """The GPU's two-row minimum: one real row plus a padding row (dummy page only)."""
-    two_row = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
-                        prefill_chunk=32, min_rows=2)
-    assert two_row.batch_buckets == (2,)
+    two_row = JaxRunner(tiny[1], **SIZES, min_rows=2)
+    assert two_row.batch_buckets == (2, 4, 8)
     prompt = prompts(1, seed=11)[0]
     assert generate(two_row, [prompt], NUM_NEW) == generate(runner, [prompt], NUM_NEW)
 
@@ -204,9 +206,9 @@ def test_quantized_weights_expanded_at_load_decode_the_same_tokens(tiny, fmt):
 
     params = quantize_projections(copy.deepcopy(tiny[1].params), fmt)
     artifact = types.SimpleNamespace(config=tiny[1].config, params=params)
-    common = dict(num_pages=64, page_size=8, max_batch=2, max_context=128, prefill_chunk=32)
-    expanded = JaxRunner(artifact, **common)
-    per_step = JaxRunner(artifact, **common, expand_quantized=False)
+    # (the runner's sizes: the expanded runner, dense again, reuses the runner's steps)
+    expanded = JaxRunner(artifact, **SIZES)
+    per_step = JaxRunner(artifact, **SIZES, expand_quantized=False)
     assert not any(isinstance(leaf, dict) for leaf in expanded.params["layers"][0].values())
     assert isinstance(per_step.params["layers"][0]["wqkv"], dict)  # int8, int4: fused
     batch = prompts(2, seed=13)
@@ -321,8 +323,7 @@ def test_a_restart_loads_stored_executables_without_tracing(tiny, runner, tmp_pa
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
     # The store is off on CPU by default (its executables do not run in another process);
     # within one process, as here, they do.
-    common = dict(num_pages=64, page_size=8, max_batch=2, max_context=128, prefill_chunk=32,
-                  store_executables=True)
+    common = dict(SIZES, store_executables=True, step_shapes="essential")
     first = JaxRunner(tiny[1], **common)
     first.warmup()
     stored = list((tmp_path / "ninfer-executables").glob("*.exe"))
@@ -355,7 +356,7 @@ def test_the_host_tiers_copy_shapes_compile_off_the_engine_thread(tiny):
 
     COMPILE_CLOCK.install()
     warmed = JaxRunner(tiny[1], num_pages=300, page_size=8, max_batch=2, max_context=128,
-                       prefill_chunk=32)
+                       prefill_chunk=32, step_shapes="essential")
     warmed.use_host_tier()
     warmed.warmup()
     ready, planned = warmed.compile_progress()
@@ -402,8 +403,7 @@ def test_the_pinned_reservation_runs_beside_warm_up(tiny, monkeypatch):
     monkeypatch.setattr(HostPageStore, "pins_host", property(lambda store: True))
     monkeypatch.setattr(HostPageStore, "reserve_pinned", reserve)
     monkeypatch.setattr(JaxRunner, "_wait_pinned", wait)
-    runner = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=64,
-                       prefill_chunk=32, background_compile=False)
+    runner = JaxRunner(tiny[1], **SIZES, background_compile=False, step_shapes="essential")
     runner.use_host_tier(10)  # returns at once: the reservation waits on `release`
     assert calls == [("ninfer-pin", 10 * runner.page_bytes)]
     warming = threading.Thread(target=runner.warmup)
@@ -420,12 +420,15 @@ def test_all_greedy_steps_use_the_variant_without_draws(tiny, runner):
     """With greedy variants (the GPU's default) every decode-only shape compiles twice; a step
     whose rows are all greedy runs the variant without the draws, any sampled row the full
     one, and the tokens are those of a runner without variants."""
-    variants = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
-                         prefill_chunk=32, greedy_variants=True)
-    assert variants.greedy_shapes() == [(0, b) for b in variants.row_buckets]
+    every = JaxRunner(tiny[1], **SIZES, greedy_variants=True)  # (not compiled)
+    assert every.greedy_shapes() == [(0, b) for b in every.row_buckets]
+    # Compiled: the essential shapes (their draws variants are the runner's), whose two
+    # decode-only shapes get greedy variants.
+    variants = JaxRunner(tiny[1], **SIZES, greedy_variants=True, step_shapes="essential")
+    assert variants.greedy_shapes() == [(0, 1), (0, 8)]
     variants.warmup()
     assert variants.compile_done.wait(600)
-    num_shapes = len(variants.step_shapes()) + len(variants.row_buckets)
+    num_shapes = len(variants.step_shapes()) + len(variants.greedy_shapes())
     # What compiled after warm-up runs once on padding when the engine is idle, then no more;
     # until then it does not count as ready (the step shapes all ran in warm-up here).
     assert variants.compile_progress() == (len(variants.step_shapes()), num_shapes)
@@ -455,8 +458,7 @@ def test_no_executable_store_on_cpu_by_default(tiny, tmp_path, monkeypatch):
     import jax
 
     monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path))
-    cpu = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=2, max_context=128,
-                    prefill_chunk=32)
+    cpu = JaxRunner(tiny[1], **SIZES)
     cpu.compile_shapes([(0, 1)])
     assert jax.default_backend() != "cpu" or not (tmp_path / "ninfer-executables").exists()
 
@@ -487,7 +489,7 @@ def test_stable_buffers_keep_addresses_and_tokens(tiny, runner, params):
     donated, the host reading a copy): pipelined decoding gives the tokens of the plain
     launch, and the step's inputs and prev_out keep their device addresses across launches
     (what keeps XLA from updating its CUDA graph at every launch)."""
-    stable = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=8, max_context=128,
+    stable = JaxRunner(tiny[1], num_pages=64, page_size=8, max_batch=1, max_context=128,
                        prefill_chunk=32, stable_buffers=True, step_shapes="essential")
     stable.warmup()
     prompt = prompts(1, seed=21)[0]
