@@ -90,7 +90,9 @@ class LiveServer:
                 raise RuntimeError(f"ninfer serve exited ({self.process.returncode}):\n"
                                    + self.stderr_text()[-4000:])
             try:
-                health = httpx.get(self.url + "/health", timeout=2)
+                # trust_env off: reading proxy settings walks os.environ, which races with
+                # pytest's PYTEST_CURRENT_TEST when an early server waits on its thread
+                health = httpx.get(self.url + "/health", timeout=2, trust_env=False)
                 if self.first_health_at is None:
                     self.first_health_at = time.time()
                 if health.status_code == 200:

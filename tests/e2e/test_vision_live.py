@@ -37,7 +37,9 @@ def start_vision(folder):
                           "--prefill-chunk", "64", "--max-concurrency", "4", *FEW_SHAPES,
                           "--media-live-mib", "4", "--request-log-jsonl", str(log))
     server.request_log = log
-    server.model_id = httpx.get(server.url + "/v1/models").json()["data"][0]["id"]
+    # (on the early-start thread: trust_env off, see LiveServer.wait_ready)
+    models = httpx.get(server.url + "/v1/models", trust_env=False).json()
+    server.model_id = models["data"][0]["id"]
     return server
 
 
