@@ -3,7 +3,7 @@ each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
     PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [kv4]
         [kvsweep] [prefill] [quant] [qsweep] [qquick] [gemvsweep] [w8a8] [w8a8-qkv] [w8a8-o]
-        [w8a8-gate_up] [w8a8-down]
+        [w8a8-gate_up] [w8a8-down] [moe]
 
 Every figure is printed as one JSON line (and appended to $OUT/kernel_bench.jsonl); bandwidth
 counts the fewest bytes the op must move (each valid KV entry or stored weight byte read once).
@@ -29,6 +29,9 @@ from ninfer_jax.kernels.paged_attention import kernel as attn_kernel
 from ninfer_jax.kernels.paged_attention import prefill as attn_prefill
 from ninfer_jax.kernels.paged_attention import reference as attn_reference
 from ninfer_jax.kernels.paged_attention.tuning import decode_tuning
+from ninfer_jax.kernels.moe import kernel as moe_kernel
+from ninfer_jax.kernels.moe import reference as moe_reference
+from ninfer_jax.kernels.moe import tuning as moe_tuning
 from ninfer_jax.kernels.quant_matmul import kernel as qm_kernel
 from ninfer_jax.kernels.quant_matmul import reference as qm_reference
 from ninfer_jax.kernels.quant_matmul import w8a8 as qm_w8a8
@@ -581,6 +584,111 @@ def w8a8_section(shapes=None, rows=W8A8_ROWS, **kw):
             bench_w8a8_shape(M, K, N, **kw)
 
 
+# ------------------------------------------------------------------------------ MoE experts
+
+# Qwen3.6-35B-A3B's routed experts: hidden 2048, 256 experts of width 512, 8 per token
+MOE_SHAPE = dict(hidden=2048, width=512, experts=256, top_k=8)
+
+
+def moe_routings(rng, rows, *, experts, top_k, count):
+    """`count` routings of `rows` tokens: the first row picks top_k distinct experts, the
+    rest are padding rows as model/moe_mlp.py makes them (the first row's experts, weight 0),
+    the engine's lone decode row padded to `rows`."""
+    ids, weights = [], []
+    for _ in range(count):
+        first = rng.choice(experts, top_k, replace=False)
+        ids.append(jnp.asarray(np.tile(first, (rows, 1)), jnp.int32))
+        w = np.zeros((rows, top_k), np.float32)
+        w[0] = rng.uniform(0.1, 1.0, top_k)
+        weights.append(jnp.asarray(w))
+    return ids, weights
+
+
+def moe_section(shape=None, rows_list=(1, 2), sweep_rows=(2,), routings=8, interpret=False,
+                iters=5, up_configs=None, down_configs=None):
+    """Issue 11's 35B-A3B batch-1 step (>= 300 tok/s): the routed experts' decode path
+    (kernels/moe/kernel.py gathered_experts) for one live row alone and padded to `rows`,
+    each call over `routings` different routings in turn (their experts' weights, 48 MB a
+    routing at the 35B shape, together past L2). Whole path with the activation between the
+    GEMVs in an XLA fusion or in the down GEMV (ACTIVATION_AT), then each GEMV alone over
+    tiles (rows in `sweep_rows`; the tuning's tile only at the others): block_k x block_n x
+    warps at the tuning's split count, and the tuning's tile at other split counts
+    (`up_configs` / `down_configs`: GemvTiles lists instead, for the CPU test). Bandwidth
+    counts the live row's expert weights read once."""
+    shape = shape or MOE_SHAPE
+    H, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
+    key = jax.random.PRNGKey(21)
+    gate_up = jax.random.normal(key, (E, H, 2 * I), jnp.bfloat16) * H ** -0.5
+    down = jax.random.normal(jax.random.fold_in(key, 1), (E, I, H), jnp.bfloat16) * I ** -0.5
+    moved = routings * k * 3 * H * I * 2  # bytes of the live row's experts, every routing
+    rng = np.random.default_rng(22)
+    for rows in rows_list:
+        ids, weights = moe_routings(rng, rows, experts=E, top_k=k, count=routings)
+        x = jax.random.normal(jax.random.fold_in(key, 2), (rows, H), jnp.bfloat16)
+        want = moe_reference.gathered_experts(x[:1], ids[0][:1], weights[0][:1], gate_up, down)
+        A = rows * k
+        base = dict(op="moe", rows=rows, hidden=H, width=I, experts=E, top_k=k, tag="moe")
+        for activation_at in ("fusion", "down"):
+            def whole(x, ids, weights):
+                return [moe_kernel.gathered_experts(x, i, w, gate_up, down, interpret=interpret)
+                        for i, w in zip(ids, weights)]
+            _moe_record(whole, (x, ids, weights), moved, iters, routings,
+                        dict(base, part="experts", activation_at=activation_at),
+                        check=lambda out: rel_err(out[0][:1], want), module_value=activation_at)
+        act = jax.random.normal(jax.random.fold_in(key, 3), (A, I), jnp.bfloat16)
+        flat = [i.reshape(A) for i in ids]
+        used = [(w.reshape(A) != 0).astype(jnp.int32) for w in weights]
+        parts = (("gate_up", x, gate_up, k, k * H * 2 * I * 2, up_configs),
+                 ("down", act, down, 1, k * I * H * 2, down_configs))
+        for part, inputs, w, per_input, part_bytes, configs in parts:
+            K, n = w.shape[1], w.shape[2]
+            tuned = moe_tuning.gemv_tiles(assignments=A, k=K, n=n)
+            if rows not in sweep_rows:
+                configs = [tuned]
+            for tiles in configs or _moe_gemv_configs(tuned, A, K, n):
+                def gemv(inputs, flat, used, w=w, tiles=tiles, per_input=per_input):
+                    return [moe_kernel._expert_gemv(inputs, f, u, w, rows_per_input=per_input,
+                                                    tiles=tiles, interpret=interpret)
+                            for f, u in zip(flat, used)]
+                _moe_record(gemv, (inputs, flat, used), routings * part_bytes, iters, routings,
+                            dict(base, part=part, tuning=str(tiles), tuned=tiles == tuned))
+
+
+def _moe_gemv_configs(tuned, assignments, k, n):
+    """The tuning's tile, block_k x block_n x warps at their tuned split count, and the
+    tuning's tile at every other split count that divides its blocks."""
+    configs = [tuned]
+    for block_k, block_n, warps in itertools.product((32, 64, 128), (64, 128, 256), (4, 8)):
+        if k % block_k or n % block_n:
+            continue
+        blocks = k // block_k
+        wanted = max(1, -(-moe_tuning.GEMV_TARGET_PROGRAMS // (assignments * (n // block_n))))
+        splits = max(d for d in range(1, min(wanted, blocks) + 1) if blocks % d == 0)
+        configs.append(dataclasses.replace(tuned, block_k=block_k, block_n=block_n,
+                                           num_splits=splits, num_warps=warps))
+    blocks = k // tuned.block_k
+    configs += [dataclasses.replace(tuned, num_splits=s) for s in (1, 2, 4, 8, 16, 32)
+                if blocks % s == 0 and s != tuned.num_splits]
+    configs += [dataclasses.replace(tuned, num_stages=2)]
+    return list(dict.fromkeys(configs))
+
+
+def _moe_record(fn, args, moved, iters, routings, tags, check=None, module_value=None):
+    previous = moe_kernel.ACTIVATION_AT
+    try:
+        if module_value is not None:
+            moe_kernel.ACTIVATION_AT = module_value
+        run = jax.jit(fn)  # traced under the value above
+        out = run(*args)
+        extra = {"err": check(out)} if check else {}
+        seconds = time_op(run, *args, iters=iters)
+        rec.add(**tags, us=seconds / routings * 1e6, tbps=moved / seconds / 1e12, **extra)
+    except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+        rec.add(**tags, error=repr(err)[:300])
+    finally:
+        moe_kernel.ACTIVATION_AT = previous
+
+
 def ceilings_section():
     rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
             bf16_matmul_tflops=matmul_rate() / 1e12, gemv_tbps=gemv_bandwidth() / 1e12,
@@ -592,6 +700,7 @@ SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": swe
             "kvsweep": kv_sweep_section, "gemvsweep": gemv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
             "qquick": quant_quick_section, "w8a8": w8a8_section, "dotsweep": dot_sweep_section,
+            "moe": moe_section,
             # one 8B projection each (a device command has 10 minutes)
             **{f"w8a8-{name}": functools.partial(w8a8_section, shapes=[shape])
                for name, shape in W8A8_SHAPES.items()}}

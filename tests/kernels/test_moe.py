@@ -108,11 +108,14 @@ def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k,
 
 
 @cpu_only
-def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode():
+@pytest.mark.parametrize("activation_at", ["fusion", "down"])
+def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode(activation_at,
+                                                                      monkeypatch):
     """Padding rows (model/moe_mlp.py) and other devices' experts arrive with zero weights:
     their programs read no weights (zero rows), and the result still equals the dense loop.
-    Shapes with several K splits in both GEMVs, so the down GEMV adds the gate/up splits
-    (and applies SwiGLU) itself."""
+    Shapes with several K splits in both GEMVs, whose gate/up splits are added and activated
+    by an XLA fusion or by the down GEMV itself (kernel.ACTIVATION_AT)."""
+    monkeypatch.setattr(kernel, "ACTIVATION_AT", activation_at)
     rng = np.random.default_rng(11)
     hidden, width = 512, 256
     x = jnp.asarray(rng.standard_normal((3, hidden)), jnp.float32)

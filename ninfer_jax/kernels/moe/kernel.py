@@ -10,9 +10,10 @@ Lowering: Pallas' Triton backend (as kernels/paged_attention and quant_matmul), 
 interpret mode on CPU. Two paths, picked while tracing from the static shapes:
   expert GEMV   fewer (token, expert) assignments than experts (decode): one program per
                 (assignment, column block, K split) streams its expert's weight tile with
-                float32 FMAs (no tensor cores: one row would leave them idle). The down
-                GEMV adds the gate/up GEMV's K splits and applies SwiGLU as it reads them;
-                one XLA fusion adds the down GEMV's splits with the combine weights.
+                float32 FMAs (no tensor cores: one row would leave them idle). Between the
+                two GEMVs the gate/up GEMV's K splits are added and the activation applied
+                (ACTIVATION_AT says where); one XLA fusion adds the down GEMV's splits with
+                the combine weights.
                 Assignments of combine weight zero (padding rows, model/moe_mlp.py; experts
                 of another device under expert parallelism) run no loop iterations.
   grouped GEMM  otherwise (prefill, large batches): assignments sorted by expert are laid
@@ -41,8 +42,17 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from ninfer_jax.kernels.moe.reference import activate
 from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
                                            grouped_tiles)
+
+# Where the expert GEMV path adds the gate/up GEMV's K splits and applies the activation,
+# read while tracing (a benchmark may set it before it jits): "fusion", one XLA fusion
+# between the two kernels, so the down GEMV reads [A, I] activations in x's dtype; "down",
+# inside the down GEMV, whose every program re-reads and adds the splits of its K range
+# (one launch fewer, but run 48c's profile of the 35B-A3B's one-row step had that down GEMV
+# at 61 us a layer for 16 MB of weights, against 19 us for the gate/up GEMV's 32 MB).
+ACTIVATION_AT = "fusion"
 
 
 def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, activation: str = "swiglu",
@@ -69,16 +79,16 @@ def _combine(per_assignment, expert_weights, dtype):
 # ---------------------------------------------------------------------------- expert GEMV
 
 def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation="swiglu",
-                     interpret=False):
+                     interpret=False, tiles: tuple[GemvTiles, GemvTiles] | None = None):
     """The decode path: each assignment's row times its expert's weights, read in place.
-    Three kernels: the first GEMV (K-split partial sums), the down GEMV, which adds those
-    partial sums and applies the activation itself as it reads its input, and one XLA fusion
-    adding the down GEMV's partial sums with the combine weights."""
+    The first GEMV (K-split partial sums), their sum and the activation (ACTIVATION_AT), the
+    down GEMV, and one XLA fusion adding its partial sums with the combine weights. `tiles`
+    (the gate/up GEMV's, the down GEMV's) replaces the tuning's choice (benchmarks)."""
     N, top_k = expert_ids.shape
     A, (_, H, first) = N * top_k, gate_up.shape
     width = down.shape[1]
-    up_tiles = gemv_tiles(assignments=A, k=H, n=first)
-    down_tiles = gemv_tiles(assignments=A, k=width, n=H)
+    up_tiles, down_tiles = tiles or (gemv_tiles(assignments=A, k=H, n=first),
+                                     gemv_tiles(assignments=A, k=width, n=H))
     if up_tiles is None or down_tiles is None:
         return None
     ids = expert_ids.reshape(A).astype(jnp.int32)
@@ -87,9 +97,15 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation
     used = (expert_weights.reshape(A) != 0).astype(jnp.int32)
     hidden = _expert_gemv(x, ids, used, gate_up, rows_per_input=top_k, tiles=up_tiles,
                           interpret=interpret)  # [NS, A, 2I] (relu2: [NS, A, I]) partial sums
-    out = _expert_gemv(hidden, ids, used, down, rows_per_input=1, tiles=down_tiles,
-                       activation=activation, act_dtype=x.dtype,
-                       interpret=interpret)  # [NS', A, H]
+    if ACTIVATION_AT == "fusion":
+        act = activate(hidden.sum(axis=0), activation).astype(x.dtype)  # [A, I]
+        out = _expert_gemv(act, ids, used, down, rows_per_input=1, tiles=down_tiles,
+                           interpret=interpret)  # [NS', A, H]
+    elif ACTIVATION_AT == "down":
+        out = _expert_gemv(hidden, ids, used, down, rows_per_input=1, tiles=down_tiles,
+                           activation=activation, act_dtype=x.dtype, interpret=interpret)
+    else:
+        raise ValueError(f"ACTIVATION_AT={ACTIVATION_AT!r}: expected 'fusion' or 'down'")
     return _combine(out.sum(axis=0), expert_weights, x.dtype)
 
 
