@@ -16,11 +16,14 @@ import dataclasses
 import functools
 import itertools
 import re
+import statistics
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from benchlib import (Recorder, copy_bandwidth, environment, gemv_bandwidth, matmul_rate,
                       time_op)
@@ -605,18 +608,20 @@ def moe_routings(rng, rows, *, experts, top_k, count):
 
 
 def moe_section(shape=None, rows_list=(1, 2), sweep_rows=(2,), routings=8, interpret=False,
-                iters=5, up_configs=None, down_configs=None):
+                iters=10, up_configs=None, down_configs=None):
     """Issue 11's 35B-A3B batch-1 step (>= 300 tok/s): the routed experts' decode path
     (kernels/moe/kernel.py gathered_experts) for one live row alone and padded to `rows`,
     each call over `routings` different routings in turn (their experts' weights, 48 MB a
-    routing at the 35B shape, together past L2). Whole path with the activation between the
-    GEMVs in an XLA fusion or in the down GEMV (ACTIVATION_AT), then each GEMV alone over
+    routing at the 35B shape, together past L2), in a loop of one traced call (_moe_time).
+    Whole path with the activation between the GEMVs in an XLA fusion or in the down GEMV
+    (ACTIVATION_AT), then each GEMV alone over
     tiles (rows in `sweep_rows`; the tuning's tile only at the others): block_k x block_n x
     warps at the tuning's split count, and the tuning's tile at other split counts
     (`up_configs` / `down_configs`: GemvTiles lists instead, for the CPU test). Bandwidth
     counts the live row's expert weights read once."""
     shape = shape or MOE_SHAPE
     H, I, E, k = shape["hidden"], shape["width"], shape["experts"], shape["top_k"]
+    print(f"moe: {shape}, rows {rows_list}", file=sys.stderr, flush=True)
     key = jax.random.PRNGKey(21)
     gate_up = jax.random.normal(key, (E, H, 2 * I), jnp.bfloat16) * H ** -0.5
     down = jax.random.normal(jax.random.fold_in(key, 1), (E, I, H), jnp.bfloat16) * I ** -0.5
@@ -628,16 +633,17 @@ def moe_section(shape=None, rows_list=(1, 2), sweep_rows=(2,), routings=8, inter
         want = moe_reference.gathered_experts(x[:1], ids[0][:1], weights[0][:1], gate_up, down)
         A = rows * k
         base = dict(op="moe", rows=rows, hidden=H, width=I, experts=E, top_k=k, tag="moe")
+        ids, weights = jnp.stack(ids), jnp.stack(weights)
         for activation_at in ("fusion", "down"):
-            def whole(x, ids, weights):
-                return [moe_kernel.gathered_experts(x, i, w, gate_up, down, interpret=interpret)
-                        for i, w in zip(ids, weights)]
-            _moe_record(whole, (x, ids, weights), moved, iters, routings,
+            def whole(x, ids, weights, gate_up, down):
+                return moe_kernel.gathered_experts(x, ids, weights, gate_up, down,
+                                                   interpret=interpret)
+            _moe_record(whole, (x, ids, weights), (gate_up, down), moved, iters, routings,
                         dict(base, part="experts", activation_at=activation_at),
-                        check=lambda out: rel_err(out[0][:1], want), module_value=activation_at)
+                        check=lambda out: rel_err(out[:1], want), module_value=activation_at)
         act = jax.random.normal(jax.random.fold_in(key, 3), (A, I), jnp.bfloat16)
-        flat = [i.reshape(A) for i in ids]
-        used = [(w.reshape(A) != 0).astype(jnp.int32) for w in weights]
+        flat = ids.reshape(routings, A)
+        used = (weights.reshape(routings, A) != 0).astype(jnp.int32)
         parts = (("gate_up", x, gate_up, k, k * H * 2 * I * 2, up_configs),
                  ("down", act, down, 1, k * I * H * 2, down_configs))
         for part, inputs, w, per_input, part_bytes, configs in parts:
@@ -646,19 +652,20 @@ def moe_section(shape=None, rows_list=(1, 2), sweep_rows=(2,), routings=8, inter
             if rows not in sweep_rows:
                 configs = [tuned]
             for tiles in configs or _moe_gemv_configs(tuned, A, K, n):
-                def gemv(inputs, flat, used, w=w, tiles=tiles, per_input=per_input):
-                    return [moe_kernel._expert_gemv(inputs, f, u, w, rows_per_input=per_input,
-                                                    tiles=tiles, interpret=interpret)
-                            for f, u in zip(flat, used)]
-                _moe_record(gemv, (inputs, flat, used), routings * part_bytes, iters, routings,
+                def gemv(inputs, flat, used, w, tiles=tiles, per_input=per_input):
+                    return moe_kernel._expert_gemv(inputs, flat, used, w,
+                                                   rows_per_input=per_input, tiles=tiles,
+                                                   interpret=interpret)
+                _moe_record(gemv, (inputs, flat, used), (w,), routings * part_bytes, iters,
+                            routings,
                             dict(base, part=part, tuning=str(tiles), tuned=tiles == tuned))
 
 
 def _moe_gemv_configs(tuned, assignments, k, n):
-    """The tuning's tile, block_k x block_n x warps at their tuned split count, and the
-    tuning's tile at every other split count that divides its blocks."""
+    """The tuning's tile, block_k x block_n at their tuned split count, and the tuning's tile
+    at every other split count that divides its blocks, with 8 warps, with 2 stages."""
     configs = [tuned]
-    for block_k, block_n, warps in itertools.product((32, 64, 128), (64, 128, 256), (4, 8)):
+    for block_k, block_n, warps in itertools.product((32, 64, 128), (64, 128, 256), (4,)):
         if k % block_k or n % block_n:
             continue
         blocks = k // block_k
@@ -669,20 +676,51 @@ def _moe_gemv_configs(tuned, assignments, k, n):
     blocks = k // tuned.block_k
     configs += [dataclasses.replace(tuned, num_splits=s) for s in (1, 2, 4, 8, 16, 32)
                 if blocks % s == 0 and s != tuned.num_splits]
-    configs += [dataclasses.replace(tuned, num_stages=2)]
+    configs += [dataclasses.replace(tuned, num_stages=2), dataclasses.replace(tuned, num_warps=8)]
     return list(dict.fromkeys(configs))
 
 
-def _moe_record(fn, args, moved, iters, routings, tags, check=None, module_value=None):
+def _moe_time(fn, first, stacked, weights, *, calls: int, reps: int = 5) -> float:
+    """Median seconds per call of fn(first, *routing r of each stacked input, *weights),
+    `calls` calls cycling through the routings in one fori_loop (a static trip count: no
+    host round trip per iteration), so the kernels are traced, and compiled, once. The
+    weights are arguments: closed over, they would be constants of the executable (run 52c
+    spent its time compressing 1.5 GB of them into the compilation cache)."""
+    routings = stacked[0].shape[0]
+
+    def looped(zero, first, stacked, weights):
+        def body(i, carry):
+            out = fn(carry, *(a[i % routings] for a in stacked), *weights)
+            bump = sum(jnp.ravel(leaf)[0].astype(jnp.float32) for leaf in jax.tree.leaves(out))
+            return carry + (bump * zero).astype(carry.dtype)
+        return lax.fori_loop(0, calls, body, first)
+
+    run = jax.jit(looped)
+    zero = jnp.float32(0.0)
+    jax.block_until_ready(run(zero, first, stacked, weights))  # compile + warm up
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(run(zero, first, stacked, weights))
+        samples.append((time.perf_counter() - start) / calls)
+    return statistics.median(samples)
+
+
+def _moe_record(fn, args, weights, moved, iters, routings, tags, check=None,
+                module_value=None):
+    """One `moe` record: fn over `iters` rounds of the `routings` stacked in args[1:] (then
+    the `weights`); `moved` is the bytes of one round."""
     previous = moe_kernel.ACTIVATION_AT
     try:
         if module_value is not None:
             moe_kernel.ACTIVATION_AT = module_value
-        run = jax.jit(fn)  # traced under the value above
-        out = run(*args)
-        extra = {"err": check(out)} if check else {}
-        seconds = time_op(run, *args, iters=iters)
-        rec.add(**tags, us=seconds / routings * 1e6, tbps=moved / seconds / 1e12, **extra)
+        extra = {}
+        print(f"moe: {tags}", file=sys.stderr, flush=True)
+        if check:  # traced under the value above
+            extra["err"] = check(jax.jit(fn)(args[0], *(a[0] for a in args[1:]), *weights))
+            print("moe: checked", file=sys.stderr, flush=True)
+        seconds = _moe_time(fn, args[0], args[1:], weights, calls=iters * routings)
+        rec.add(**tags, us=seconds * 1e6, tbps=moved / routings / seconds / 1e12, **extra)
     except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
         rec.add(**tags, error=repr(err)[:300])
     finally:
