@@ -1,7 +1,8 @@
 """Padding rows of a MoE step select no experts of their own (model/moe_mlp.py).
 
 On the tiny Qwen3.6-MoE and GLM-4.5 shapes (8 experts, top 2; random f32 weights, fused as
-the runner fuses them on one device), one live
+the runner fuses them on one device, Qwen3.6's gated shared expert folded in as expert E and
+taken by every row, the padding rows with a zero gate), one live
 decode row among three padding rows, as the runner pads a lone row on the GPU. Recorded at
 every MoE layer of the jitted step: the routers would have sent the padding rows to experts
 the live row did not pick, yet the distinct experts handed to the routed-experts product are
@@ -110,6 +111,10 @@ def test_padding_rows_load_only_the_live_rows_experts_and_change_no_live_logit(
     # the routers alone would have loaded more experts for the padding rows somewhere
     assert any(len(set(ids.ravel())) > top_k for (ids,) in chosen)
     for (router_ids,), (ids, weights) in zip(chosen, routed):
+        if ids.shape[1] == top_k + 1:  # a gated shared expert folded in as expert E
+            assert np.all(ids[:, -1] == model.config.num_experts)
+            assert np.all(weights[padding, -1] == 0) and weights[LIVE, -1] > 0
+            ids, weights = ids[:, :-1], weights[:, :-1]
         assert set(ids.ravel()) == set(router_ids[LIVE]) and len(set(ids[LIVE])) == top_k
         np.testing.assert_array_equal(ids[LIVE], router_ids[LIVE])
         assert np.all(weights[padding] == 0) and np.all(weights[LIVE] > 0)
