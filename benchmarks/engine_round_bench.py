@@ -63,8 +63,9 @@ def level(engine, rows: int, *, prompt: int, rounds: int, profile: bool, seed: i
                                    for s in scheduler.resident):
         scheduler.apply_controls()
         loop.advance()
-    # The level's own decode shape compiled (with --step-shapes essential nothing else
-    # compiles beside the rounds) and everything compiled run once, as before a load.
+    # The level's own decode shape compiled with its greedy variant (with --step-shapes
+    # essential nothing else compiles beside the rounds) and everything compiled run once,
+    # as before a load.
     decode_shape = (0, fit_bucket(runner.row_buckets, rows, "rows"))
     if decode_shape not in runner.compiled_shapes:
         runner.compile_shapes([decode_shape])

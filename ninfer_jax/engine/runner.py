@@ -797,13 +797,14 @@ class JaxRunner:
             self.compile_done.set()
 
     def compile_shapes(self, shapes, media_shapes=None) -> None:
-        """Compile these (chunk, rows) shapes now, in parallel, with their greedy variants
-        and, with vision, the media variants of `media_shapes` (default: all of them)
-        (benchmarks pin exact shapes)."""
+        """Compile these (chunk, rows) shapes now, in parallel, with the greedy variants of
+        the decode-only ones (where the runner has greedy variants, even for a shape the
+        step-shape plan leaves out: a benchmark pinning a shape times what a served greedy
+        step runs) and, with vision, the media variants of `media_shapes` (default: all of
+        them) (benchmarks pin exact shapes)."""
         shapes = list(shapes)
-        greedy = set(self.greedy_shapes())
-        self._compile_all(shapes, [shape for shape in shapes if shape in greedy],
-                          media_shapes=media_shapes)
+        greedy = [shape for shape in shapes if shape[0] == 0] if self.greedy_variants else []
+        self._compile_all(shapes, greedy, media_shapes=media_shapes)
 
     def _compile_all(self, shapes, greedy_shapes=(), threads: int | None = None,
                      media_shapes=None, keep_going: bool = False) -> list:

@@ -451,6 +451,9 @@ def test_all_greedy_steps_use_the_variant_without_draws(tiny, runner):
     assert generate(variants, batch, NUM_NEW, sampling=seeded) == \
         generate(runner, batch, NUM_NEW, sampling=seeded)
     assert not used, "a step with a sampled row ran without draws"
+    # A decode shape pinned outside the plan (a benchmark's) gets its greedy variant too.
+    variants.compile_shapes([(0, 2)])
+    assert (0, 2) in variants._greedy_executables and (0, 2) not in variants.greedy_shapes()
 
 
 def test_no_executable_store_on_cpu_by_default(tiny, tmp_path, monkeypatch):
