@@ -346,10 +346,11 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
         trace_dir = f"{args.profile}/{name}/batch{batch}" if args.profile else None
         emit({**header, **_decode_record(runner, config, batch, args, limits, trace_dir)})
         if trace_dir:
-            from trace_summary import summarize
+            from trace_summary import annotate, hlo_sources, summarize
 
-            for summary in summarize(trace_dir, args.steps, top=40):
-                emit({**header, "op": "profile", "batch": batch, **summary})
+            sources = hlo_sources(runner_bench.decode_hlo(runner, batch) or "")
+            for summary in summarize(trace_dir, args.steps, top=80):
+                emit({**header, "op": "profile", "batch": batch, **annotate(summary, sources)})
         if position == 0:
             emit({**header, **_prefill_record(runner, config, args, limits)})
             if args.images:
@@ -477,8 +478,9 @@ def parse_args(argv=None):
                         help="skip the Gated DeltaNet layer-alone records")
     parser.add_argument("--profile", metavar="DIR",
                         help="also trace each batch's decode steps under jax.profiler into DIR "
-                             "and emit where the device's time went (trace_summary.py: kernels "
-                             "by name, per step)")
+                             "and emit where the device's time went (trace_summary.py: the "
+                             "top 80 kernels by name, per step, each with the source lines "
+                             "its HLO came from)")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--smoke", action="store_true",
                         help="CPU check: the tiny presets at tiny sizes")

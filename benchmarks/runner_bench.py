@@ -16,7 +16,8 @@ step's ceiling for the live server. `sync` figures wait for every step before th
 Compilation is excluded: the runner warms up first (set JAX_COMPILATION_CACHE_DIR to reuse
 executables across runs). --json prints one JSON object per measurement. --profile DIR also
 traces each batch's pipelined decode once more under jax.profiler and prints where the
-device's time went per step (benchmarks/trace_summary.py). --decode-split-tokens and
+device's time went per step (benchmarks/trace_summary.py; each kernel with the source lines
+of the step's HLO it came from). --decode-split-tokens and
 --merge-min-splits set the paged decode kernel's split and merge thresholds for A/B runs.
 
 Speculation: --verify K,... builds the runner as `--spec` does (rows for every batch x
@@ -118,6 +119,13 @@ def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool
         with jax.profiler.trace(trace_dir):
             run(0, steps)
     return rate, launch_ms
+
+
+def decode_hlo(runner, batch: int) -> str | None:
+    """The optimized HLO of the executable a greedy decode step of `batch` rows runs (its
+    greedy variant where the runner has one), for trace_summary's source attribution."""
+    shape = (0, fit_bucket(runner.row_buckets, batch, "rows"))
+    return runner.step_hlo(shape, "greedy") or runner.step_hlo(shape)
 
 
 def time_verify(runner, batch: int, drafts: int, context: int, steps: int) -> float:
@@ -263,10 +271,12 @@ def main():
                             "context": args.context, "tok_per_s": rate,
                             "ms_per_step": batch / rate * 1e3, "launch_ms": launch_ms})
             if trace_dir is not None:
-                from trace_summary import summarize
+                from trace_summary import annotate, hlo_sources, summarize
 
+                sources = hlo_sources(decode_hlo(runner, batch) or "")
                 for summary in summarize(trace_dir, args.steps):
-                    records.append({"op": "profile", "batch": batch, **summary})
+                    records.append({"op": "profile", "batch": batch,
+                                    **annotate(summary, sources)})
     for batch in batches:
         plain = time_verify(runner, batch, 0, args.context, args.steps) if verify else None
         for drafts in verify:

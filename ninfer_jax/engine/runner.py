@@ -451,6 +451,16 @@ class JaxRunner:
         K = self.chunk_segments
         return [(K * self.segment_tokens, rows, K) for rows in rows_buckets]
 
+    def step_hlo(self, shape: tuple[int, int], variant: str = "draws") -> str | None:
+        """The optimized HLO text of a compiled step (`variant` "draws", "greedy" or "media"),
+        or None when that executable is not compiled or cannot print itself (benchmarks
+        attribute a trace's kernels to source lines: benchmarks/trace_summary.py)."""
+        executable = self._variant_executables(variant).get(shape)
+        try:
+            return executable.as_text() if executable is not None else None
+        except Exception:  # noqa: BLE001 - a deserialised executable may not have its text
+            return None
+
     def _variant_executables(self, variant: str) -> dict:
         return {"draws": self._executables, "greedy": self._greedy_executables,
                 "media": self._media_executables}[variant]
