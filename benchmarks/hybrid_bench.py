@@ -346,9 +346,9 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
         trace_dir = f"{args.profile}/{name}/batch{batch}" if args.profile else None
         emit({**header, **_decode_record(runner, config, batch, args, limits, trace_dir)})
         if trace_dir:
-            from trace_summary import annotate, hlo_sources, summarize
+            from trace_summary import annotate, sources_or_none, summarize
 
-            sources = hlo_sources(runner_bench.decode_hlo(runner, batch) or "")
+            sources = sources_or_none(runner_bench.decode_hlo(runner, batch))
             for summary in summarize(trace_dir, args.steps, top=80):
                 emit({**header, "op": "profile", "batch": batch, **annotate(summary, sources)})
         if position == 0:

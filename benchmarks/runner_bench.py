@@ -271,9 +271,9 @@ def main():
                             "context": args.context, "tok_per_s": rate,
                             "ms_per_step": batch / rate * 1e3, "launch_ms": launch_ms})
             if trace_dir is not None:
-                from trace_summary import annotate, hlo_sources, summarize
+                from trace_summary import annotate, sources_or_none, summarize
 
-                sources = hlo_sources(decode_hlo(runner, batch) or "")
+                sources = sources_or_none(decode_hlo(runner, batch))
                 for summary in summarize(trace_dir, args.steps):
                     records.append({"op": "profile", "batch": batch,
                                     **annotate(summary, sources)})

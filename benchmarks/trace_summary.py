@@ -22,6 +22,7 @@ import glob
 import json
 import os
 import re
+import sys
 
 
 def summarize(trace_dir: str, steps: int = 1, top: int = 30) -> list[dict]:
@@ -160,6 +161,18 @@ def hlo_sources(hlo_text: str) -> dict[str, list[str]]:
             if distinct:
                 sources[name.replace(".", "_")] = distinct
     return sources
+
+
+def sources_or_none(hlo_text: str | None) -> dict[str, list[str]]:
+    """hlo_sources for a bench: {} without text, and {} (with a note on stderr) if the text
+    does not parse, so a device run keeps its profile either way."""
+    if not hlo_text:
+        return {}
+    try:
+        return hlo_sources(hlo_text)
+    except Exception as error:  # noqa: BLE001 - the attribution is an extra, not the figure
+        print(f"trace_summary: no sources ({error!r})", file=sys.stderr)
+        return {}
 
 
 def annotate(summary: dict, sources: dict[str, list[str]]) -> dict:

@@ -40,6 +40,17 @@ def test_a_fusion_is_attributed_to_the_lines_it_fused():
     assert all(len(found) <= trace_summary.MAX_SOURCES for found in sources.values())
 
 
+def test_a_bench_gets_no_sources_rather_than_an_error(monkeypatch, capsys):
+    assert trace_summary.sources_or_none(None) == {}
+
+    def broken(text):
+        raise ValueError("unparsable")
+
+    monkeypatch.setattr(trace_summary, "hlo_sources", broken)
+    assert trace_summary.sources_or_none("HloModule m") == {}
+    assert "no sources" in capsys.readouterr().err
+
+
 def test_annotate_adds_the_sources_of_the_kernels_it_knows():
     summary = {"top": [{"name": "loop_add_fusion_1", "ms_per_step": 0.1},
                        {"name": "ninfer_moe_expert_gemv", "ms_per_step": 0.5}]}
