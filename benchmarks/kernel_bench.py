@@ -665,14 +665,10 @@ def _moe_gemv_configs(tuned, assignments, k, n):
     """The tuning's tile, block_k x block_n at their tuned split count, and the tuning's tile
     at every other split count that divides its blocks, with 8 warps, with 2 stages."""
     configs = [tuned]
-    for block_k, block_n, warps in itertools.product((32, 64, 128), (64, 128, 256), (4,)):
-        if k % block_k or n % block_n:
-            continue
-        blocks = k // block_k
-        wanted = max(1, -(-moe_tuning.GEMV_TARGET_PROGRAMS // (assignments * (n // block_n))))
-        splits = max(d for d in range(1, min(wanted, blocks) + 1) if blocks % d == 0)
-        configs.append(dataclasses.replace(tuned, block_k=block_k, block_n=block_n,
-                                           num_splits=splits, num_warps=warps))
+    for tile in itertools.product((32, 64, 128), (64, 128, 256)):
+        tiles = moe_tuning.gemv_tiles(assignments=assignments, k=k, n=n, tile=tile)
+        if tiles is not None:
+            configs.append(tiles)
     blocks = k // tuned.block_k
     configs += [dataclasses.replace(tuned, num_splits=s) for s in (1, 2, 4, 8, 16, 32)
                 if blocks % s == 0 and s != tuned.num_splits]

@@ -50,10 +50,12 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def gemv_tiles(*, assignments: int, k: int, n: int) -> GemvTiles | None:
-    """Tiles for `assignments` rows, each times its own expert's [k, n] weight."""
-    block_k = fit_tile(k, GEMV_TILE[0], MIN_DOT)
-    block_n = fit_tile(n, GEMV_TILE[1], MIN_DOT)
+def gemv_tiles(*, assignments: int, k: int, n: int,
+               tile: tuple[int, int] = GEMV_TILE) -> GemvTiles | None:
+    """Tiles for `assignments` rows, each times its own expert's [k, n] weight, from the
+    largest fitting tile up to `tile` (block_k, block_n; benchmarks sweep it)."""
+    block_k = fit_tile(k, tile[0], MIN_DOT)
+    block_n = fit_tile(n, tile[1], MIN_DOT)
     if block_k is None or block_n is None:
         return None
     num_blocks = k // block_k
