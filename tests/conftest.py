@@ -4,9 +4,34 @@ processes."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import pytest
+
+# XLA:CPU's LLVM optimisation level for this pytest process only. On the CPU the suite's
+# in-process tests spend most of their time compiling tiny models, and LLVM at O0 cut that by a
+# quarter to a third (tests/model/test_dflash.py 132 -> 99 CPU-seconds, tests/artifact/
+# test_presets.py 196 -> 134); the results are the same bits (no fast-math either way), so the
+# goldens hold. Children (servers, CLIs) keep the default level: they run many steps, and at O0
+# a live server's decode was several times slower (tests/e2e/test_token_policies_live.py 66 s
+# -> 190 s). Skipped where a GPU is present (its kernels must be the real ones) or when the
+# caller set XLA_FLAGS already.
+CPU_TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+
+
+def pytest_configure(config):
+    """Start this process's XLA backend with CPU_TEST_XLA_FLAGS, then put XLA_FLAGS back, so the
+    flag reaches this process's compiles and no child's."""
+    if "XLA_FLAGS" in os.environ or os.path.exists("/dev/nvidiactl"):
+        return
+    os.environ["XLA_FLAGS"] = CPU_TEST_XLA_FLAGS
+    try:
+        import jax
+
+        jax.devices()  # XLA reads XLA_FLAGS once, when its first backend starts
+    finally:
+        del os.environ["XLA_FLAGS"]
 
 # llama.cpp's reference outputs for the default model, vendored unchanged from shared/golden
 # so a fresh clone (CI) has them.
