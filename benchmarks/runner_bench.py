@@ -6,7 +6,7 @@
         [--kv-dtype auto|bf16|fp8|int8|k8v4|nvfp4] [--decode-split-tokens N]
         [--merge-min-splits N]
         [--verify 1,3,7,15] [--mtp K] [--mtp-acceptance TOKENS]
-        [--tensor-parallel N [--expert-parallel]]
+        [--tensor-parallel N [--expert-parallel]] [--weights int8|fp8|int4|nvfp4|...]
 
 Goes through the same path as the engine: padded ragged steps with on-device sampling
 (greedy), decode pipelined as the engine's step loop runs it (step n+1 launched before step
@@ -29,6 +29,10 @@ verify and decode figures then include the drafting); --mtp-acceptance N also ge
 greedy tokens of one stream through the scheduler with --spec mtp and reports how many
 drafts were accepted (random weights: meaningless, but it proves the head runs).
 
+--weights FORMAT quantizes a float artifact's projections at load, as `ninfer serve --weights`
+does (engine/weight_pipeline.py), so one bf16 artifact made on the device gives the bf16 and
+the quantized figures (with NINFER_W8A8 as the server reads it).
+
 --tensor-parallel N splits the model over N devices; with --expert-parallel a MoE model's
 routed experts are split by expert index instead of replicated (the A/B of issue 20's
 "expert parallelism where it beats tensor parallelism": run both on the same artifact).
@@ -48,10 +52,27 @@ from ninfer_jax.artifact.default_model import ensure_default_artifact
 from ninfer_jax.engine.request import SamplingParams
 from ninfer_jax.engine.runner import JaxRunner, fit_bucket, kv_dtype_for
 from ninfer_jax.engine.runner_api import DecodeRow, PrefillUnit, SampleSpec, StepPlan
+from ninfer_jax.kernels import quant_matmul
 from ninfer_jax.kernels.paged_attention import kernel as attention_kernel
 from ninfer_jax.kernels.paged_attention import tuning as attention_tuning
 
 GREEDY = SampleSpec(SamplingParams(temperature=0.0), 0)
+
+
+def load(path, weights: str | None, **kwargs):
+    """The artifact at `path` with its weights, the float projections quantized to `weights`
+    while they are placed (None: as stored), as `ninfer serve --weights` loads them."""
+    if weights is None:
+        return load_artifact(path, **kwargs)
+    from ninfer_jax.engine import weight_pipeline
+
+    described = load_artifact(path, weights=False)
+    if described.weight_formats.get("layers") not in ("f32", "bf16"):
+        raise SystemExit(f"--weights {weights}: the artifact's projections are already "
+                         f"{described.weight_formats.get('layers')}")
+    options = weight_pipeline.PipelineOptions(quantize=weights)
+    return load_artifact(path, weights=True, **kwargs,
+                         placement=weight_pipeline.placement(described.config, options=options))
 
 
 def time_prefill(runner, prompt_len: int, repeats: int = 3) -> float:
@@ -200,6 +221,8 @@ def main():
     parser.add_argument("--expert-parallel", action="store_true",
                         help="with --tensor-parallel N: a MoE model's routed experts split by "
                              "expert index over the N devices instead of replicated")
+    parser.add_argument("--weights", default=None, metavar="FORMAT",
+                        help="quantize the projections at load, as `ninfer serve --weights`")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     parser.add_argument("--modes", default="pipelined,sync",
                         help="decode timing modes, comma separated (pipelined, sync)")
@@ -227,7 +250,7 @@ def main():
         attention_tuning.MIN_SPLIT_TOKENS = args.decode_split_tokens
     if args.merge_min_splits is not None:
         attention_kernel.MERGE_KERNEL_MIN_SPLITS = args.merge_min_splits
-    artifact = load_artifact(args.artifact or ensure_default_artifact(), mtp=args.mtp > 0)
+    artifact = load(args.artifact or ensure_default_artifact(), args.weights, mtp=args.mtp > 0)
     batches = [int(b) for b in args.batches.split(",")]
     verify = [int(k) for k in args.verify.split(",") if k]
     speculative = bool(verify) or args.mtp > 0
@@ -291,7 +314,8 @@ def main():
               "max_context": max_context, "stable_buffers": runner.stable_buffers,
               "fused": "wqkv" in runner.params["layers"][0],
               "xla_flags": os.environ.get("XLA_FLAGS", ""),
-              "kv_dtype": runner.kv_dtype.name,
+              "kv_dtype": runner.kv_dtype.name, "weights": args.weights or "as stored",
+              "w8a8_min_rows": quant_matmul.w8a8_min_rows(),
               "tensor_parallel": runner.tensor_parallel,
               "expert_parallel": runner.expert_parallel,
               "decode_split_tokens": attention_tuning.MIN_SPLIT_TOKENS,
