@@ -8,7 +8,7 @@
 # (3) issue 14: the same 8B artifact's projections quantized to int8 at load (runner_bench
 # --weights int8, W8A8 at every row count) at 1 and 64 rows, under the profiler with sources,
 # against (2)'s bf16 figures of the same call.
-# From the repository root, carry [".whl"]; one call, at most ~520 s:
+# From the repository root, carry [".whl"]; one call, at most ~520 s (END=S: fewer):
 #   bash benchmarks/results/run55/device_run55.sh
 # Then the live 8B server: bash benchmarks/results/run53/device_run53b.sh
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o55; rm -rf "$OUT"; mkdir -p "$OUT"
@@ -32,10 +32,12 @@ timeout 60 python3 benchmarks/runner_bench.py /tmp/q8.ninfer --batches 1,64 --co
   --prompt 256 --steps 32 --max-context 4096 --modes pipelined --json --profile /tmp/prof8 \
   > "$OUT/dense-prof.jsonl" 2> "$OUT/dense-prof.log"
 stamp "dense-prof rc=$?"
-stamp int8-prof
-timeout 170 python3 benchmarks/runner_bench.py /tmp/q8.ninfer --weights int8 --batches 1,64 \
+left=$(( ${END:-520} - $(date +%s) + t0 ))
+[ $left -gt 170 ] && left=170
+[ $left -lt 90 ] && stamp "no time for int8 ($left s)"
+[ $left -ge 90 ] && stamp int8-prof && timeout $(( left - 5 )) python3 benchmarks/runner_bench.py /tmp/q8.ninfer --weights int8 --batches 1,64 \
   --context 1024 --prompt 256 --steps 32 --max-context 4096 --modes pipelined --json \
   --profile /tmp/prof8i > "$OUT/int8-prof.jsonl" 2> "$OUT/int8-prof.log"
 stamp "int8-prof rc=$?"
 grep -h '"decode"' "$OUT/dense-prof.jsonl" "$OUT/int8-prof.jsonl" | cut -c1-400 | tee -a "$OUT/stages.log"
-tar czf "$FINAL/run55.tgz" -C /tmp o53 && ls -la "$OUT"
+tar czf "$FINAL/run55.tgz" -C /tmp o55 && ls -la "$OUT"
