@@ -44,6 +44,7 @@ import json
 import math
 import os
 import time
+import types
 
 import numpy as np
 
@@ -65,11 +66,14 @@ def load(path, weights: str | None, **kwargs):
     if weights is None:
         return load_artifact(path, **kwargs)
     from ninfer_jax.engine import weight_pipeline
+    from ninfer_jax.serve.engine_setup import check_weights
 
     described = load_artifact(path, weights=False)
-    if described.weight_formats.get("layers") not in ("f32", "bf16"):
-        raise SystemExit(f"--weights {weights}: the artifact's projections are already "
-                         f"{described.weight_formats.get('layers')}")
+    try:  # what `ninfer serve --weights` refuses, refused alike
+        check_weights(types.SimpleNamespace(weights=weights, tensor_parallel=1),
+                      described.weight_formats, described.config)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     options = weight_pipeline.PipelineOptions(quantize=weights)
     return load_artifact(path, weights=True, **kwargs,
                          placement=weight_pipeline.placement(described.config, options=options))
