@@ -13,10 +13,11 @@ import pytest
 # in-process tests spend most of their time compiling tiny models, and LLVM at O0 cut that by a
 # quarter to a third (tests/model/test_dflash.py 132 -> 99 CPU-seconds, tests/artifact/
 # test_presets.py 196 -> 134); a fresh-clone `.ci/run` on one 2-core host went from 23:51 to
-# 20:35 (user 39:42 -> 33:10). No fast-math either way, and the goldens hold. Children (servers, CLIs) keep the default level: they run many steps, and at O0
-# a live server's decode was several times slower (tests/e2e/test_token_policies_live.py 66 s
-# -> 190 s). Skipped where a GPU is present (its kernels must be the real ones) or when the
-# caller set XLA_FLAGS already.
+# 20:35 (user 39:42 -> 33:10). No fast-math either way, and the goldens hold. Children
+# (servers, CLIs) keep the default level: they run many steps, and at O0 a live server's
+# decode was several times slower (tests/e2e/test_token_policies_live.py's disconnected
+# stream 15.5 s -> 116.9 s). Skipped where a GPU is present (its kernels must be the real
+# ones) or when the caller set XLA_FLAGS already.
 CPU_TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
 
 
