@@ -8,7 +8,8 @@
 # (3) issue 14: the same 8B artifact's projections quantized to int8 at load (runner_bench
 # --weights int8, W8A8 at every row count) at 1 and 64 rows, under the profiler with sources,
 # against (2)'s bf16 figures of the same call.
-# From the repository root, carry [".whl"]; one call, at most ~520 s (END=S: fewer):
+# From the repository root, carry [".whl"]; one call, at most ~520 s (END=S: fewer;
+# ONLY_MOE=1: the 35B-A3B stages alone, ~230 s):
 #   bash benchmarks/results/run55/device_run55.sh
 # Then the live 8B server: bash benchmarks/results/run53/device_run53b.sh
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o55; rm -rf "$OUT"; mkdir -p "$OUT"
@@ -19,10 +20,13 @@ stamp moe35
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.97 timeout 110 $H --batches 1,8,64 > "$OUT/moe35.jsonl" \
   2> "$OUT/moe35.log"
 stamp "moe35 rc=$?"; grep '"decode"' "$OUT/moe35.jsonl" | cut -c1-260 | tee -a "$OUT/stages.log"
+tar czf "$FINAL/run55.tgz" -C /tmp o55  # the figures come back even if a later stage runs out
 stamp moe35prof
 XLA_PYTHON_CLIENT_MEM_FRACTION=0.97 timeout 100 $H --batches 1,8 --profile /tmp/prof \
   > "$OUT/moe35prof.jsonl" 2> "$OUT/moe35prof.log"
 stamp "moe35prof rc=$?"
+# ONLY_MOE=1: stop here (a lease with ~230 s left)
+[ -n "$ONLY_MOE" ] && { tar czf "$FINAL/run55.tgz" -C /tmp o55; exit 0; }
 stamp dense-artifact
 timeout 70 python3 -m ninfer_jax.cli.main init-random --preset qwen3-8b --quiet /tmp/q8.ninfer \
   > "$OUT/artifact.log" 2>&1

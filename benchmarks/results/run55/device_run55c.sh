@@ -1,10 +1,10 @@
 #!/bin/bash
-# Run 55c (2026-12-07, twelfth session, the lease's last ~270 s): on an H200, run 55b (the
-# 35B-A3B's figures first); on an H100, whose 35B-A3B figures run 52 has, only its 1- and
+# Run 55c (2026-12-07, twelfth session, the lease's last ~270 s): on an H200, run 55's
+# 35B-A3B stages (ONLY_MOE=1); on an H100, whose 35B-A3B figures run 52 has, only its 1- and
 # 8-row steps under the profiler with each kernel's source lines (what fusion work needs).
 #   bash benchmarks/results/run55/device_run55c.sh
 if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-  exec bash benchmarks/results/run55/device_run55b.sh
+  ONLY_MOE=1 exec bash benchmarks/results/run55/device_run55.sh
 fi
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o55c; rm -rf "$OUT"; mkdir -p "$OUT"
 . benchmarks/device_common.sh
