@@ -32,8 +32,6 @@ from ninfer_jax.model import causal_conv, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear, split_columns
 
-L2_EPS = 1e-6  # as the reference implementation's l2norm
-
 
 def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, config: ModelConfig,
                    mesh=None):
@@ -120,11 +118,13 @@ def _chunk(mixed, g, beta, conv_weight, conv, recurrent, batch, config: ModelCon
 
 def _rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
     """B independent one-token steps, row i on state slot slots[i]; padding rows (the dummy
-    slot) write no recurrent state (kernels/gated_delta.gated_delta_rows)."""
-    conv_out, conv = causal_conv.rows_conv(mixed, conv_weight, conv, slots)
-    q, k, v = _heads(jax.nn.silu(conv_out).astype(mixed.dtype), config)
-    out, recurrent = gated_delta.gated_delta_rows(q, k, v, g, beta, recurrent, slots)
-    return out, conv, recurrent
+    slot) write no recurrent state (kernels/gated_delta.conv_gated_delta_rows: on a GPU the
+    conv, its norms and the rule may be one kernel). Padding rows all store their window at
+    slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant."""
+    out, window, recurrent = gated_delta.conv_gated_delta_rows(
+        mixed, conv_weight, conv, g, beta, recurrent, slots,
+        key_heads=config.linear_num_key_heads)
+    return out, conv.at[slots].set(window), recurrent
 
 
 def _chained_rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
@@ -158,16 +158,5 @@ def _chained_rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: M
 def _heads(x, config: ModelConfig):
     """Split conv outputs [N, D_c] into q, k [N, Hk, dk] (f32, L2-normalised, q scaled by
     dk^-0.5) and v [N, Hv, dv]."""
-    N = x.shape[0]
-    Hk, dk = config.linear_num_key_heads, config.linear_key_head_dim
-    key_dim = Hk * dk
-    q = _l2_normalised(x[:, :key_dim].reshape(N, Hk, dk)) * dk ** -0.5
-    k = _l2_normalised(x[:, key_dim:2 * key_dim].reshape(N, Hk, dk))
-    v = x[:, 2 * key_dim:].reshape(N, config.linear_num_value_heads,
+    return gated_delta.split_heads(x, config.linear_num_key_heads, config.linear_key_head_dim,
                                    config.linear_value_head_dim)
-    return q, k, v
-
-
-def _l2_normalised(x):
-    x32 = x.astype(jnp.float32)
-    return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + L2_EPS)

@@ -185,3 +185,105 @@ def test_rows_kernel_on_the_gpu_matches_the_reference():
     np.testing.assert_allclose(np.asarray(out), np.asarray(want_out), atol=1e-4, rtol=1e-4)
     np.testing.assert_allclose(np.asarray(updated), np.asarray(want_updated), atol=1e-4,
                                rtol=1e-4)
+
+
+# The decode rows from the conv's inputs (conv_gated_delta_rows): the reference against a
+# numpy conv + SiLU + L2 norms + one scan step per row, the fused kernel against the reference
+# in interpret mode, its CUDA lowering at the 35B-A3B shape, and natively on the GPU.
+TAPS = 4
+
+
+def conv_rows_inputs(rng, slots, *, hk, hv, dk, dv, num_slots=6, dtype=jnp.float32):
+    B, channels = len(slots), 2 * hk * dk + hv * dv
+    mixed = rng.standard_normal((B, channels))
+    conv_weight = rng.standard_normal((TAPS, channels)) * 0.5
+    conv = rng.standard_normal((num_slots, TAPS - 1, channels))
+    g = -np.exp(rng.standard_normal((B, hv)))
+    beta = 1 / (1 + np.exp(-rng.standard_normal((B, hv))))
+    recurrent = rng.standard_normal((num_slots, hv, dk, dv))
+    return ([jnp.asarray(x, dtype) for x in (mixed, conv_weight, conv)]
+            + [jnp.asarray(x, jnp.float32) for x in (g, beta, recurrent)]
+            + [jnp.asarray(slots, jnp.int32)])
+
+
+def test_conv_rows_reference_is_the_conv_the_norms_and_one_scan_step_per_row():
+    rng = np.random.default_rng(11)
+    hk, hv, dk, dv = 2, 4, 8, 6
+    slots = [3, 0, 1, 5]
+    args = conv_rows_inputs(rng, slots, hk=hk, hv=hv, dk=dk, dv=dv)
+    mixed, conv_weight, conv, g, beta, recurrent, _ = (np.asarray(a, np.float64) for a in args)
+    with jax.default_matmul_precision("highest"):
+        out, window, updated = jax.jit(functools.partial(
+            reference.conv_gated_delta_rows, key_heads=hk))(*args)
+    for i, slot in enumerate(slots):
+        inputs_ = np.concatenate([conv[slot], mixed[i][None]])  # [K, D_c], oldest first
+        np.testing.assert_allclose(np.asarray(window[i]), inputs_[1:], atol=1e-6)
+        act = (inputs_ * conv_weight).sum(0)
+        act = act / (1 + np.exp(-act))
+        q = l2_normalised(act[:hk * dk].reshape(hk, dk)) * dk ** -0.5
+        k = l2_normalised(act[hk * dk:2 * hk * dk].reshape(hk, dk))
+        v = act[2 * hk * dk:].reshape(hv, dv)
+        if not slot:
+            assert np.all(np.asarray(out[i]) == 0)
+            continue
+        for h in range(hv):
+            kh = h // (hv // hk)
+            state = recurrent[slot, h] * np.exp(g[i, h])
+            state = state + np.outer(k[kh], beta[i, h] * (v[h] - state.T @ k[kh]))
+            np.testing.assert_allclose(np.asarray(out[i, h]), state.T @ q[kh], atol=1e-4,
+                                       rtol=1e-4)
+            np.testing.assert_allclose(np.asarray(updated[slot, h]), state, atol=1e-4,
+                                       rtol=1e-4)
+    np.testing.assert_array_equal(np.asarray(updated)[[0, 2, 4]], recurrent[[0, 2, 4]])
+
+
+def assert_conv_rows_match(got, want, atol):
+    for name, a, b in zip(("out", "window", "recurrent"), got, want):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   atol=atol, rtol=atol, err_msg=name)
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs it natively")
+@pytest.mark.parametrize("slots", [[3, 0, 1, 5], [2]])
+def test_fused_conv_rows_kernel_in_interpret_mode_matches_the_reference(slots):
+    from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
+    rng = np.random.default_rng(12)
+    args = conv_rows_inputs(rng, slots, dtype=jnp.bfloat16, **ROW_SHAPE)
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(functools.partial(kernel.conv_gated_delta_rows, key_heads=2,
+                                        interpret=True))(*args)
+        want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=2))(*args)
+    assert got[1].dtype == jnp.bfloat16
+    assert_conv_rows_match(got, want, atol=2e-5)
+
+
+def test_fused_conv_rows_kernel_refuses_shapes_it_does_not_tile():
+    from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
+    args = conv_rows_inputs(np.random.default_rng(13), [1], hk=2, hv=4, dk=12, dv=64)
+    assert kernel.conv_gated_delta_rows(*args, key_heads=2) is None
+
+
+def test_fused_conv_rows_kernel_lowers_for_cuda_at_the_35b_a3b_shape():
+    from kernel_testkit import lowers_for_cuda
+    from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
+    spec = jax.ShapeDtypeStruct
+    B, S, D_c = 2, 9, 2 * 16 * 128 + 32 * 128
+    args = (spec((B, D_c), jnp.bfloat16), spec((TAPS, D_c), jnp.bfloat16),
+            spec((S, TAPS - 1, D_c), jnp.bfloat16), spec((B, 32), jnp.float32),
+            spec((B, 32), jnp.float32), spec((S, 32, 128, 128), jnp.float32),
+            spec((B,), jnp.int32))
+    fn = functools.partial(kernel.conv_gated_delta_rows, key_heads=16)
+    assert "ninfer_conv_gated_delta_rows" in lowers_for_cuda(fn, *args)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
+def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference():
+    from ninfer_jax.kernels.gated_delta import rows_kernel
+    rng = np.random.default_rng(14)
+    args = conv_rows_inputs(rng, [3, 0, 1, 5, 0, 2, 4, 6], num_slots=8, dtype=jnp.bfloat16,
+                            hk=16, hv=32, dk=128, dv=128)
+    got = jax.jit(functools.partial(rows_kernel.conv_gated_delta_rows, key_heads=16))(*args)
+    with jax.default_matmul_precision("highest"):
+        want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=16))(*args)
+    assert_conv_rows_match(got, want, atol=1e-4)

@@ -256,3 +256,52 @@ def test_the_rows_kernel_switch_and_its_override(monkeypatch):
     monkeypatch.setenv(gated_delta.ROWS_ENV, "yes")
     with pytest.raises(ValueError, match="NINFER_GDN_ROWS_KERNEL"):
         gated_delta.rows_kernel_on()
+
+
+def test_the_fused_rows_switch_needs_the_rows_kernel_and_its_override_wins(monkeypatch):
+    monkeypatch.delenv(gated_delta.ROWS_ENV, raising=False)
+    monkeypatch.delenv(gated_delta.FUSED_ROWS_ENV, raising=False)
+    assert gated_delta.fused_rows_on() == (gated_delta.GPU_FUSED_ROWS
+                                           and gated_delta.GPU_ROWS_KERNEL)
+    monkeypatch.setenv(gated_delta.FUSED_ROWS_ENV, "1")
+    assert gated_delta.fused_rows_on() == gated_delta.GPU_ROWS_KERNEL
+    monkeypatch.setenv(gated_delta.ROWS_ENV, "0")
+    assert not gated_delta.fused_rows_on()
+    monkeypatch.setenv(gated_delta.ROWS_ENV, "1")
+    monkeypatch.setenv(gated_delta.FUSED_ROWS_ENV, "0")
+    monkeypatch.setattr(gated_delta, "GPU_FUSED_ROWS", True)
+    assert not gated_delta.fused_rows_on()
+    monkeypatch.setenv(gated_delta.FUSED_ROWS_ENV, "on")
+    with pytest.raises(ValueError, match="NINFER_GDN_FUSED_ROWS"):
+        gated_delta.fused_rows_on()
+
+
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="interpret mode is for the CPU")
+@pytest.mark.parametrize("fused", ["1", "0"])
+def test_decode_rows_dispatch_takes_the_switched_kernel_and_agrees(monkeypatch, fused):
+    """With kernels on (interpret mode here), conv_gated_delta_rows runs the fused kernel or
+    XLA's conv before the rows kernel, per the switch; both equal the reference."""
+    from ninfer_jax.kernels.gated_delta import rows_kernel
+    from test_gated_delta import ROW_SHAPE, conv_rows_inputs
+    calls = []
+
+    def spy(fn):
+        def call(*args, **kwargs):
+            calls.append(fn.__name__)
+            return fn(*args, **kwargs, interpret=True)
+        return call
+
+    monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
+    monkeypatch.setenv(gated_delta.ROWS_ENV, "1")
+    monkeypatch.setenv(gated_delta.FUSED_ROWS_ENV, fused)
+    for name in ("conv_gated_delta_rows", "gated_delta_rows"):
+        monkeypatch.setattr(rows_kernel, name, spy(getattr(rows_kernel, name)))
+    args = conv_rows_inputs(np.random.default_rng(15), [3, 0, 1], dtype=jnp.bfloat16,
+                            **ROW_SHAPE)
+    with jax.default_matmul_precision("highest"):
+        got = gated_delta.conv_gated_delta_rows(*args, key_heads=2)
+        want = reference.conv_gated_delta_rows(*args, key_heads=2)
+    assert calls == (["conv_gated_delta_rows"] if fused == "1" else ["gated_delta_rows"])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   atol=2e-5, rtol=2e-5)

@@ -15,6 +15,10 @@ A/B runs; NINFER_FORCE_REFERENCE and CPU backends run the reference. Decode rows
 (gated_delta_rows) take the rows kernel on the GPU when GPU_ROWS_KERNEL is on (since run 37:
 its native test passed in run 36; decode at 1 / 8 rows +7% / +19% on 4 layers of the 27B
 shape, +9% / +23% on the 35B-A3B shape); NINFER_GDN_ROWS_KERNEL=0 takes the reference.
+conv_gated_delta_rows starts the decode rows from the conv's inputs: with GPU_FUSED_ROWS (or
+NINFER_GDN_FUSED_ROWS=1) and the rows kernel on, one kernel runs the conv, SiLU, the q / k
+norms and the rule (rows_kernel.conv_gated_delta_rows); else XLA runs the conv and norms
+before gated_delta_rows. Off until its native test passes on a GPU and a step measures it.
 Speculative verify rows chained along a sequence (chained_gated_delta) run in WY form on
 every backend. The overrides are part of engine/executable_store.py's key.
 """
@@ -24,11 +28,14 @@ import os
 
 from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.gated_delta import kernel, reference, rows_kernel, wy
-from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE  # noqa: F401
+from ninfer_jax.kernels.gated_delta.reference import (CHUNK_SIZE, L2_EPS,  # noqa: F401
+                                                      l2_normalised, split_heads)
 
 GPU_PREFILL = "kernel"
 GPU_ROWS_KERNEL = True
+GPU_FUSED_ROWS = False
 ROWS_ENV = "NINFER_GDN_ROWS_KERNEL"  # "1" / "0" overrides GPU_ROWS_KERNEL while tracing
+FUSED_ROWS_ENV = "NINFER_GDN_FUSED_ROWS"  # "1" / "0" overrides GPU_FUSED_ROWS while tracing
 PREFILL_ENV = "NINFER_GDN_PREFILL"
 PREFILL_PATHS = ("kernel", "wy", "reference")
 
@@ -72,10 +79,36 @@ def gated_delta_step(q, k, v, g, beta, states):
 def rows_kernel_on() -> bool:
     """Whether decode rows take rows_kernel.py on a GPU: NINFER_GDN_ROWS_KERNEL if set
     ("1" or "0"), else GPU_ROWS_KERNEL."""
-    override = os.environ.get(ROWS_ENV, "")
+    return _switch(ROWS_ENV, GPU_ROWS_KERNEL)
+
+
+def fused_rows_on() -> bool:
+    """Whether decode rows start from the conv's inputs in one kernel on a GPU (with the rows
+    kernel on): NINFER_GDN_FUSED_ROWS if set ("1" or "0"), else GPU_FUSED_ROWS."""
+    return rows_kernel_on() and _switch(FUSED_ROWS_ENV, GPU_FUSED_ROWS)
+
+
+def _switch(env: str, default: bool) -> bool:
+    override = os.environ.get(env, "")
     if override not in ("", "0", "1"):
-        raise ValueError(f"{ROWS_ENV}={override!r}: expected 1 or 0")
-    return override == "1" if override else GPU_ROWS_KERNEL
+        raise ValueError(f"{env}={override!r}: expected 1 or 0")
+    return override == "1" if override else default
+
+
+def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *,
+                          key_heads: int):
+    """Decode rows from the layer's in_qkv output through the conv; see
+    reference.conv_gated_delta_rows (the caller stores the returned windows at the slots)."""
+    if fused_rows_on() and dispatch.use_kernels():
+        result = rows_kernel.conv_gated_delta_rows(mixed, conv_weight, conv, g, beta,
+                                                   recurrent, slots, key_heads=key_heads)
+        if result is not None:
+            return result
+    q, k, v, window = reference.conv_rows_heads(mixed, conv_weight, conv, slots,
+                                                key_heads=key_heads,
+                                                head_dims=recurrent.shape[2:])
+    out, recurrent = gated_delta_rows(q, k, v, g, beta, recurrent, slots)
+    return out, window, recurrent
 
 
 def gated_delta_rows(q, k, v, g, beta, recurrent, slots):

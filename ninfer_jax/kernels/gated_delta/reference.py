@@ -9,7 +9,10 @@ Three entry points, same argument conventions:
                           serial loop; only the chunk-to-chunk state update is sequential
   gated_delta_step        one token for each of B independent rows, each with its own state
   gated_delta_rows        the same, each row's state read from and written to its slot of
-                          the state array (the decode step; kernel.py is its GPU twin)
+                          the state array (the decode step; rows_kernel.py is its GPU twin)
+  conv_gated_delta_rows   the decode rows from the layer's in_qkv output: the causal conv over
+                          each row's slot window, SiLU, the heads split and L2-normalised
+                          (split_heads), then gated_delta_rows (rows_kernel.py's fused twin)
 Inputs: q, k [T, Hk, dk] (L2-normalised by the caller, q also scaled by dk^-0.5), v [T, Hv, dv],
 g [T, Hv] the log decay (<= 0), beta [T, Hv]. Value head j reads key head j // (Hv / Hk), as
 transformers repeats them. Tokens t >= num_tokens are padding: their g and beta are zeroed,
@@ -24,6 +27,7 @@ import jax.numpy as jnp
 CHUNK_SIZE = 64
 DUMMY_SLOT = 0  # model/ragged_batch.DUMMY_STATE_SLOT: the state slot of padding rows
 _HIGHEST = jax.lax.Precision.HIGHEST  # the state must not drift through TF32 products
+L2_EPS = 1e-6  # as the reference implementation's l2norm
 
 
 def recurrent_gated_delta(q, k, v, g, beta, initial_state, num_tokens):
@@ -56,6 +60,44 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots):
     target = jnp.where(real, slots, recurrent.shape[0])  # past the end: dropped
     return (jnp.where(real[:, None, None], out, 0.0),
             recurrent.at[target].set(new_states.astype(recurrent.dtype), mode="drop"))
+
+
+def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *,
+                          key_heads: int):
+    """Decode rows from the conv's inputs: mixed [B, D_c] (the in_qkv output, D_c = 2 Hk dk +
+    Hv dv), conv_weight [K, D_c], conv [S, K-1, D_c] the slots' last K-1 inputs, g, beta
+    [B, Hv], recurrent f32 [S, Hv, dk, dv], slots int32 [B]. Returns (out f32 [B, Hv, dv],
+    window [B, K-1, D_c] in conv's dtype: each row's last K-1 inputs after its token, for the
+    caller to store at its slot, recurrent as gated_delta_rows leaves it)."""
+    q, k, v, window = conv_rows_heads(mixed, conv_weight, conv, slots, key_heads=key_heads,
+                                      head_dims=recurrent.shape[2:])
+    out, recurrent = gated_delta_rows(q, k, v, g, beta, recurrent, slots)
+    return out, window, recurrent
+
+
+def conv_rows_heads(mixed, conv_weight, conv, slots, *, key_heads: int,
+                    head_dims: tuple[int, int]):
+    """The conv, SiLU and head split of conv_gated_delta_rows: (q, k, v as split_heads gives
+    them, the rows' new windows [B, K-1, D_c] in conv's dtype)."""
+    window = jnp.concatenate([conv[slots].astype(mixed.dtype), mixed[:, None]], axis=1)
+    conv_out = jnp.einsum("rkc,kc->rc", window.astype(jnp.float32),
+                          conv_weight.astype(jnp.float32))
+    q, k, v = split_heads(jax.nn.silu(conv_out).astype(mixed.dtype), key_heads, *head_dims)
+    return q, k, v, window[:, 1:].astype(conv.dtype)
+
+
+def split_heads(x, key_heads: int, key_head_dim: int, value_head_dim: int):
+    """Conv outputs [N, D_c] -> q, k [N, Hk, dk] (f32, L2-normalised, q scaled by dk^-0.5)
+    and v [N, Hv, dv] (x's dtype; Hv dv = D_c - 2 Hk dk)."""
+    N, key_dim = x.shape[0], key_heads * key_head_dim
+    q = l2_normalised(x[:, :key_dim].reshape(N, key_heads, key_head_dim)) * key_head_dim ** -0.5
+    k = l2_normalised(x[:, key_dim:2 * key_dim].reshape(N, key_heads, key_head_dim))
+    return q, k, x[:, 2 * key_dim:].reshape(N, -1, value_head_dim)
+
+
+def l2_normalised(x):
+    x32 = x.astype(jnp.float32)
+    return x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + L2_EPS)
 
 
 def chunk_gated_delta(q, k, v, g, beta, initial_state, num_tokens, *, chunk_size=CHUNK_SIZE,

@@ -10,8 +10,18 @@ is aliased to the output). Every dv column of the rule is independent (the state
 are updated by k (x) beta (v - S^T k), column by column), so the split over dv blocks is
 exact. Rows on the dummy slot 0 (padding) read and write nothing; their outputs are zeros.
 
+conv_gated_delta_rows is the same kernel started one step earlier, from the layer's in_qkv
+output: each program also runs the causal conv over its channels (its key head's q and k, its
+block of v), SiLU and the q / k L2 norms in registers, where XLA ran them as ~5 small fusions
+per Gated DeltaNet layer (run 52c: 1-2.4 us each, 30 layers of the 35B-A3B). The rows' new
+conv windows come back as an output [B, K-1, D_c] that the caller stores at the slots:
+writing them in place would race (every program of a key head reads that head's q / k
+window; one of them would shift it first). The q / k windows are written by the key head's
+first program (value head h with h % group == 0, dv block 0), v channels by their own.
+
 Lowering: Pallas' Triton backend, tested in interpret mode on CPU against the reference.
-Shape letters: B rows, Hk/Hv key/value heads, dk/dv their dims, S state slots.
+Shape letters: B rows, Hk/Hv key/value heads, dk/dv their dims, S state slots, K conv taps,
+D_c conv channels (q | k | v: 2 Hk dk + Hv dv).
 """
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from ninfer_jax.kernels.gated_delta.reference import L2_EPS
 from ninfer_jax.kernels.tiling import fit_tile
 
 BLOCK_DV = 32  # dv columns per program: a [dk, 32] float32 tile stays in registers
@@ -58,6 +69,96 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots, *, interpret: bool = Fa
     )(slots.astype(jnp.int32), q, k, v, g[:, :, None].astype(jnp.float32),
       beta[:, :, None].astype(jnp.float32), recurrent)
     return out, recurrent
+
+
+def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *,
+                          key_heads: int, interpret: bool = False):
+    """Same contract as reference.conv_gated_delta_rows: (out f32 [B, Hv, dv], the rows' new
+    conv windows [B, K-1, D_c], recurrent updated in place); None when the shapes do not
+    tile."""
+    B, D_c = mixed.shape
+    Hv, dk, dv = recurrent.shape[1:]
+    block_dv = fit_tile(dv, BLOCK_DV, MIN_TILE)
+    taps = conv_weight.shape[0]
+    if (block_dv is None or fit_tile(dk, dk, MIN_TILE) != dk or Hv % key_heads
+            or recurrent.dtype != jnp.float32 or D_c != 2 * key_heads * dk + Hv * dv
+            or taps < 2):
+        return None
+    whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
+    kernel = functools.partial(_conv_rows_kernel, group=Hv // key_heads,
+                               key_dim=key_heads * dk)
+    scalars = pl.BlockSpec((None, None, 1), lambda b, h, c: (b, h, 0))
+    window = jax.ShapeDtypeStruct((B, taps - 1, D_c), conv.dtype)
+    out, window, recurrent = pl.pallas_call(
+        kernel,
+        grid=(B, Hv, dv // block_dv),
+        in_specs=[pl.BlockSpec((1,), lambda b, h, c: (b,)), whole(mixed), whole(conv_weight),
+                  whole(conv), scalars, scalars, whole(recurrent)],
+        out_specs=[pl.BlockSpec((None, None, block_dv), lambda b, h, c: (b, h, c)),
+                   whole(window), whole(recurrent)],
+        out_shape=[jax.ShapeDtypeStruct((B, Hv, dv), jnp.float32), window,
+                   jax.ShapeDtypeStruct(recurrent.shape, recurrent.dtype)],
+        input_output_aliases={6: 2},
+        compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="ninfer_conv_gated_delta_rows",
+    )(slots.astype(jnp.int32), mixed, conv_weight, conv, g[:, :, None].astype(jnp.float32),
+      beta[:, :, None].astype(jnp.float32), recurrent)
+    return out, window, recurrent
+
+
+def _conv_rows_kernel(slot_ref, x_ref, w_ref, conv_ref, g_ref, beta_ref, state_ref, o_ref,
+                      window_ref, new_ref, *, group: int, key_dim: int):
+    """One (row, value head, dv block) program: the conv of its channels, then the rule as
+    _rows_kernel applies it; o_ref [bv], the row's window channels it owns, the state tile."""
+    row, head, block = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    slot = slot_ref[0]
+    block_dv, (dk, dv) = o_ref.shape[0], state_ref.shape[2:]
+    taps = w_ref.shape[0]
+    col = pl.multiple_of(block * block_dv, block_dv)
+    q_at = pl.multiple_of((head // group) * dk, dk)
+    k_at = pl.multiple_of(key_dim + q_at, dk)
+    v_at = pl.multiple_of(2 * key_dim + head * dv + col, block_dv)
+
+    def activated(at, width):
+        """SiLU of the conv over channels [at, at + width), rounded to the input dtype as the
+        reference rounds it before splitting heads; float32."""
+        channels = pl.ds(at, width)
+        acc = x_ref[row, channels].astype(jnp.float32) * w_ref[taps - 1, channels].astype(
+            jnp.float32)
+        for tap in range(taps - 1):
+            past = conv_ref[slot, tap, channels].astype(x_ref.dtype).astype(jnp.float32)
+            acc += past * w_ref[tap, channels].astype(jnp.float32)
+        return (acc * jax.nn.sigmoid(acc)).astype(x_ref.dtype).astype(jnp.float32)
+
+    def shift_window(at, width):
+        channels = pl.ds(at, width)
+        for tap in range(taps - 2):
+            window_ref[row, tap, channels] = conv_ref[slot, tap + 1, channels]
+        window_ref[row, taps - 2, channels] = x_ref[row, channels].astype(window_ref.dtype)
+
+    shift_window(v_at, block_dv)
+
+    @pl.when((head % group == 0) & (block == 0))
+    def _():
+        shift_window(q_at, dk)
+        shift_window(k_at, dk)
+
+    o_ref[...] = jnp.zeros((block_dv,), jnp.float32)
+
+    @pl.when(slot != 0)
+    def _():
+        q = activated(q_at, dk)
+        q = q * jax.lax.rsqrt(jnp.sum(q * q) + L2_EPS) * dk ** -0.5
+        k = activated(k_at, dk)
+        k = k * jax.lax.rsqrt(jnp.sum(k * k) + L2_EPS)
+        state = state_ref[slot, head, :, pl.ds(col, block_dv)]  # [dk, bv]
+        state = state * jnp.exp(g_ref[0])
+        predicted = jnp.sum(state * k[:, None], axis=0)  # S^T k
+        correction = (activated(v_at, block_dv) - predicted) * beta_ref[0]
+        state = state + k[:, None] * correction[None, :]
+        o_ref[...] = jnp.sum(state * q[:, None], axis=0)
+        new_ref[slot, head, :, pl.ds(col, block_dv)] = state
 
 
 def _rows_kernel(slot_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, new_ref, *,
