@@ -43,8 +43,10 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
     Hv, dv = config.linear_num_value_heads, config.linear_value_head_dim
     grouped = "in_qkv_grouped" in layer
     if "in_qkvzba" in layer:  # one product for the four (model/fused_projections.py)
-        mixed, z, b, a = split_columns(linear(h, layer["in_qkvzba"]),
-                                       (config.linear_conv_dim, Hv * dv, Hv, Hv))
+        projected = linear(h, layer["in_qkvzba"])
+        mixed, z, b, a = split_columns(projected, (config.linear_conv_dim, Hv * dv, Hv, Hv))
+        if mesh is None:  # the conv reads its D_c columns in place (_core)
+            mixed = projected
     else:
         mixed = linear(h, layer["in_qkv_grouped" if grouped else "in_qkv"])  # [N, D_c]
         z, b, a = (linear(h, layer[name]) for name in ("in_z", "in_b", "in_a"))
@@ -78,16 +80,18 @@ def _core(mixed, g, beta, conv_weight, conv, recurrent, slots: dict, *, num_chun
           config: ModelConfig, chained: bool = False):
     """The conv and the delta rule of the chunk region, then of the rows: the outputs
     [N, Hv, dv] f32 and the updated conv and recurrent states (`chained`: the rows' states
-    are not written but returned, [B, K-1, D_c] and [B, Hv, dk, dv])."""
-    C, N = num_chunk, mixed.shape[0]
+    are not written but returned, [B, K-1, D_c] and [B, Hv, dk, dv]). The conv's inputs are
+    mixed's first D_c columns: the rows' kernel reads them from the fused projection's
+    output in place."""
+    C, N, D_c = num_chunk, mixed.shape[0], conv_weight.shape[1]
     batch = types.SimpleNamespace(**slots)
     outputs, pending = [], ()
     if C:
-        out, conv, recurrent = _chunk(mixed[:C], g[:C], beta[:C], conv_weight, conv,
+        out, conv, recurrent = _chunk(mixed[:C, :D_c], g[:C], beta[:C], conv_weight, conv,
                                       recurrent, batch, config)
         outputs.append(out)
     if N > C and chained:
-        out, *pending = _chained_rows(mixed[C:], g[C:], beta[C:], conv_weight, conv,
+        out, *pending = _chained_rows(mixed[C:, :D_c], g[C:], beta[C:], conv_weight, conv,
                                       recurrent, batch.row_state_slots, config)
         outputs.append(out)
     elif N > C:

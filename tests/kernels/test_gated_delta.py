@@ -193,9 +193,11 @@ def test_rows_kernel_on_the_gpu_matches_the_reference():
 TAPS = 4
 
 
-def conv_rows_inputs(rng, slots, *, hk, hv, dk, dv, num_slots=6, dtype=jnp.float32):
+def conv_rows_inputs(rng, slots, *, hk, hv, dk, dv, num_slots=6, dtype=jnp.float32,
+                     extra=0):
+    """`extra` columns past the conv's channels in mixed, as the fused projection has."""
     B, channels = len(slots), 2 * hk * dk + hv * dv
-    mixed = rng.standard_normal((B, channels))
+    mixed = rng.standard_normal((B, channels + extra))
     conv_weight = rng.standard_normal((TAPS, channels)) * 0.5
     conv = rng.standard_normal((num_slots, TAPS - 1, channels))
     g = -np.exp(rng.standard_normal((B, hv)))
@@ -210,13 +212,13 @@ def test_conv_rows_reference_is_the_conv_the_norms_and_one_scan_step_per_row():
     rng = np.random.default_rng(11)
     hk, hv, dk, dv = 2, 4, 8, 6
     slots = [3, 0, 1, 5]
-    args = conv_rows_inputs(rng, slots, hk=hk, hv=hv, dk=dk, dv=dv)
+    args = conv_rows_inputs(rng, slots, hk=hk, hv=hv, dk=dk, dv=dv, extra=3)
     mixed, conv_weight, conv, g, beta, recurrent, _ = (np.asarray(a, np.float64) for a in args)
     with jax.default_matmul_precision("highest"):
         out, window, updated = jax.jit(functools.partial(
             reference.conv_gated_delta_rows, key_heads=hk))(*args)
     for i, slot in enumerate(slots):
-        inputs_ = np.concatenate([conv[slot], mixed[i][None]])  # [K, D_c], oldest first
+        inputs_ = np.concatenate([conv[slot], mixed[i, :-3][None]])  # [K, D_c], oldest first
         np.testing.assert_allclose(np.asarray(window[i]), inputs_[1:], atol=1e-6)
         act = (inputs_ * conv_weight).sum(0)
         act = act / (1 + np.exp(-act))
@@ -244,11 +246,11 @@ def assert_conv_rows_match(got, want, atol):
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs it natively")
-@pytest.mark.parametrize("slots", [[3, 0, 1, 5], [2]])
-def test_fused_conv_rows_kernel_in_interpret_mode_matches_the_reference(slots):
+@pytest.mark.parametrize("slots,extra", [([3, 0, 1, 5], 0), ([2], 40)])
+def test_fused_conv_rows_kernel_in_interpret_mode_matches_the_reference(slots, extra):
     from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
     rng = np.random.default_rng(12)
-    args = conv_rows_inputs(rng, slots, dtype=jnp.bfloat16, **ROW_SHAPE)
+    args = conv_rows_inputs(rng, slots, dtype=jnp.bfloat16, extra=extra, **ROW_SHAPE)
     with jax.default_matmul_precision("highest"):
         got = jax.jit(functools.partial(kernel.conv_gated_delta_rows, key_heads=2,
                                         interpret=True))(*args)
@@ -282,7 +284,7 @@ def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference():
     from ninfer_jax.kernels.gated_delta import rows_kernel
     rng = np.random.default_rng(14)
     args = conv_rows_inputs(rng, [3, 0, 1, 5, 0, 2, 4, 6], num_slots=8, dtype=jnp.bfloat16,
-                            hk=16, hv=32, dk=128, dv=128)
+                            hk=16, hv=32, dk=128, dv=128, extra=32 * 130)
     got = jax.jit(functools.partial(rows_kernel.conv_gated_delta_rows, key_heads=16))(*args)
     with jax.default_matmul_precision("highest"):
         want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=16))(*args)

@@ -64,8 +64,9 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots):
 
 def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *,
                           key_heads: int):
-    """Decode rows from the conv's inputs: mixed [B, D_c] (the in_qkv output, D_c = 2 Hk dk +
-    Hv dv), conv_weight [K, D_c], conv [S, K-1, D_c] the slots' last K-1 inputs, g, beta
+    """Decode rows from the conv's inputs: mixed [B, >= D_c] (the in_qkv output, D_c = 2 Hk dk +
+    Hv dv; columns past D_c are ignored, so a fused projection's output passes uncopied),
+    conv_weight [K, D_c], conv [S, K-1, D_c] the slots' last K-1 inputs, g, beta
     [B, Hv], recurrent f32 [S, Hv, dk, dv], slots int32 [B]. Returns (out f32 [B, Hv, dv],
     window [B, K-1, D_c] in conv's dtype: each row's last K-1 inputs after its token, for the
     caller to store at its slot, recurrent as gated_delta_rows leaves it)."""
@@ -79,6 +80,7 @@ def conv_rows_heads(mixed, conv_weight, conv, slots, *, key_heads: int,
                     head_dims: tuple[int, int]):
     """The conv, SiLU and head split of conv_gated_delta_rows: (q, k, v as split_heads gives
     them, the rows' new windows [B, K-1, D_c] in conv's dtype)."""
+    mixed = mixed[:, :conv_weight.shape[1]]
     window = jnp.concatenate([conv[slots].astype(mixed.dtype), mixed[:, None]], axis=1)
     conv_out = jnp.einsum("rkc,kc->rc", window.astype(jnp.float32),
                           conv_weight.astype(jnp.float32))

@@ -21,7 +21,9 @@ first program (value head h with h % group == 0, dv block 0), v channels by thei
 
 Lowering: Pallas' Triton backend, tested in interpret mode on CPU against the reference.
 Shape letters: B rows, Hk/Hv key/value heads, dk/dv their dims, S state slots, K conv taps,
-D_c conv channels (q | k | v: 2 Hk dk + Hv dv).
+D_c conv channels (q | k | v: 2 Hk dk + Hv dv). The kernel reads the conv inputs in place from
+a wider array (the fused projection's output, z | b | a past D_c): slicing them out for a
+custom call would be a copy kernel of its own.
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *
     """Same contract as reference.conv_gated_delta_rows: (out f32 [B, Hv, dv], the rows' new
     conv windows [B, K-1, D_c], recurrent updated in place); None when the shapes do not
     tile."""
-    B, D_c = mixed.shape
+    B, D_c = mixed.shape[0], conv_weight.shape[1]
     Hv, dk, dv = recurrent.shape[1:]
     block_dv = fit_tile(dv, BLOCK_DV, MIN_TILE)
     taps = conv_weight.shape[0]
