@@ -20,6 +20,9 @@ the first live row's experts with zero combine weights, so a step loads exactly 
 its live rows picked (a lone decode row padded to two rows on the GPU would otherwise read
 about k more experts per layer) and the kernels skip their zero-weight assignments. Their
 routed output is zero; live rows are computed exactly as without them.
+With norm_topk_prob the softmax router's tail (top k, weights, padding rows, the folded shared
+expert's column) is kernels/moe/routing.py's, built from the same pieces as here; on a GPU
+with its switch on it is one kernel, which reads the router | shared_gate product unsplit.
 """
 from __future__ import annotations
 
@@ -27,6 +30,8 @@ import jax
 import jax.numpy as jnp
 
 from ninfer_jax.kernels import moe
+from ninfer_jax.kernels.moe.routing import (top_k_softmax, with_shared_expert,
+                                            without_padding_experts)
 from ninfer_jax.model import tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.layers import linear, split_columns, swiglu_mlp
@@ -38,27 +43,14 @@ def moe_mlp(x, layer, config: ModelConfig, mesh=None, live=None):
     """x [N, H] -> [N, H]. `mesh`: the tensor-parallel mesh, needed when the layer's experts
     are split by expert index (the `_ep` leaves). `live` bool [N] or None (all live): rows
     that are real tokens; the others select no experts (see the module docstring)."""
-    shared_logit = None
     if config.is_glm:
         expert_ids, expert_weights = route_grouped_sigmoid(x, layer, config)
-    elif "router_shared_gate" in layer:  # one product for both (model/fused_projections.py)
-        logits = linear(x, layer["router_shared_gate"], out_dtype=jnp.float32)
-        logits, shared_logit = split_columns(logits.astype(jnp.float32),
-                                             (config.num_experts, 1))
-        expert_ids, expert_weights = top_experts(logits, config)
-    else:
-        expert_ids, expert_weights = route(x, layer["router"], config)
-    if live is not None:
-        expert_ids, expert_weights = without_padding_experts(expert_ids, expert_weights, live)
-    if is_folded(layer, config):  # the shared expert is expert E (fused_projections)
-        if shared_logit is None:
-            shared_logit = linear(x, layer["shared_gate"], out_dtype=jnp.float32)
-        gate = jax.nn.sigmoid(shared_logit.astype(jnp.float32))
         if live is not None:
-            gate = jnp.where(live[:, None], gate, 0.0)
-        expert_ids = jnp.concatenate(
-            [expert_ids, jnp.full((x.shape[0], 1), config.num_experts, jnp.int32)], axis=-1)
-        expert_weights = jnp.concatenate([expert_weights, gate], axis=-1)
+            expert_ids, expert_weights = without_padding_experts(expert_ids, expert_weights,
+                                                                 live)
+        shared_logit = None
+    else:
+        expert_ids, expert_weights, shared_logit = route_softmax(x, layer, config, live)
     if "experts_gate_up_ep" in layer:
         routed = tensor_parallel.expert_parallel(moe.routed_experts, mesh)
         experts = layer["experts_gate_up_ep"], layer["experts_down_ep"]
@@ -84,28 +76,47 @@ def is_folded(layer, config: ModelConfig) -> bool:
             and layer["experts_gate_up"].shape[0] == config.num_experts + 1)
 
 
-def without_padding_experts(expert_ids, expert_weights, live):
-    """Rows not `live` take the first live row's expert ids (row 0's when none is live) and
-    zero weights: the distinct experts of the step are the live rows' own."""
-    first = jnp.argmax(live)
-    ids = jnp.where(live[:, None], expert_ids, expert_ids[first][None, :])
-    return ids, jnp.where(live[:, None], expert_weights, jnp.zeros_like(expert_weights))
-
-
-def route(x, router, config: ModelConfig):
-    """The k experts of each token and their combine weights: (int32 [N, k], f32 [N, k])."""
-    return top_experts(linear(x, router, out_dtype=jnp.float32).astype(jnp.float32), config)
+def route_softmax(x, layer, config: ModelConfig, live=None):
+    """The softmax router's (expert_ids int32 [N, k'], expert_weights f32 [N, k'],
+    shared_logit f32 [N, 1] or None): padding rows' experts replaced and, when the layer
+    folds its shared expert, its (k+1)-th column (k' = k + 1); shared_logit is the fused
+    router_shared_gate's last column, for an unfolded shared expert's gate."""
+    E, folded = config.num_experts, is_folded(layer, config)
+    shared_logit = None
+    if "router_shared_gate" in layer:  # one product for both (model/fused_projections.py)
+        logits = linear(x, layer["router_shared_gate"], out_dtype=jnp.float32)
+        logits = logits.astype(jnp.float32)
+        router_logits, shared_logit = split_columns(logits, (E, 1))
+    else:
+        logits = router_logits = linear(x, layer["router"],
+                                        out_dtype=jnp.float32).astype(jnp.float32)
+    if config.norm_topk_prob and moe.uses_router_kernel():
+        # The whole tail in one kernel, reading the fused product as it is (kernels/moe).
+        if folded and shared_logit is None:
+            logits = jnp.concatenate(
+                [logits, linear(x, layer["shared_gate"], out_dtype=jnp.float32)], axis=-1)
+        expert_ids, expert_weights = moe.softmax_top_experts(
+            logits, live, num_experts=E, top_k=config.num_experts_per_tok,
+            shared_expert=folded)
+        return expert_ids, expert_weights, shared_logit
+    # routing.reference_softmax_top_experts spelled out, so that top_experts also serves
+    # the router without norm_topk_prob
+    expert_ids, expert_weights = top_experts(router_logits, config)
+    if live is not None:
+        expert_ids, expert_weights = without_padding_experts(expert_ids, expert_weights, live)
+    if folded:  # the shared expert is expert E (fused_projections)
+        if shared_logit is None:
+            shared_logit = linear(x, layer["shared_gate"], out_dtype=jnp.float32)
+        expert_ids, expert_weights = with_shared_expert(expert_ids, expert_weights,
+                                                        shared_logit, live, E)
+    return expert_ids, expert_weights, shared_logit
 
 
 def top_experts(logits, config: ModelConfig):
-    """route() from the router's f32 logits [N, E]."""
+    """The k experts of each token and their combine weights from the router's f32 logits
+    [N, E]: (int32 [N, k], f32 [N, k])."""
     if config.norm_topk_prob:
-        # The softmax over E renormalised over the k kept is the softmax of the k logits
-        # (its normaliser cancels), and the softmax keeps the logits' order: one reduction
-        # over k instead of two over E, two fewer kernels per MoE layer in a decode step.
-        top, ids = jax.lax.top_k(logits, config.num_experts_per_tok)
-        scaled = jnp.exp(top - top[:, :1])  # top_k sorts: column 0 is each row's max
-        return ids.astype(jnp.int32), scaled / jnp.sum(scaled, axis=-1, keepdims=True)
+        return top_k_softmax(logits, config.num_experts_per_tok)
     weights, ids = jax.lax.top_k(jax.nn.softmax(logits, axis=-1), config.num_experts_per_tok)
     return ids.astype(jnp.int32), weights
 
