@@ -77,8 +77,9 @@ def is_folded(layer, config: ModelConfig) -> bool:
 
 
 def route_softmax(x, layer, config: ModelConfig, live=None):
-    """The softmax router's (expert_ids int32 [N, k'], expert_weights f32 [N, k'],
-    shared_logit f32 [N, 1] or None): padding rows' experts replaced and, when the layer
+    """The softmax router's (expert_ids int32 [N, k'], expert_weights [N, k'] (f32, or x's
+    dtype from the kernel), shared_logit f32 [N, 1] or None): padding rows' experts
+    replaced and, when the layer
     folds its shared expert, its (k+1)-th column (k' = k + 1); shared_logit is the fused
     router_shared_gate's last column, for an unfolded shared expert's gate."""
     E, folded = config.num_experts, is_folded(layer, config)
@@ -97,7 +98,7 @@ def route_softmax(x, layer, config: ModelConfig, live=None):
                 [logits, linear(x, layer["shared_gate"], out_dtype=jnp.float32)], axis=-1)
         expert_ids, expert_weights = moe.softmax_top_experts(
             logits, live, num_experts=E, top_k=config.num_experts_per_tok,
-            shared_expert=folded)
+            shared_expert=folded, weights_dtype=x.dtype)
         return expert_ids, expert_weights, shared_logit
     # routing.reference_softmax_top_experts spelled out, so that top_experts also serves
     # the router without norm_topk_prob

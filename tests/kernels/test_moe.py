@@ -127,7 +127,8 @@ def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode(activation_
     down_tiles = tuning.gemv_tiles(assignments=6, k=width, n=hidden)
     assert up_tiles.num_splits > 1 and down_tiles.num_splits > 1
     with jax.default_matmul_precision("highest"):
-        rows = kernel._expert_gemv(x, ids.reshape(-1), used, gate_up, rows_per_input=2,
+        rows = kernel._expert_gemv(x, ids.reshape(-1), weights.reshape(-1), gate_up,
+                                   rows_per_input=2,
                                    tiles=up_tiles, interpret=True).sum(axis=0)
         got = jax.jit(functools.partial(kernel.gathered_experts, interpret=True))(
             x, ids, weights, gate_up, down)

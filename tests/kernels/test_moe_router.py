@@ -72,6 +72,24 @@ def test_kernel_in_interpret_mode_matches_the_reference(num_rows, num_experts, t
             assert_matches_reference(fn, logits, live, **static)
 
 
+@cpu_only
+def test_kernel_writes_the_weights_in_the_dtype_asked_for():
+    """bfloat16 weights (the expert kernels' dtype, model/moe_mlp.py): the float32 weights
+    rounded once, as the reference rounds them."""
+    rng = np.random.default_rng(3)
+    static = dict(num_experts=64, top_k=8, shared_expert=True, weights_dtype=jnp.bfloat16)
+    logits = router_logits(rng, 5, 64, True, "normal")
+    live = jnp.asarray([True, False, True, True, False])
+    ids, weights = jax.jit(functools.partial(routing_kernel.softmax_top_experts,
+                                             interpret=True, **static))(logits, live)
+    want_ids, want_weights = routing.reference_softmax_top_experts(logits, live, **static)
+    assert weights.dtype == want_weights.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(want_ids))
+    np.testing.assert_allclose(np.asarray(weights, np.float32),
+                               np.asarray(want_weights, np.float32), rtol=8e-3)
+    assert np.all(np.asarray(weights, np.float32)[[1, 4]] == 0)
+
+
 def test_the_kernel_takes_only_power_of_two_experts():
     logits = jnp.zeros((2, 24), jnp.float32)
     assert routing_kernel.softmax_top_experts(logits, None, num_experts=24, top_k=2) is None

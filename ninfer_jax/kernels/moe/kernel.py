@@ -93,8 +93,9 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation
         return None
     ids = expert_ids.reshape(A).astype(jnp.int32)
     # Zero-weight assignments (padding rows, experts of another device) add nothing: their
-    # programs read no weights and write zeros.
-    used = (expert_weights.reshape(A) != 0).astype(jnp.int32)
+    # programs read no weights and write zeros. The programs test the weights themselves (a
+    # `used` mask computed beforehand was a kernel of its own per MoE layer).
+    used = expert_weights.reshape(A)
     hidden = _expert_gemv(x, ids, used, gate_up, rows_per_input=top_k, tiles=up_tiles,
                           interpret=interpret)  # [NS, A, 2I] (relu2: [NS, A, I]) partial sums
     if ACTIVATION_AT == "fusion":
@@ -144,7 +145,8 @@ def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, 
         w = w_ref[expert, pl.ds(k0, block_k), pl.ds(first_col, block_n)].astype(jnp.float32)
         return acc + inputs(k0)[:, None] * w
 
-    acc = lax.fori_loop(0, used_ref[0] * num_blocks, body,
+    is_used = (used_ref[0] != 0).astype(jnp.int32)  # the assignment's combine weight
+    acc = lax.fori_loop(0, is_used * num_blocks, body,
                         jnp.zeros((block_k, block_n), jnp.float32))
     o_ref[...] = acc.sum(axis=0)
 
@@ -153,8 +155,9 @@ def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, inte
                  activation: str = "swiglu", act_dtype=None):
     """Row a // rows_per_input of x [R, K] times w[ids[a]] ([E, K, n]) -> f32 partial sums
     [NS, A, n] (NS = tiles.num_splits, to be added); rows of assignments with used[a] == 0
-    are zeros. With `act_dtype` x is a previous call's partial sums [NS', R, 2K] (relu2:
-    [NS', R, K]) and the row is the activation of their sum (see _gemv_kernel)."""
+    (`used`: their combine weights, any dtype) are zeros. With `act_dtype` x is a previous
+    call's partial sums [NS', R, 2K] (relu2: [NS', R, K]) and the row is the activation of
+    their sum (see _gemv_kernel)."""
     A, (_, K, n) = ids.shape[0], w.shape
     bk, bn, NS = tiles.block_k, tiles.block_n, tiles.num_splits
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731

@@ -48,21 +48,25 @@ def uses_router_kernel() -> bool:
 
 
 def softmax_top_experts(logits, live, *, num_experts: int, top_k: int,
-                        shared_expert: bool = False):
+                        shared_expert: bool = False, weights_dtype=jnp.float32):
     """logits f32 [N, C >= E] (column E the shared gate's logit when `shared_expert`), live
-    bool [N] or None (all live) -> (ids int32 [N, k'], weights f32 [N, k']), k' = k + 1 with
-    the shared expert, else k. See the module docstring."""
+    bool [N] or None (all live) -> (ids int32 [N, k'], weights [N, k'] computed in float32,
+    rounded to `weights_dtype`), k' = k + 1 with the shared expert, else k. See the module
+    docstring. The expert kernels take the weights in the activations' dtype: the kernel
+    writes them so, where a convert would be a kernel of its own."""
     if uses_router_kernel() and logits.shape[0] <= MAX_KERNEL_ROWS:
         result = routing_kernel.softmax_top_experts(
-            logits, live, num_experts=num_experts, top_k=top_k, shared_expert=shared_expert)
+            logits, live, num_experts=num_experts, top_k=top_k, shared_expert=shared_expert,
+            weights_dtype=weights_dtype)
         if result is not None:
             return result
     return reference_softmax_top_experts(logits, live, num_experts=num_experts, top_k=top_k,
-                                         shared_expert=shared_expert)
+                                         shared_expert=shared_expert,
+                                         weights_dtype=weights_dtype)
 
 
 def reference_softmax_top_experts(logits, live, *, num_experts: int, top_k: int,
-                                  shared_expert: bool = False):
+                                  shared_expert: bool = False, weights_dtype=jnp.float32):
     """softmax_top_experts in jnp: the oracle and the path off the kernel."""
     ids, weights = top_k_softmax(logits[:, :num_experts].astype(jnp.float32), top_k)
     if live is not None:
@@ -70,7 +74,7 @@ def reference_softmax_top_experts(logits, live, *, num_experts: int, top_k: int,
     if shared_expert:
         shared_logit = logits[:, num_experts:num_experts + 1]
         ids, weights = with_shared_expert(ids, weights, shared_logit, live, num_experts)
-    return ids, weights
+    return ids, weights.astype(weights_dtype)
 
 
 def top_k_softmax(logits, top_k: int):

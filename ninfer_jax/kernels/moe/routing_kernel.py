@@ -38,9 +38,11 @@ MIN_LANES = 16
 
 
 def softmax_top_experts(logits, live, *, num_experts: int, top_k: int,
-                        shared_expert: bool = False, interpret: bool = False):
-    """logits f32 [N, C], live bool [N] or None -> (ids int32 [N, k'], weights f32 [N, k']);
-    None when E is not a power of two or the shapes do not fit (see routing.py)."""
+                        shared_expert: bool = False, weights_dtype=jnp.float32,
+                        interpret: bool = False):
+    """logits f32 [N, C], live bool [N] or None -> (ids int32 [N, k'], weights [N, k'] in
+    weights_dtype); None when E is not a power of two or the shapes do not fit (see
+    routing.py)."""
     N, C = logits.shape
     E = num_experts
     if E & (E - 1) or not 0 < top_k <= E or C < E + shared_expert:
@@ -60,7 +62,7 @@ def softmax_top_experts(logits, live, *, num_experts: int, top_k: int,
                   pl.BlockSpec(logits.shape, lambda r: (0, 0))],
         out_specs=[row, row],
         out_shape=[jax.ShapeDtypeStruct((N, columns), jnp.int32),
-                   jax.ShapeDtypeStruct((N, columns), jnp.float32)],
+                   jax.ShapeDtypeStruct((N, columns), weights_dtype)],
         compiler_params=pltriton.CompilerParams(num_warps=1, num_stages=1),
         interpret=interpret,
         name="ninfer_moe_router",
@@ -92,7 +94,7 @@ def _router_kernel(live_ref, logits_ref, ids_ref, weights_ref, *, num_rows: int,
         weights = jnp.where(lane == top_k, gate, weights)
     stored = lane < top_k + shared_expert
     pltriton.store(ids_ref, ids, mask=stored)
-    pltriton.store(weights_ref, weights, mask=stored)
+    pltriton.store(weights_ref, weights.astype(weights_ref.dtype), mask=stored)
 
 
 def _first_live_row(live_ref, num_rows: int):
