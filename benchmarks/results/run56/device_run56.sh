@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/st
 save() { tar czf "$FINAL/run56.tgz" -C /tmp o56; }
 left() { echo $(( ${END:-560} - $(date +%s) + t0 )); }
 stamp gpu-tests
-timeout 200 python3 -m pytest -rA -m gpu tests/kernels/test_gated_delta.py \
+timeout 240 python3 -m pytest -rA -m gpu tests/kernels/test_gated_delta.py tests/kernels/test_moe.py \
   tests/kernels/test_moe_router.py > "$OUT/pytest-gpu.log" 2>&1
 stamp "gpu-tests rc=$?"; tail -3 "$OUT/pytest-gpu.log" | tee -a "$OUT/stages.log"
 G=0; R=0
