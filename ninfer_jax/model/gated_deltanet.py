@@ -54,6 +54,7 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
     beta = jax.nn.sigmoid(b.astype(jnp.float32))
     g = -jnp.exp(layer["A_log"].astype(jnp.float32)) * jax.nn.softplus(
         a.astype(jnp.float32) + layer["dt_bias"].astype(jnp.float32))
+    gates = jnp.stack([g, beta], axis=-1)  # [N, Hv, 2]: one small fusion, not two
     slots = {"chunk_state_slot": batch.chunk_state_slot, "chunk_start": batch.chunk_start,
              "chunk_len": batch.chunk_len, "row_state_slots": batch.row_state_slots}
     core_fn = functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
@@ -68,7 +69,7 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
         core_fn = tensor_parallel.per_shard_deltanet(
             functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
                               config=local), mesh)
-    core, *new_state = core_fn(mixed, g, beta, conv_weight, state["conv"],
+    core, *new_state = core_fn(mixed, gates, conv_weight, state["conv"],
                                state["recurrent"], slots)
     z = z.reshape(N, Hv, dv)
     normed = gated_rms_norm(core, z, layer["gdn_norm"], config.rms_norm_eps).astype(h.dtype)
@@ -76,13 +77,14 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
     return linear(normed.reshape(N, Hv * dv), layer["out"]), dict(zip(names, new_state))
 
 
-def _core(mixed, g, beta, conv_weight, conv, recurrent, slots: dict, *, num_chunk: int,
+def _core(mixed, gates, conv_weight, conv, recurrent, slots: dict, *, num_chunk: int,
           config: ModelConfig, chained: bool = False):
     """The conv and the delta rule of the chunk region, then of the rows: the outputs
     [N, Hv, dv] f32 and the updated conv and recurrent states (`chained`: the rows' states
     are not written but returned, [B, K-1, D_c] and [B, Hv, dk, dv]). The conv's inputs are
     mixed's first D_c columns: the rows' kernel reads them from the fused projection's
-    output in place."""
+    output in place. gates [N, Hv, 2]: the log decay g and beta."""
+    g, beta = gates[..., 0], gates[..., 1]
     C, N, D_c = num_chunk, mixed.shape[0], conv_weight.shape[1]
     batch = types.SimpleNamespace(**slots)
     outputs, pending = [], ()
@@ -95,7 +97,7 @@ def _core(mixed, g, beta, conv_weight, conv, recurrent, slots: dict, *, num_chun
                                       recurrent, batch.row_state_slots, config)
         outputs.append(out)
     elif N > C:
-        out, conv, recurrent = _rows(mixed[C:], g[C:], beta[C:], conv_weight, conv,
+        out, conv, recurrent = _rows(mixed[C:], gates[C:], conv_weight, conv,
                                      recurrent, batch.row_state_slots, config)
         outputs.append(out)
     return jnp.concatenate(outputs), conv, recurrent, *pending
@@ -120,13 +122,13 @@ def _chunk(mixed, g, beta, conv_weight, conv, recurrent, batch, config: ModelCon
     return out, conv, recurrent.at[slot].set(new_state)
 
 
-def _rows(mixed, g, beta, conv_weight, conv, recurrent, slots, config: ModelConfig):
+def _rows(mixed, gates, conv_weight, conv, recurrent, slots, config: ModelConfig):
     """B independent one-token steps, row i on state slot slots[i]; padding rows (the dummy
     slot) write no recurrent state (kernels/gated_delta.conv_gated_delta_rows: on a GPU the
     conv, its norms and the rule may be one kernel). Padding rows all store their window at
     slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant."""
     out, window, recurrent = gated_delta.conv_gated_delta_rows(
-        mixed, conv_weight, conv, g, beta, recurrent, slots,
+        mixed, conv_weight, conv, gates, recurrent, slots,
         key_heads=config.linear_num_key_heads)
     return out, conv.at[slots].set(window), recurrent
 

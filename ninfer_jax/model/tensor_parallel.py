@@ -171,12 +171,11 @@ def group_deltanet_layer(layer: dict, config: ModelConfig, groups: int) -> dict:
 
 
 def per_shard_deltanet(core, mesh: Mesh):
-    """`core(mixed, g, beta, conv_weight, conv, recurrent, slots)` of model/gated_deltanet.py
+    """`core(mixed, gates, conv_weight, conv, recurrent, slots)` of model/gated_deltanet.py
     run per shard: channels, heads and state columns split, the slot indices replicated."""
     columns = P(None, AXIS)
     return shard_map(core, mesh=mesh,
-                     in_specs=(columns, columns, columns, columns, P(None, None, AXIS),
-                               columns, P()),
+                     in_specs=(columns, columns, columns, P(None, None, AXIS), columns, P()),
                      out_specs=(columns, P(None, None, AXIS), columns))
 
 

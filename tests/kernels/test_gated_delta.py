@@ -204,7 +204,7 @@ def conv_rows_inputs(rng, slots, *, hk, hv, dk, dv, num_slots=6, dtype=jnp.float
     beta = 1 / (1 + np.exp(-rng.standard_normal((B, hv))))
     recurrent = rng.standard_normal((num_slots, hv, dk, dv))
     return ([jnp.asarray(x, dtype) for x in (mixed, conv_weight, conv)]
-            + [jnp.asarray(x, jnp.float32) for x in (g, beta, recurrent)]
+            + [jnp.asarray(x, jnp.float32) for x in (np.stack([g, beta], -1), recurrent)]
             + [jnp.asarray(slots, jnp.int32)])
 
 
@@ -213,7 +213,8 @@ def test_conv_rows_reference_is_the_conv_the_norms_and_one_scan_step_per_row():
     hk, hv, dk, dv = 2, 4, 8, 6
     slots = [3, 0, 1, 5]
     args = conv_rows_inputs(rng, slots, hk=hk, hv=hv, dk=dk, dv=dv, extra=3)
-    mixed, conv_weight, conv, g, beta, recurrent, _ = (np.asarray(a, np.float64) for a in args)
+    mixed, conv_weight, conv, gates, recurrent, _ = (np.asarray(a, np.float64) for a in args)
+    g, beta = gates[..., 0], gates[..., 1]
     with jax.default_matmul_precision("highest"):
         out, window, updated = jax.jit(functools.partial(
             reference.conv_gated_delta_rows, key_heads=hk))(*args)
@@ -271,8 +272,8 @@ def test_fused_conv_rows_kernel_lowers_for_cuda_at_the_35b_a3b_shape():
     spec = jax.ShapeDtypeStruct
     B, S, D_c = 2, 9, 2 * 16 * 128 + 32 * 128
     args = (spec((B, D_c), jnp.bfloat16), spec((TAPS, D_c), jnp.bfloat16),
-            spec((S, TAPS - 1, D_c), jnp.bfloat16), spec((B, 32), jnp.float32),
-            spec((B, 32), jnp.float32), spec((S, 32, 128, 128), jnp.float32),
+            spec((S, TAPS - 1, D_c), jnp.bfloat16), spec((B, 32, 2), jnp.float32),
+            spec((S, 32, 128, 128), jnp.float32),
             spec((B,), jnp.int32))
     fn = functools.partial(kernel.conv_gated_delta_rows, key_heads=16)
     assert "ninfer_conv_gated_delta_rows" in lowers_for_cuda(fn, *args)
@@ -280,12 +281,16 @@ def test_fused_conv_rows_kernel_lowers_for_cuda_at_the_35b_a3b_shape():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference():
+@pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-4), (jnp.bfloat16, 2e-3)])
+def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference(dtype, atol):
+    """float32 inputs: tight. bfloat16: the SiLU outputs are rounded to bfloat16 before the
+    rule (as the model does) and a float32 sum in another order flips a rounding now and
+    then (run 56 on an H100: out off by up to 5e-4 on 10% of the values, atol 1e-4)."""
     from ninfer_jax.kernels.gated_delta import rows_kernel
     rng = np.random.default_rng(14)
-    args = conv_rows_inputs(rng, [3, 0, 1, 5, 0, 2, 4, 6], num_slots=8, dtype=jnp.bfloat16,
+    args = conv_rows_inputs(rng, [3, 0, 1, 5, 0, 2, 4, 6], num_slots=8, dtype=dtype,
                             hk=16, hv=32, dk=128, dv=128, extra=32 * 130)
     got = jax.jit(functools.partial(rows_kernel.conv_gated_delta_rows, key_heads=16))(*args)
     with jax.default_matmul_precision("highest"):
         want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=16))(*args)
-    assert_conv_rows_match(got, want, atol=1e-4)
+    assert_conv_rows_match(got, want, atol=atol)

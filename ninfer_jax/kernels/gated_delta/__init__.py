@@ -95,19 +95,19 @@ def _switch(env: str, default: bool) -> bool:
     return override == "1" if override else default
 
 
-def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *,
+def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
                           key_heads: int):
     """Decode rows from the layer's in_qkv output through the conv; see
     reference.conv_gated_delta_rows (the caller stores the returned windows at the slots)."""
     if fused_rows_on() and dispatch.use_kernels():
-        result = rows_kernel.conv_gated_delta_rows(mixed, conv_weight, conv, g, beta,
+        result = rows_kernel.conv_gated_delta_rows(mixed, conv_weight, conv, gates,
                                                    recurrent, slots, key_heads=key_heads)
         if result is not None:
             return result
     q, k, v, window = reference.conv_rows_heads(mixed, conv_weight, conv, slots,
                                                 key_heads=key_heads,
                                                 head_dims=recurrent.shape[2:])
-    out, recurrent = gated_delta_rows(q, k, v, g, beta, recurrent, slots)
+    out, recurrent = gated_delta_rows(q, k, v, gates[..., 0], gates[..., 1], recurrent, slots)
     return out, window, recurrent
 
 

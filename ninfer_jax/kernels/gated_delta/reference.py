@@ -62,17 +62,17 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots):
             recurrent.at[target].set(new_states.astype(recurrent.dtype), mode="drop"))
 
 
-def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *,
+def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
                           key_heads: int):
     """Decode rows from the conv's inputs: mixed [B, >= D_c] (the in_qkv output, D_c = 2 Hk dk +
     Hv dv; columns past D_c are ignored, so a fused projection's output passes uncopied),
-    conv_weight [K, D_c], conv [S, K-1, D_c] the slots' last K-1 inputs, g, beta
-    [B, Hv], recurrent f32 [S, Hv, dk, dv], slots int32 [B]. Returns (out f32 [B, Hv, dv],
+    conv_weight [K, D_c], conv [S, K-1, D_c] the slots' last K-1 inputs, gates f32
+    [B, Hv, 2] (g, beta), recurrent f32 [S, Hv, dk, dv], slots int32 [B]. Returns (out f32 [B, Hv, dv],
     window [B, K-1, D_c] in conv's dtype: each row's last K-1 inputs after its token, for the
     caller to store at its slot, recurrent as gated_delta_rows leaves it)."""
     q, k, v, window = conv_rows_heads(mixed, conv_weight, conv, slots, key_heads=key_heads,
                                       head_dims=recurrent.shape[2:])
-    out, recurrent = gated_delta_rows(q, k, v, g, beta, recurrent, slots)
+    out, recurrent = gated_delta_rows(q, k, v, gates[..., 0], gates[..., 1], recurrent, slots)
     return out, window, recurrent
 
 

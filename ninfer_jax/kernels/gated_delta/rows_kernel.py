@@ -73,7 +73,7 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots, *, interpret: bool = Fa
     return out, recurrent
 
 
-def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *,
+def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
                           key_heads: int, interpret: bool = False):
     """Same contract as reference.conv_gated_delta_rows: (out f32 [B, Hv, dv], the rows' new
     conv windows [B, K-1, D_c], recurrent updated in place); None when the shapes do not
@@ -89,27 +89,26 @@ def conv_gated_delta_rows(mixed, conv_weight, conv, g, beta, recurrent, slots, *
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     kernel = functools.partial(_conv_rows_kernel, group=Hv // key_heads,
                                key_dim=key_heads * dk)
-    scalars = pl.BlockSpec((None, None, 1), lambda b, h, c: (b, h, 0))
     window = jax.ShapeDtypeStruct((B, taps - 1, D_c), conv.dtype)
     out, window, recurrent = pl.pallas_call(
         kernel,
         grid=(B, Hv, dv // block_dv),
         in_specs=[pl.BlockSpec((1,), lambda b, h, c: (b,)), whole(mixed), whole(conv_weight),
-                  whole(conv), scalars, scalars, whole(recurrent)],
+                  whole(conv), pl.BlockSpec((None, None, 2), lambda b, h, c: (b, h, 0)),
+                  whole(recurrent)],
         out_specs=[pl.BlockSpec((None, None, block_dv), lambda b, h, c: (b, h, c)),
                    whole(window), whole(recurrent)],
         out_shape=[jax.ShapeDtypeStruct((B, Hv, dv), jnp.float32), window,
                    jax.ShapeDtypeStruct(recurrent.shape, recurrent.dtype)],
-        input_output_aliases={6: 2},
+        input_output_aliases={5: 2},
         compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
         name="ninfer_conv_gated_delta_rows",
-    )(slots.astype(jnp.int32), mixed, conv_weight, conv, g[:, :, None].astype(jnp.float32),
-      beta[:, :, None].astype(jnp.float32), recurrent)
+    )(slots.astype(jnp.int32), mixed, conv_weight, conv, gates.astype(jnp.float32), recurrent)
     return out, window, recurrent
 
 
-def _conv_rows_kernel(slot_ref, x_ref, w_ref, conv_ref, g_ref, beta_ref, state_ref, o_ref,
+def _conv_rows_kernel(slot_ref, x_ref, w_ref, conv_ref, gates_ref, state_ref, o_ref,
                       window_ref, new_ref, *, group: int, key_dim: int):
     """One (row, value head, dv block) program: the conv of its channels, then the rule as
     _rows_kernel applies it; o_ref [bv], the row's window channels it owns, the state tile."""
@@ -155,9 +154,9 @@ def _conv_rows_kernel(slot_ref, x_ref, w_ref, conv_ref, g_ref, beta_ref, state_r
         k = activated(k_at, dk)
         k = k * jax.lax.rsqrt(jnp.sum(k * k) + L2_EPS)
         state = state_ref[slot, head, :, pl.ds(col, block_dv)]  # [dk, bv]
-        state = state * jnp.exp(g_ref[0])
+        state = state * jnp.exp(gates_ref[0])  # gates: (g, beta)
         predicted = jnp.sum(state * k[:, None], axis=0)  # S^T k
-        correction = (activated(v_at, block_dv) - predicted) * beta_ref[0]
+        correction = (activated(v_at, block_dv) - predicted) * gates_ref[1]
         state = state + k[:, None] * correction[None, :]
         o_ref[...] = jnp.sum(state * q[:, None], axis=0)
         new_ref[slot, head, :, pl.ds(col, block_dv)] = state
