@@ -294,14 +294,14 @@ def test_decode_rows_dispatch_takes_the_switched_kernel_and_agrees(monkeypatch, 
     monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
     monkeypatch.setenv(gated_delta.ROWS_ENV, "1")
     monkeypatch.setenv(gated_delta.FUSED_ROWS_ENV, fused)
-    for name in ("conv_gated_delta_rows", "gated_delta_rows"):
+    for name in ("conv_gated_delta_rows", "gated_rows"):
         monkeypatch.setattr(rows_kernel, name, spy(getattr(rows_kernel, name)))
     args = conv_rows_inputs(np.random.default_rng(15), [3, 0, 1], dtype=jnp.bfloat16,
                             **ROW_SHAPE)
     with jax.default_matmul_precision("highest"):
         got = gated_delta.conv_gated_delta_rows(*args, key_heads=2)
         want = reference.conv_gated_delta_rows(*args, key_heads=2)
-    assert calls == (["conv_gated_delta_rows"] if fused == "1" else ["gated_delta_rows"])
+    assert calls == (["conv_gated_delta_rows"] if fused == "1" else ["gated_rows"])
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                    atol=2e-5, rtol=2e-5)

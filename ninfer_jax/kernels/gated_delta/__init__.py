@@ -107,7 +107,12 @@ def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
     q, k, v, window = reference.conv_rows_heads(mixed, conv_weight, conv, slots,
                                                 key_heads=key_heads,
                                                 head_dims=recurrent.shape[2:])
-    out, recurrent = gated_delta_rows(q, k, v, gates[..., 0], gates[..., 1], recurrent, slots)
+    if rows_kernel_on() and dispatch.use_kernels():
+        result = rows_kernel.gated_rows(q, k, v, gates, recurrent, slots)
+        if result is not None:
+            return result[0], window, result[1]
+    out, recurrent = reference.gated_delta_rows(q, k, v, gates[..., 0], gates[..., 1],
+                                                recurrent, slots)
     return out, window, recurrent
 
 

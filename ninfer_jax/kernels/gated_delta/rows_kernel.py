@@ -45,6 +45,13 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots, *, interpret: bool = Fa
     """q, k [B, Hk, dk], v [B, Hv, dv], g, beta [B, Hv], recurrent f32 [S, Hv, dk, dv],
     slots int32 [B] -> (out f32 [B, Hv, dv], recurrent with each non-dummy row's new state
     at its slot); None when the shapes do not tile."""
+    return gated_rows(q, k, v, jnp.stack([g, beta], axis=-1), recurrent, slots,
+                      interpret=interpret)
+
+
+def gated_rows(q, k, v, gates, recurrent, slots, *, interpret: bool = False):
+    """gated_delta_rows with g and beta as one array gates [B, Hv, 2] (the model's: slicing
+    them apart for the kernel would be two copies)."""
     B, Hk, dk = k.shape
     Hv, dv = v.shape[1], v.shape[2]
     block_dv = fit_tile(dv, BLOCK_DV, MIN_TILE)
@@ -53,23 +60,22 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots, *, interpret: bool = Fa
         return None
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     kernel = functools.partial(_rows_kernel, group=Hv // Hk)
-    scalars = pl.BlockSpec((None, None, 1), lambda b, h, c: (b, h, 0))
     out, recurrent = pl.pallas_call(
         kernel,
         grid=(B, Hv, dv // block_dv),
         in_specs=[pl.BlockSpec((1,), lambda b, h, c: (b,)), whole(q), whole(k),
                   pl.BlockSpec((None, None, block_dv), lambda b, h, c: (b, h, c)),
-                  scalars, scalars, whole(recurrent)],
+                  pl.BlockSpec((None, None, 2), lambda b, h, c: (b, h, 0)),
+                  whole(recurrent)],
         out_specs=[pl.BlockSpec((None, None, block_dv), lambda b, h, c: (b, h, c)),
                    whole(recurrent)],
         out_shape=[jax.ShapeDtypeStruct((B, Hv, dv), jnp.float32),
                    jax.ShapeDtypeStruct(recurrent.shape, recurrent.dtype)],
-        input_output_aliases={6: 1},
+        input_output_aliases={5: 1},
         compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=1),
         interpret=interpret,
         name="ninfer_gated_delta_rows",
-    )(slots.astype(jnp.int32), q, k, v, g[:, :, None].astype(jnp.float32),
-      beta[:, :, None].astype(jnp.float32), recurrent)
+    )(slots.astype(jnp.int32), q, k, v, gates.astype(jnp.float32), recurrent)
     return out, recurrent
 
 
@@ -162,7 +168,7 @@ def _conv_rows_kernel(slot_ref, x_ref, w_ref, conv_ref, gates_ref, state_ref, o_
         new_ref[slot, head, :, pl.ds(col, block_dv)] = state
 
 
-def _rows_kernel(slot_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_ref, new_ref, *,
+def _rows_kernel(slot_ref, q_ref, k_ref, v_ref, gates_ref, state_ref, o_ref, new_ref, *,
                  group: int):
     """One (row, value head, dv block) program: o_ref [bv] and the slot's state tile."""
     row, head = pl.program_id(0), pl.program_id(1)
@@ -177,9 +183,9 @@ def _rows_kernel(slot_ref, q_ref, k_ref, v_ref, g_ref, beta_ref, state_ref, o_re
         q = q_ref[row, key_head, :].astype(jnp.float32)
         k = k_ref[row, key_head, :].astype(jnp.float32)
         state = state_ref[slot, head, :, pl.ds(col, block_dv)]  # [dk, bv]
-        state = state * jnp.exp(g_ref[0])
+        state = state * jnp.exp(gates_ref[0])  # gates: (g, beta)
         predicted = jnp.sum(state * k[:, None], axis=0)  # S^T k
-        correction = (v_ref[...].astype(jnp.float32) - predicted) * beta_ref[0]
+        correction = (v_ref[...].astype(jnp.float32) - predicted) * gates_ref[1]
         state = state + k[:, None] * correction[None, :]
         o_ref[...] = jnp.sum(state * q[:, None], axis=0)
         new_ref[slot, head, :, pl.ds(col, block_dv)] = state
