@@ -281,11 +281,13 @@ def test_fused_conv_rows_kernel_lowers_for_cuda_at_the_35b_a3b_shape():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("dtype,atol", [(jnp.float32, 1e-4), (jnp.bfloat16, 2e-3)])
-def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference(dtype, atol):
-    """float32 inputs: tight. bfloat16: the SiLU outputs are rounded to bfloat16 before the
-    rule (as the model does) and a float32 sum in another order flips a rounding now and
-    then (run 56 on an H100: out off by up to 5e-4 on 10% of the values, atol 1e-4)."""
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference(dtype):
+    """float32 inputs: within 1e-4. bfloat16: the SiLU outputs are rounded to bfloat16
+    before the rule (as the model does), and XLA's conv sums in another order than the
+    kernel, so a rounding flips now and then: one bfloat16 step of a v value (~2^-7 at 2)
+    moves that column's state by up to ~0.008 (run 57 on an H100: 53 of 4.2M state values
+    past 2e-3, the largest 0.0076; run 56: out off by up to 5e-4)."""
     from ninfer_jax.kernels.gated_delta import rows_kernel
     rng = np.random.default_rng(14)
     args = conv_rows_inputs(rng, [3, 0, 1, 5, 0, 2, 4, 6], num_slots=8, dtype=dtype,
@@ -293,4 +295,9 @@ def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference(dtype, atol):
     got = jax.jit(functools.partial(rows_kernel.conv_gated_delta_rows, key_heads=16))(*args)
     with jax.default_matmul_precision("highest"):
         want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=16))(*args)
-    assert_conv_rows_match(got, want, atol=atol)
+    if dtype == jnp.float32:
+        assert_conv_rows_match(got, want, atol=1e-4)
+        return
+    for name, a, b in zip(("out", "window", "recurrent"), got, want):
+        error = np.abs(np.asarray(a, np.float32) - np.asarray(b, np.float32))
+        assert error.max() < 2e-2 and np.mean(error > 2e-3) < 1e-3, name

@@ -23,6 +23,7 @@ import pytest
 from ninfer_jax.artifact.presets import PRESETS
 from ninfer_jax.artifact.random_init import random_params
 from ninfer_jax.kernels import moe
+from ninfer_jax.kernels.moe import routing
 from ninfer_jax.kernels.paged_attention import DUMMY_PAGE
 from ninfer_jax.model import glm, hybrid, moe_mlp, ragged_batch
 from ninfer_jax.model.fused_projections import fuse_projections
@@ -94,6 +95,8 @@ def recording(monkeypatch):
         return ids, weights
 
     monkeypatch.setattr(moe, "routed_experts", routed_experts)
+    # the router kernel (GPU) does the routing in one call: record the unfused steps
+    monkeypatch.setenv(routing.ROUTER_ENV, "0")
     monkeypatch.setattr(moe_mlp, "top_experts", route)
     monkeypatch.setattr(moe_mlp, "route_grouped_sigmoid", glm_route)
     return routed, chosen
