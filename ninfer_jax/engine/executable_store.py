@@ -33,7 +33,8 @@ TRACED_SOURCES = ("model", "kernels", "engine/runner.py")
 # Read by kernels/ at trace time: each changes the traced step (kernels/dispatch.py,
 # kernels/gated_delta, kernels/quant_matmul). Run 36 lost its A/B to their absence here.
 TRACE_ENV = ("NINFER_FORCE_REFERENCE", "NINFER_GDN_PREFILL", "NINFER_GDN_ROWS_KERNEL",
-             "NINFER_GDN_FUSED_ROWS", "NINFER_MOE_ROUTER_KERNEL", "NINFER_W8A8")
+             "NINFER_GDN_FUSED_ROWS", "NINFER_MOE_ROUTER_KERNEL", "NINFER_MOE_GEMV_DOT",
+             "NINFER_W8A8")
 
 
 @functools.lru_cache(maxsize=1)

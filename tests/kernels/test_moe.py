@@ -109,6 +109,37 @@ def test_kernels_in_interpret_mode_match_the_dense_loop(path, num_tokens, top_k,
 
 @cpu_only
 @pytest.mark.parametrize("activation_at", ["fusion", "down"])
+@pytest.mark.parametrize("activation", ["swiglu", "relu2"])
+def test_expert_gemv_on_the_tensor_cores_equals_the_fma_loop_in_interpret_mode(
+        activation, activation_at, monkeypatch):
+    """NINFER_MOE_GEMV_DOT=1: each assignment's row padded to DOT_ROWS rows through a dot;
+    bfloat16 weights (the only ones it takes), padding rows (zero weights) included."""
+    monkeypatch.setattr(kernel, "ACTIVATION_AT", activation_at)
+    rng = np.random.default_rng(12)
+    x = jnp.asarray(rng.standard_normal((3, KERNEL_HIDDEN)), jnp.bfloat16)
+    ids, weights = routing(rng, 3, 2)
+    weights = weights.at[1].set(0.0)
+    gate_up, down = expert_weights(rng, KERNEL_HIDDEN, KERNEL_WIDTH, dtype=jnp.bfloat16,
+                                   activation=activation)
+    fn = jax.jit(functools.partial(kernel.gathered_experts, activation=activation,
+                                   interpret=True))
+    monkeypatch.setenv(kernel.GEMV_DOT_ENV, "0")
+    fma = fn(x, ids, weights, gate_up, down)
+    monkeypatch.setenv(kernel.GEMV_DOT_ENV, "1")
+    assert kernel.gemv_on_tensor_cores(jnp.bfloat16)
+    assert not kernel.gemv_on_tensor_cores(jnp.float32)  # TF32 on a GPU: never
+    dot = jax.jit(functools.partial(kernel.gathered_experts, activation=activation,
+                                    interpret=True))(x, ids, weights, gate_up, down)
+    np.testing.assert_allclose(np.asarray(dot, np.float32), np.asarray(fma, np.float32),
+                               atol=2e-2, rtol=2e-2)  # bfloat16 outputs, sums reordered
+    assert np.all(np.asarray(dot, np.float32)[1] == 0)
+    monkeypatch.setenv(kernel.GEMV_DOT_ENV, "on")
+    with pytest.raises(ValueError, match="NINFER_MOE_GEMV_DOT"):
+        kernel.gemv_on_tensor_cores(jnp.bfloat16)
+
+
+@cpu_only
+@pytest.mark.parametrize("activation_at", ["fusion", "down"])
 def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode(activation_at,
                                                                       monkeypatch):
     """Padding rows (model/moe_mlp.py) and other devices' experts arrive with zero weights:
@@ -190,8 +221,10 @@ def test_shapes_without_a_tiling_fall_back_to_the_reference():
     assert kernel.routed_experts(x, ids, weights, gate_up, down) is None
 
 
+@pytest.mark.parametrize("gemv_dot", ["0", "1"])
 @pytest.mark.parametrize("num_tokens", [1, 2, 64, 1026])
-def test_kernels_lower_for_cuda_at_the_35b_a3b_shape(num_tokens):
+def test_kernels_lower_for_cuda_at_the_35b_a3b_shape(num_tokens, gemv_dot, monkeypatch):
+    monkeypatch.setenv(kernel.GEMV_DOT_ENV, gemv_dot)
     spec = jax.ShapeDtypeStruct
     args = (spec((num_tokens, 2048), jnp.bfloat16), spec((num_tokens, 8), jnp.int32),
             spec((num_tokens, 8), jnp.float32), spec((256, 2048, 1024), jnp.bfloat16),
@@ -218,9 +251,12 @@ def test_relu2_kernels_lower_for_cuda_at_the_nemotron_3_nano_shape(num_tokens):
 
 
 @needs_gpu
+@pytest.mark.parametrize("gemv_dot", ["0", "1"])
 @pytest.mark.parametrize("activation", ["swiglu", "relu2"])
 @pytest.mark.parametrize("num_tokens", [1, 2, 8, 64, 300])
-def test_kernels_on_the_gpu_match_the_dense_loop(num_tokens, activation):
+def test_kernels_on_the_gpu_match_the_dense_loop(num_tokens, activation, gemv_dot,
+                                                 monkeypatch):
+    monkeypatch.setenv(kernel.GEMV_DOT_ENV, gemv_dot)
     rng = np.random.default_rng(num_tokens)
     num_experts, top_k = 64, 8
     x = jnp.asarray(rng.standard_normal((num_tokens, 512)), jnp.bfloat16)

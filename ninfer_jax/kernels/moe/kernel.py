@@ -35,6 +35,7 @@ I expert width, T tiles, M = T * block_m padded rows.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,15 @@ from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
 # (one launch fewer, but run 48c's profile of the 35B-A3B's one-row step had that down GEMV
 # at 61 us a layer for 16 MB of weights, against 19 us for the gate/up GEMV's 32 MB).
 ACTIVATION_AT = "fusion"
+# Whether the expert GEMV multiplies on the tensor cores: the assignment's row padded to
+# DOT_ROWS rows (the others zero) times its expert's bfloat16 / float16 tile, where the FMA
+# loop widens every weight to float32 and ends each program with a [block_k, block_n]
+# cross-thread sum. Run 57's profile: the FMA GEMVs at ~2 TB/s, 1.09 ms of the 35B-A3B's
+# 3.64 ms 2-row step on an H100. Off until a GPU measures it; NINFER_MOE_GEMV_DOT ("1" / "0")
+# overrides it while tracing.
+GEMV_ON_TENSOR_CORES = False
+GEMV_DOT_ENV = "NINFER_MOE_GEMV_DOT"
+DOT_ROWS = 16  # Triton's smallest matmul tile side
 
 
 def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, activation: str = "swiglu",
@@ -110,8 +120,18 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation
     return _combine(out.sum(axis=0), expert_weights, x.dtype)
 
 
+def gemv_on_tensor_cores(weight_dtype) -> bool:
+    """The switch (GEMV_ON_TENSOR_CORES, NINFER_MOE_GEMV_DOT overriding it), for 16-bit
+    weights only: float32 operands would run as TF32 on the tensor cores."""
+    override = os.environ.get(GEMV_DOT_ENV, "")
+    if override not in ("", "0", "1"):
+        raise ValueError(f"{GEMV_DOT_ENV}={override!r}: expected 1 or 0")
+    on = override == "1" if override else GEMV_ON_TENSOR_CORES
+    return on and jnp.dtype(weight_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
 def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,
-                 num_blocks: int, activation, act_dtype):
+                 num_blocks: int, activation, act_dtype, use_dot: bool = False):
     """One (assignment, column block, K split) program: o_ref [bn] partial sums (zeros for an
     unused assignment). With `act_dtype`, x_ref holds the first GEMV's partial sums
     [NS, A, 2I] (relu2: [NS, A, I]): the input row is the activation of their sum, rounded to
@@ -145,7 +165,20 @@ def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, 
         w = w_ref[expert, pl.ds(k0, block_k), pl.ds(first_col, block_n)].astype(jnp.float32)
         return acc + inputs(k0)[:, None] * w
 
+    def dot_body(i, acc):  # acc [DOT_ROWS, bn]: row 0 holds the sums, the others zeros
+        k0 = pl.multiple_of(first_k + i * block_k, block_k)
+        w = w_ref[expert, pl.ds(k0, block_k), pl.ds(first_col, block_n)]
+        rows = lax.broadcasted_iota(jnp.int32, (DOT_ROWS, block_k), 0)
+        padded = jnp.where(rows == 0, inputs(k0)[None, :], 0.0).astype(w.dtype)
+        return acc + pltriton.dot(padded, w)
+
     is_used = (used_ref[0] != 0).astype(jnp.int32)  # the assignment's combine weight
+    if use_dot:
+        acc = lax.fori_loop(0, is_used * num_blocks, dot_body,
+                            jnp.zeros((DOT_ROWS, block_n), jnp.float32))
+        rows = lax.broadcasted_iota(jnp.int32, (DOT_ROWS, block_n), 0)
+        o_ref[...] = jnp.sum(jnp.where(rows == 0, acc, 0.0), axis=0)
+        return
     acc = lax.fori_loop(0, is_used * num_blocks, body,
                         jnp.zeros((block_k, block_n), jnp.float32))
     o_ref[...] = acc.sum(axis=0)
@@ -163,7 +196,7 @@ def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, inte
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     kernel = functools.partial(_gemv_kernel, rows_per_input=rows_per_input, block_k=bk,
                                num_blocks=K // bk // NS, activation=activation,
-                               act_dtype=act_dtype)
+                               act_dtype=act_dtype, use_dot=gemv_on_tensor_cores(w.dtype))
     return pl.pallas_call(
         kernel,
         grid=(A, n // bn, NS),
