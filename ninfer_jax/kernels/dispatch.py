@@ -20,3 +20,12 @@ def forced_reference() -> bool:
 def use_kernels() -> bool:
     """True when the GPU kernels should run (GPU backend, not forced to the reference)."""
     return not forced_reference() and jax.default_backend() == "gpu"
+
+
+def switch(env: str, default: bool) -> bool:
+    """A kernel's on / off switch read while tracing: the environment variable `env` when set
+    ("1" or "0", anything else is an error), else the module's `default`."""
+    override = os.environ.get(env, "")
+    if override not in ("", "0", "1"):
+        raise ValueError(f"{env}={override!r}: expected 1 or 0")
+    return override == "1" if override else default

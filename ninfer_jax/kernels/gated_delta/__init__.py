@@ -80,20 +80,13 @@ def gated_delta_step(q, k, v, g, beta, states):
 def rows_kernel_on() -> bool:
     """Whether decode rows take rows_kernel.py on a GPU: NINFER_GDN_ROWS_KERNEL if set
     ("1" or "0"), else GPU_ROWS_KERNEL."""
-    return _switch(ROWS_ENV, GPU_ROWS_KERNEL)
+    return dispatch.switch(ROWS_ENV, GPU_ROWS_KERNEL)
 
 
 def fused_rows_on() -> bool:
     """Whether decode rows start from the conv's inputs in one kernel on a GPU (with the rows
     kernel on): NINFER_GDN_FUSED_ROWS if set ("1" or "0"), else GPU_FUSED_ROWS."""
-    return rows_kernel_on() and _switch(FUSED_ROWS_ENV, GPU_FUSED_ROWS)
-
-
-def _switch(env: str, default: bool) -> bool:
-    override = os.environ.get(env, "")
-    if override not in ("", "0", "1"):
-        raise ValueError(f"{env}={override!r}: expected 1 or 0")
-    return override == "1" if override else default
+    return rows_kernel_on() and dispatch.switch(FUSED_ROWS_ENV, GPU_FUSED_ROWS)
 
 
 def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,

@@ -35,7 +35,6 @@ I expert width, T tiles, M = T * block_m padded rows.
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.moe.reference import activate
 from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
                                            grouped_tiles)
@@ -123,11 +123,8 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation
 def gemv_on_tensor_cores(weight_dtype) -> bool:
     """The switch (GEMV_ON_TENSOR_CORES, NINFER_MOE_GEMV_DOT overriding it), for 16-bit
     weights only: float32 operands would run as TF32 on the tensor cores."""
-    override = os.environ.get(GEMV_DOT_ENV, "")
-    if override not in ("", "0", "1"):
-        raise ValueError(f"{GEMV_DOT_ENV}={override!r}: expected 1 or 0")
-    on = override == "1" if override else GEMV_ON_TENSOR_CORES
-    return on and jnp.dtype(weight_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+    return (dispatch.switch(GEMV_DOT_ENV, GEMV_ON_TENSOR_CORES)
+            and jnp.dtype(weight_dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
 
 
 def _gemv_kernel(id_ref, used_ref, x_ref, w_ref, o_ref, *, rows_per_input: int, block_k: int,

@@ -17,8 +17,6 @@ which is the computation model/moe_mlp.py has always run, built from the same pi
 """
 from __future__ import annotations
 
-import os
-
 import jax
 import jax.numpy as jnp
 
@@ -36,10 +34,7 @@ MAX_KERNEL_ROWS = 64
 
 def router_kernel_on() -> bool:
     """The switch: NINFER_MOE_ROUTER_KERNEL if set ("1" or "0"), else GPU_ROUTER_KERNEL."""
-    override = os.environ.get(ROUTER_ENV, "")
-    if override not in ("", "0", "1"):
-        raise ValueError(f"{ROUTER_ENV}={override!r}: expected 1 or 0")
-    return override == "1" if override else GPU_ROUTER_KERNEL
+    return dispatch.switch(ROUTER_ENV, GPU_ROUTER_KERNEL)
 
 
 def uses_router_kernel() -> bool:
