@@ -29,8 +29,7 @@ import os
 
 from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.gated_delta import kernel, reference, rows_kernel, wy
-from ninfer_jax.kernels.gated_delta.reference import (CHUNK_SIZE, L2_EPS,  # noqa: F401
-                                                      l2_normalised, split_heads)
+from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE, split_heads  # noqa: F401
 
 GPU_PREFILL = "kernel"
 GPU_ROWS_KERNEL = True
