@@ -54,9 +54,8 @@ def gated_rows(q, k, v, gates, recurrent, slots, *, interpret: bool = False):
     them apart for the kernel would be two copies)."""
     B, Hk, dk = k.shape
     Hv, dv = v.shape[1], v.shape[2]
-    block_dv = fit_tile(dv, BLOCK_DV, MIN_TILE)
-    if (block_dv is None or fit_tile(dk, dk, MIN_TILE) != dk or Hv % Hk
-            or recurrent.dtype != jnp.float32):
+    block_dv = _block_dv(recurrent, Hk)
+    if block_dv is None:
         return None
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     kernel = functools.partial(_rows_kernel, group=Hv // Hk)
@@ -86,11 +85,9 @@ def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
     tile."""
     B, D_c = mixed.shape[0], conv_weight.shape[1]
     Hv, dk, dv = recurrent.shape[1:]
-    block_dv = fit_tile(dv, BLOCK_DV, MIN_TILE)
+    block_dv = _block_dv(recurrent, key_heads)
     taps = conv_weight.shape[0]
-    if (block_dv is None or fit_tile(dk, dk, MIN_TILE) != dk or Hv % key_heads
-            or recurrent.dtype != jnp.float32 or D_c != 2 * key_heads * dk + Hv * dv
-            or taps < 2):
+    if block_dv is None or D_c != 2 * key_heads * dk + Hv * dv or taps < 2:
         return None
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     kernel = functools.partial(_conv_rows_kernel, group=Hv // key_heads,
@@ -159,13 +156,8 @@ def _conv_rows_kernel(slot_ref, x_ref, w_ref, conv_ref, gates_ref, state_ref, o_
         q = q * jax.lax.rsqrt(jnp.sum(q * q) + L2_EPS) * dk ** -0.5
         k = activated(k_at, dk)
         k = k * jax.lax.rsqrt(jnp.sum(k * k) + L2_EPS)
-        state = state_ref[slot, head, :, pl.ds(col, block_dv)]  # [dk, bv]
-        state = state * jnp.exp(gates_ref[0])  # gates: (g, beta)
-        predicted = jnp.sum(state * k[:, None], axis=0)  # S^T k
-        correction = (activated(v_at, block_dv) - predicted) * gates_ref[1]
-        state = state + k[:, None] * correction[None, :]
-        o_ref[...] = jnp.sum(state * q[:, None], axis=0)
-        new_ref[slot, head, :, pl.ds(col, block_dv)] = state
+        _apply_rule(q, k, activated(v_at, block_dv), gates_ref, state_ref, o_ref, new_ref,
+                    slot=slot, head=head, col=col)
 
 
 def _rows_kernel(slot_ref, q_ref, k_ref, v_ref, gates_ref, state_ref, o_ref, new_ref, *,
@@ -180,12 +172,30 @@ def _rows_kernel(slot_ref, q_ref, k_ref, v_ref, gates_ref, state_ref, o_ref, new
 
     @pl.when(slot != 0)
     def _():
-        q = q_ref[row, key_head, :].astype(jnp.float32)
-        k = k_ref[row, key_head, :].astype(jnp.float32)
-        state = state_ref[slot, head, :, pl.ds(col, block_dv)]  # [dk, bv]
-        state = state * jnp.exp(gates_ref[0])  # gates: (g, beta)
-        predicted = jnp.sum(state * k[:, None], axis=0)  # S^T k
-        correction = (v_ref[...].astype(jnp.float32) - predicted) * gates_ref[1]
-        state = state + k[:, None] * correction[None, :]
-        o_ref[...] = jnp.sum(state * q[:, None], axis=0)
-        new_ref[slot, head, :, pl.ds(col, block_dv)] = state
+        _apply_rule(q_ref[row, key_head, :].astype(jnp.float32),
+                    k_ref[row, key_head, :].astype(jnp.float32),
+                    v_ref[...].astype(jnp.float32), gates_ref, state_ref, o_ref, new_ref,
+                    slot=slot, head=head, col=col)
+
+
+def _block_dv(recurrent, key_heads: int) -> int | None:
+    """The dv columns per program for states recurrent [S, Hv, dk, dv], or None when the
+    shapes do not tile (or the state is not float32)."""
+    Hv, dk, dv = recurrent.shape[1:]
+    block_dv = fit_tile(dv, BLOCK_DV, MIN_TILE)
+    if (block_dv is None or fit_tile(dk, dk, MIN_TILE) != dk or Hv % key_heads
+            or recurrent.dtype != jnp.float32):
+        return None
+    return block_dv
+
+
+def _apply_rule(q, k, v, gates_ref, state_ref, o_ref, new_ref, *, slot, head, col):
+    """One token of the rule on the slot's state tile [dk, bv] at dv column `col`, in place:
+    q, k [dk], v [bv] float32, gates_ref (g, beta); o_ref [bv] gets S^T q."""
+    block_dv = o_ref.shape[0]
+    state = state_ref[slot, head, :, pl.ds(col, block_dv)]
+    state = state * jnp.exp(gates_ref[0])
+    predicted = jnp.sum(state * k[:, None], axis=0)  # S^T k
+    state = state + k[:, None] * ((v - predicted) * gates_ref[1])[None, :]
+    o_ref[...] = jnp.sum(state * q[:, None], axis=0)
+    new_ref[slot, head, :, pl.ds(col, block_dv)] = state
