@@ -175,13 +175,15 @@ DECODE_GRID = [
 
 
 @cpu_only
-@pytest.mark.parametrize("merge", ["kernel", "xla"])
+@pytest.mark.parametrize("merge", ["vector", "loop", "xla"])
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID)
 def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head_dim,
                                                            page_size, lengths, merge,
                                                            monkeypatch):
-    # Both merges: the kernel (empty splits store nothing) and XLA's (every split stores).
-    monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", 1 if merge == "kernel" else 10**6)
+    # Every merge: the kernel's two forms (empty splits store nothing) and XLA's (every split
+    # stores).
+    monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", 10**6 if merge == "xla" else 1)
+    monkeypatch.setenv(kernel.MERGE_VECTOR_ENV, "1" if merge == "vector" else "0")
     rng = np.random.default_rng(len(lengths) * head_dim + heads)
     k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
                                     num_kv_heads=kv_heads, head_dim=head_dim,
@@ -219,6 +221,32 @@ def test_merge_reads_only_the_splits_that_hold_a_rows_keys():
         weight = np.exp(m[:n, b] - m[:n, b].max(axis=0))
         want = (weight[..., None] * o[:n, b]).sum(0) / (weight * l[:n, b]).sum(0)[..., None]
         np.testing.assert_allclose(out[b], want, rtol=1e-5, atol=1e-6)
+
+
+@cpu_only
+@pytest.mark.parametrize("rows,padded", [(4, 16), (6, 16), (16, 16)])
+def test_vector_merge_reads_only_stored_splits_and_writes_the_real_rows(rows, padded):
+    """The vector merge over 3 splits in 4 slots (the fourth never stored, as the decode
+    kernel leaves it): NaN in every slot past a row's keys must not reach the output, the
+    result is the by-hand merge, and a power-of-two group writes only its real rows."""
+    rng = np.random.default_rng(rows)
+    splits, slots, batch, kv_heads, dim, split_tokens = 3, 4, 3, 2, 32, 32
+    lengths = np.array([1, 40, 96], np.int32)  # 1, 2 and 3 splits hold keys
+    used = -(-lengths // split_tokens)
+    o = rng.standard_normal((slots, batch, kv_heads, padded, dim)).astype(np.float32)
+    m = rng.standard_normal((slots, batch, kv_heads, padded)).astype(np.float32)
+    l = rng.uniform(0.5, 2.0, (slots, batch, kv_heads, padded)).astype(np.float32)
+    for b, n in enumerate(used):
+        o[n:, b], m[n:, b], l[n:, b] = np.nan, np.nan, np.nan
+    out = np.asarray(kernel._vector_merge_call(
+        jnp.asarray(o), jnp.asarray(m), jnp.asarray(l), jnp.asarray(lengths),
+        split_tokens=split_tokens, num_splits=splits, rows=rows, dtype=jnp.float32,
+        interpret=True))
+    assert out.shape == (batch, kv_heads, rows if rows in (4, 16) else padded, dim)
+    for b, n in enumerate(used):
+        weight = np.exp(m[:n, b] - m[:n, b].max(axis=0))
+        want = (weight[..., None] * o[:n, b]).sum(0) / (weight * l[:n, b]).sum(0)[..., None]
+        np.testing.assert_allclose(out[b], want[:, :out.shape[2]], rtol=1e-5, atol=1e-6)
 
 
 def test_decode_tuning_covers_the_table_and_splits_long_contexts():
@@ -269,12 +297,13 @@ def test_dispatch_prefers_kernels_on_gpu_unless_forced(monkeypatch):
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page_size", [(32, 8, 128, 16), (16, 2, 256, 8),
                                                                 (9, 3, 64, 64)])
-@pytest.mark.parametrize("merge_min_splits", [1, 10**6])
+@pytest.mark.parametrize("merge_min_splits,vector", [(1, "1"), (1, "0"), (10**6, "1")])
 def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size, merge_min_splits,
-                                       monkeypatch):
-    """The Triton lowering accepts every tile the tuning picks, with either merge (checked
+                                       vector, monkeypatch):
+    """The Triton lowering accepts every tile the tuning picks, with every merge (checked
     without a GPU)."""
     monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", merge_min_splits)
+    monkeypatch.setenv(kernel.MERGE_VECTOR_ENV, vector)
     rng = np.random.default_rng(0)
     k, v, table, lens = paged_setup(rng, batch=3, lengths=[300, 5, 77], num_kv_heads=kv_heads,
                                     head_dim=head_dim, page_size=page_size, dtype=jnp.bfloat16)
@@ -291,8 +320,12 @@ def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size, mer
 @needs_gpu
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID + [
     (32, 8, 128, 16, [1, 1000, 4097, 333, 2048, 17, 64, 999]),
+    (32, 8, 128, 16, [4000, 1]), (16, 2, 128, 16, [3000, 300]),  # batch-1 shapes, 21 splits
 ])
-def test_decode_kernel_on_gpu_matches_reference(heads, kv_heads, head_dim, page_size, lengths):
+@pytest.mark.parametrize("vector", ["1", "0"])
+def test_decode_kernel_on_gpu_matches_reference(heads, kv_heads, head_dim, page_size, lengths,
+                                                vector, monkeypatch):
+    monkeypatch.setenv(kernel.MERGE_VECTOR_ENV, vector)
     rng = np.random.default_rng(sum(lengths))
     k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
                                     num_kv_heads=kv_heads, head_dim=head_dim,

@@ -36,6 +36,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.paged_attention.reference import (DUMMY_PAGE, E2M1Pages, Int4Pages,
                                                           ScaledPages)
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
@@ -53,6 +54,20 @@ MASK_VALUE = -1e30
 MERGE_KERNEL_MIN_SPLITS = 8
 # The merge moves a few KiB per program; more warps only add synchronisation.
 NUM_MERGE_WARPS = 2
+# Whether the merge kernel folds all of a (row, kv head)'s splits at once: each program loads
+# every used split's partials of a slice of the head dim in one masked load and reduces over
+# the split axis, where the loop folds one split per iteration, each iteration's loads
+# waiting for the previous one's (num_stages=1). Why: at batch 1 the merge is latency, not
+# bytes: run 20's 8B step spent 0.245 ms in 36 merges (6.8 us each, as long as the decode
+# kernel itself) and run 57's 35B-A3B step 9.2 us per merge for 8 splits. The vector form
+# also writes only the G real query rows when G is a power of two (no slice after it).
+# NINFER_DECODE_MERGE_VECTOR ("1" / "0") overrides it while tracing.
+MERGE_VECTOR = True
+MERGE_VECTOR_ENV = "NINFER_DECODE_MERGE_VECTOR"
+# Partial values one vector-merge program holds (splits x query rows x head-dim slice): 16
+# float32 registers per thread at 4 warps.
+MERGE_VECTOR_ELEMENTS = 2048
+NUM_MERGE_VECTOR_WARPS = 4
 # What the decode kernel widens e4m3 (fp8) page codes to, read while tracing (so a benchmark
 # can set the module's value before it jits): "bfloat16" widens them to q's dtype, as every
 # other page kind (bfloat16 in the served models); "float16" widens them to float16 and feeds
@@ -325,14 +340,21 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     qg = jnp.pad(q.reshape(B, K, G, D), ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
     lengths = lengths.astype(jnp.int32)
     merge_kernel = tuning.num_splits >= MERGE_KERNEL_MIN_SPLITS
+    vector = merge_kernel and dispatch.switch(MERGE_VECTOR_ENV, MERGE_VECTOR)
     o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
-                           store_empty=not merge_kernel, interpret=interpret)
-    if merge_kernel:
-        out = _merge_call(o, m, l, lengths, split_tokens=tuning.pages_per_split * S,
-                          dtype=q.dtype, interpret=interpret)
+                           store_empty=not merge_kernel, interpret=interpret,
+                           split_slots=_next_power_of_2(tuning.num_splits) if vector else None)
+    split_tokens = tuning.pages_per_split * S
+    if vector:
+        out = _vector_merge_call(o, m, l, lengths, split_tokens=split_tokens,
+                                 num_splits=tuning.num_splits, rows=G, dtype=q.dtype,
+                                 interpret=interpret)
+    elif merge_kernel:
+        out = _merge_call(o, m, l, lengths, split_tokens=split_tokens, dtype=q.dtype,
+                          interpret=interpret)
     else:
         out = merge_splits(o, m, l).astype(q.dtype)
-    return out[:, :, :G, :].reshape(B, H, D)
+    return out[:, :, :G, :].reshape(B, H, D)  # no-op when the merge wrote G rows
 
 
 def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,
@@ -389,9 +411,11 @@ def merge_splits(o, m, l):
 
 
 def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeTuning,
-                 store_empty: bool, interpret: bool):
+                 store_empty: bool, interpret: bool, split_slots: int | None = None):
+    """Partials o [NS', B, K, Gp, D], m, l [NS', B, K, Gp] with NS' = split_slots (at least
+    the splits; the slots past them are never written) or the splits."""
     B, K, Gp, D = qg.shape
-    NS = tuning.num_splits
+    NS = split_slots or tuning.num_splits
     k_kind, v_kind = cache_kind(k_cache), cache_kind(v_cache)
     k_dot, v_dot = dot_operands(k_cache, v_cache)
     kernel = functools.partial(_decode_kernel, scale=scale, page_size=k_cache.shape[2],
@@ -404,7 +428,7 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
         cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]
     return pl.pallas_call(
         kernel,
-        grid=(B, K, NS),
+        grid=(B, K, tuning.num_splits),
         in_specs=[
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
             pl.BlockSpec((None, tuning.pages_per_split), lambda b, h, s: (b, s)),
@@ -439,6 +463,49 @@ def _merge_call(o, m, l, lengths, *, split_tokens: int, dtype, interpret: bool):
         out_specs=pl.BlockSpec((None, None, Gp, D), lambda b, h: (b, h, 0, 0)),
         out_shape=jax.ShapeDtypeStruct((B, K, Gp, D), dtype),
         compiler_params=pltriton.CompilerParams(num_warps=NUM_MERGE_WARPS, num_stages=1),
+        interpret=interpret,
+        name="ninfer_paged_decode_merge",
+    )(lengths, o, m, l)
+
+
+def _vector_merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int,
+                         num_splits: int):
+    """One (row, kv head, head-dim slice) program: every split that holds the row's keys
+    folded at once. o_ref [NS', R, Dc], m_ref / l_ref [NS', R] (R query rows, NS' split slots;
+    the slots from `used` on were never stored and are masked out of every load)."""
+    used = jnp.clip((length_ref[0] + split_tokens - 1) // split_tokens, 0, num_splits)
+    slots, rows = m_ref.shape
+    held = lax.broadcasted_iota(jnp.int32, (slots, rows), 0) < used
+    part_max = pltriton.load(m_ref, mask=held, other=MASK_VALUE)
+    part_sum = pltriton.load(l_ref, mask=held, other=0.0)
+    peak = jnp.max(part_max, axis=0)  # [R]; a row with no key: MASK_VALUE
+    weight = jnp.where(held, jnp.exp(part_max - peak[None, :]), 0.0)
+    total = jnp.sum(weight * part_sum, axis=0)
+    parts = pltriton.load(o_ref, mask=held[:, :, None], other=0.0)  # [NS', R, Dc]
+    acc = jnp.sum(parts * weight[:, :, None], axis=0)
+    out_ref[...] = (acc / jnp.maximum(total, 1e-30)[:, None]).astype(out_ref.dtype)
+
+
+def _vector_merge_call(o, m, l, lengths, *, split_tokens: int, num_splits: int, rows: int,
+                       dtype, interpret: bool):
+    """Partials in NS' (a power of two) split slots -> [B, K, R, D]: R = `rows` (the real
+    query rows of a kv head) when a power of two, else all Gp padded rows."""
+    slots, B, K, Gp, D = o.shape
+    R = rows if rows == _next_power_of_2(rows) else Gp
+    Dc = min(D, max(1, MERGE_VECTOR_ELEMENTS // (slots * R)))
+    kernel = functools.partial(_vector_merge_kernel, split_tokens=split_tokens,
+                               num_splits=num_splits)
+    return pl.pallas_call(
+        kernel,
+        grid=(B, K, D // Dc),
+        in_specs=[pl.BlockSpec((1,), lambda b, h, d: (b,)),
+                  pl.BlockSpec((slots, None, None, R, Dc), lambda b, h, d: (0, b, h, 0, d)),
+                  pl.BlockSpec((slots, None, None, R), lambda b, h, d: (0, b, h, 0)),
+                  pl.BlockSpec((slots, None, None, R), lambda b, h, d: (0, b, h, 0))],
+        out_specs=pl.BlockSpec((None, None, R, Dc), lambda b, h, d: (b, h, 0, d)),
+        out_shape=jax.ShapeDtypeStruct((B, K, R, D), dtype),
+        compiler_params=pltriton.CompilerParams(num_warps=NUM_MERGE_VECTOR_WARPS,
+                                                num_stages=1),
         interpret=interpret,
         name="ninfer_paged_decode_merge",
     )(lengths, o, m, l)
