@@ -663,7 +663,9 @@ def moe_section(shape=None, rows_list=(1, 2), sweep_rows=(2,), routings=8, inter
 
 def _moe_gemv_configs(tuned, assignments, k, n):
     """The tuning's tile, block_k x block_n at their tuned split count, and the tuning's tile
-    at every other split count that divides its blocks, with 8 warps, with 2 stages."""
+    at every other split count that divides its blocks, with 8 warps, with 2 stages; then the
+    tensor-core form (use_dot) at the tuning's tile with 1-3 stages and 4 / 8 warps, and at
+    wider tiles with 3 stages (a dot's operands pipeline where the FMA loop's did not)."""
     configs = [tuned]
     for tile in itertools.product((32, 64, 128), (64, 128, 256)):
         tiles = moe_tuning.gemv_tiles(assignments=assignments, k=k, n=n, tile=tile)
@@ -673,6 +675,13 @@ def _moe_gemv_configs(tuned, assignments, k, n):
     configs += [dataclasses.replace(tuned, num_splits=s) for s in (1, 2, 4, 8, 16, 32)
                 if blocks % s == 0 and s != tuned.num_splits]
     configs += [dataclasses.replace(tuned, num_stages=2), dataclasses.replace(tuned, num_warps=8)]
+    dot = dataclasses.replace(tuned, use_dot=True)
+    configs += [dataclasses.replace(dot, num_stages=stages, num_warps=warps)
+                for stages in (1, 2, 3) for warps in (4, 8)]
+    for tile in ((128, 128), (128, 64), (64, 256), (256, 64)):
+        tiles = moe_tuning.gemv_tiles(assignments=assignments, k=k, n=n, tile=tile)
+        if tiles is not None:
+            configs.append(dataclasses.replace(tiles, use_dot=True, num_stages=3))
     return list(dict.fromkeys(configs))
 
 

@@ -8,7 +8,8 @@
 # step, cold and warm start, 1 / 8 / 64 / 256 streams, interference; last measured on an H200
 # in run 49).
 # On any other card: the 35B-A3B at 1 / 8 rows with the defaults, with the loop merge
-# (NINFER_DECODE_MERGE_VECTOR=0) and with the tensor-core GEMV, then the fastest profiled.
+# (NINFER_DECODE_MERGE_VECTOR=0) and with the tensor-core GEMV, then kernel_bench's `moe`
+# sweep (the GEMV tiles, now with the tensor-core form at 1-3 stages) in the time left.
 # From the repository root, carry [".whl"]; one call, at most ~560 s:
 #   bash benchmarks/results/run61/device_run61.sh
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o61; rm -rf "$OUT"; mkdir -p "$OUT"
@@ -41,19 +42,10 @@ else
   moe35 moe35
   moe35 moe35-loopmerge NINFER_DECODE_MERGE_VECTOR=0
   grep -q "FAILED" "$OUT/pytest-gpu.log" || moe35 moe35-dot NINFER_MOE_GEMV_DOT=1
-  best=$(python3 - "$OUT" <<'PY'
-import json, sys, pathlib
-rate = {}
-for name in ("moe35", "moe35-dot"):
-    for line in (pathlib.Path(sys.argv[1]) / f"{name}.jsonl").read_text().splitlines() \
-            if (pathlib.Path(sys.argv[1]) / f"{name}.jsonl").exists() else []:
-        d = json.loads(line)
-        if d.get("op") == "decode" and d.get("batch") == 1:
-            rate[name] = d["tok_per_s"]
-print("1" if rate.get("moe35-dot", 0) > rate.get("moe35", 0) else "0")
-PY
-)
-  left=$(( 555 - $(date +%s) + t0 ))
-  [ $left -gt 90 ] && CAP=$(( left - 5 )) moe35 moe35-prof NINFER_MOE_GEMV_DOT=$best -- --profile /tmp/prof
+  left=$(( 550 - $(date +%s) + t0 ))
+  stamp "kernel-moe ($left s)"  # the GEMV tiles, the tensor-core form among them
+  [ $left -gt 60 ] && timeout -s ABRT $left python3 benchmarks/kernel_bench.py moe \
+    > "$OUT/kernel-moe.log" 2>&1
+  stamp "kernel-moe rc=$?"
 fi
 save; ls -la "$OUT"

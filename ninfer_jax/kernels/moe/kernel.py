@@ -191,9 +191,10 @@ def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, inte
     A, (_, K, n) = ids.shape[0], w.shape
     bk, bn, NS = tiles.block_k, tiles.block_n, tiles.num_splits
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
+    use_dot = gemv_on_tensor_cores(w.dtype) if tiles.use_dot is None else tiles.use_dot
     kernel = functools.partial(_gemv_kernel, rows_per_input=rows_per_input, block_k=bk,
                                num_blocks=K // bk // NS, activation=activation,
-                               act_dtype=act_dtype, use_dot=gemv_on_tensor_cores(w.dtype))
+                               act_dtype=act_dtype, use_dot=use_dot)
     return pl.pallas_call(
         kernel,
         grid=(A, n // bn, NS),

@@ -33,6 +33,9 @@ class GemvTiles:
     num_splits: int  # programs along K; their partial sums are added by XLA
     num_warps: int = 4
     num_stages: int = 1
+    # The tensor-core form (kernel.py GEMV_ON_TENSOR_CORES) for this call: None follows the
+    # switch (benchmarks sweep both).
+    use_dot: bool | None = None
 
 
 @dataclasses.dataclass(frozen=True)
