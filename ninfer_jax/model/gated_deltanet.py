@@ -51,14 +51,15 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
         mixed = linear(h, layer["in_qkv_grouped" if grouped else "in_qkv"])  # [N, D_c]
         z, b, a = (linear(h, layer[name]) for name in ("in_z", "in_b", "in_a"))
     conv_weight = layer["conv_grouped" if grouped else "conv"]
-    beta = jax.nn.sigmoid(b.astype(jnp.float32))
-    g = -jnp.exp(layer["A_log"].astype(jnp.float32)) * jax.nn.softplus(
-        a.astype(jnp.float32) + layer["dt_bias"].astype(jnp.float32))
-    gates = jnp.stack([g, beta], axis=-1)  # [N, Hv, 2]: one small fusion, not two
+    decay = (layer["A_log"], layer["dt_bias"])
+    # [N, Hv, 2]; None: _core takes each part's gates from mixed's b | a columns (the decode
+    # rows' fused kernel computes them itself, so a decode step has no fusion for them)
+    gates = None if "in_qkvzba" in layer and mesh is None else gated_delta.decay_gates(
+        b, a, *decay)
     slots = {"chunk_state_slot": batch.chunk_state_slot, "chunk_start": batch.chunk_start,
              "chunk_len": batch.chunk_len, "row_state_slots": batch.row_state_slots}
     core_fn = functools.partial(_core, num_chunk=ragged_batch.num_chunk_tokens(batch),
-                                config=config, chained=batch.chained_rows)
+                                config=config, chained=batch.chained_rows, decay=decay)
     if mesh is not None:
         if batch.chained_rows:
             raise NotImplementedError("chained verify rows are not built for tensor "
@@ -78,27 +79,41 @@ def gated_deltanet(h, layer, state: dict, batch: ragged_batch.RaggedBatch, confi
 
 
 def _core(mixed, gates, conv_weight, conv, recurrent, slots: dict, *, num_chunk: int,
-          config: ModelConfig, chained: bool = False):
+          config: ModelConfig, chained: bool = False, decay=None):
     """The conv and the delta rule of the chunk region, then of the rows: the outputs
     [N, Hv, dv] f32 and the updated conv and recurrent states (`chained`: the rows' states
     are not written but returned, [B, K-1, D_c] and [B, Hv, dk, dv]). The conv's inputs are
     mixed's first D_c columns: the rows' kernel reads them from the fused projection's
-    output in place. gates [N, Hv, 2]: the log decay g and beta."""
-    g, beta = gates[..., 0], gates[..., 1]
+    output in place. gates [N, Hv, 2]: the log decay g and beta; None: mixed is the fused
+    in_qkvzba output and each part's gates come from its b | a columns and decay =
+    (A_log, dt_bias)."""
     C, N, D_c = num_chunk, mixed.shape[0], conv_weight.shape[1]
     batch = types.SimpleNamespace(**slots)
+
+    def gates_of(part):  # [n, Hv, 2] of the rows in the slice `part`
+        if gates is not None:
+            return gates[part]
+        return gated_delta.fused_gates(mixed[part], decay, conv_dim=D_c,
+                                       value_heads=config.linear_num_value_heads,
+                                       value_head_dim=config.linear_value_head_dim)
+
     outputs, pending = [], ()
     if C:
-        out, conv, recurrent = _chunk(mixed[:C, :D_c], g[:C], beta[:C], conv_weight, conv,
-                                      recurrent, batch, config)
+        chunk_gates = gates_of(slice(None, C))
+        out, conv, recurrent = _chunk(mixed[:C, :D_c], chunk_gates[..., 0],
+                                      chunk_gates[..., 1], conv_weight, conv, recurrent, batch,
+                                      config)
         outputs.append(out)
     if N > C and chained:
-        out, *pending = _chained_rows(mixed[C:, :D_c], g[C:], beta[C:], conv_weight, conv,
-                                      recurrent, batch.row_state_slots, config)
+        row_gates = gates_of(slice(C, None))
+        out, *pending = _chained_rows(mixed[C:, :D_c], row_gates[..., 0], row_gates[..., 1],
+                                      conv_weight, conv, recurrent, batch.row_state_slots,
+                                      config)
         outputs.append(out)
     elif N > C:
-        out, conv, recurrent = _rows(mixed[C:], gates[C:], conv_weight, conv,
-                                     recurrent, batch.row_state_slots, config)
+        out, conv, recurrent = _rows(mixed[C:], None if gates is None else gates[C:], decay,
+                                     conv_weight, conv, recurrent, batch.row_state_slots,
+                                     config)
         outputs.append(out)
     return jnp.concatenate(outputs), conv, recurrent, *pending
 
@@ -122,14 +137,14 @@ def _chunk(mixed, g, beta, conv_weight, conv, recurrent, batch, config: ModelCon
     return out, conv, recurrent.at[slot].set(new_state)
 
 
-def _rows(mixed, gates, conv_weight, conv, recurrent, slots, config: ModelConfig):
+def _rows(mixed, gates, decay, conv_weight, conv, recurrent, slots, config: ModelConfig):
     """B independent one-token steps, row i on state slot slots[i]; padding rows (the dummy
     slot) write no recurrent state (kernels/gated_delta.conv_gated_delta_rows: on a GPU the
-    conv, its norms and the rule may be one kernel). Padding rows all store their window at
-    slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant."""
+    conv, its norms, the gates (gates None) and the rule may be one kernel). Padding rows all
+    store their window at slot 0 (DUMMY_STATE_SLOT); which of them lands is irrelevant."""
     out, window, recurrent = gated_delta.conv_gated_delta_rows(
         mixed, conv_weight, conv, gates, recurrent, slots,
-        key_heads=config.linear_num_key_heads)
+        key_heads=config.linear_num_key_heads, decay=decay)
     return out, conv.at[slots].set(window), recurrent
 
 

@@ -208,6 +208,43 @@ def conv_rows_inputs(rng, slots, *, hk, hv, dk, dv, num_slots=6, dtype=jnp.float
             + [jnp.asarray(slots, jnp.int32)])
 
 
+def fused_gate_inputs(rng, args, *, hv, dv):
+    """conv_rows_inputs' args as the model passes them for a fused in_qkvzba output: mixed
+    widened by z, b and a columns, gates None, and the decay (A_log, dt_bias); also the
+    gates reference.decay_gates makes of those b and a columns."""
+    mixed, conv_weight, conv, _, recurrent, slots = args
+    B = mixed.shape[0]
+    z, b, a = (rng.standard_normal((B, width)) for width in (hv * dv, hv, hv))
+    wide = jnp.concatenate([mixed, jnp.asarray(np.concatenate([z, b, a], 1), mixed.dtype)], 1)
+    decay = (jnp.asarray(rng.uniform(0, np.log(16), hv), jnp.float32),
+             jnp.asarray(rng.standard_normal(hv), jnp.float32))
+    gates = reference.decay_gates(wide[:, -2 * hv:-hv], wide[:, -hv:], *decay)
+    return (wide, conv_weight, conv, None, recurrent, slots), decay, gates
+
+
+def test_decay_gates_are_the_log_decay_and_beta():
+    rng = np.random.default_rng(16)
+    b, a = rng.standard_normal((3, 4)), rng.standard_normal((3, 4)) * 4
+    A_log, dt_bias = rng.uniform(0, 2, 4), rng.standard_normal(4)
+    gates = np.asarray(reference.decay_gates(*(jnp.asarray(x, jnp.float32)
+                                               for x in (b, a, A_log, dt_bias))))
+    np.testing.assert_allclose(gates[..., 0], -np.exp(A_log) * np.log1p(np.exp(a + dt_bias)),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(gates[..., 1], 1 / (1 + np.exp(-b)), rtol=1e-6)
+
+
+def test_conv_rows_reference_takes_the_gates_from_the_fused_columns():
+    """gates None: the reference reads b and a past q | k | v and z, as the model's fused
+    in_qkvzba output holds them, and agrees with the same rows given those gates."""
+    rng = np.random.default_rng(17)
+    args = conv_rows_inputs(rng, [3, 0, 1, 5], **ROW_SHAPE)
+    fused, decay, gates = fused_gate_inputs(rng, args, hv=4, dv=64)
+    got = reference.conv_gated_delta_rows(*fused, key_heads=2, decay=decay)
+    want = reference.conv_gated_delta_rows(fused[0], *fused[1:3], gates, *fused[4:],
+                                           key_heads=2)
+    assert_conv_rows_match(got, want, atol=0)
+
+
 def test_conv_rows_reference_is_the_conv_the_norms_and_one_scan_step_per_row():
     rng = np.random.default_rng(11)
     hk, hv, dk, dv = 2, 4, 8, 6
@@ -260,6 +297,23 @@ def test_fused_conv_rows_kernel_in_interpret_mode_matches_the_reference(slots, e
     assert_conv_rows_match(got, want, atol=2e-5)
 
 
+@pytest.mark.skipif(jax.default_backend() == "gpu", reason="the GPU runs it natively")
+def test_fused_conv_rows_kernel_computes_the_gates_from_the_fused_columns():
+    from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
+    rng = np.random.default_rng(18)
+    args = conv_rows_inputs(rng, [3, 0, 1, 5], dtype=jnp.bfloat16, **ROW_SHAPE)
+    fused, decay, _ = fused_gate_inputs(rng, args, hv=4, dv=64)
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(functools.partial(kernel.conv_gated_delta_rows, key_heads=2, decay=decay,
+                                        interpret=True))(*fused)
+        want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=2,
+                                         decay=decay))(*fused)
+    assert_conv_rows_match(got, want, atol=2e-5)
+    # mixed without the b | a columns where they should be: not this kernel's to guess
+    short = (fused[0][:, :-1],) + fused[1:]
+    assert kernel.conv_gated_delta_rows(*short, key_heads=2, decay=decay) is None
+
+
 def test_fused_conv_rows_kernel_refuses_shapes_it_does_not_tile():
     from ninfer_jax.kernels.gated_delta import rows_kernel as kernel
     args = conv_rows_inputs(np.random.default_rng(13), [1], hk=2, hv=4, dk=12, dv=64)
@@ -277,12 +331,20 @@ def test_fused_conv_rows_kernel_lowers_for_cuda_at_the_35b_a3b_shape():
             spec((B,), jnp.int32))
     fn = functools.partial(kernel.conv_gated_delta_rows, key_heads=16)
     assert "ninfer_conv_gated_delta_rows" in lowers_for_cuda(fn, *args)
+    # the gates from the fused projection's b | a columns (gates None)
+    wide = spec((B, D_c + 32 * 128 + 2 * 32), jnp.bfloat16)
+    decay = (spec((32,), jnp.float32), spec((32,), jnp.float32))
+    fn = functools.partial(kernel.conv_gated_delta_rows, key_heads=16)
+    lowered = lowers_for_cuda(lambda m, w, c, r, s, a, d: fn(m, w, c, None, r, s, decay=(a, d)),
+                              wide, *args[1:3], *args[4:], *decay)
+    assert "ninfer_conv_gated_delta_rows" in lowered
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a GPU")
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference(dtype):
+@pytest.mark.parametrize("dtype,fused_gates", [(jnp.float32, False), (jnp.bfloat16, False),
+                                               (jnp.float32, True), (jnp.bfloat16, True)])
+def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference(dtype, fused_gates):
     """float32 inputs: within 1e-4. bfloat16: the SiLU outputs are rounded to bfloat16
     before the rule (as the model does), and XLA's conv sums in another order than the
     kernel, so a rounding flips now and then: one bfloat16 step of a v value (~2^-7 at 2)
@@ -291,10 +353,15 @@ def test_fused_conv_rows_kernel_on_the_gpu_matches_the_reference(dtype):
     from ninfer_jax.kernels.gated_delta import rows_kernel
     rng = np.random.default_rng(14)
     args = conv_rows_inputs(rng, [3, 0, 1, 5, 0, 2, 4, 6], num_slots=8, dtype=dtype,
-                            hk=16, hv=32, dk=128, dv=128, extra=32 * 130)
-    got = jax.jit(functools.partial(rows_kernel.conv_gated_delta_rows, key_heads=16))(*args)
+                            hk=16, hv=32, dk=128, dv=128, extra=0 if fused_gates else 32 * 130)
+    decay = None
+    if fused_gates:
+        args, decay, _ = fused_gate_inputs(rng, args, hv=32, dv=128)
+    got = jax.jit(functools.partial(rows_kernel.conv_gated_delta_rows, key_heads=16,
+                                    decay=decay))(*args)
     with jax.default_matmul_precision("highest"):
-        want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=16))(*args)
+        want = jax.jit(functools.partial(reference.conv_gated_delta_rows, key_heads=16,
+                                         decay=decay))(*args)
     if dtype == jnp.float32:
         assert_conv_rows_match(got, want, atol=1e-4)
         return

@@ -277,12 +277,15 @@ def test_the_fused_rows_switch_needs_the_rows_kernel_and_its_override_wins(monke
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="interpret mode is for the CPU")
-@pytest.mark.parametrize("fused", ["1", "0"])
-def test_decode_rows_dispatch_takes_the_switched_kernel_and_agrees(monkeypatch, fused):
+@pytest.mark.parametrize("fused,fused_gates", [("1", False), ("0", False), ("1", True),
+                                               ("0", True)])
+def test_decode_rows_dispatch_takes_the_switched_kernel_and_agrees(monkeypatch, fused,
+                                                                   fused_gates):
     """With kernels on (interpret mode here), conv_gated_delta_rows runs the fused kernel or
-    XLA's conv before the rows kernel, per the switch; both equal the reference."""
+    XLA's conv before the rows kernel, per the switch, with the gates given or taken from the
+    fused projection's columns; all equal the reference."""
     from ninfer_jax.kernels.gated_delta import rows_kernel
-    from test_gated_delta import ROW_SHAPE, conv_rows_inputs
+    from test_gated_delta import ROW_SHAPE, conv_rows_inputs, fused_gate_inputs
     calls = []
 
     def spy(fn):
@@ -296,11 +299,14 @@ def test_decode_rows_dispatch_takes_the_switched_kernel_and_agrees(monkeypatch, 
     monkeypatch.setenv(gated_delta.FUSED_ROWS_ENV, fused)
     for name in ("conv_gated_delta_rows", "gated_rows"):
         monkeypatch.setattr(rows_kernel, name, spy(getattr(rows_kernel, name)))
-    args = conv_rows_inputs(np.random.default_rng(15), [3, 0, 1], dtype=jnp.bfloat16,
-                            **ROW_SHAPE)
+    rng = np.random.default_rng(15)
+    args = conv_rows_inputs(rng, [3, 0, 1], dtype=jnp.bfloat16, **ROW_SHAPE)
+    decay = None
+    if fused_gates:
+        args, decay, _ = fused_gate_inputs(rng, args, hv=4, dv=64)
     with jax.default_matmul_precision("highest"):
-        got = gated_delta.conv_gated_delta_rows(*args, key_heads=2)
-        want = reference.conv_gated_delta_rows(*args, key_heads=2)
+        got = gated_delta.conv_gated_delta_rows(*args, key_heads=2, decay=decay)
+        want = reference.conv_gated_delta_rows(*args, key_heads=2, decay=decay)
     assert calls == (["conv_gated_delta_rows"] if fused == "1" else ["gated_rows"])
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),

@@ -1,7 +1,8 @@
 #!/bin/bash
 # Run 61 (prepared 2026-12-07, fourteenth session): one call that makes the most of whichever
 # card comes. First the native tests of this session's kernels (the vector merge of the
-# paged decode partials, kernels/paged_attention/kernel.py MERGE_VECTOR, now the default; the
+# paged decode partials, kernels/paged_attention/kernel.py MERGE_VECTOR, and the Gated
+# DeltaNet gates computed inside the fused decode-rows kernel, both now the default; the
 # expert GEMV on the tensor cores, NINFER_MOE_GEMV_DOT=1, off).
 # On an H200: issue 11's 35B-A3B at 1 / 8 rows with the defaults (its 300 tok/s is an H200
 # figure; 273.4 on an H100 in run 58), then issue 10's live 8B server (run 53b's stages:
@@ -17,8 +18,8 @@ FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o61; rm -rf "$OUT"; mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/stages.log"
 save() { tar czf "$FINAL/run61.tgz" -C /tmp o61; }
 stamp gpu-tests
-timeout 120 python3 -m pytest -rA -m gpu tests/kernels/test_paged_attention.py \
-  tests/kernels/test_moe.py > "$OUT/pytest-gpu.log" 2>&1
+timeout 150 python3 -m pytest -rA -m gpu tests/kernels/test_paged_attention.py \
+  tests/kernels/test_moe.py tests/kernels/test_gated_delta.py > "$OUT/pytest-gpu.log" 2>&1
 stamp "gpu-tests rc=$?"; tail -1 "$OUT/pytest-gpu.log" | tee -a "$OUT/stages.log"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | cut -c1-200 | tee -a "$OUT/stages.log"; save
 moe35() {  # moe35 NAME [ENV=VALUE ...] [-- EXTRA ARGS]: the 35B-A3B's step at 1 / 8 rows

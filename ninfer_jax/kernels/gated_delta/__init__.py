@@ -29,7 +29,8 @@ import os
 
 from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.gated_delta import kernel, reference, rows_kernel, wy
-from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE, split_heads  # noqa: F401
+from ninfer_jax.kernels.gated_delta.reference import (CHUNK_SIZE, decay_gates,  # noqa: F401
+                                                      fused_gates, split_heads)
 
 GPU_PREFILL = "kernel"
 GPU_ROWS_KERNEL = True
@@ -89,14 +90,20 @@ def fused_rows_on() -> bool:
 
 
 def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
-                          key_heads: int):
+                          key_heads: int, decay=None):
     """Decode rows from the layer's in_qkv output through the conv; see
-    reference.conv_gated_delta_rows (the caller stores the returned windows at the slots)."""
+    reference.conv_gated_delta_rows (the caller stores the returned windows at the slots;
+    gates None: from mixed's b | a columns and decay, in the fused kernel on a GPU)."""
     if fused_rows_on() and dispatch.use_kernels():
         result = rows_kernel.conv_gated_delta_rows(mixed, conv_weight, conv, gates,
-                                                   recurrent, slots, key_heads=key_heads)
+                                                   recurrent, slots, key_heads=key_heads,
+                                                   decay=decay)
         if result is not None:
             return result
+    if gates is None:
+        gates = reference.fused_gates(mixed, decay, conv_dim=conv_weight.shape[1],
+                                      value_heads=recurrent.shape[1],
+                                      value_head_dim=recurrent.shape[3])
     q, k, v, window = reference.conv_rows_heads(mixed, conv_weight, conv, slots,
                                                 key_heads=key_heads,
                                                 head_dims=recurrent.shape[2:])

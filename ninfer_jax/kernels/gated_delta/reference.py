@@ -63,17 +63,40 @@ def gated_delta_rows(q, k, v, g, beta, recurrent, slots):
 
 
 def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
-                          key_heads: int):
+                          key_heads: int, decay=None):
     """Decode rows from the conv's inputs: mixed [B, >= D_c] (the in_qkv output, D_c = 2 Hk dk +
     Hv dv; columns past D_c are ignored, so a fused projection's output passes uncopied),
     conv_weight [K, D_c], conv [S, K-1, D_c] the slots' last K-1 inputs, gates f32
-    [B, Hv, 2] (g, beta), recurrent f32 [S, Hv, dk, dv], slots int32 [B]. Returns (out f32 [B, Hv, dv],
-    window [B, K-1, D_c] in conv's dtype: each row's last K-1 inputs after its token, for the
-    caller to store at its slot, recurrent as gated_delta_rows leaves it)."""
+    [B, Hv, 2] (g, beta) or None: then mixed is the fused in_qkvzba output and the gates come
+    from its b | a columns and decay = (A_log, dt_bias) (fused_gates), recurrent f32
+    [S, Hv, dk, dv], slots int32 [B]. Returns (out f32 [B, Hv, dv], window [B, K-1, D_c] in
+    conv's dtype: each row's last K-1 inputs after its token, for the caller to store at its
+    slot, recurrent as gated_delta_rows leaves it)."""
+    if gates is None:
+        gates = fused_gates(mixed, decay, conv_dim=conv_weight.shape[1],
+                            value_heads=recurrent.shape[1], value_head_dim=recurrent.shape[3])
     q, k, v, window = conv_rows_heads(mixed, conv_weight, conv, slots, key_heads=key_heads,
                                       head_dims=recurrent.shape[2:])
     out, recurrent = gated_delta_rows(q, k, v, gates[..., 0], gates[..., 1], recurrent, slots)
     return out, window, recurrent
+
+
+def decay_gates(b, a, A_log, dt_bias):
+    """The in_b and in_a products b, a [N, Hv] with the layer's A_log, dt_bias [Hv] -> gates
+    f32 [N, Hv, 2]: the log decay g = -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b)
+    (one array: one small fusion, not two)."""
+    beta = jax.nn.sigmoid(b.astype(jnp.float32))
+    g = -jnp.exp(A_log.astype(jnp.float32)) * jax.nn.softplus(
+        a.astype(jnp.float32) + dt_bias.astype(jnp.float32))
+    return jnp.stack([g, beta], axis=-1)
+
+
+def fused_gates(projected, decay, *, conv_dim: int, value_heads: int, value_head_dim: int):
+    """decay_gates of rows of the fused in_qkvzba output [N, D_c + Hv dv + 2 Hv] (q | k | v,
+    z, b, a), decay = (A_log, dt_bias)."""
+    at = conv_dim + value_heads * value_head_dim
+    return decay_gates(projected[:, at:at + value_heads],
+                       projected[:, at + value_heads:at + 2 * value_heads], *decay)
 
 
 def conv_rows_heads(mixed, conv_weight, conv, slots, *, key_heads: int,
