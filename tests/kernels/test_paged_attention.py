@@ -202,35 +202,15 @@ def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head
 
 
 @cpu_only
-def test_merge_reads_only_the_splits_that_hold_a_rows_keys():
-    """Splits past a row's length are never stored by the decode kernel, so the merge must not
-    read them: NaN there must not reach the output, and the result is the by-hand merge."""
-    rng = np.random.default_rng(7)
-    splits, batch, kv_heads, rows, dim, split_tokens = 4, 3, 2, 16, 8, 32
-    lengths = np.array([1, 40, 128], np.int32)  # 1, 2 and 4 splits hold keys
-    used = -(-lengths // split_tokens)
-    o = rng.standard_normal((splits, batch, kv_heads, rows, dim)).astype(np.float32)
-    m = rng.standard_normal((splits, batch, kv_heads, rows)).astype(np.float32)
-    l = rng.uniform(0.5, 2.0, (splits, batch, kv_heads, rows)).astype(np.float32)
-    for b, n in enumerate(used):
-        o[n:, b], m[n:, b], l[n:, b] = np.nan, np.nan, np.nan
-    out = np.asarray(kernel._merge_call(jnp.asarray(o), jnp.asarray(m), jnp.asarray(l),
-                                        jnp.asarray(lengths), split_tokens=split_tokens,
-                                        dtype=jnp.float32, interpret=True))
-    for b, n in enumerate(used):
-        weight = np.exp(m[:n, b] - m[:n, b].max(axis=0))
-        want = (weight[..., None] * o[:n, b]).sum(0) / (weight * l[:n, b]).sum(0)[..., None]
-        np.testing.assert_allclose(out[b], want, rtol=1e-5, atol=1e-6)
-
-
-@cpu_only
-@pytest.mark.parametrize("rows,padded", [(4, 16), (6, 16), (16, 16)])
-def test_vector_merge_reads_only_stored_splits_and_writes_the_real_rows(rows, padded):
-    """The vector merge over 3 splits in 4 slots (the fourth never stored, as the decode
-    kernel leaves it): NaN in every slot past a row's keys must not reach the output, the
-    result is the by-hand merge, and a power-of-two group writes only its real rows."""
+@pytest.mark.parametrize("form,rows", [("loop", 16), ("vector", 4), ("vector", 6),
+                                       ("vector", 16)])
+def test_merge_reads_only_the_splits_that_hold_a_rows_keys(form, rows):
+    """Splits past a row's length are never stored by the decode kernel (nor the split slots
+    past the splits, which the vector form allocates up to a power of two), so neither merge
+    may read them: NaN there must not reach the output, and the result is the by-hand merge.
+    The vector form writes only the real query rows of a power-of-two group."""
     rng = np.random.default_rng(rows)
-    splits, slots, batch, kv_heads, dim, split_tokens = 3, 4, 3, 2, 32, 32
+    splits, slots, batch, kv_heads, padded, dim, split_tokens = 3, 4, 3, 2, 16, 32, 32
     lengths = np.array([1, 40, 96], np.int32)  # 1, 2 and 3 splits hold keys
     used = -(-lengths // split_tokens)
     o = rng.standard_normal((slots, batch, kv_heads, padded, dim)).astype(np.float32)
@@ -238,15 +218,21 @@ def test_vector_merge_reads_only_stored_splits_and_writes_the_real_rows(rows, pa
     l = rng.uniform(0.5, 2.0, (slots, batch, kv_heads, padded)).astype(np.float32)
     for b, n in enumerate(used):
         o[n:, b], m[n:, b], l[n:, b] = np.nan, np.nan, np.nan
-    out = np.asarray(kernel._vector_merge_call(
-        jnp.asarray(o), jnp.asarray(m), jnp.asarray(l), jnp.asarray(lengths),
-        split_tokens=split_tokens, num_splits=splits, rows=rows, dtype=jnp.float32,
-        interpret=True))
-    assert out.shape == (batch, kv_heads, rows if rows in (4, 16) else padded, dim)
+    partials = (jnp.asarray(o), jnp.asarray(m), jnp.asarray(l), jnp.asarray(lengths))
+    if form == "loop":
+        out = kernel._merge_call(*partials, split_tokens=split_tokens, dtype=jnp.float32,
+                                 interpret=True)
+    else:
+        out = kernel._vector_merge_call(*partials, split_tokens=split_tokens,
+                                        num_splits=splits, rows=rows, dtype=jnp.float32,
+                                        interpret=True)
+    out = np.asarray(out)
+    written = rows if form == "vector" and rows in (4, 16) else padded
+    assert out.shape == (batch, kv_heads, written, dim)
     for b, n in enumerate(used):
         weight = np.exp(m[:n, b] - m[:n, b].max(axis=0))
         want = (weight[..., None] * o[:n, b]).sum(0) / (weight * l[:n, b]).sum(0)[..., None]
-        np.testing.assert_allclose(out[b], want[:, :out.shape[2]], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out[b], want[:, :written], rtol=1e-5, atol=1e-6)
 
 
 def test_decode_tuning_covers_the_table_and_splits_long_contexts():
