@@ -277,20 +277,22 @@ def test_the_fused_rows_switch_needs_the_rows_kernel_and_its_override_wins(monke
 
 
 @pytest.mark.skipif(jax.default_backend() == "gpu", reason="interpret mode is for the CPU")
-@pytest.mark.parametrize("fused,fused_gates", [("1", False), ("0", False), ("1", True),
-                                               ("0", True)])
+@pytest.mark.parametrize("fused,fused_gates", [("1", None), ("0", None), ("1", "1"),
+                                               ("1", "0"), ("0", "1")])
 def test_decode_rows_dispatch_takes_the_switched_kernel_and_agrees(monkeypatch, fused,
                                                                    fused_gates):
     """With kernels on (interpret mode here), conv_gated_delta_rows runs the fused kernel or
-    XLA's conv before the rows kernel, per the switch, with the gates given or taken from the
-    fused projection's columns; all equal the reference."""
+    XLA's conv before the rows kernel, per the switch, with the gates given (fused_gates
+    None) or taken from the fused projection's columns: by the fused kernel itself when its
+    gates switch is on, else by XLA first; all equal the reference."""
     from ninfer_jax.kernels.gated_delta import rows_kernel
     from test_gated_delta import ROW_SHAPE, conv_rows_inputs, fused_gate_inputs
-    calls = []
+    calls, given_gates = [], []
 
     def spy(fn):
         def call(*args, **kwargs):
             calls.append(fn.__name__)
+            given_gates.append(args[3])
             return fn(*args, **kwargs, interpret=True)
         return call
 
@@ -303,11 +305,14 @@ def test_decode_rows_dispatch_takes_the_switched_kernel_and_agrees(monkeypatch, 
     args = conv_rows_inputs(rng, [3, 0, 1], dtype=jnp.bfloat16, **ROW_SHAPE)
     decay = None
     if fused_gates:
+        monkeypatch.setenv(gated_delta.FUSED_GATES_ENV, fused_gates)
         args, decay, _ = fused_gate_inputs(rng, args, hv=4, dv=64)
     with jax.default_matmul_precision("highest"):
         got = gated_delta.conv_gated_delta_rows(*args, key_heads=2, decay=decay)
         want = reference.conv_gated_delta_rows(*args, key_heads=2, decay=decay)
     assert calls == (["conv_gated_delta_rows"] if fused == "1" else ["gated_rows"])
+    # the fused kernel gets no gates only when it is to make them itself
+    assert (given_gates[0] is None) == (fused == "1" and fused_gates == "1")
     for a, b in zip(got, want):
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                    atol=2e-5, rtol=2e-5)

@@ -1,16 +1,17 @@
 #!/bin/bash
 # Run 61 (prepared 2026-12-07, fourteenth session): one call that makes the most of whichever
-# card comes. First the native tests of this session's kernels (the vector merge of the
-# paged decode partials, kernels/paged_attention/kernel.py MERGE_VECTOR, and the Gated
-# DeltaNet gates computed inside the fused decode-rows kernel, both now the default; the
-# expert GEMV on the tensor cores, NINFER_MOE_GEMV_DOT=1, off).
-# On an H200: issue 11's 35B-A3B at 1 / 8 rows with the defaults (its 300 tok/s is an H200
-# figure; 273.4 on an H100 in run 58), then issue 10's live 8B server (run 53b's stages:
-# step, cold and warm start, 1 / 8 / 64 / 256 streams, interference; last measured on an H200
-# in run 49).
-# On any other card: the 35B-A3B at 1 / 8 rows with the defaults, with the loop merge
-# (NINFER_DECODE_MERGE_VECTOR=0) and with the tensor-core GEMV, then kernel_bench's `moe`
-# sweep (the GEMV tiles, now with the tensor-core form at 1-3 stages) in the time left.
+# card comes. First the native tests of this session's kernels, all three off by default
+# until a GPU runs them: the vector merge of the paged decode partials
+# (kernels/paged_attention/kernel.py MERGE_VECTOR, NINFER_DECODE_MERGE_VECTOR), the Gated
+# DeltaNet gates computed inside the fused decode-rows kernel (kernels/gated_delta
+# GPU_FUSED_GATES, NINFER_GDN_FUSED_GATES) and the expert GEMV on the tensor cores
+# (NINFER_MOE_GEMV_DOT). NEW below turns on the first two.
+# On an H200: issue 11's 35B-A3B at 1 / 8 rows with NEW (its 300 tok/s is an H200 figure;
+# 273.4 on an H100 in run 58), then issue 10's live 8B server (run 53b's stages: step, cold
+# and warm start, 1 / 8 / 64 / 256 streams, interference; last measured on an H200 in run 49).
+# On any other card: the 35B-A3B at 1 / 8 rows with the defaults, with NEW, and with NEW and
+# the tensor-core GEMV, then kernel_bench's `moe` sweep (the GEMV tiles, now with the
+# tensor-core form at 1-3 stages) in the time left.
 # From the repository root, carry [".whl"]; one call, at most ~560 s:
 #   bash benchmarks/results/run61/device_run61.sh
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o61; rm -rf "$OUT"; mkdir -p "$OUT"
@@ -32,8 +33,9 @@ moe35() {  # moe35 NAME [ENV=VALUE ...] [-- EXTRA ARGS]: the 35B-A3B's step at 1
   stamp "$name rc=$?"
   grep '"decode"' "$OUT/$name.jsonl" | cut -c1-220 | tee -a "$OUT/stages.log"; save
 }
+NEW="NINFER_DECODE_MERGE_VECTOR=1 NINFER_GDN_FUSED_GATES=1"
 if grep -q H200 "$OUT/stages.log"; then
-  moe35 moe35
+  moe35 moe35-new $NEW
   stamp live
   left=$(( 560 - $(date +%s) + t0 ))
   timeout $left python3 benchmarks/gpu_serve_bench.py --presets qwen3-8b --total $(( left - 5 )) \
@@ -41,8 +43,8 @@ if grep -q H200 "$OUT/stages.log"; then
   stamp "live rc=$?"; sed -n '/^stage  /,$p' "$OUT/gsb.out" | tee -a "$OUT/stages.log"
 else
   moe35 moe35
-  moe35 moe35-loopmerge NINFER_DECODE_MERGE_VECTOR=0
-  grep -q "FAILED" "$OUT/pytest-gpu.log" || moe35 moe35-dot NINFER_MOE_GEMV_DOT=1
+  moe35 moe35-new $NEW
+  grep -q "FAILED" "$OUT/pytest-gpu.log" || moe35 moe35-new-dot $NEW NINFER_MOE_GEMV_DOT=1
   left=$(( 550 - $(date +%s) + t0 ))
   stamp "kernel-moe ($left s)"  # the GEMV tiles, the tensor-core form among them
   [ $left -gt 60 ] && timeout -s ABRT $left python3 benchmarks/kernel_bench.py moe \

@@ -35,6 +35,11 @@ from ninfer_jax.kernels.gated_delta.reference import (CHUNK_SIZE, decay_gates,  
 GPU_PREFILL = "kernel"
 GPU_ROWS_KERNEL = True
 GPU_FUSED_ROWS = True
+# Whether the fused rows kernel also computes g and beta from the fused projection's b | a
+# columns when the model passes no gates (else one XLA fusion makes them first, as before).
+# Off until a GPU runs it (interpret-mode tests and the CUDA lowering pass).
+GPU_FUSED_GATES = False
+FUSED_GATES_ENV = "NINFER_GDN_FUSED_GATES"  # "1" / "0" overrides GPU_FUSED_GATES while tracing
 ROWS_ENV = "NINFER_GDN_ROWS_KERNEL"  # "1" / "0" overrides GPU_ROWS_KERNEL while tracing
 FUSED_ROWS_ENV = "NINFER_GDN_FUSED_ROWS"  # "1" / "0" overrides GPU_FUSED_ROWS while tracing
 PREFILL_ENV = "NINFER_GDN_PREFILL"
@@ -94,16 +99,22 @@ def conv_gated_delta_rows(mixed, conv_weight, conv, gates, recurrent, slots, *,
     """Decode rows from the layer's in_qkv output through the conv; see
     reference.conv_gated_delta_rows (the caller stores the returned windows at the slots;
     gates None: from mixed's b | a columns and decay, in the fused kernel on a GPU)."""
-    if fused_rows_on() and dispatch.use_kernels():
+    def xla_gates():
+        return reference.fused_gates(mixed, decay, conv_dim=conv_weight.shape[1],
+                                     value_heads=recurrent.shape[1],
+                                     value_head_dim=recurrent.shape[3])
+
+    kernels = fused_rows_on() and dispatch.use_kernels()
+    if gates is None and not (kernels and dispatch.switch(FUSED_GATES_ENV, GPU_FUSED_GATES)):
+        gates = xla_gates()
+    if kernels:
         result = rows_kernel.conv_gated_delta_rows(mixed, conv_weight, conv, gates,
                                                    recurrent, slots, key_heads=key_heads,
                                                    decay=decay)
         if result is not None:
             return result
     if gates is None:
-        gates = reference.fused_gates(mixed, decay, conv_dim=conv_weight.shape[1],
-                                      value_heads=recurrent.shape[1],
-                                      value_head_dim=recurrent.shape[3])
+        gates = xla_gates()
     q, k, v, window = reference.conv_rows_heads(mixed, conv_weight, conv, slots,
                                                 key_heads=key_heads,
                                                 head_dims=recurrent.shape[2:])

@@ -61,8 +61,9 @@ NUM_MERGE_WARPS = 2
 # bytes: run 20's 8B step spent 0.245 ms in 36 merges (6.8 us each, as long as the decode
 # kernel itself) and run 57's 35B-A3B step 9.2 us per merge for 8 splits. The vector form
 # also writes only the G real query rows when G is a power of two (no slice after it).
-# NINFER_DECODE_MERGE_VECTOR ("1" / "0") overrides it while tracing.
-MERGE_VECTOR = True
+# Off until a GPU runs it (interpret-mode tests and the CUDA lowering pass); NINFER_DECODE_
+# MERGE_VECTOR ("1" / "0") overrides it while tracing.
+MERGE_VECTOR = False
 MERGE_VECTOR_ENV = "NINFER_DECODE_MERGE_VECTOR"
 # Partial values one vector-merge program holds (splits x query rows x head-dim slice): 16
 # float32 registers per thread at 4 warps.
