@@ -196,7 +196,8 @@ def _dot_terms(terms, b, *, trans_b: bool = False):
 
 def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
                    page_size: int, pages_per_block: int, pages_per_split: int,
-                   store_empty: bool, k_kind: str, v_kind: str, k_dot, v_dot):
+                   store_empty: bool, k_kind: str, v_kind: str, k_dot, v_dot,
+                   dot_rows: int | None = None):
     """One (row, kv head, split) program. table_ref holds this split's pages only. refs: each
     cache's leaves (cache_leaves: codes, then 4-bit pages' block scales), then the key's and
     the value's per-token scale [P, K, S] when they have one, then the outputs. A key's
@@ -220,7 +221,12 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
     first_token = split * pages_per_split * page_size
     num_tokens = jnp.clip(length - first_token, 0, pages_per_split * page_size)
     num_blocks = (num_tokens + block_tokens - 1) // block_tokens
-    q = q_ref[...]  # [Gp, D]
+    if dot_rows is None:  # q_ref is the program's [Gp, D] block
+        q = q_ref[...]
+    else:  # q_ref is q [B, K, G, D] whole: its G rows, zeros up to the dot's Gp
+        rows = lax.broadcasted_iota(jnp.int32, (dot_rows, q_ref.shape[3]), 0)
+        q = pltriton.load(q_ref.at[pl.program_id(0), head, pl.ds(0, dot_rows), :],
+                          mask=rows < q_ref.shape[2], other=0.0)
     num_rows, head_dim = q.shape
     q_terms, logit_scale = [q], scale
     if k_dot is not None:  # made once per program: the query is the same for every block
@@ -331,14 +337,13 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     B, H, D = q.shape
     _, K, S, _ = k_cache.shape  # ScaledPages has the codes' shape
     G = H // K
-    Gp = max(MIN_DOT_ROWS, _next_power_of_2(G))
     W = page_table.shape[1]
     if tuning is None:
         tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W)
     padded_width = tuning.num_splits * tuning.pages_per_split
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
                     constant_values=DUMMY_PAGE)
-    qg = jnp.pad(q.reshape(B, K, G, D), ((0, 0), (0, 0), (0, Gp - G), (0, 0)))
+    qg = q.reshape(B, K, G, D)  # the kernel pads the group to Gp rows as it loads it
     lengths = lengths.astype(jnp.int32)
     merge_kernel = tuning.num_splits >= MERGE_KERNEL_MIN_SPLITS
     vector = merge_kernel and dispatch.switch(MERGE_VECTOR_ENV, MERGE_VECTOR)
@@ -414,8 +419,11 @@ def merge_splits(o, m, l):
 def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeTuning,
                  store_empty: bool, interpret: bool, split_slots: int | None = None):
     """Partials o [NS', B, K, Gp, D], m, l [NS', B, K, Gp] with NS' = split_slots (at least
-    the splits; the slots past them are never written) or the splits."""
-    B, K, Gp, D = qg.shape
+    the splits; the slots past them are never written) or the splits. qg [B, K, G, D]: G
+    query rows per kv head, padded to the dot's Gp >= MIN_DOT_ROWS (a power of two) as the
+    kernel loads them, where an XLA pad would be a kernel of its own per layer."""
+    B, K, G, D = qg.shape
+    Gp = max(MIN_DOT_ROWS, _next_power_of_2(G))
     NS = split_slots or tuning.num_splits
     k_kind, v_kind = cache_kind(k_cache), cache_kind(v_cache)
     k_dot, v_dot = dot_operands(k_cache, v_cache)
@@ -423,7 +431,7 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
                                pages_per_block=tuning.pages_per_block,
                                pages_per_split=tuning.pages_per_split,
                                store_empty=store_empty, k_kind=k_kind, v_kind=v_kind,
-                               k_dot=k_dot, v_dot=v_dot)
+                               k_dot=k_dot, v_dot=v_dot, dot_rows=None if G == Gp else Gp)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
     caches = cache_leaves(k_cache) + cache_leaves(v_cache) + [
         cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]
@@ -433,7 +441,8 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
         in_specs=[
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
             pl.BlockSpec((None, tuning.pages_per_split), lambda b, h, s: (b, s)),
-            pl.BlockSpec((None, None, Gp, D), lambda b, h, s: (b, h, 0, 0)),
+            pl.BlockSpec((None, None, Gp, D), lambda b, h, s: (b, h, 0, 0)) if G == Gp
+            else whole(qg),
             *[whole(cache) for cache in caches],
         ],
         out_specs=[
