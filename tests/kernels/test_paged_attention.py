@@ -202,13 +202,13 @@ def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head
 
 
 @cpu_only
-@pytest.mark.parametrize("form,rows", [("loop", 16), ("vector", 4), ("vector", 6),
-                                       ("vector", 16)])
+@pytest.mark.parametrize("form,rows", [("loop", 16), ("loop", 6), ("vector", 4),
+                                       ("vector", 6), ("vector", 16)])
 def test_merge_reads_only_the_splits_that_hold_a_rows_keys(form, rows):
     """Splits past a row's length are never stored by the decode kernel (nor the split slots
     past the splits, which the vector form allocates up to a power of two), so neither merge
     may read them: NaN there must not reach the output, and the result is the by-hand merge.
-    The vector form writes only the real query rows of a power-of-two group."""
+    Both write only the group's real query rows."""
     rng = np.random.default_rng(rows)
     splits, slots, batch, kv_heads, padded, dim, split_tokens = 3, 4, 3, 2, 16, 32, 32
     lengths = np.array([1, 40, 96], np.int32)  # 1, 2 and 3 splits hold keys
@@ -220,19 +220,18 @@ def test_merge_reads_only_the_splits_that_hold_a_rows_keys(form, rows):
         o[n:, b], m[n:, b], l[n:, b] = np.nan, np.nan, np.nan
     partials = (jnp.asarray(o), jnp.asarray(m), jnp.asarray(l), jnp.asarray(lengths))
     if form == "loop":
-        out = kernel._merge_call(*partials, split_tokens=split_tokens, dtype=jnp.float32,
-                                 interpret=True)
+        out = kernel._merge_call(*partials, split_tokens=split_tokens, rows=rows,
+                                 dtype=jnp.float32, interpret=True)
     else:
         out = kernel._vector_merge_call(*partials, split_tokens=split_tokens,
                                         num_splits=splits, rows=rows, dtype=jnp.float32,
                                         interpret=True)
     out = np.asarray(out)
-    written = rows if form == "vector" and rows in (4, 16) else padded
-    assert out.shape == (batch, kv_heads, written, dim)
+    assert out.shape == (batch, kv_heads, rows, dim)
     for b, n in enumerate(used):
         weight = np.exp(m[:n, b] - m[:n, b].max(axis=0))
         want = (weight[..., None] * o[:n, b]).sum(0) / (weight * l[:n, b]).sum(0)[..., None]
-        np.testing.assert_allclose(out[b], want[:, :written], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out[b], want[:, :rows], rtol=1e-5, atol=1e-6)
 
 
 def test_decode_tuning_covers_the_table_and_splits_long_contexts():

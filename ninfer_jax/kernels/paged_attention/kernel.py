@@ -16,8 +16,9 @@ partials per step (0.34 ms of a 5.2 ms step, run 18). Past MERGE_KERNEL_MIN_SPLI
 second Pallas kernel merges each (row, kv head) reading only the splits that hold its keys,
 and empty splits store nothing; with few splits the XLA merge is cheaper than one more launch
 (about 5 us per layer, run 18) and every split stores its partials. Query heads are padded
-to 16 rows (the minimum Triton matmul tile); the padding rows are zeros and are dropped after
-the merge.
+to 16 rows (the minimum Triton matmul tile) as the kernel loads them (a masked load: no XLA
+pad); the padding rows are zeros, and the merge kernels store only the real rows (after the
+XLA merge a slice drops them, inside its fusion).
 Layout: k_cache, v_cache [P, K, S, D], 8-bit ScaledPages or 4-bit E2M1Pages / Int4Pages
 (reference.py; a block of 4-bit codes is widened in registers: nibbles split and interleaved
 by a join, levels by integer arithmetic, times the block's e4m3 scales); partials
@@ -59,8 +60,7 @@ NUM_MERGE_WARPS = 2
 # the split axis, where the loop folds one split per iteration, each iteration's loads
 # waiting for the previous one's (num_stages=1). Why: at batch 1 the merge is latency, not
 # bytes: run 20's 8B step spent 0.245 ms in 36 merges (6.8 us each, as long as the decode
-# kernel itself) and run 57's 35B-A3B step 9.2 us per merge for 8 splits. The vector form
-# also writes only the G real query rows when G is a power of two (no slice after it).
+# kernel itself) and run 57's 35B-A3B step 9.2 us per merge for 8 splits.
 # Off until a GPU runs it (interpret-mode tests and the CUDA lowering pass); NINFER_DECODE_
 # MERGE_VECTOR ("1" / "0") overrides it while tracing.
 MERGE_VECTOR = False
@@ -299,10 +299,12 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
 
 def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int,
                   num_splits: int):
-    """One (row, kv head) program: fold the partials of the splits that hold its keys."""
+    """One (row, kv head) program: fold the partials of the splits that hold its keys.
+    out_ref [B, K, G, D] whole: the group's G real rows of the Gp merged are stored (masked),
+    so no slice follows."""
     row, head = pl.program_id(0), pl.program_id(1)
     used = jnp.clip((length_ref[0] + split_tokens - 1) // split_tokens, 0, num_splits)
-    num_rows, head_dim = out_ref.shape
+    num_rows, head_dim = o_ref.shape[3:]
 
     def body(split, carry):
         acc, running_max, running_sum = carry
@@ -318,7 +320,10 @@ def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int
             jnp.full((num_rows,), MASK_VALUE, jnp.float32),
             jnp.zeros((num_rows,), jnp.float32))
     acc, _, running_sum = lax.fori_loop(0, used, body, init)
-    out_ref[...] = (acc / jnp.maximum(running_sum, 1e-30)[:, None]).astype(out_ref.dtype)
+    rows = lax.broadcasted_iota(jnp.int32, (num_rows, head_dim), 0)
+    pltriton.store(out_ref.at[row, head, pl.ds(0, num_rows), :],
+                   (acc / jnp.maximum(running_sum, 1e-30)[:, None]).astype(out_ref.dtype),
+                   mask=rows < out_ref.shape[2])
 
 
 def supports(k_cache, v_cache) -> bool:
@@ -356,11 +361,11 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
                                  num_splits=tuning.num_splits, rows=G, dtype=q.dtype,
                                  interpret=interpret)
     elif merge_kernel:
-        out = _merge_call(o, m, l, lengths, split_tokens=split_tokens, dtype=q.dtype,
+        out = _merge_call(o, m, l, lengths, split_tokens=split_tokens, rows=G, dtype=q.dtype,
                           interpret=interpret)
     else:
         out = merge_splits(o, m, l).astype(q.dtype)
-    return out[:, :, :G, :].reshape(B, H, D)  # no-op when the merge wrote G rows
+    return out[:, :, :G, :].reshape(B, H, D)  # a merge kernel wrote the G rows: no-op
 
 
 def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: float,
@@ -462,16 +467,18 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
     )(lengths, table, qg, *caches)
 
 
-def _merge_call(o, m, l, lengths, *, split_tokens: int, dtype, interpret: bool):
+def _merge_call(o, m, l, lengths, *, split_tokens: int, rows: int, dtype, interpret: bool):
+    """Partials [NS, B, K, Gp, D] -> [B, K, rows, D]: the first `rows` (<= Gp) merged rows."""
     NS, B, K, Gp, D = o.shape
     kernel = functools.partial(_merge_kernel, split_tokens=split_tokens, num_splits=NS)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h: (0,) * a.ndim)  # noqa: E731
+    out_shape = jax.ShapeDtypeStruct((B, K, rows, D), dtype)
     return pl.pallas_call(
         kernel,
         grid=(B, K),
         in_specs=[pl.BlockSpec((1,), lambda b, h: (b,)), whole(o), whole(m), whole(l)],
-        out_specs=pl.BlockSpec((None, None, Gp, D), lambda b, h: (b, h, 0, 0)),
-        out_shape=jax.ShapeDtypeStruct((B, K, Gp, D), dtype),
+        out_specs=whole(out_shape),
+        out_shape=out_shape,
         compiler_params=pltriton.CompilerParams(num_warps=NUM_MERGE_WARPS, num_stages=1),
         interpret=interpret,
         name="ninfer_paged_decode_merge",
@@ -482,7 +489,8 @@ def _vector_merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_toke
                          num_splits: int):
     """One (row, kv head, head-dim slice) program: every split that holds the row's keys
     folded at once. o_ref [NS', R, Dc], m_ref / l_ref [NS', R] (R query rows, NS' split slots;
-    the slots from `used` on were never stored and are masked out of every load)."""
+    the slots from `used` on were never stored and are masked out of every load); out_ref
+    [B, K, G, D] whole, of which the program stores its G real rows' slice (masked)."""
     used = jnp.clip((length_ref[0] + split_tokens - 1) // split_tokens, 0, num_splits)
     slots, rows = m_ref.shape
     held = lax.broadcasted_iota(jnp.int32, (slots, rows), 0) < used
@@ -493,13 +501,19 @@ def _vector_merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_toke
     total = jnp.sum(weight * part_sum, axis=0)
     parts = pltriton.load(o_ref, mask=held[:, :, None], other=0.0)  # [NS', R, Dc]
     acc = jnp.sum(parts * weight[:, :, None], axis=0)
-    out_ref[...] = (acc / jnp.maximum(total, 1e-30)[:, None]).astype(out_ref.dtype)
+    width = acc.shape[1]
+    columns = pl.ds(pl.multiple_of(pl.program_id(2) * width, width), width)
+    real = lax.broadcasted_iota(jnp.int32, (rows, width), 0) < out_ref.shape[2]
+    pltriton.store(out_ref.at[pl.program_id(0), pl.program_id(1), pl.ds(0, rows), columns],
+                   (acc / jnp.maximum(total, 1e-30)[:, None]).astype(out_ref.dtype),
+                   mask=real)
 
 
 def _vector_merge_call(o, m, l, lengths, *, split_tokens: int, num_splits: int, rows: int,
                        dtype, interpret: bool):
-    """Partials in NS' (a power of two) split slots -> [B, K, R, D]: R = `rows` (the real
-    query rows of a kv head) when a power of two, else all Gp padded rows."""
+    """Partials in NS' (a power of two) split slots -> [B, K, rows, D] (`rows` <= Gp: the
+    real query rows of a kv head). R, the rows each program folds, is `rows` when a power of
+    two (the padding rows' partials are not read), else Gp."""
     slots, B, K, Gp, D = o.shape
     R = rows if rows == _next_power_of_2(rows) else Gp
     Dc = min(D, max(1, MERGE_VECTOR_ELEMENTS // (slots * R)))
@@ -512,8 +526,8 @@ def _vector_merge_call(o, m, l, lengths, *, split_tokens: int, num_splits: int, 
                   pl.BlockSpec((slots, None, None, R, Dc), lambda b, h, d: (0, b, h, 0, d)),
                   pl.BlockSpec((slots, None, None, R), lambda b, h, d: (0, b, h, 0)),
                   pl.BlockSpec((slots, None, None, R), lambda b, h, d: (0, b, h, 0))],
-        out_specs=pl.BlockSpec((None, None, R, Dc), lambda b, h, d: (b, h, 0, d)),
-        out_shape=jax.ShapeDtypeStruct((B, K, R, D), dtype),
+        out_specs=pl.BlockSpec((B, K, rows, D), lambda b, h, d: (0, 0, 0, 0)),
+        out_shape=jax.ShapeDtypeStruct((B, K, rows, D), dtype),
         compiler_params=pltriton.CompilerParams(num_warps=NUM_MERGE_VECTOR_WARPS,
                                                 num_stages=1),
         interpret=interpret,
