@@ -34,7 +34,8 @@ TRACED_SOURCES = ("model", "kernels", "engine/runner.py")
 # kernels/gated_delta, kernels/quant_matmul). Run 36 lost its A/B to their absence here.
 TRACE_ENV = ("NINFER_FORCE_REFERENCE", "NINFER_GDN_PREFILL", "NINFER_GDN_ROWS_KERNEL",
              "NINFER_GDN_FUSED_ROWS", "NINFER_MOE_ROUTER_KERNEL", "NINFER_MOE_GEMV_DOT",
-             "NINFER_W8A8", "NINFER_DECODE_MERGE_VECTOR", "NINFER_GDN_FUSED_GATES")
+             "NINFER_W8A8", "NINFER_DECODE_MERGE_VECTOR", "NINFER_GDN_FUSED_GATES",
+             "NINFER_ADD_NORM_KERNEL")
 
 
 @functools.lru_cache(maxsize=1)

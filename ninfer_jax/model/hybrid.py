@@ -32,7 +32,8 @@ from ninfer_jax.kernels import paged_attention
 from ninfer_jax.model import dflash, multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
-from ninfer_jax.model.layers import (apply_partial_rope, embed, linear, mrope_tables,
+from ninfer_jax.model.layers import (add_rms_norm, apply_partial_rope, embed, linear,
+                                     mrope_tables,
                                      rope_inverse_frequencies, rope_tables, split_columns,
                                      swiglu_mlp, zero_centred_rms_norm)
 from ninfer_jax.model.multimodal import MediaRows
@@ -162,8 +163,8 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
             mixed, cache = gated_attention(h, layer, cache, rope, slots, attend, config)
         else:
             mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
-        x = x + mixed
-        h = zero_centred_rms_norm(x, layer["mlp_norm"], config.rms_norm_eps)
+        x, h = add_rms_norm(x, mixed, layer["mlp_norm"], config.rms_norm_eps,
+                            zero_centred=True)
         x = x + (moe_mlp(h, layer, config, mesh, live) if config.is_moe_layer(i)
                  else swiglu_mlp(h, layer, groups))
         if deepstack is not None and i < deepstack.shape[0]:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ninfer_jax.kernels import quant_matmul
+from ninfer_jax.kernels import norms, quant_matmul
 from ninfer_jax.model.tensor_parallel import split_fused
 
 
@@ -75,6 +75,21 @@ def zero_centred_rms_norm(x, weight, eps: float):
     x32 = x.astype(jnp.float32)
     normed = x32 * jnp.reciprocal(jnp.sqrt(mean_square(x32) + eps))
     return (normed * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+
+
+def add_rms_norm(x, delta, weight, eps: float, *, zero_centred: bool = False):
+    """The residual stream's x + delta and its RMSNorm (zero_centred: the hybrid families'
+    1 + weight): (x + delta, normed), both in x's dtype. One kernel on a GPU when
+    kernels/norms' switch is on (XLA's add and norm are a fusion each); else exactly the
+    add, then rms_norm or zero_centred_rms_norm."""
+    if norms.add_norm_kernel_on():
+        from ninfer_jax.kernels.norms import kernel
+
+        fused = kernel.add_rms_norm(x, delta, weight, eps=eps, zero_centred=zero_centred)
+        if fused is not None:
+            return fused
+    x = x + delta
+    return x, (zero_centred_rms_norm if zero_centred else rms_norm)(x, weight, eps)
 
 
 def split_columns(y, widths):

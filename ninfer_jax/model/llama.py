@@ -34,8 +34,9 @@ import jax.numpy as jnp
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.model import dflash, multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.layers import (apply_rope, embed, linear, mrope_tables, rms_norm,
-                                     rope_inverse_frequencies, rope_tables, swiglu_mlp, tied_head)
+from ninfer_jax.model.layers import (add_rms_norm, apply_rope, embed, linear, mrope_tables,
+                                     rms_norm, rope_inverse_frequencies, rope_tables,
+                                     swiglu_mlp, tied_head)
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.vision.mrope import frequency_axes
 
@@ -114,8 +115,8 @@ def _layers(params, kv, x, rope, slots, attend, config: ModelConfig, groups: int
     for index, (layer, cache) in enumerate(zip(params["layers"], kv)):
         h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
         attn_out, cache = _attention(h, layer, cache, cos, sin, slots, attend, config, groups)
-        x = x + attn_out
-        x = x + swiglu_mlp(rms_norm(x, layer["mlp_norm"], config.rms_norm_eps), layer, groups)
+        x, h = add_rms_norm(x, attn_out, layer["mlp_norm"], config.rms_norm_eps)
+        x = x + swiglu_mlp(h, layer, groups)
         if deepstack is not None and index < deepstack.shape[0]:
             x = x + deepstack[index].astype(x.dtype)
         new_kv.append(cache)
