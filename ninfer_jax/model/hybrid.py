@@ -33,9 +33,8 @@ from ninfer_jax.model import dflash, multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
 from ninfer_jax.model.layers import (add_rms_norm, apply_partial_rope, embed, linear,
-                                     mrope_tables,
-                                     rope_inverse_frequencies, rope_tables, split_columns,
-                                     swiglu_mlp, zero_centred_rms_norm)
+                                     mrope_tables, rope_inverse_frequencies, rope_tables,
+                                     split_columns, swiglu_mlp, zero_centred_rms_norm)
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.vision.mrope import frequency_axes
 from ninfer_jax.model.moe_mlp import moe_mlp
