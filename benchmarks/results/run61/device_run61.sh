@@ -16,7 +16,7 @@
 # On any other card: the 35B-A3B at 1 / 8 rows with the defaults, with NEW, and with NEW and
 # the tensor-core GEMV, then kernel_bench's `moe` sweep (the GEMV tiles, now with the
 # tensor-core form at 1-3 stages) in the time left.
-# From the repository root, carry [".whl"]; one call, at most ~560 s:
+# From the repository root, carry [".whl"]; one call, at most ~560 s (END=S: S seconds):
 #   bash benchmarks/results/run61/device_run61.sh
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o61; rm -rf "$OUT"; mkdir -p "$OUT"
 . benchmarks/device_common.sh
@@ -43,7 +43,7 @@ PASSED=1; grep -qE "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" && PASSED=0
 if grep -q H200 "$OUT/stages.log"; then
   if [ $PASSED = 1 ]; then moe35 moe35-new $NEW; else moe35 moe35; fi
   stamp live
-  left=$(( 560 - $(date +%s) + t0 ))
+  left=$(( ${END:-560} - $(date +%s) + t0 ))
   timeout $left python3 benchmarks/gpu_serve_bench.py --presets qwen3-8b --total $(( left - 5 )) \
     --stages install,artifact,step,cold,warm,load,interference --out "$OUT/gsb" > "$OUT/gsb.out" 2>&1
   stamp "live rc=$?"; sed -n '/^stage  /,$p' "$OUT/gsb.out" | tee -a "$OUT/stages.log"
@@ -51,7 +51,7 @@ else
   moe35 moe35
   [ $PASSED = 1 ] && moe35 moe35-new $NEW
   [ $PASSED = 1 ] && moe35 moe35-new-dot $NEW NINFER_MOE_GEMV_DOT=1
-  left=$(( 550 - $(date +%s) + t0 ))
+  left=$(( ${END:-560} - 10 - $(date +%s) + t0 ))
   stamp "kernel-moe ($left s)"  # the GEMV tiles, the tensor-core form among them
   [ $left -gt 60 ] && timeout -s ABRT $left python3 benchmarks/kernel_bench.py moe \
     > "$OUT/kernel-moe.log" 2>&1
