@@ -39,6 +39,7 @@ from ninfer_jax.kernels.quant_matmul import kernel as qm_kernel
 from ninfer_jax.kernels.quant_matmul import reference as qm_reference
 from ninfer_jax.kernels.quant_matmul import w8a8 as qm_w8a8
 from ninfer_jax.kernels.quant_matmul.formats import stored_bytes
+from ninfer_jax.kernels.skinny_matmul import kernel as skinny_kernel
 from ninfer_jax.kernels.quant_matmul import gemv as qm_gemv
 from ninfer_jax.kernels.quant_matmul.tuning import (GEMV_TARGET_PROGRAMS, MatmulTuning,
                                                     matmul_tuning)
@@ -735,6 +736,57 @@ def _moe_record(fn, args, weights, moved, iters, routings, tags, check=None,
         moe_kernel.ACTIVATION_AT = previous
 
 
+# The 8B's projections (K, N) as the runner joins them: q|k|v, o, gate|up, down.
+SKINNY_SHAPES = {"qkv": (4096, 6144), "o": (4096, 4096), "gate_up": (4096, 28672),
+                 "down": (14336, 4096)}
+# (block_k, block_n, warps, stages, target programs) tried besides the default tiles
+SKINNY_TILES = [(128, 64, 4, 4, 264), (256, 64, 4, 4, 264), (64, 128, 4, 4, 264),
+                (128, 128, 8, 3, 264), (256, 128, 4, 3, 264), (128, 128, 4, 4, 528),
+                (128, 128, 4, 4, 132)]
+
+
+def skinny_section(shapes=None, rows_list=(1, 2, 8), copies=8, configs=None, interpret=False,
+                   iters=10):
+    """Issue 10's batch 1 (>= 240 tok/s needs the 8B's 15 GB of projections faster than
+    XLA's 3.4-4.2 TB/s of run 20): kernels/skinny_matmul (split-K on the tensor cores, rows
+    padded by a masked load, weight tiles pipelined) against XLA's bf16 dot on the 8B's four
+    projections at 1 / 2 / 8 rows, `copies` weights in turn (past L2), the default tiles and
+    SKINNY_TILES. `shapes`, `configs`, `interpret` and `iters` are for the CPU smoke test."""
+    shapes = shapes or SKINNY_SHAPES
+    configs = SKINNY_TILES if configs is None else configs
+    for name, (k, n) in shapes.items():
+        keys = jax.random.split(jax.random.PRNGKey(17), copies)
+        weights = [jax.random.normal(key, (k, n), jnp.bfloat16) * 0.02 for key in keys]
+        moved = copies * k * n * 2
+        for rows in rows_list:
+            x = jax.random.normal(jax.random.PRNGKey(18), (rows, k), jnp.bfloat16)
+            base = dict(op="skinny", shape=name, k=k, n=n, rows=rows, tag="skinny")
+            if not interpret:
+                seconds = time_op(lambda x, ws: [x @ w for w in ws], x, weights, iters=iters)
+                rec.add(**base, path="xla", us=seconds / copies * 1e6,
+                        tbps=moved / seconds / 1e12)
+            tilings = [skinny_kernel.skinny_tiles(k=k, n=n)] + [
+                skinny_kernel.skinny_tiles(k=k, n=n, block_k=bk, block_n=bn, num_warps=warps,
+                                           num_stages=stages, target_programs=target)
+                for bk, bn, warps, stages, target in configs]
+            for tiles in dict.fromkeys(t for t in tilings if t is not None):
+                _skinny_one(x, weights, tiles, moved, base, interpret, iters)
+
+
+def _skinny_one(x, weights, tiles, moved, base, interpret, iters):
+    try:
+        def run(x, ws):
+            return [skinny_kernel.skinny_matmul(x, w, tiles=tiles, interpret=interpret)
+                    for w in ws]
+        err = rel_err(jax.jit(run)(x, weights[:1])[0],
+                      jnp.dot(x, weights[0], preferred_element_type=jnp.float32))
+        seconds = time_op(run, x, weights, iters=iters)
+        rec.add(**base, path="pallas", tuning=str(tiles), us=seconds / len(weights) * 1e6,
+                tbps=moved / seconds / 1e12, err=err)
+    except Exception as err:  # noqa: BLE001 - a config the compiler rejects is a result
+        rec.add(**base, path="pallas", tuning=str(tiles), error=repr(err)[:300])
+
+
 def ceilings_section():
     rec.add(op="ceilings", copy_tbps=copy_bandwidth() / 1e12,
             bf16_matmul_tflops=matmul_rate() / 1e12, gemv_tbps=gemv_bandwidth() / 1e12,
@@ -746,7 +798,7 @@ SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": swe
             "kvsweep": kv_sweep_section, "gemvsweep": gemv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
             "qquick": quant_quick_section, "w8a8": w8a8_section, "dotsweep": dot_sweep_section,
-            "moe": moe_section,
+            "moe": moe_section, "skinny": skinny_section,
             # one 8B projection each (a device command has 10 minutes)
             **{f"w8a8-{name}": functools.partial(w8a8_section, shapes=[shape])
                for name, shape in W8A8_SHAPES.items()}}

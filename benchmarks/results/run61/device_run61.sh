@@ -25,6 +25,7 @@ save() { tar czf "$FINAL/run61.tgz" -C /tmp o61; }
 stamp gpu-tests
 timeout 170 python3 -m pytest -rA -m gpu tests/kernels/test_paged_attention.py \
   tests/kernels/test_moe.py tests/kernels/test_gated_delta.py tests/kernels/test_add_norm.py \
+  tests/kernels/test_skinny_matmul.py \
   > "$OUT/pytest-gpu.log" 2>&1
 stamp "gpu-tests rc=$?"; tail -1 "$OUT/pytest-gpu.log" | tee -a "$OUT/stages.log"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | cut -c1-200 | tee -a "$OUT/stages.log"; save
@@ -39,7 +40,8 @@ moe35() {  # moe35 NAME [ENV=VALUE ...] [-- EXTRA ARGS]: the 35B-A3B's step at 1
   grep '"decode"' "$OUT/$name.jsonl" | cut -c1-220 | tee -a "$OUT/stages.log"; save
 }
 NEW="NINFER_DECODE_MERGE_VECTOR=1 NINFER_GDN_FUSED_GATES=1 NINFER_ADD_NORM_KERNEL=1"
-PASSED=1; grep -qE "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" && PASSED=0
+PASSED=1  # NEW's kernels' tests (the skinny matmul is not in NEW)
+grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | grep -qv test_skinny_matmul && PASSED=0
 if grep -q H200 "$OUT/stages.log"; then
   if [ $PASSED = 1 ]; then moe35 moe35-new $NEW; else moe35 moe35; fi
   stamp live

@@ -1,0 +1,68 @@
+"""The skinny (decode) 16-bit matmul (kernels/skinny_matmul): the kernel against its twin in
+interpret mode over 1 / 2 / 5 / 16 rows, one and several K splits, float32 and bfloat16; what
+it declines; its tiles; the CUDA lowering at the 8B's projections; natively on the GPU."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu
+
+from ninfer_jax.kernels.skinny_matmul import kernel, reference
+from ninfer_jax.kernels.skinny_matmul.kernel import SkinnyTiles, skinny_tiles
+
+
+@cpu_only
+@pytest.mark.parametrize("rows", [1, 2, 5, 16])
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kernel_in_interpret_mode_matches_the_reference(rows, splits, dtype):
+    rng = np.random.default_rng(rows * 10 + splits)
+    x = jnp.asarray(rng.standard_normal((rows, 128)), dtype)
+    w = jnp.asarray(rng.standard_normal((128, 96)) * 0.1, dtype)
+    tiles = SkinnyTiles(block_k=32, block_n=32, num_splits=splits, num_stages=1)
+    got = jax.jit(functools.partial(kernel.skinny_matmul, tiles=tiles, interpret=True))(x, w)
+    want = reference.skinny_matmul(x, w)
+    assert got.dtype == dtype and got.shape == (rows, 96)
+    tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=tolerance, atol=tolerance)
+
+
+def test_kernel_declines_what_it_does_not_cover():
+    w = jnp.zeros((128, 64), jnp.bfloat16)
+    assert kernel.skinny_matmul(jnp.zeros((17, 128), jnp.bfloat16), w) is None
+    assert kernel.skinny_matmul(jnp.zeros((2, 128), jnp.float32), w) is None
+    assert kernel.skinny_matmul(jnp.zeros((2, 128), jnp.bfloat16),
+                                jnp.zeros((128, 24), jnp.bfloat16)) is None
+
+
+def test_tiles_divide_the_weight_and_split_small_ones():
+    for k, n in ((4096, 6144), (4096, 4096), (4096, 28672), (14336, 4096)):
+        tiles = skinny_tiles(k=k, n=n)
+        assert k % (tiles.block_k * tiles.num_splits) == 0 and n % tiles.block_n == 0
+        assert k // tiles.block_k // tiles.num_splits >= 4
+    assert skinny_tiles(k=4096, n=4096).num_splits > 1  # 32 column blocks alone: too few
+    assert skinny_tiles(k=4096, n=28672).num_splits == 2
+
+
+@pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096)])
+def test_kernel_lowers_for_cuda(k, n):
+    spec = jax.ShapeDtypeStruct
+    text = lowers_for_cuda(kernel.skinny_matmul, spec((2, k), jnp.bfloat16),
+                           spec((k, n), jnp.bfloat16))
+    assert "ninfer_skinny_matmul" in text
+
+
+@needs_gpu
+@pytest.mark.parametrize("rows", [1, 2, 8])
+def test_kernel_on_the_gpu_matches_the_reference(rows):
+    rng = np.random.default_rng(rows)
+    x = jnp.asarray(rng.standard_normal((rows, 4096)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((4096, 6144)) * 0.02, jnp.bfloat16)
+    got = np.asarray(kernel.skinny_matmul(x, w), np.float32)
+    want = np.asarray(reference.skinny_matmul(x, w), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
