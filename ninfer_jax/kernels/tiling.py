@@ -1,4 +1,4 @@
-"""Tile fitting shared by the Triton-lowered kernels' tunings (quant_matmul, moe).
+"""Tile sizes shared by the Triton-lowered kernels (quant_matmul, moe, paged_attention, norms).
 
 A tile must be a power of two (Triton) and divide the weight's side exactly: the kernels read
 weights in place and never pad them (padding would copy them).
@@ -14,3 +14,8 @@ def fit_tile(size: int, preferred: int, smallest: int) -> int | None:
             return tile
         tile //= 2
     return None
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1): Triton's tile sides."""
+    return 1 << max(0, n - 1).bit_length()

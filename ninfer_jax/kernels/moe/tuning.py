@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ninfer_jax.kernels.tiling import fit_tile
+from ninfer_jax.kernels.tiling import fit_tile, next_power_of_2
 
 GEMV_TARGET_PROGRAMS = 1056  # 8 per SM on an H200 (132 SMs)
 GEMV_TILE = (64, 128)  # (block_k, block_n)
@@ -49,10 +49,6 @@ class GroupedTiles:
     num_stages: int = 3
 
 
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def gemv_tiles(*, assignments: int, k: int, n: int,
                tile: tuple[int, int] = GEMV_TILE) -> GemvTiles | None:
     """Tiles for `assignments` rows, each times its own expert's [k, n] weight, from the
@@ -72,7 +68,7 @@ def grouped_tiles(*, assignments: int, experts: int, hidden: int,
                   width: int) -> GroupedTiles | None:
     """Tiles for `assignments` (token, expert) rows through experts of hidden x width."""
     smallest, largest = GROUPED_BLOCK_M
-    block_m = min(largest, max(smallest, _next_power_of_2(-(-assignments // experts))))
+    block_m = min(largest, max(smallest, next_power_of_2(-(-assignments // experts))))
     block_k_up = fit_tile(hidden, GROUPED_BLOCK_K, MIN_DOT)
     block_k_down = fit_tile(width, GROUPED_BLOCK_K, MIN_DOT)
     block_n_up = fit_tile(width, GROUPED_BLOCK_N["gate_up"], MIN_DOT)

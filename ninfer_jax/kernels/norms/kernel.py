@@ -15,12 +15,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from ninfer_jax.kernels.tiling import next_power_of_2
+
 # Warps per row: a 4096-wide bfloat16 row is 8 KiB, 16 values a thread at 8 warps.
 NUM_WARPS = 8
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def add_rms_norm(x, delta, weight, *, eps: float, zero_centred: bool = False,
@@ -31,7 +29,7 @@ def add_rms_norm(x, delta, weight, *, eps: float, zero_centred: bool = False,
         return None
     N, H = x.shape
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
-    kernel = functools.partial(_add_norm_kernel, width=_next_power_of_2(H), eps=eps,
+    kernel = functools.partial(_add_norm_kernel, width=next_power_of_2(H), eps=eps,
                                zero_centred=zero_centred)
     out = jax.ShapeDtypeStruct((N, H), x.dtype)
     return tuple(pl.pallas_call(

@@ -41,6 +41,7 @@ from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.paged_attention.reference import (DUMMY_PAGE, E2M1Pages, Int4Pages,
                                                           ScaledPages)
 from ninfer_jax.kernels.paged_attention.tuning import DecodeTuning, decode_tuning
+from ninfer_jax.kernels.tiling import next_power_of_2
 
 MIN_DOT_ROWS = 16  # Triton's smallest matmul tile along M
 # Query rows of one context-attention program at head dim 128 (fewer at wider heads): its
@@ -108,10 +109,6 @@ ROW_PEAK = {"float16": 2.0 ** 14, "e4m3": 2.0 ** 8, "e4m3x2": 2.0 ** 8}
 # The second e4m3 term holds the first's rounding error (at most half a step: 8 below 256)
 # times this, so it stays below ROW_PEAK (e4m3fn has no infinity: overflow is NaN).
 E4M3_LO_SCALE = 16.0
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 # How the kernel reads each cache (static): plain pages, 8-bit codes with a scale per token
@@ -354,7 +351,7 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     vector = merge_kernel and dispatch.switch(MERGE_VECTOR_ENV, MERGE_VECTOR)
     o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
                            store_empty=not merge_kernel, interpret=interpret,
-                           split_slots=_next_power_of_2(tuning.num_splits) if vector else None)
+                           split_slots=next_power_of_2(tuning.num_splits) if vector else None)
     split_tokens = tuning.pages_per_split * S
     if vector:
         out = _vector_merge_call(o, m, l, lengths, split_tokens=split_tokens,
@@ -384,7 +381,7 @@ def paged_context_attention(q, k_cache, v_cache, page_table, lengths, *, scale: 
     _, K, S, _ = k_cache.shape
     G = H // K
     R = T * G
-    per_program = max(MIN_DOT_ROWS, min(_next_power_of_2(R), MAX_CONTEXT_ROWS * 128 // D))
+    per_program = max(MIN_DOT_ROWS, min(next_power_of_2(R), MAX_CONTEXT_ROWS * 128 // D))
     C = -(-R // per_program)  # programs per (row, kv head)
     W = page_table.shape[1]
     if tuning is None:
@@ -428,7 +425,7 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
     query rows per kv head, padded to the dot's Gp >= MIN_DOT_ROWS (a power of two) as the
     kernel loads them, where an XLA pad would be a kernel of its own per layer."""
     B, K, G, D = qg.shape
-    Gp = max(MIN_DOT_ROWS, _next_power_of_2(G))
+    Gp = max(MIN_DOT_ROWS, next_power_of_2(G))
     NS = split_slots or tuning.num_splits
     k_kind, v_kind = cache_kind(k_cache), cache_kind(v_cache)
     k_dot, v_dot = dot_operands(k_cache, v_cache)
@@ -515,7 +512,7 @@ def _vector_merge_call(o, m, l, lengths, *, split_tokens: int, num_splits: int, 
     real query rows of a kv head). R, the rows each program folds, is `rows` when a power of
     two (the padding rows' partials are not read), else Gp."""
     slots, B, K, Gp, D = o.shape
-    R = rows if rows == _next_power_of_2(rows) else Gp
+    R = rows if rows == next_power_of_2(rows) else Gp
     Dc = min(D, max(1, MERGE_VECTOR_ELEMENTS // (slots * R)))
     kernel = functools.partial(_vector_merge_kernel, split_tokens=split_tokens,
                                num_splits=num_splits)

@@ -28,6 +28,7 @@ from jax.experimental.pallas import triton as pltriton
 from ninfer_jax.kernels.quant_matmul.formats import format_of
 from ninfer_jax.kernels.quant_matmul.gemv import NVFP4_EXPONENT_GAP, gemv, split_pairs
 from ninfer_jax.kernels.quant_matmul.tuning import GROUP_SIZE, MatmulTuning, matmul_tuning
+from ninfer_jax.kernels.tiling import next_power_of_2
 
 MIN_DOT_ROWS = 16
 X_RANGE = 256.0  # rows of x are scaled so that max |x| == X_RANGE before the float16 cast
@@ -115,10 +116,6 @@ def packed_halves(fmt: str) -> bool:
         raise ValueError(f"PACKED_LAYOUT={PACKED_LAYOUT!r}: expected one of "
                          f"{PACKED_LAYOUT_CHOICES}")
     return PACKED_LAYOUT == "halves" and fmt in PACKED_FORMATS
-
-
-def _next_power_of_2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
 
 
 def _f16(bits):
@@ -247,7 +244,7 @@ def matmul(x, w, *, out_dtype=None, tuning: MatmulTuning | None = None,
         if fmt == "nvfp4":
             out = out * (w["global_scale"].astype(jnp.float32) * NVFP4_EXPONENT_GAP)
         return out.astype(out_dtype or x.dtype).reshape(*lead, N)
-    Mp = max(MIN_DOT_ROWS, _next_power_of_2(M))
+    Mp = max(MIN_DOT_ROWS, next_power_of_2(M))
     row_scale = jnp.maximum(jnp.abs(x2).max(axis=1), 1e-30) / X_RANGE  # [M]
     x16 = jnp.pad(x2 / row_scale[:, None], ((0, Mp - M), (0, Kp - K))).astype(jnp.float16)
     partial = _matmul_call(x16, w, fmt=fmt, n=N, tuning=tuning, interpret=interpret).sum(axis=0)
