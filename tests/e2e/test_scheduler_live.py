@@ -89,9 +89,11 @@ def test_seeded_sampled_request_is_the_same_alone_and_in_a_batch(batched):
 
 
 def test_small_kv_pool_pauses_and_replays_without_changing_text(batched):
-    # Four at a time fit the 1024-token pool; eight at once do not (8 x ~160 tokens). Batched
-    # text equals solo text (test above), so the groups of four are the unpressured reference.
-    fields = dict(temperature=0, max_tokens=120, extra_body={"ignore_eos": True})
+    # Four at a time fit the 1024-token pool; eight at once need nearly twice it (8 x ~245
+    # tokens), so the pool runs out even when a loaded machine staggers the eight's starts
+    # (at 8 x ~165 a late start let the first finish before the pool filled). Batched text
+    # equals solo text (test above), so the groups of four are the unpressured reference.
+    fields = dict(temperature=0, max_tokens=200, extra_body={"ignore_eos": True})
     unpressured = (run_together(batched, PROMPTS[:4], **fields)
                    + run_together(batched, PROMPTS[4:], **fields))
     log_before = batched.stderr_text()
