@@ -128,27 +128,26 @@ def _layers(params, kv, x, rope, slots, attend, config: ModelConfig, groups: int
 def _attention(h, layer, cache, cos, sin, slots, attend, config: ModelConfig, groups: int):
     """GQA self-attention of rows h [N, H]: project, (qwen3) per-head norm, rotate, store the
     new K/V at `slots`, attend over the paged cache, project back."""
-    N, D = h.shape[0], config.head_dim
-    q, k, v = _project_qkv(h, layer, config, groups)
+    N, NH, NK, D = h.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
+    if "wqkv" in layer:
+        qkv = linear(h, layer["wqkv"])
+        if groups == 1 and cos.shape[-1] * 2 == D:
+            norms = (layer["q_norm"], layer["k_norm"]) if config.qk_norm else (None, None)
+            fused = attend.from_qkv(qkv, *norms, cos, sin, cache, slots, num_heads=NH,
+                                    num_kv_heads=NK, eps=config.rms_norm_eps)
+            if fused is not None:
+                out, cache = fused
+                return linear(out.reshape(N, NH * D), layer["wo"]), cache
+        q, k, v = tensor_parallel.split_fused(qkv, (NH * D, NK * D, NK * D), groups)
+    else:
+        q, k, v = (linear(h, layer[name]) for name in ("wq", "wk", "wv"))
+    q, k, v = q.reshape(N, NH, D), k.reshape(N, NK, D), v.reshape(N, NK, D)
     if config.qk_norm:
         q = rms_norm(q, layer["q_norm"], config.rms_norm_eps)
         k = rms_norm(k, layer["k_norm"], config.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     out, cache = attend(q, k, v, cache, slots)
-    return linear(out.reshape(N, config.num_heads * D), layer["wo"]), cache
-
-
-def _project_qkv(h, layer, config: ModelConfig, groups: int):
-    """q [N, NH, D], k and v [N, NK, D]: one product when the layer has the fused `wqkv`
-    (model/fused_projections.py, its columns in `groups` tensor-parallel blocks), three
-    otherwise."""
-    N, NH, NK, D = h.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
-    if "wqkv" in layer:
-        q, k, v = tensor_parallel.split_fused(linear(h, layer["wqkv"]),
-                                              (NH * D, NK * D, NK * D), groups)
-    else:
-        q, k, v = (linear(h, layer[name]) for name in ("wq", "wk", "wv"))
-    return q.reshape(N, NH, D), k.reshape(N, NK, D), v.reshape(N, NK, D)
+    return linear(out.reshape(N, NH * D), layer["wo"]), cache
 
 
 def _logits(params, x, config: ModelConfig):

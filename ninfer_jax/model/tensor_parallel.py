@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from ninfer_jax.kernels import paged_attention, ragged_attention
+from ninfer_jax.kernels import attention_prologue, paged_attention, ragged_attention
 from ninfer_jax.model import ragged_batch
 from ninfer_jax.model.config import ModelConfig
 
@@ -232,23 +232,58 @@ def expert_parallel(routed_experts, mesh: Mesh):
 # ----------------------------------------------------------------------------- attention
 
 
-def attention_op(batch: ragged_batch.RaggedBatch, *, scale: float, mesh: Mesh | None):
-    """fn(q [N, NH, D], k, v [N, NK, D], (k_cache, v_cache), slots [N]) -> (out [N, NH, D],
-    (k_cache, v_cache)): the new K/V written at `slots`, then ragged paged attention over the
-    step's tables. With a mesh both run per shard on the local heads and pages."""
-    meta = dict(chunk_table=batch.chunk_table, chunk_start=batch.chunk_start,
-                row_tables=batch.row_tables, row_lengths=batch.row_positions + 1)
-    num_chunk = ragged_batch.num_chunk_tokens(batch)
+class AttentionOp:
+    """The step's attention for one layer's caches: call it as fn(q [N, NH, D], k, v [N, NK, D],
+    (k_cache, v_cache), slots [N]) -> (out [N, NH, D], (k_cache, v_cache)): the new K/V
+    written at `slots`, then ragged paged attention over the step's tables. With a mesh both
+    run per shard on the local heads and pages."""
 
-    def local(q, k, v, cache, slots, meta):
+    def __init__(self, batch: ragged_batch.RaggedBatch, *, scale: float, mesh: Mesh | None):
+        self._meta = dict(chunk_table=batch.chunk_table, chunk_start=batch.chunk_start,
+                          row_tables=batch.row_tables, row_lengths=batch.row_positions + 1)
+        self._num_chunk = ragged_batch.num_chunk_tokens(batch)
+        self._scale, self._mesh = scale, mesh
+        if mesh is not None:
+            heads, pages = P(None, AXIS, None), P(None, AXIS)
+            self._mapped = shard_map(self._local, mesh=mesh,
+                                     in_specs=(heads, heads, heads, pages, P(), P()),
+                                     out_specs=(heads, pages))
+
+    def __call__(self, q, k, v, cache, slots):
+        if self._mesh is None:
+            return self._local(q, k, v, cache, slots, self._meta)
+        return self._mapped(q, k, v, cache, slots, self._meta)
+
+    def _local(self, q, k, v, cache, slots, meta):
         k_cache, v_cache = paged_attention.write_kv(*cache, k, v, slots)
-        out = ragged_attention.ragged_paged_attention(q, k_cache, v_cache, scale=scale,
-                                                      num_chunk_tokens=num_chunk, **meta)
-        return out, (k_cache, v_cache)
+        return self._read(q, k_cache, v_cache, meta), (k_cache, v_cache)
 
-    if mesh is None:
-        return lambda q, k, v, cache, slots: local(q, k, v, cache, slots, meta)
-    heads, pages = P(None, AXIS, None), P(None, AXIS)
-    mapped = shard_map(local, mesh=mesh, in_specs=(heads, heads, heads, pages, P(), P()),
-                       out_specs=(heads, pages))
-    return lambda q, k, v, cache, slots: mapped(q, k, v, cache, slots, meta)
+    def _read(self, q, k_cache, v_cache, meta):
+        return ragged_attention.ragged_paged_attention(q, k_cache, v_cache, scale=self._scale,
+                                                       num_chunk_tokens=self._num_chunk,
+                                                       **meta)
+
+    def from_qkv(self, qkv, q_norm, k_norm, cos, sin, cache, slots, *, num_heads: int,
+                 num_kv_heads: int, eps: float):
+        """The same from the fused projection's output qkv [N, (NH + 2 NK) D] (one group:
+        q, k, v heads in order) with the per-head norms (None: no QK-norm) and full-width
+        RoPE still to apply, through kernels/attention_prologue's one kernel; None where that
+        does not apply (its switch off, a mesh, 8- or 4-bit pages, other shapes), and the
+        caller norms, rotates and calls this op itself."""
+        if self._mesh is not None or not attention_prologue.prologue_kernel_on():
+            return None
+        from ninfer_jax.kernels.attention_prologue import kernel
+
+        done = kernel.attention_prologue(qkv, q_norm, k_norm, cos, sin, slots, *cache,
+                                         num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                         eps=eps)
+        if done is None:
+            return None
+        q, k_cache, v_cache = done
+        return self._read(q, k_cache, v_cache, self._meta), (k_cache, v_cache)
+
+
+def attention_op(batch: ragged_batch.RaggedBatch, *, scale: float,
+                 mesh: Mesh | None) -> AttentionOp:
+    """The step's AttentionOp (one per step, shared by its layers)."""
+    return AttentionOp(batch, scale=scale, mesh=mesh)

@@ -25,7 +25,7 @@ save() { tar czf "$FINAL/run61.tgz" -C /tmp o61; }
 stamp gpu-tests
 timeout 170 python3 -m pytest -rA -m gpu tests/kernels/test_paged_attention.py \
   tests/kernels/test_moe.py tests/kernels/test_gated_delta.py tests/kernels/test_add_norm.py \
-  tests/kernels/test_skinny_matmul.py \
+  tests/kernels/test_skinny_matmul.py tests/kernels/test_attention_prologue.py \
   > "$OUT/pytest-gpu.log" 2>&1
 stamp "gpu-tests rc=$?"; tail -1 "$OUT/pytest-gpu.log" | tee -a "$OUT/stages.log"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | cut -c1-200 | tee -a "$OUT/stages.log"; save

@@ -1,0 +1,25 @@
+"""The attention prologue as one op: the fused q|k|v projection's output cut into heads, the
+per-head RMSNorm of q and k (Qwen3's QK-norm; none for Llama), RoPE on both, and the new K/V
+stored in their cache pages.
+
+Why: XLA runs these as a fusion or two for the norms and rotations and a scatter per cache
+(run 20's 8B profile: ~20 small kernels of ~1.5 us a layer beside the products and the
+attention kernels, 36 layers), where one kernel reads each head of the row once and writes q
+and the two pages' rows. The model's entry point is tensor_parallel.attention_op's
+`from_qkv`, which takes kernel.py on a GPU when GPU_PROLOGUE (or NINFER_ATTENTION_PROLOGUE=1)
+is on and the shapes fit (one device, 16-bit pages, full-width RoPE), and the model's own
+norms, rotations and paged_attention.write_kv otherwise. reference.py is the kernel's twin.
+Off until a GPU runs it (interpret-mode tests and the CUDA lowering pass).
+"""
+from __future__ import annotations
+
+from ninfer_jax.kernels import dispatch
+
+GPU_PROLOGUE = False
+PROLOGUE_ENV = "NINFER_ATTENTION_PROLOGUE"  # "1" / "0" overrides GPU_PROLOGUE while tracing
+
+
+def prologue_kernel_on() -> bool:
+    """Whether attention_op's from_qkv takes the kernel: on a GPU backend (not forced to the
+    references) with the switch on."""
+    return dispatch.use_kernels() and dispatch.switch(PROLOGUE_ENV, GPU_PROLOGUE)
