@@ -32,9 +32,10 @@ from ninfer_jax.kernels import paged_attention
 from ninfer_jax.model import dflash, multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
 from ninfer_jax.model.gated_deltanet import gated_deltanet
-from ninfer_jax.model.layers import (add_rms_norm, apply_partial_rope, embed, linear,
-                                     mrope_tables, rope_inverse_frequencies, rope_tables,
-                                     split_columns, swiglu_mlp, zero_centred_rms_norm)
+from ninfer_jax.model.layers import (add_rms_norm, add_then_next_norm, apply_partial_rope,
+                                     embed, linear, mrope_tables, rope_inverse_frequencies,
+                                     rope_tables, split_columns, swiglu_mlp,
+                                     zero_centred_rms_norm)
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.vision.mrope import frequency_axes
 from ninfer_jax.model.moe_mlp import moe_mlp
@@ -156,18 +157,20 @@ def _forward(params, kv, batch, tokens, config: ModelConfig, page_size: int, mes
         x = multimodal.chunk_embeddings(x, media)
         deepstack = multimodal.deepstack_rows(media, x.shape[0])
     new_kv, tapped = [], {}
-    for i, (layer, cache) in enumerate(zip(params["layers"], kv)):
-        h = zero_centred_rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+    eps, layers = config.rms_norm_eps, params["layers"]
+    h = zero_centred_rms_norm(x, layers[0]["attn_norm"], eps)
+    for i, (layer, cache) in enumerate(zip(layers, kv)):
         if config.layer_types[i] == "full_attention":
             mixed, cache = gated_attention(h, layer, cache, rope, slots, attend, config)
         else:
             mixed, cache = gated_deltanet(h, layer, cache, batch, config, mesh)
-        x, h = add_rms_norm(x, mixed, layer["mlp_norm"], config.rms_norm_eps,
-                            zero_centred=True)
-        x = x + (moe_mlp(h, layer, config, mesh, live) if config.is_moe_layer(i)
-                 else swiglu_mlp(h, layer, groups))
-        if deepstack is not None and i < deepstack.shape[0]:
-            x = x + deepstack[i].astype(x.dtype)
+        x, h = add_rms_norm(x, mixed, layer["mlp_norm"], eps, zero_centred=True)
+        x, h = add_then_next_norm(
+            x, (moe_mlp(h, layer, config, mesh, live) if config.is_moe_layer(i)
+                else swiglu_mlp(h, layer, groups)),
+            layers[i + 1]["attn_norm"] if i + 1 < len(layers) else None, eps,
+            zero_centred=True,
+            extra=deepstack[i] if deepstack is not None and i < deepstack.shape[0] else None)
         new_kv.append(cache)
         if i in taps:
             tapped[i] = x

@@ -92,6 +92,22 @@ def add_rms_norm(x, delta, weight, eps: float, *, zero_centred: bool = False):
     return x, (zero_centred_rms_norm if zero_centred else rms_norm)(x, weight, eps)
 
 
+def add_then_next_norm(x, delta, next_weight, eps: float, *, zero_centred: bool = False,
+                       extra=None):
+    """The residual add after a layer's MLP and the next layer's input norm: (x + delta
+    [+ extra], its RMSNorm with next_weight, or None after the last layer). One add_rms_norm
+    (one kernel where kernels/norms is on) unless `extra` (deepstack rows, added after the
+    layer) sits between the add and the norm or there is no next layer."""
+    if next_weight is not None and extra is None:
+        return add_rms_norm(x, delta, next_weight, eps, zero_centred=zero_centred)
+    x = x + delta
+    if extra is not None:
+        x = x + extra.astype(x.dtype)
+    if next_weight is None:
+        return x, None
+    return x, (zero_centred_rms_norm if zero_centred else rms_norm)(x, next_weight, eps)
+
+
 def split_columns(y, widths):
     """The product of a fused projection [..., sum(widths)] cut back into its parts."""
     bounds = np.cumsum(widths)[:-1].tolist()

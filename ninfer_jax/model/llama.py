@@ -34,9 +34,9 @@ import jax.numpy as jnp
 from ninfer_jax.kernels import paged_attention
 from ninfer_jax.model import dflash, multimodal, ragged_batch, tensor_parallel
 from ninfer_jax.model.config import ModelConfig
-from ninfer_jax.model.layers import (add_rms_norm, apply_rope, embed, linear, mrope_tables,
-                                     rms_norm, rope_inverse_frequencies, rope_tables,
-                                     swiglu_mlp, tied_head)
+from ninfer_jax.model.layers import (add_rms_norm, add_then_next_norm, apply_rope, embed,
+                                     linear, mrope_tables, rms_norm, rope_inverse_frequencies,
+                                     rope_tables, swiglu_mlp, tied_head)
 from ninfer_jax.model.multimodal import MediaRows
 from ninfer_jax.model.vision.mrope import frequency_axes
 
@@ -111,14 +111,17 @@ def _layers(params, kv, x, rope, slots, attend, config: ModelConfig, groups: int
     deepstack[i] [N, H] after layer i when given; returns the final residual, the new caches
     and the residual after each layer in `taps`, concatenated (None without)."""
     cos, sin = rope
+    eps, layers = config.rms_norm_eps, params["layers"]
     new_kv, tapped = [], {}
-    for index, (layer, cache) in enumerate(zip(params["layers"], kv)):
-        h = rms_norm(x, layer["attn_norm"], config.rms_norm_eps)
+    h = rms_norm(x, layers[0]["attn_norm"], eps)
+    for index, (layer, cache) in enumerate(zip(layers, kv)):
         attn_out, cache = _attention(h, layer, cache, cos, sin, slots, attend, config, groups)
-        x, h = add_rms_norm(x, attn_out, layer["mlp_norm"], config.rms_norm_eps)
-        x = x + swiglu_mlp(h, layer, groups)
-        if deepstack is not None and index < deepstack.shape[0]:
-            x = x + deepstack[index].astype(x.dtype)
+        x, h = add_rms_norm(x, attn_out, layer["mlp_norm"], eps)
+        x, h = add_then_next_norm(
+            x, swiglu_mlp(h, layer, groups),
+            layers[index + 1]["attn_norm"] if index + 1 < len(layers) else None, eps,
+            extra=deepstack[index] if deepstack is not None and index < deepstack.shape[0]
+            else None)
         new_kv.append(cache)
         if index in taps:
             tapped[index] = x

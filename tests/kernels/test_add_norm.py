@@ -126,12 +126,36 @@ def test_layers_dispatch_takes_the_kernel_when_on_and_xla_otherwise(monkeypatch)
     assert calls == [True, False]
 
 
+def test_add_then_next_norm_joins_the_next_layers_norm_unless_something_sits_between(
+        monkeypatch):
+    rng = np.random.default_rng(4)
+    x, delta, weight = inputs(rng, 2, 64, jnp.float32)
+    extra = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
+    calls = []
+    force_kernel(monkeypatch, calls)
+    total, normed = layers.add_then_next_norm(x, delta, weight, 1e-6)
+    assert calls == [True]
+    np.testing.assert_allclose(np.asarray(normed),
+                               np.asarray(layers.rms_norm(x + delta, weight, 1e-6)),
+                               rtol=1e-5, atol=1e-5)
+    total, normed = layers.add_then_next_norm(x, delta, None, 1e-6)  # the last layer
+    assert normed is None and calls == [True]
+    np.testing.assert_array_equal(np.asarray(total), np.asarray(x + delta))
+    total, normed = layers.add_then_next_norm(x, delta, weight, 1e-6, zero_centred=True,
+                                              extra=extra)  # deepstack between
+    assert calls == [True]
+    np.testing.assert_array_equal(np.asarray(total), np.asarray(x + delta + extra))
+    np.testing.assert_array_equal(
+        np.asarray(normed), np.asarray(layers.zero_centred_rms_norm(total, weight, 1e-6)))
+
+
 @cpu_only
 @pytest.mark.parametrize("preset,module", [("qwen3-tiny", "llama"), ("qwen3.6-tiny-moe", "hybrid")])
 def test_models_with_the_kernel_forced_on_give_the_same_logits(monkeypatch, preset, module):
     """A prefill of the tiny Qwen3 (plain norm) and Qwen3.6-MoE (zero-centred, Gated DeltaNet
-    and attention layers) with every layer's add and MLP norm through the kernel (interpret
-    mode; the other kernels stay on their references) against the switch off."""
+    and attention layers) with every layer's attention add and MLP norm, and every MLP add but
+    the last with the next layer's attention norm, through the kernel (interpret mode; the
+    other kernels stay on their references) against the switch off."""
     import types
 
     from ninfer_jax.artifact.presets import PRESETS
@@ -161,5 +185,5 @@ def test_models_with_the_kernel_forced_on_give_the_same_logits(monkeypatch, pres
     monkeypatch.setattr(kernel, "add_rms_norm",
                         lambda *a, **k: calls.append(1) or real(*a, **k, interpret=True))
     got = logits()
-    assert len(calls) == config.num_layers
+    assert len(calls) == 2 * config.num_layers - 1
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)
