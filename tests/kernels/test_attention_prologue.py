@@ -121,8 +121,8 @@ def test_kernel_lowers_for_cuda(heads, kv_heads, normed):
 
 
 @needs_gpu
-@pytest.mark.parametrize("tokens,heads,kv_heads,normed", [(2, 32, 8, True), (300, 32, 8, False),
-                                                          (5, 40, 8, True)])
+@pytest.mark.parametrize("tokens,heads,kv_heads,normed",
+                         [(2, 32, 8, True), (300, 32, 8, False), (5, 40, 8, True)])
 def test_kernel_on_the_gpu_matches_the_reference(tokens, heads, kv_heads, normed):
     rng = np.random.default_rng(tokens + heads)
     args = inputs(rng, tokens=tokens, heads=heads, kv_heads=kv_heads, dim=128, pages=40,

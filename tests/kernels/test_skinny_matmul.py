@@ -66,3 +66,33 @@ def test_kernel_on_the_gpu_matches_the_reference(rows):
     got = np.asarray(kernel.skinny_matmul(x, w), np.float32)
     want = np.asarray(reference.skinny_matmul(x, w), np.float32)
     np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+
+
+@cpu_only
+def test_linear_takes_the_kernel_for_few_rows_when_switched_on(monkeypatch):
+    """quant_matmul.matmul (every model's `linear`): a plain weight times up to 16 rows through
+    the kernel (interpret mode, counted) when the switch is on, XLA's dot for more rows, a
+    wider result or the switch off; the result is the product either way."""
+    from ninfer_jax.kernels import dispatch, quant_matmul, skinny_matmul
+
+    rng = np.random.default_rng(7)
+    w = jnp.asarray(rng.standard_normal((256, 128)) * 0.1, jnp.float32)
+    calls = []
+    real = kernel.skinny_matmul
+    monkeypatch.setattr(kernel, "skinny_matmul",
+                        lambda *a, **k: calls.append(a[0].shape) or real(*a, **k,
+                                                                         interpret=True))
+    x = jnp.asarray(rng.standard_normal((2, 1, 256)), jnp.float32)
+    plain = quant_matmul.matmul(x, w)
+    assert calls == []
+    monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
+    monkeypatch.setenv(skinny_matmul.SKINNY_ENV, "1")
+    assert skinny_matmul.skinny_on()
+    got = quant_matmul.matmul(x, w)
+    assert calls == [(2, 256)] and got.shape == (2, 1, 128)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(plain), rtol=1e-5, atol=1e-5)
+    quant_matmul.matmul(jnp.zeros((17, 256), jnp.float32), w)
+    quant_matmul.matmul(x.astype(jnp.bfloat16), w.astype(jnp.bfloat16), out_dtype=jnp.float32)
+    assert calls == [(2, 256)]
+    monkeypatch.setenv(skinny_matmul.SKINNY_ENV, "0")
+    assert not skinny_matmul.skinny_on()

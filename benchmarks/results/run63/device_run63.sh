@@ -3,10 +3,12 @@
 # the kernels that are off until a GPU runs them, against the defaults in the same call:
 # the paged decode merge's vector form (NINFER_DECODE_MERGE_VECTOR), the residual add and
 # MLP norm as one kernel (NINFER_ADD_NORM_KERNEL) and the attention prologue, q/k norms,
-# RoPE and the K/V page writes as one kernel (NINFER_ATTENTION_PROLOGUE). Their native tests
-# first; a switch whose tests fail stays off. Then the best set's 1-row step under the
-# profiler with source lines (what is left of the ~20 small kernels a layer).
-# From the repository root, carry [".whl"]; one call, at most ~420 s (END=S: S seconds):
+# RoPE and the K/V page writes as one kernel (NINFER_ATTENTION_PROLOGUE); then those with
+# every projection of at most 16 rows through the split-K skinny matmul
+# (NINFER_SKINNY_MATMUL). Their native tests first; a switch whose tests fail stays off.
+# Then, in the time left, NEW's 1-row step under the profiler with source lines (what is
+# left of the ~20 small kernels a layer).
+# From the repository root, carry [".whl"]; one call, at most ~480 s (END=S: S seconds):
 #   bash benchmarks/results/run63/device_run63.sh
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o63; rm -rf "$OUT"; mkdir -p "$OUT"
 . benchmarks/device_common.sh
@@ -15,6 +17,7 @@ save() { tar czf "$FINAL/run63.tgz" -C /tmp o63; }
 stamp gpu-tests
 timeout 120 python3 -m pytest -rA -m gpu tests/kernels/test_paged_attention.py \
   tests/kernels/test_add_norm.py tests/kernels/test_attention_prologue.py \
+  tests/kernels/test_skinny_matmul.py \
   > "$OUT/pytest-gpu.log" 2>&1
 stamp "gpu-tests rc=$?"; tail -1 "$OUT/pytest-gpu.log" | tee -a "$OUT/stages.log"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | cut -c1-200 | tee -a "$OUT/stages.log"
@@ -40,7 +43,8 @@ step() {  # step NAME CAP [ENV=VALUE ...] [-- EXTRA ARGS]
 }
 step dense 90
 [ -n "$NEW" ] && step dense-new 90 $NEW
-left=$(( ${END:-420} - 10 - $(date +%s) + t0 ))
+failed test_skinny_matmul || step dense-new-skinny 90 $NEW NINFER_SKINNY_MATMUL=1
+left=$(( ${END:-480} - 10 - $(date +%s) + t0 ))
 [ -n "$NEW" ] && [ $left -gt 60 ] && step dense-new-prof $left $NEW -- --batches 1 \
   --profile /tmp/prof63
 save; ls -la "$OUT"

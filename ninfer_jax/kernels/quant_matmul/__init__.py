@@ -22,6 +22,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from ninfer_jax.kernels import skinny_matmul
 from ninfer_jax.kernels.dispatch import forced_reference, use_kernels
 from ninfer_jax.kernels.quant_matmul import reference, w8a8
 from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
@@ -37,6 +38,8 @@ from ninfer_jax.kernels.quant_matmul.formats import (  # noqa: F401
 )
 
 DECODE_MAX_ROWS = 64
+# Rows a plain 16-bit weight's product may take kernels/skinny_matmul for (its dot tile).
+SKINNY_MAX_ROWS = 16
 CPU_KERNEL_MAX_ROWS = 32  # above it dequantize + XLA matmul wins (docs/benchmarks.md)
 # W8A8 for int8 / fp8 per-channel weights on a GPU: 0 off; r >= 1 for x of at least r rows. 1
 # (every row count) also transposes those leaves to [N, K] at load (w8a8.py says why); a
@@ -51,11 +54,17 @@ W8A8_ENV = "NINFER_W8A8"  # a row count (0 off, 1 every row) overriding it at lo
 
 def matmul(x, w, *, out_dtype=None):
     """x [..., K] @ w -> [..., N] in out_dtype (default x's dtype); w is any weight leaf."""
+    rows = x.size // x.shape[-1]
     if not isinstance(w, dict):
         if w.shape[0] != x.shape[-1]:
             w = w[:x.shape[-1]]  # an expanded quantized leaf keeps its zero group-padding rows
+        if (rows <= SKINNY_MAX_ROWS and out_dtype in (None, x.dtype)
+                and skinny_matmul.skinny_on()):
+            from ninfer_jax.kernels.skinny_matmul import kernel as skinny
+            out = skinny.skinny_matmul(x.reshape(rows, x.shape[-1]), w)
+            if out is not None:
+                return out.reshape(*x.shape[:-1], w.shape[1])
         return jnp.matmul(x, w, preferred_element_type=out_dtype)
-    rows = x.size // x.shape[-1]
     if format_of(w) in TRANSPOSED_FORMATS or (w8a8.base_format(w) and _w8a8_applies(rows)):
         if forced_reference():
             return reference.w8a8_matmul(x, w, out_dtype=out_dtype)

@@ -5,6 +5,19 @@ of one or two rows reaches 3.4-4.2 TB/s on the H200 (run 20: gate|up 4.2, down 3
 3.5, o 3.4) and the small projections lose the most. kernel.py is a split-K Triton product on
 the tensor cores with the rows padded to 16 as they are loaded (a masked load, no pad copy)
 and the weight tiles pipelined (num_stages), for kernel_bench's `skinny` section to weigh
-against XLA's dot before any model uses it. reference.py is its twin. Not yet wired into
-model/layers.linear: nothing serves through it.
+against XLA's dot. reference.py is its twin. kernels/quant_matmul.matmul (every model's
+`linear`) sends a plain 16-bit weight times at most 16 rows through it on a GPU when
+GPU_SKINNY (or NINFER_SKINNY_MATMUL=1) is on: off until the GPU's A/B says it pays.
 """
+from __future__ import annotations
+
+from ninfer_jax.kernels import dispatch
+
+GPU_SKINNY = False
+SKINNY_ENV = "NINFER_SKINNY_MATMUL"  # "1" / "0" overrides GPU_SKINNY while tracing
+
+
+def skinny_on() -> bool:
+    """Whether quant_matmul.matmul takes the kernel for few rows of a plain weight: on a GPU
+    backend (not forced to the references) with the switch on."""
+    return dispatch.use_kernels() and dispatch.switch(SKINNY_ENV, GPU_SKINNY)
