@@ -181,17 +181,27 @@ def gated_attention(h, layer, cache, rope, slots, attend, config: ModelConfig):
     """GQA attention of rows h [N, H] with zero-centred q/k norms, partial RoPE and (when
     config.attn_output_gate) the sigmoid output gate; K/V stored at `slots` first."""
     N, D, NH, NK = h.shape[0], config.head_dim, config.num_heads, config.num_kv_heads
+    gated = config.attn_output_gate
+    q_cols = NH * D * (2 if gated else 1)
+    fused = None
     if "wqkv" in layer:  # one product for the three (model/fused_projections.py)
-        q_cols = NH * D * (2 if config.attn_output_gate else 1)
-        q, k, v = split_columns(linear(h, layer["wqkv"]), (q_cols, NK * D, NK * D))
+        qkv = linear(h, layer["wqkv"])
+        fused = attend.from_qkv(qkv, layer["q_norm"], layer["k_norm"], *rope, cache, slots,
+                                num_heads=NH, num_kv_heads=NK, eps=config.rms_norm_eps,
+                                zero_centred=True, gated=gated)
+        q, k, v = split_columns(qkv, (q_cols, NK * D, NK * D))
     else:
         q, k, v = (linear(h, layer[name]) for name in ("wq", "wk", "wv"))
     q = q.reshape(N, NH, -1)
-    q, gate = (q[..., :D], q[..., D:]) if config.attn_output_gate else (q, None)
-    k, v = k.reshape(N, NK, D), v.reshape(N, NK, D)
-    q = apply_partial_rope(zero_centred_rms_norm(q, layer["q_norm"], config.rms_norm_eps), *rope)
-    k = apply_partial_rope(zero_centred_rms_norm(k, layer["k_norm"], config.rms_norm_eps), *rope)
-    out, cache = attend(q, k, v, cache, slots)
+    q, gate = (q[..., :D], q[..., D:]) if gated else (q, None)
+    if fused is not None:  # the norms, RoPE and cache writes done in one kernel
+        out, cache = fused
+    else:
+        k, v = k.reshape(N, NK, D), v.reshape(N, NK, D)
+        eps = config.rms_norm_eps
+        q = apply_partial_rope(zero_centred_rms_norm(q, layer["q_norm"], eps), *rope)
+        k = apply_partial_rope(zero_centred_rms_norm(k, layer["k_norm"], eps), *rope)
+        out, cache = attend(q, k, v, cache, slots)
     if gate is not None:
         out = out * jax.nn.sigmoid(gate.astype(jnp.float32)).astype(out.dtype)
     return linear(out.reshape(N, NH * D), layer["wo"]), cache

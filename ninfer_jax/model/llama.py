@@ -134,7 +134,7 @@ def _attention(h, layer, cache, cos, sin, slots, attend, config: ModelConfig, gr
     N, NH, NK, D = h.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
     if "wqkv" in layer:
         qkv = linear(h, layer["wqkv"])
-        if groups == 1 and cos.shape[-1] * 2 == D:
+        if groups == 1:
             norms = (layer["q_norm"], layer["k_norm"]) if config.qk_norm else (None, None)
             fused = attend.from_qkv(qkv, *norms, cos, sin, cache, slots, num_heads=NH,
                                     num_kv_heads=NK, eps=config.rms_norm_eps)

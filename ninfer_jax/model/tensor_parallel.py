@@ -264,19 +264,21 @@ class AttentionOp:
                                                        **meta)
 
     def from_qkv(self, qkv, q_norm, k_norm, cos, sin, cache, slots, *, num_heads: int,
-                 num_kv_heads: int, eps: float):
-        """The same from the fused projection's output qkv [N, (NH + 2 NK) D] (one group:
-        q, k, v heads in order) with the per-head norms (None: no QK-norm) and full-width
-        RoPE still to apply, through kernels/attention_prologue's one kernel; None where that
-        does not apply (its switch off, a mesh, 8- or 4-bit pages, other shapes), and the
-        caller norms, rotates and calls this op itself."""
+                 num_kv_heads: int, eps: float, zero_centred: bool = False,
+                 gated: bool = False):
+        """The same from the fused projection's output qkv (one group: the q heads, each
+        followed by its output gate when gated, then the k and v heads) with the per-head
+        norms (None: no QK-norm; zero_centred: 1 + w) and the RoPE of each head's first
+        2 * cos.shape[-1] dims still to apply, through kernels/attention_prologue's one
+        kernel; None where that does not apply (its switch off, a mesh, 8- or 4-bit pages,
+        other shapes), and the caller norms, rotates and calls this op itself."""
         if self._mesh is not None or not attention_prologue.prologue_kernel_on():
             return None
         from ninfer_jax.kernels.attention_prologue import kernel
 
         done = kernel.attention_prologue(qkv, q_norm, k_norm, cos, sin, slots, *cache,
                                          num_heads=num_heads, num_kv_heads=num_kv_heads,
-                                         eps=eps)
+                                         eps=eps, zero_centred=zero_centred, gated=gated)
         if done is None:
             return None
         q, k_cache, v_cache = done

@@ -7,8 +7,10 @@ Why: XLA runs these as a fusion or two for the norms and rotations and a scatter
 attention kernels, 36 layers), where one kernel reads each head of the row once and writes q
 and the two pages' rows. The model's entry point is tensor_parallel.attention_op's
 `from_qkv`, which takes kernel.py on a GPU when GPU_PROLOGUE (or NINFER_ATTENTION_PROLOGUE=1)
-is on and the shapes fit (one device, 16-bit pages, full-width RoPE), and the model's own
-norms, rotations and paged_attention.write_kv otherwise. reference.py is the kernel's twin.
+is on and the shapes fit (one device, plain pages, power-of-two head and rotary widths), and
+the model's own norms, rotations and paged_attention.write_kv otherwise: Llama / Qwen3
+(model/llama.py) and the Qwen3.5 / 3.6 hybrids' gated attention (model/hybrid.py: each q
+head followed by its output gate, zero-centred norms, RoPE on a quarter of the head). reference.py is the kernel's twin.
 Off until a GPU runs it (interpret-mode tests and the CUDA lowering pass).
 """
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The attention prologue as a Pallas kernel (GPU), same contract as reference.py.
 
-One program per (token, head) over the q heads, then the K/V heads: it loads the head's two
-halves from the fused projection's row (in place: no split copies), normalises them in
-registers when the model has QK-norm, rotates them, and stores q's head, or k's head and v's
-head into their cache pages at the token's slot (the caches are aliased to the outputs, so
-the pool is updated in place as XLA's scatter updates it). Lowering: Pallas' Triton backend,
+One program per (token, head) over the q heads, then the K/V heads: it loads the head from
+the fused projection's row (in place: no split copies), normalises it in registers when the
+model has QK-norm, rotates its first R dims, and stores q's head, or k's head and v's head
+into their cache pages at the token's slot (the caches are aliased to the outputs, so the
+pool is updated in place as XLA's scatter updates it). The rotated halves and the passed
+through rest are stored by disjoint (masked) stores. Lowering: Pallas' Triton backend,
 tested in interpret mode on CPU.
 """
 from __future__ import annotations
@@ -17,26 +18,28 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
-# A head's 128 values at 2 bytes: one warp holds both halves.
+# A head's 128-256 values at 2 bytes: one warp holds it.
 NUM_WARPS = 1
 
 
 def attention_prologue(qkv, q_norm, k_norm, cos, sin, slots, k_cache, v_cache, *,
                        num_heads: int, num_kv_heads: int, eps: float,
+                       zero_centred: bool = False, gated: bool = False,
                        interpret: bool = False):
     """See reference.attention_prologue; None where the kernel does not apply: caches that
-    are not plain arrays of one dtype (8- and 4-bit pages), a half head width that is not a
-    power of two (Triton's tile sides), one of the two norms without the other, or shapes
-    that disagree."""
-    heads = num_heads + 2 * num_kv_heads
-    if qkv.ndim != 2 or qkv.shape[1] % heads or isinstance(k_cache, tuple) \
+    are not plain arrays of one dtype (8- and 4-bit pages), a head width or rotary half
+    width that is not a power of two (Triton's tile sides), one of the two norms without the
+    other, or shapes that disagree."""
+    q_width = 2 if gated else 1
+    columns = q_width * num_heads + 2 * num_kv_heads
+    if qkv.ndim != 2 or qkv.shape[1] % columns or isinstance(k_cache, tuple) \
             or isinstance(v_cache, tuple):  # 8- and 4-bit pages carry scales
         return None
-    N, D = qkv.shape[0], qkv.shape[1] // heads
-    half = D // 2
-    if (D % 2 or half & (half - 1) or k_cache.ndim != 4 or v_cache.shape != k_cache.shape
-            or k_cache.shape[1] != num_kv_heads or k_cache.shape[3] != D
-            or k_cache.dtype != v_cache.dtype
+    N, D = qkv.shape[0], qkv.shape[1] // columns
+    half = cos.shape[-1] if cos.ndim == 2 else 0
+    if (not _power_of_2(D) or not _power_of_2(half) or 2 * half > D or k_cache.ndim != 4
+            or v_cache.shape != k_cache.shape or k_cache.shape[1] != num_kv_heads
+            or k_cache.shape[3] != D or k_cache.dtype != v_cache.dtype
             or (q_norm is None) != (k_norm is None) or cos.shape != (N, half)
             or sin.shape != (N, half) or slots.shape != (N,)):
         return None
@@ -47,7 +50,8 @@ def attention_prologue(qkv, q_norm, k_norm, cos, sin, slots, k_cache, v_cache, *
     q = jax.ShapeDtypeStruct((N, num_heads, D), qkv.dtype)
     cache = jax.ShapeDtypeStruct(k_cache.shape, k_cache.dtype)
     kernel = functools.partial(_prologue_kernel, num_heads=num_heads,
-                               num_kv_heads=num_kv_heads, eps=eps, normed=bool(norms))
+                               num_kv_heads=num_kv_heads, eps=eps, normed=bool(norms),
+                               zero_centred=zero_centred, q_width=q_width)
     return tuple(pl.pallas_call(
         kernel,
         grid=(N, num_heads + num_kv_heads),
@@ -61,33 +65,52 @@ def attention_prologue(qkv, q_norm, k_norm, cos, sin, slots, k_cache, v_cache, *
     )(*args))
 
 
+def _power_of_2(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 def _prologue_kernel(slots_ref, qkv_ref, cos_ref, sin_ref, *refs, num_heads: int,
-                     num_kv_heads: int, eps: float, normed: bool):
+                     num_kv_heads: int, eps: float, normed: bool, zero_centred: bool,
+                     q_width: int):
     norm_ref = refs[0] if normed else None
     q_ref, k_out, v_out = refs[-3:]
     token, head = pl.program_id(0), pl.program_id(1)
-    D = q_ref.shape[2]
-    half = D // 2
-    lower, upper = pl.ds(0, half), pl.ds(half, half)
+    D, half = q_ref.shape[2], cos_ref.shape[1]
+    R = 2 * half
+    lower, upper, full = pl.ds(0, half), pl.ds(half, half), pl.ds(0, D)
     cos, sin = cos_ref[token, lower], sin_ref[token, lower]
+    passed = lax.broadcasted_iota(jnp.int32, (D,), 0) >= R  # the dims RoPE leaves alone
 
-    def rotated(column, which):
-        """The head at qkv column `column`, normed with norm row `which`, rotated: both halves
-        rounded to qkv's dtype as the model rounds them."""
-        x1 = qkv_ref[token, pl.ds(column, half)].astype(jnp.float32)
-        x2 = qkv_ref[token, pl.ds(column + half, half)].astype(jnp.float32)
-        if norm_ref is not None:
-            scale = lax.rsqrt((jnp.sum(x1 * x1) + jnp.sum(x2 * x2)) / D + eps)
-            round_ = lambda a: a.astype(qkv_ref.dtype).astype(jnp.float32)  # noqa: E731
-            x1 = round_(x1 * scale * norm_ref[which, lower])
-            x2 = round_(x2 * scale * norm_ref[which, upper])
-        return x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    def prepared(column, which):
+        """The head at qkv column `column`, normed with norm row `which` and rounded to qkv's
+        dtype as the model rounds it: (whole head, its first rotary half, its second)."""
+        def part(offset, width):
+            return qkv_ref[token, pl.ds(column + offset, width)].astype(jnp.float32)
+
+        x, x1, x2 = part(0, D), part(0, half), part(half, half)
+        if norm_ref is None:
+            return x, x1, x2
+        scale = lax.rsqrt(jnp.sum(x * x) / D + eps)
+        shift = 1.0 if zero_centred else 0.0
+
+        def normed_(values, cols):
+            w = norm_ref[which, cols] + shift
+            return (values * scale * w).astype(qkv_ref.dtype).astype(jnp.float32)
+
+        return normed_(x, full), normed_(x1, lower), normed_(x2, upper)
+
+    def store(ref, at, head_values):
+        """Rotate and store one head: the rotary halves, then (masked) the rest."""
+        x, x1, x2 = head_values
+        ref[(*at, lower)] = (x1 * cos - x2 * sin).astype(qkv_ref.dtype).astype(ref.dtype)
+        ref[(*at, upper)] = (x2 * cos + x1 * sin).astype(qkv_ref.dtype).astype(ref.dtype)
+        if R < D:
+            pltriton.store(ref.at[(*at, full)], x.astype(qkv_ref.dtype).astype(ref.dtype),
+                           mask=passed)
 
     @pl.when(head < num_heads)
     def _query():
-        r1, r2 = rotated(head * D, 0)
-        q_ref[token, head, lower] = r1.astype(q_ref.dtype)
-        q_ref[token, head, upper] = r2.astype(q_ref.dtype)
+        store(q_ref, (token, head), prepared(head * q_width * D, 0))
 
     @pl.when(head >= num_heads)
     def _key_value():
@@ -98,8 +121,7 @@ def _prologue_kernel(slots_ref, qkv_ref, cos_ref, sin_ref, *refs, num_heads: int
 
         @pl.when((slot >= 0) & (page < k_out.shape[0]))
         def _store():
-            r1, r2 = rotated((num_heads + kv_head) * D, 1)
-            k_out[page, kv_head, offset, lower] = r1.astype(qkv_ref.dtype).astype(k_out.dtype)
-            k_out[page, kv_head, offset, upper] = r2.astype(qkv_ref.dtype).astype(k_out.dtype)
-            v = qkv_ref[token, pl.ds((num_heads + num_kv_heads + kv_head) * D, D)]
-            v_out[page, kv_head, offset, pl.ds(0, D)] = v.astype(v_out.dtype)
+            k_column = (q_width * num_heads + kv_head) * D
+            store(k_out, (page, kv_head, offset), prepared(k_column, 1))
+            v = qkv_ref[token, pl.ds(k_column + num_kv_heads * D, D)]
+            v_out[page, kv_head, offset, full] = v.astype(v_out.dtype)
