@@ -5,7 +5,7 @@
 # (on by default), the vector merge (NINFER_DECODE_MERGE_VECTOR), the fused GDN gates
 # (NINFER_GDN_FUSED_GATES), the add + norm kernel (NINFER_ADD_NORM_KERNEL), the attention
 # prologue (NINFER_ATTENTION_PROLOGUE), the skinny matmul (NINFER_SKINNY_MATMUL), the MoE
-# GEMVs. A switch whose tests fail stays off. Then issue 10's 8B step at 1 / 8 / 64 rows with
+# GEMVs. A switch whose tests fail stays off. Then issue 10's 8B step at 1 / 8 rows with
 # the defaults and with NEW (the passing switches), and NEW plus the skinny matmul; on an H200
 # issue 11's 35B-A3B at 1 / 8 rows with NEW first.
 # From the repository root, carry [".whl"]; one call, at most ~540 s (END=S: S seconds):
@@ -47,12 +47,12 @@ step() {  # step NAME CAP [ENV=VALUE ...]
   [ $cap -gt $left ] && cap=$left
   stamp "$name"
   env "$@" timeout $cap python3 benchmarks/runner_bench.py /tmp/q8.ninfer \
-    --batches 1,8,64 --context 1024 --prompt 256 --steps 32 --max-context 4096 \
+    --batches 1,8 --context 1024 --prompt 256 --steps 32 --max-context 4096 \
     --modes pipelined --json > "$OUT/$name.jsonl" 2> "$OUT/$name.log"
   stamp "$name rc=$?"
   grep '"decode"' "$OUT/$name.jsonl" | cut -c1-240 | tee -a "$OUT/stages.log"; save
 }
-step dense 90 X=0
-[ -n "$NEW" ] && step dense-new 90 $NEW
-failed test_skinny_matmul || step dense-new-skinny 90 $NEW NINFER_SKINNY_MATMUL=1
+step dense 100 X=0
+[ -n "$NEW" ] && step dense-new 100 $NEW
+failed test_skinny_matmul || step dense-new-skinny 100 $NEW NINFER_SKINNY_MATMUL=1
 save; ls -la "$OUT"
