@@ -120,6 +120,10 @@ def swiglu_mlp(x, layer, groups: int = 1):
     `groups` tensor-parallel blocks (model/tensor_parallel.py; 1: gate | up)."""
     if "w_gate_up" in layer:
         y = linear(x, layer["w_gate_up"])
+        if groups == 1:  # gate | up: the down product may activate as it loads
+            out = quant_matmul.swiglu_matmul(y, layer["w_down"])
+            if out is not None:
+                return out
         half = y.shape[-1] // 2
         gate, up = split_fused(y, (half, half), groups)
     else:

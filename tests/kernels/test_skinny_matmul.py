@@ -32,6 +32,34 @@ def test_kernel_in_interpret_mode_matches_the_reference(rows, splits, dtype):
                                rtol=tolerance, atol=tolerance)
 
 
+@cpu_only
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("splits", [1, 2])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_swiglu_form_in_interpret_mode_matches_the_reference(rows, splits, dtype):
+    rng = np.random.default_rng(rows * 10 + splits + 5)
+    y = jnp.asarray(rng.standard_normal((rows, 256)) * 2, dtype)  # gate | up, 128 each
+    w = jnp.asarray(rng.standard_normal((128, 64)) * 0.1, dtype)
+    tiles = SkinnyTiles(block_k=32, block_n=32, num_splits=splits, num_stages=1)
+    got = jax.jit(functools.partial(kernel.skinny_matmul, swiglu=True, tiles=tiles,
+                                    interpret=True))(y, w)
+    want = reference.skinny_matmul(y, w, swiglu=True)
+    assert got.dtype == dtype and got.shape == (rows, 64)
+    tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                               rtol=tolerance, atol=tolerance)
+
+
+def test_swiglu_reference_is_the_models_gated_mlp():
+    rng = np.random.default_rng(11)
+    y = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((32, 16)), jnp.float32)
+    gate, up = y[:, :32], y[:, 32:]
+    want = (gate * jax.nn.sigmoid(gate) * up) @ w
+    np.testing.assert_allclose(np.asarray(reference.skinny_matmul(y, w, swiglu=True)),
+                               np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_declines_what_it_does_not_cover():
     w = jnp.zeros((128, 64), jnp.bfloat16)
     assert kernel.skinny_matmul(jnp.zeros((17, 128), jnp.bfloat16), w) is None
@@ -49,23 +77,27 @@ def test_tiles_divide_the_weight_and_split_small_ones():
     assert skinny_tiles(k=4096, n=28672).num_splits == 2
 
 
-@pytest.mark.parametrize("k,n", [(4096, 6144), (14336, 4096)])
-def test_kernel_lowers_for_cuda(k, n):
+@pytest.mark.parametrize("k,n,swiglu", [(4096, 6144, False), (14336, 4096, False),
+                                        (12288, 4096, True)])
+def test_kernel_lowers_for_cuda(k, n, swiglu):
     spec = jax.ShapeDtypeStruct
-    text = lowers_for_cuda(kernel.skinny_matmul, spec((2, k), jnp.bfloat16),
-                           spec((k, n), jnp.bfloat16))
+    width = 2 * k if swiglu else k
+    text = lowers_for_cuda(functools.partial(kernel.skinny_matmul, swiglu=swiglu),
+                           spec((2, width), jnp.bfloat16), spec((k, n), jnp.bfloat16))
     assert "ninfer_skinny_matmul" in text
 
 
 @needs_gpu
-@pytest.mark.parametrize("rows", [1, 2, 8])
-def test_kernel_on_the_gpu_matches_the_reference(rows):
+@pytest.mark.parametrize("rows,swiglu", [(1, False), (2, False), (8, False), (2, True),
+                                         (16, True)])
+def test_kernel_on_the_gpu_matches_the_reference(rows, swiglu):
     rng = np.random.default_rng(rows)
-    x = jnp.asarray(rng.standard_normal((rows, 4096)), jnp.bfloat16)
-    w = jnp.asarray(rng.standard_normal((4096, 6144)) * 0.02, jnp.bfloat16)
-    got = np.asarray(kernel.skinny_matmul(x, w), np.float32)
-    want = np.asarray(reference.skinny_matmul(x, w), np.float32)
-    np.testing.assert_allclose(got, want, rtol=2e-2, atol=2e-2)
+    k = 12288 if swiglu else 4096
+    x = jnp.asarray(rng.standard_normal((rows, 2 * k if swiglu else k)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((k, 4096 if swiglu else 6144)) * 0.02, jnp.bfloat16)
+    got = np.asarray(kernel.skinny_matmul(x, w, swiglu=swiglu), np.float32)
+    want = np.asarray(reference.skinny_matmul(x, w, swiglu=swiglu), np.float32)
+    np.testing.assert_allclose(got, want, rtol=2e-2, atol=5e-2 if swiglu else 2e-2)
 
 
 @cpu_only
@@ -96,3 +128,28 @@ def test_linear_takes_the_kernel_for_few_rows_when_switched_on(monkeypatch):
     assert calls == [(2, 256)]
     monkeypatch.setenv(skinny_matmul.SKINNY_ENV, "0")
     assert not skinny_matmul.skinny_on()
+
+
+@cpu_only
+def test_gated_mlp_takes_the_swiglu_form_when_switched_on(monkeypatch):
+    """model/layers.swiglu_mlp with a fused gate | up: the down product through the kernel's
+    swiglu form (interpret mode, counted) when the switch is on and the rows few; the same
+    output as the activation then the product."""
+    from ninfer_jax.kernels import dispatch, skinny_matmul
+    from ninfer_jax.model import layers
+
+    rng = np.random.default_rng(12)
+    layer = {"w_gate_up": jnp.asarray(rng.standard_normal((64, 256)) * 0.2, jnp.float32),
+             "w_down": jnp.asarray(rng.standard_normal((128, 64)) * 0.2, jnp.float32)}
+    x = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
+    plain = layers.swiglu_mlp(x, layer)
+    calls = []
+    real = kernel.skinny_matmul
+    monkeypatch.setattr(kernel, "skinny_matmul",
+                        lambda *a, **k: calls.append(k.get("swiglu", False)) or real(
+                            *a, **k, interpret=True))
+    monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
+    monkeypatch.setenv(skinny_matmul.SKINNY_ENV, "1")
+    got = layers.swiglu_mlp(x, layer)
+    assert calls == [False, True]  # gate | up, then the down product with the activation
+    np.testing.assert_allclose(np.asarray(got), np.asarray(plain), rtol=1e-4, atol=1e-4)

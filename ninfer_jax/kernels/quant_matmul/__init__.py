@@ -87,6 +87,19 @@ def matmul(x, w, *, out_dtype=None):
     return reference.matmul(x, w, out_dtype=out_dtype)
 
 
+def swiglu_matmul(y, w):
+    """silu(gate) * up @ w for a gated MLP's y = gate | up [..., 2F] and a plain w [F, N],
+    through kernels/skinny_matmul with the activation computed as the rows load (no kernel of
+    its own); None where that does not apply (its switch off, more than SKINNY_MAX_ROWS rows,
+    a quantized w, shapes it does not tile): the caller activates and calls matmul."""
+    rows = y.size // y.shape[-1]
+    if isinstance(w, dict) or rows > SKINNY_MAX_ROWS or not skinny_matmul.skinny_on():
+        return None
+    from ninfer_jax.kernels.skinny_matmul import kernel as skinny
+    out = skinny.skinny_matmul(y.reshape(rows, y.shape[-1]), w, swiglu=True)
+    return None if out is None else out.reshape(*y.shape[:-1], w.shape[1])
+
+
 def w8a8_min_rows() -> int:
     """W8A8_MIN_ROWS on a GPU (0 elsewhere), or NINFER_W8A8 where set (read when tracing and
     at load)."""

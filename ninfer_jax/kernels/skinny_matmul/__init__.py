@@ -5,9 +5,12 @@ of one or two rows reaches 3.4-4.2 TB/s on the H200 (run 20: gate|up 4.2, down 3
 3.5, o 3.4) and the small projections lose the most. kernel.py is a split-K Triton product on
 the tensor cores with the rows padded to 16 as they are loaded (a masked load, no pad copy)
 and the weight tiles pipelined (num_stages), for kernel_bench's `skinny` section to weigh
-against XLA's dot. reference.py is its twin. kernels/quant_matmul.matmul (every model's
-`linear`) sends a plain 16-bit weight times at most 16 rows through it on a GPU when
-GPU_SKINNY (or NINFER_SKINNY_MATMUL=1) is on: off until the GPU's A/B says it pays.
+against XLA's dot. Its swiglu form takes a gated MLP's gate | up product and computes
+silu(gate) * up as it loads the rows, so the down product needs no activation kernel before
+it. reference.py is its twin. kernels/quant_matmul.matmul (every model's `linear`) sends a
+plain 16-bit weight times at most 16 rows through it on a GPU when GPU_SKINNY (or
+NINFER_SKINNY_MATMUL=1) is on, and quant_matmul.swiglu_matmul (model/layers.swiglu_mlp's
+down product) its swiglu form: off until the GPU's A/B says it pays.
 """
 from __future__ import annotations
 

@@ -50,10 +50,13 @@ def skinny_tiles(*, k: int, n: int, block_k: int = 128, block_n: int = 128,
                        num_stages=num_stages)
 
 
-def skinny_matmul(x, w, *, tiles: SkinnyTiles | None = None, interpret: bool = False):
-    """See reference.skinny_matmul; None when M > 16, the dtypes differ or nothing tiles."""
-    (M, K), N = x.shape, w.shape[1]
-    if M > DOT_ROWS or w.shape[0] != K or x.dtype != w.dtype:
+def skinny_matmul(x, w, *, swiglu: bool = False, tiles: SkinnyTiles | None = None,
+                  interpret: bool = False):
+    """See reference.skinny_matmul; None when M > 16, the dtypes differ or nothing tiles.
+    swiglu: each program computes its rows' silu(gate) * up for its K blocks as it loads
+    them (the gated MLP's activation without a kernel of its own)."""
+    M, K, N = x.shape[0], x.shape[1] // (2 if swiglu else 1), w.shape[1]
+    if M > DOT_ROWS or w.shape[0] != K or x.dtype != w.dtype or (swiglu and x.shape[1] % 2):
         return None
     tiles = tiles or skinny_tiles(k=K, n=N)
     if tiles is None:
@@ -62,8 +65,8 @@ def skinny_matmul(x, w, *, tiles: SkinnyTiles | None = None, interpret: bool = F
     out_dtype = x.dtype if NS == 1 else jnp.float32
     whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
     out = jax.ShapeDtypeStruct((NS, M, N), out_dtype)
-    kernel = functools.partial(_skinny_kernel, block_k=bk,
-                               num_blocks=K // bk // NS)
+    kernel = functools.partial(_skinny_kernel, block_k=bk, num_blocks=K // bk // NS,
+                               up_at=K if swiglu else None)
     sums = pl.pallas_call(
         kernel,
         grid=(N // bn, NS),
@@ -78,9 +81,11 @@ def skinny_matmul(x, w, *, tiles: SkinnyTiles | None = None, interpret: bool = F
     return sums[0] if NS == 1 else sums.sum(axis=0).astype(x.dtype)
 
 
-def _skinny_kernel(x_ref, w_ref, o_ref, *, block_k: int, num_blocks: int):
+def _skinny_kernel(x_ref, w_ref, o_ref, *, block_k: int, num_blocks: int,
+                   up_at: int | None):
     """One (column block, K split) program: o_ref [NS, M, N] whole, of which it stores its
-    split's [M, bn] sums; w_ref is the split's [K / NS, bn] slab."""
+    split's [M, bn] sums; w_ref is the split's [K / NS, bn] slab. up_at: x_ref holds gate | up
+    with up from this column, and the left operand is silu(gate) * up."""
     column, split = pl.program_id(0), pl.program_id(1)
     M = x_ref.shape[0]
     block_n = w_ref.shape[1]
@@ -89,8 +94,15 @@ def _skinny_kernel(x_ref, w_ref, o_ref, *, block_k: int, num_blocks: int):
 
     def body(i, acc):
         k0 = pl.multiple_of(i * block_k, block_k)
-        x = pltriton.load(x_ref.at[pl.ds(0, DOT_ROWS), pl.ds(first_k + k0, block_k)],
-                          mask=rows < M, other=0.0)
+        def rows_at(column):
+            return pltriton.load(x_ref.at[pl.ds(0, DOT_ROWS), pl.ds(column, block_k)],
+                                 mask=rows < M, other=0.0)
+
+        x = rows_at(first_k + k0)
+        if up_at is not None:
+            gate = x.astype(jnp.float32)
+            up = rows_at(up_at + first_k + k0).astype(jnp.float32)
+            x = (gate * jax.nn.sigmoid(gate) * up).astype(x_ref.dtype)
         return acc + pltriton.dot(x, w_ref[pl.ds(k0, block_k), :])
 
     acc = lax.fori_loop(0, num_blocks, body, jnp.zeros((DOT_ROWS, block_n), jnp.float32))
