@@ -18,6 +18,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
+from ninfer_jax.kernels.tiling import is_power_of_2
+
 # A head's 128-256 values at 2 bytes: one warp holds it.
 NUM_WARPS = 1
 
@@ -37,7 +39,7 @@ def attention_prologue(qkv, q_norm, k_norm, cos, sin, slots, k_cache, v_cache, *
         return None
     N, D = qkv.shape[0], qkv.shape[1] // columns
     half = cos.shape[-1] if cos.ndim == 2 else 0
-    if (not _power_of_2(D) or not _power_of_2(half) or 2 * half > D or k_cache.ndim != 4
+    if (not is_power_of_2(D) or not is_power_of_2(half) or 2 * half > D or k_cache.ndim != 4
             or v_cache.shape != k_cache.shape or k_cache.shape[1] != num_kv_heads
             or k_cache.shape[3] != D or k_cache.dtype != v_cache.dtype
             or (q_norm is None) != (k_norm is None) or cos.shape != (N, half)
@@ -63,10 +65,6 @@ def attention_prologue(qkv, q_norm, k_norm, cos, sin, slots, k_cache, v_cache, *
         interpret=interpret,
         name="ninfer_attention_prologue",
     )(*args))
-
-
-def _power_of_2(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
 
 
 def _prologue_kernel(slots_ref, qkv_ref, cos_ref, sin_ref, *refs, num_heads: int,

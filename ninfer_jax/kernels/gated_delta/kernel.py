@@ -32,6 +32,7 @@ from jax.experimental.pallas import triton as pltriton
 
 from ninfer_jax.kernels.gated_delta import wy
 from ninfer_jax.kernels.gated_delta.reference import CHUNK_SIZE
+from ninfer_jax.kernels.tiling import is_power_of_2
 
 NUM_WARPS = 4
 NUM_STAGES = 1
@@ -40,7 +41,7 @@ TARGET_PROGRAMS = 128  # about one per SM of an H100 / H200 (132)
 
 def tiles(chunk_size: int, key_dim: int, value_dim: int) -> bool:
     """Whether the kernel takes these dims (Triton dots want powers of two >= 16)."""
-    return all(d >= 16 and d & (d - 1) == 0 for d in (chunk_size, key_dim, value_dim))
+    return all(d >= 16 and is_power_of_2(d) for d in (chunk_size, key_dim, value_dim))
 
 
 def value_block(num_value_heads: int, value_dim: int) -> int:

@@ -26,6 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pltriton
 
 from ninfer_jax.kernels.mamba2.reference import CHUNK_SIZE
+from ninfer_jax.kernels.tiling import is_power_of_2
 
 NUM_WARPS = 4
 _HIGHEST = lax.Precision.HIGHEST
@@ -33,7 +34,7 @@ _HIGHEST = lax.Precision.HIGHEST
 
 def tiles(chunk_size: int, head_dim: int, state_size: int) -> bool:
     """Whether the kernel takes these dims (Triton dots want powers of two >= 16)."""
-    return all(d >= 16 and d & (d - 1) == 0 for d in (chunk_size, head_dim, state_size))
+    return all(d >= 16 and is_power_of_2(d) for d in (chunk_size, head_dim, state_size))
 
 
 def chunk_ssd(x, dt, A, B, C, D, initial_state, num_tokens, *, chunk_size=CHUNK_SIZE,
