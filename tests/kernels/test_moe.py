@@ -169,6 +169,53 @@ def test_expert_gemv_skips_zero_weight_assignments_in_interpret_mode(activation_
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
 
 
+@cpu_only
+@pytest.mark.parametrize("activation", ["swiglu", "relu2"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fused_expert_mlp_matches_the_dense_loop_in_interpret_mode(activation, dtype,
+                                                                    monkeypatch):
+    """NINFER_MOE_FUSED_MLP=1: one program per (assignment, width block) runs both products;
+    zero-weight assignments (a padding row, one expert of another row) store zeros, and the
+    result equals the dense loop (float32) or the two-GEMV path (bfloat16, same roundings)."""
+    rng = np.random.default_rng(21)
+    hidden, width = 256, 128
+    x = jnp.asarray(rng.standard_normal((3, hidden)), dtype)
+    ids, weights = routing(rng, 3, 2)
+    weights = weights.at[1].set(0.0).at[2, 0].set(0.0)
+    gate_up, down = expert_weights(rng, hidden, width, dtype=dtype, activation=activation)
+    tiles = tuning.fused_tiles(assignments=6, hidden=hidden, width=width)
+    assert width // tiles.block_i > 1 and hidden // tiles.block_n >= 1
+    shares = kernel._fused_expert_mlp(x, ids.reshape(-1), weights.reshape(-1), gate_up, down,
+                                      rows_per_input=2, tiles=tiles, activation=activation,
+                                      interpret=True)
+    used = np.asarray(weights.reshape(-1) != 0)
+    assert shares.shape == (width // tiles.block_i, 6, hidden)
+    assert np.all(np.asarray(shares)[:, ~used] == 0)
+    fn = functools.partial(kernel.gathered_experts, activation=activation, interpret=True)
+    monkeypatch.setenv(kernel.FUSED_MLP_ENV, "0")
+    two_gemvs = jax.jit(fn)(x, ids, weights, gate_up, down)
+    monkeypatch.setenv(kernel.FUSED_MLP_ENV, "1")
+    with jax.default_matmul_precision("highest"):
+        got = jax.jit(fn)(x, ids, weights, gate_up, down)
+        expected = reference.dense_experts(x, ids, weights, gate_up, down,
+                                           activation=activation)
+    if dtype == jnp.float32:
+        np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=2e-5, rtol=2e-5)
+    else:
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(two_gemvs, np.float32),
+                                   atol=2e-2, rtol=2e-2)
+    assert np.all(np.asarray(got, np.float32)[1] == 0)
+
+
+def test_fused_tiles_aim_at_enough_programs():
+    one_row = tuning.fused_tiles(assignments=8, hidden=2048, width=512)  # the 35B-A3B, 1 row
+    assert one_row.block_i == 16 and 8 * 512 // 16 >= 256
+    eight_rows = tuning.fused_tiles(assignments=64, hidden=2048, width=512)
+    assert eight_rows.block_i == 64  # 512 programs already at the widest block
+    assert 2048 % one_row.block_k == 0 and 2048 % one_row.block_n == 0
+    assert tuning.fused_tiles(assignments=8, hidden=24, width=10) is None
+
+
 def test_tile_plan_gives_each_assignment_its_own_row_in_a_tile_of_its_expert():
     rng = np.random.default_rng(3)
     ids, _ = routing(rng, 37, 3, skip_experts=(2, 5))
@@ -221,16 +268,19 @@ def test_shapes_without_a_tiling_fall_back_to_the_reference():
     assert kernel.routed_experts(x, ids, weights, gate_up, down) is None
 
 
-@pytest.mark.parametrize("gemv_dot", ["0", "1"])
+@pytest.mark.parametrize("gemv", ["fma", "dot", "fused"])
 @pytest.mark.parametrize("num_tokens", [1, 2, 64, 1026])
-def test_kernels_lower_for_cuda_at_the_35b_a3b_shape(num_tokens, gemv_dot, monkeypatch):
-    monkeypatch.setenv(kernel.GEMV_DOT_ENV, gemv_dot)
+def test_kernels_lower_for_cuda_at_the_35b_a3b_shape(num_tokens, gemv, monkeypatch):
+    monkeypatch.setenv(kernel.GEMV_DOT_ENV, "1" if gemv == "dot" else "0")
+    monkeypatch.setenv(kernel.FUSED_MLP_ENV, "1" if gemv == "fused" else "0")
     spec = jax.ShapeDtypeStruct
     args = (spec((num_tokens, 2048), jnp.bfloat16), spec((num_tokens, 8), jnp.int32),
             spec((num_tokens, 8), jnp.float32), spec((256, 2048, 1024), jnp.bfloat16),
             spec((256, 512, 2048), jnp.bfloat16))
-    text = lowers_for_cuda(kernel.routed_experts, *args)
-    names = (["ninfer_moe_expert_gemv"] if num_tokens * 8 < 256
+    # a fresh function: jit's cache would hand back a trace made under the other switches
+    text = lowers_for_cuda(lambda *a: kernel.routed_experts(*a), *args)
+    decode = ["ninfer_moe_fused_mlp"] if gemv == "fused" else ["ninfer_moe_expert_gemv"]
+    names = (decode if num_tokens * 8 < 256
              else ["ninfer_moe_gate_up", "ninfer_moe_down"])
     assert all(name in text for name in names)
     assert "ragged" not in text  # neither ragged_dot nor its dense expansion
@@ -251,12 +301,12 @@ def test_relu2_kernels_lower_for_cuda_at_the_nemotron_3_nano_shape(num_tokens):
 
 
 @needs_gpu
-@pytest.mark.parametrize("gemv_dot", ["0", "1"])
+@pytest.mark.parametrize("gemv", ["fma", "dot", "fused"])
 @pytest.mark.parametrize("activation", ["swiglu", "relu2"])
 @pytest.mark.parametrize("num_tokens", [1, 2, 8, 64, 300])
-def test_kernels_on_the_gpu_match_the_dense_loop(num_tokens, activation, gemv_dot,
-                                                 monkeypatch):
-    monkeypatch.setenv(kernel.GEMV_DOT_ENV, gemv_dot)
+def test_kernels_on_the_gpu_match_the_dense_loop(num_tokens, activation, gemv, monkeypatch):
+    monkeypatch.setenv(kernel.GEMV_DOT_ENV, "1" if gemv == "dot" else "0")
+    monkeypatch.setenv(kernel.FUSED_MLP_ENV, "1" if gemv == "fused" else "0")
     rng = np.random.default_rng(num_tokens)
     num_experts, top_k = 64, 8
     x = jnp.asarray(rng.standard_normal((num_tokens, 512)), jnp.bfloat16)

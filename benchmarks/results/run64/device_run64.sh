@@ -28,13 +28,19 @@ failed test_add_norm || NEW="$NEW NINFER_ADD_NORM_KERNEL=1"
 failed test_attention_prologue || NEW="$NEW NINFER_ATTENTION_PROLOGUE=1"
 failed test_gated_delta || NEW="$NEW NINFER_GDN_FUSED_GATES=1"
 stamp "NEW=$NEW"
+moe35() {  # moe35 NAME CAP BATCHES [ENV=VALUE ...]: the 35B-A3B's step
+  local name=$1 cap=$2 batches=$3; shift 3
+  stamp "$name"
+  env XLA_PYTHON_CLIENT_MEM_FRACTION=0.97 "$@" timeout $cap python3 benchmarks/hybrid_bench.py \
+    --json --presets qwen3.6-35b-a3b --no-gdn --batches $batches > "$OUT/$name.jsonl" \
+    2> "$OUT/$name.log"
+  stamp "$name rc=$?"
+  grep '"decode"' "$OUT/$name.jsonl" | cut -c1-220 | tee -a "$OUT/stages.log"; save
+}
 if grep -q H200 "$OUT/stages.log"; then
-  stamp moe35-new
-  env XLA_PYTHON_CLIENT_MEM_FRACTION=0.97 $NEW timeout 110 python3 benchmarks/hybrid_bench.py \
-    --json --presets qwen3.6-35b-a3b --no-gdn --batches 1,8 > "$OUT/moe35-new.jsonl" \
-    2> "$OUT/moe35-new.log"
-  stamp "moe35-new rc=$?"
-  grep '"decode"' "$OUT/moe35-new.jsonl" | cut -c1-220 | tee -a "$OUT/stages.log"; save
+  moe35 moe35-new 110 1,8 X=0 $NEW
+  # the expert MLP as one kernel (NINFER_MOE_FUSED_MLP) on top, at one row
+  failed test_moe || moe35 moe35-new-fused 80 1 $NEW NINFER_MOE_FUSED_MLP=1
 fi
 stamp artifact
 [ -d /tmp/q8.ninfer ] || timeout 80 python3 -m ninfer_jax.cli.main init-random --preset qwen3-8b \

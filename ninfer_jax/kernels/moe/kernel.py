@@ -16,6 +16,8 @@ interpret mode on CPU. Two paths, picked while tracing from the static shapes:
                 the combine weights.
                 Assignments of combine weight zero (padding rows, model/moe_mlp.py; experts
                 of another device under expert parallelism) run no loop iterations.
+                FUSED_EXPERT_MLP replaces the two GEMVs by one kernel: one program per
+                (assignment, block of the expert's width) runs both products of its block.
   grouped GEMM  otherwise (prefill, large batches): assignments sorted by expert are laid
                 out in `num_tiles` tiles of block_m rows, each tile one expert's (its rows
                 past the expert's count are padding); the gate/up kernel gathers its tokens'
@@ -44,8 +46,8 @@ from jax.experimental.pallas import triton as pltriton
 
 from ninfer_jax.kernels import dispatch
 from ninfer_jax.kernels.moe.reference import activate
-from ninfer_jax.kernels.moe.tuning import (GemvTiles, GroupedTiles, gemv_tiles,
-                                           grouped_tiles)
+from ninfer_jax.kernels.moe.tuning import (FusedTiles, GemvTiles, GroupedTiles, fused_tiles,
+                                           gemv_tiles, grouped_tiles)
 
 # Where the expert GEMV path adds the gate/up GEMV's K splits and applies the activation,
 # read while tracing (a benchmark may set it before it jits): "fusion", one XLA fusion
@@ -63,6 +65,15 @@ ACTIVATION_AT = "fusion"
 GEMV_ON_TENSOR_CORES = False
 GEMV_DOT_ENV = "NINFER_MOE_GEMV_DOT"
 DOT_ROWS = 16  # Triton's smallest matmul tile side
+# Whether the decode path runs each assignment's whole expert MLP in one kernel: one program
+# per (assignment, block of the expert's width) computes its block's gate and up sums over
+# the hidden size, the activation in registers, and that block's share of the down product
+# [H], so the activation fusion and the second launch go (run 57: the two GEMVs 17.6 + 9.7 us
+# a layer for ~50 MB, ~2 TB/s on an H100; the activation fusion between them ~1 us). The
+# shares of the blocks are added with the combine weights by the usual XLA fusion. Off until
+# a GPU measures it; NINFER_MOE_FUSED_MLP ("1" / "0") overrides it while tracing.
+FUSED_EXPERT_MLP = False
+FUSED_MLP_ENV = "NINFER_MOE_FUSED_MLP"
 
 
 def routed_experts(x, expert_ids, expert_weights, gate_up, down, *, activation: str = "swiglu",
@@ -97,6 +108,14 @@ def gathered_experts(x, expert_ids, expert_weights, gate_up, down, *, activation
     N, top_k = expert_ids.shape
     A, (_, H, first) = N * top_k, gate_up.shape
     width = down.shape[1]
+    if tiles is None and dispatch.switch(FUSED_MLP_ENV, FUSED_EXPERT_MLP):
+        fused = fused_tiles(assignments=A, hidden=H, width=width)
+        if fused is not None:
+            shares = _fused_expert_mlp(x, expert_ids.reshape(A).astype(jnp.int32),
+                                       expert_weights.reshape(A), gate_up, down,
+                                       rows_per_input=top_k, tiles=fused,
+                                       activation=activation, interpret=interpret)
+            return _combine(shares.sum(axis=0), expert_weights, x.dtype)
     up_tiles, down_tiles = tiles or (gemv_tiles(assignments=A, k=H, n=first),
                                      gemv_tiles(assignments=A, k=width, n=H))
     if up_tiles is None or down_tiles is None:
@@ -207,6 +226,77 @@ def _expert_gemv(x, ids, used, w, *, rows_per_input: int, tiles: GemvTiles, inte
         interpret=interpret,
         name="ninfer_moe_expert_gemv",
     )(ids, used, x, w)
+
+
+def _fused_expert_mlp(x, ids, used, gate_up, down, *, rows_per_input: int, tiles: FusedTiles,
+                      activation: str, interpret: bool):
+    """Row a // rows_per_input of x [R, H] through expert ids[a]'s MLP, one program per
+    (assignment a, width block j): f32 shares [I / block_i, A, H] whose sum over the first
+    axis is each assignment's output (zeros for used[a] == 0)."""
+    A, H, width = ids.shape[0], x.shape[1], down.shape[1]
+    bi = tiles.block_i
+    whole = lambda a: pl.BlockSpec(a.shape, lambda *_: (0,) * a.ndim)  # noqa: E731
+    if activation not in ("swiglu", "relu2"):
+        raise ValueError(f"unknown expert activation {activation!r}")
+    kernel = functools.partial(_fused_mlp_kernel, rows_per_input=rows_per_input,
+                               block_i=bi, block_k=tiles.block_k, block_n=tiles.block_n,
+                               gated=activation == "swiglu")
+    return pl.pallas_call(
+        kernel,
+        grid=(A, width // bi),
+        in_specs=[pl.BlockSpec((1,), lambda a, j: (a,)), pl.BlockSpec((1,), lambda a, j: (a,)),
+                  whole(x), whole(gate_up), whole(down)],
+        out_specs=pl.BlockSpec((None, None, H), lambda a, j: (j, a, 0)),
+        out_shape=jax.ShapeDtypeStruct((width // bi, A, H), jnp.float32),
+        compiler_params=pltriton.CompilerParams(num_warps=tiles.num_warps,
+                                                num_stages=tiles.num_stages),
+        interpret=interpret,
+        name="ninfer_moe_fused_mlp",
+    )(ids, used, x, gate_up, down)
+
+
+def _fused_mlp_kernel(id_ref, used_ref, x_ref, gu_ref, d_ref, o_ref, *, rows_per_input: int,
+                      block_i: int, block_k: int, block_n: int, gated: bool):
+    """One (assignment, width block) program: the block's gate and up sums (relu2: up only)
+    over the hidden size, their activation rounded to x's dtype (as the reference rounds it
+    before the down product), then the block's rows of down times it, stored [H] by column
+    blocks. An unused assignment reads no weights and stores zeros."""
+    assignment, block = pl.program_id(0), pl.program_id(1)
+    expert = id_ref[0]
+    row = assignment // rows_per_input
+    H, width, bi = x_ref.shape[1], d_ref.shape[1], block_i
+    first = pl.multiple_of(block * bi, bi)
+    is_used = used_ref[0] != 0
+    columns = [first, width + first] if gated else [first]
+
+    def body(i, sums):
+        k0 = pl.multiple_of(i * block_k, block_k)
+        xs = x_ref[row, pl.ds(k0, block_k)].astype(jnp.float32)[:, None]
+        return tuple(acc + xs * gu_ref[expert, pl.ds(k0, block_k), pl.ds(c, bi)].astype(
+            jnp.float32) for acc, c in zip(sums, columns))
+
+    init = tuple(jnp.zeros((block_k, bi), jnp.float32) for _ in columns)
+    sums = lax.fori_loop(0, is_used.astype(jnp.int32) * (H // block_k), body, init)
+    sums = [acc.sum(axis=0) for acc in sums]
+    if gated:
+        act = sums[0] * jax.nn.sigmoid(sums[0]) * sums[1]
+    else:
+        act = jnp.square(jnp.maximum(sums[0], 0.0))
+    act = act.astype(x_ref.dtype).astype(jnp.float32)[:, None]  # [bi, 1]
+
+    @pl.when(is_used)
+    def _down():
+        def column_block(c, carry):
+            n0 = pl.multiple_of(c * block_n, block_n)
+            w = d_ref[expert, pl.ds(first, bi), pl.ds(n0, block_n)].astype(jnp.float32)
+            o_ref[pl.ds(n0, block_n)] = (act * w).sum(axis=0)
+            return carry
+
+        lax.fori_loop(0, H // block_n, column_block, 0)
+
+    @pl.when(jnp.logical_not(is_used))
+    def _zeros():
+        o_ref[...] = jnp.zeros((H,), jnp.float32)
 
 
 # ---------------------------------------------------------------------------- grouped GEMM

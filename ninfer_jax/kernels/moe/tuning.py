@@ -7,6 +7,8 @@ None and the caller takes the reference.
                splits), aiming at GEMV_TARGET_PROGRAMS programs so that enough weight bytes
                are in flight; tiles as the quantized one-row kernel measured best (float32
                partial sums of block_k x block_n values, no pipelining).
+  fused MLP    (the expert GEMV's alternative, kernel.py FUSED_EXPERT_MLP): the grid is
+               (assignments, width blocks), each program both products of its block.
   grouped GEMM (many assignments): the assignments sorted by expert are cut into tiles of
                block_m rows that each belong to one expert; block_m follows the mean rows per
                expert so that decode-sized groups do not pay for 64-row tiles.
@@ -18,6 +20,12 @@ import dataclasses
 from ninfer_jax.kernels.tiling import fit_tile, next_power_of_2
 
 GEMV_TARGET_PROGRAMS = 1056  # 8 per SM on an H200 (132 SMs)
+# The fused expert MLP (kernel.py FUSED_EXPERT_MLP): programs of (assignment, width block),
+# each streaming its block's gate | up columns and down rows; two per SM at least.
+FUSED_TARGET_PROGRAMS = 256
+FUSED_BLOCK_I = (16, 64)  # smallest and largest width block
+FUSED_BLOCK_K = 128  # hidden rows per step of the first product
+FUSED_BLOCK_N = 512  # down columns per step of the second
 GEMV_TILE = (64, 128)  # (block_k, block_n)
 MIN_BLOCKS_PER_SPLIT = 2
 MIN_DOT = 16  # Triton's smallest matmul tile side
@@ -36,6 +44,15 @@ class GemvTiles:
     # The tensor-core form (kernel.py GEMV_ON_TENSOR_CORES) for this call: None follows the
     # switch (benchmarks sweep both).
     use_dot: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedTiles:
+    block_i: int  # expert width columns per program (its gate and up columns, its down rows)
+    block_k: int  # hidden rows per step of the first product
+    block_n: int  # hidden columns per step of the down product
+    num_warps: int = 4
+    num_stages: int = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +79,26 @@ def gemv_tiles(*, assignments: int, k: int, n: int,
     limit = max(1, num_blocks // MIN_BLOCKS_PER_SPLIT)
     splits = max(d for d in range(1, min(wanted, limit) + 1) if num_blocks % d == 0)
     return GemvTiles(block_k=block_k, block_n=block_n, num_splits=splits)
+
+
+def fused_tiles(*, assignments: int, hidden: int, width: int) -> FusedTiles | None:
+    """Tiles for the fused expert MLP of `assignments` rows through experts of hidden x width:
+    the widest block_i in FUSED_BLOCK_I that still gives FUSED_TARGET_PROGRAMS programs (the
+    narrowest that divides the width otherwise); None when nothing divides."""
+    smallest, largest = FUSED_BLOCK_I
+    block_k = fit_tile(hidden, FUSED_BLOCK_K, MIN_DOT)
+    block_n = fit_tile(hidden, FUSED_BLOCK_N, MIN_DOT)
+    block_i = None
+    candidate = largest
+    while candidate >= smallest:
+        if width % candidate == 0:
+            block_i = candidate
+            if assignments * (width // candidate) >= FUSED_TARGET_PROGRAMS:
+                break
+        candidate //= 2
+    if None in (block_k, block_n, block_i):
+        return None
+    return FusedTiles(block_i=block_i, block_k=block_k, block_n=block_n)
 
 
 def grouped_tiles(*, assignments: int, experts: int, hidden: int,
