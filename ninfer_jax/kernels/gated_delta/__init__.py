@@ -37,8 +37,9 @@ GPU_ROWS_KERNEL = True
 GPU_FUSED_ROWS = True
 # Whether the fused rows kernel also computes g and beta from the fused projection's b | a
 # columns when the model passes no gates (else one XLA fusion makes them first, as before).
-# Off until a GPU runs it (interpret-mode tests and the CUDA lowering pass).
-GPU_FUSED_GATES = False
+# On since its native tests passed (run 64, H100); not yet timed apart (the 35B-A3B's run
+# 64b steps had it on in both arms): NINFER_GDN_FUSED_GATES=0 is the A/B's other arm.
+GPU_FUSED_GATES = True
 FUSED_GATES_ENV = "NINFER_GDN_FUSED_GATES"  # "1" / "0" overrides GPU_FUSED_GATES while tracing
 ROWS_ENV = "NINFER_GDN_ROWS_KERNEL"  # "1" / "0" overrides GPU_ROWS_KERNEL while tracing
 FUSED_ROWS_ENV = "NINFER_GDN_FUSED_ROWS"  # "1" / "0" overrides GPU_FUSED_ROWS while tracing

@@ -70,8 +70,10 @@ DOT_ROWS = 16  # Triton's smallest matmul tile side
 # the hidden size, the activation in registers, and that block's share of the down product
 # [H], so the activation fusion and the second launch go (run 57: the two GEMVs 17.6 + 9.7 us
 # a layer for ~50 MB, ~2 TB/s on an H100; the activation fusion between them ~1 us). The
-# shares of the blocks are added with the combine weights by the usual XLA fusion. Off until
-# a GPU measures it; NINFER_MOE_FUSED_MLP ("1" / "0") overrides it while tracing.
+# shares of the blocks are added with the combine weights by the usual XLA fusion. Off: its
+# native tests pass, but run 64b (H100, the 35B-A3B at one unpadded row) was slower with it,
+# 188.6 against 217.8 tok/s (width blocks of 16: each program's gate | up tile is [128, 16],
+# 32-byte rows); NINFER_MOE_FUSED_MLP ("1" / "0") overrides it while tracing.
 FUSED_EXPERT_MLP = False
 FUSED_MLP_ENV = "NINFER_MOE_FUSED_MLP"
 

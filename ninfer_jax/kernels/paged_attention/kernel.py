@@ -62,9 +62,10 @@ NUM_MERGE_WARPS = 2
 # waiting for the previous one's (num_stages=1). Why: at batch 1 the merge is latency, not
 # bytes: run 20's 8B step spent 0.245 ms in 36 merges (6.8 us each, as long as the decode
 # kernel itself) and run 57's 35B-A3B step 9.2 us per merge for 8 splits.
-# Off until a GPU runs it (interpret-mode tests and the CUDA lowering pass); NINFER_DECODE_
+# On since run 64 (H100, with the prologue and add + norm kernels: the 8B step at 1 row
+# 159.3 -> 166.7 tok/s, at 8 rows 1,195 -> 1,241; its native tests passed); NINFER_DECODE_
 # MERGE_VECTOR ("1" / "0") overrides it while tracing.
-MERGE_VECTOR = False
+MERGE_VECTOR = True
 MERGE_VECTOR_ENV = "NINFER_DECODE_MERGE_VECTOR"
 # Partial values one vector-merge program holds (splits x query rows x head-dim slice): 16
 # float32 registers per thread at 4 warps.
