@@ -72,3 +72,21 @@ def kernel_equations(fn, *args, primitive: str) -> list:
 
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
     return found
+
+
+def assert_gpu_switch(monkeypatch, is_on, env: str, default: bool):
+    """A kernel's switch (kernels/dispatch.switch behind use_kernels): its module default
+    without the variable, "1" on, "0" off, and off whatever the variable says where kernels
+    are not used (the CPU, NINFER_FORCE_REFERENCE)."""
+    from ninfer_jax.kernels import dispatch
+
+    monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
+    monkeypatch.delenv(env, raising=False)
+    assert is_on() == default
+    monkeypatch.setenv(env, "1")
+    assert is_on()
+    monkeypatch.setenv(env, "0")
+    assert not is_on()
+    monkeypatch.setenv(env, "1")
+    monkeypatch.setattr(dispatch, "use_kernels", lambda: False)
+    assert not is_on()

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu
+from kernel_testkit import assert_gpu_switch, cpu_only, lowers_for_cuda, needs_gpu
 
 from ninfer_jax.kernels import dispatch, norms
 from ninfer_jax.kernels.norms import kernel, reference
@@ -86,13 +86,8 @@ def test_kernel_on_the_gpu_matches_the_reference(rows, width):
 
 
 def test_switch_and_override(monkeypatch):
-    monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
-    monkeypatch.delenv(norms.ADD_NORM_ENV, raising=False)
-    assert norms.add_norm_kernel_on() == norms.GPU_ADD_NORM
-    monkeypatch.setenv(norms.ADD_NORM_ENV, "1")
-    assert norms.add_norm_kernel_on()
-    monkeypatch.setattr(dispatch, "use_kernels", lambda: False)
-    assert not norms.add_norm_kernel_on()
+    assert_gpu_switch(monkeypatch, norms.add_norm_kernel_on, norms.ADD_NORM_ENV,
+                      norms.GPU_ADD_NORM)
 
 
 def force_kernel(monkeypatch, calls):

@@ -13,9 +13,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu
+from kernel_testkit import assert_gpu_switch, cpu_only, lowers_for_cuda, needs_gpu
 
-from ninfer_jax.kernels import attention_prologue, dispatch, paged_attention
+from ninfer_jax.kernels import attention_prologue, paged_attention
 from ninfer_jax.kernels.attention_prologue import kernel, reference
 from ninfer_jax.model import layers
 
@@ -200,13 +200,8 @@ def test_kernel_on_the_gpu_matches_the_reference(tokens, heads, kv_heads, dim, n
 
 
 def test_switch_and_override(monkeypatch):
-    monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
-    monkeypatch.delenv(attention_prologue.PROLOGUE_ENV, raising=False)
-    assert attention_prologue.prologue_kernel_on() == attention_prologue.GPU_PROLOGUE
-    monkeypatch.setenv(attention_prologue.PROLOGUE_ENV, "1")
-    assert attention_prologue.prologue_kernel_on()
-    monkeypatch.setattr(dispatch, "use_kernels", lambda: False)
-    assert not attention_prologue.prologue_kernel_on()
+    assert_gpu_switch(monkeypatch, attention_prologue.prologue_kernel_on,
+                      attention_prologue.PROLOGUE_ENV, attention_prologue.GPU_PROLOGUE)
 
 
 @cpu_only
