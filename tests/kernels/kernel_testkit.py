@@ -90,3 +90,18 @@ def assert_gpu_switch(monkeypatch, is_on, env: str, default: bool):
     monkeypatch.setenv(env, "1")
     monkeypatch.setattr(dispatch, "use_kernels", lambda: False)
     assert not is_on()
+
+
+def interpret_calls(monkeypatch, module, name: str, record=lambda args, kwargs: 1) -> list:
+    """Replace module.name (a Pallas kernel's entry) by itself in interpret mode, appending
+    record(args, kwargs) to the returned list at every call: a model or dispatch test on the
+    CPU sees where the kernel runs and what it is given."""
+    real = getattr(module, name)
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(record(args, kwargs))
+        return real(*args, **kwargs, interpret=True)
+
+    monkeypatch.setattr(module, name, counted)
+    return calls

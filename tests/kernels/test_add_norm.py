@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_testkit import assert_gpu_switch, cpu_only, lowers_for_cuda, needs_gpu
+from kernel_testkit import (assert_gpu_switch, cpu_only, interpret_calls, lowers_for_cuda,
+                            needs_gpu)
 
 from ninfer_jax.kernels import dispatch, norms
 from ninfer_jax.kernels.norms import kernel, reference
@@ -174,11 +175,8 @@ def test_models_with_the_kernel_forced_on_give_the_same_logits(monkeypatch, pres
         return np.asarray(out)
 
     want = logits()
-    calls = []
-    real = kernel.add_rms_norm
     monkeypatch.setattr(norms, "add_norm_kernel_on", lambda: True)
-    monkeypatch.setattr(kernel, "add_rms_norm",
-                        lambda *a, **k: calls.append(1) or real(*a, **k, interpret=True))
+    calls = interpret_calls(monkeypatch, kernel, "add_rms_norm")
     got = logits()
     assert len(calls) == 2 * config.num_layers - 1
     np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4)

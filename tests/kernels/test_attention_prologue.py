@@ -13,7 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_testkit import assert_gpu_switch, cpu_only, lowers_for_cuda, needs_gpu
+from kernel_testkit import (assert_gpu_switch, cpu_only, interpret_calls, lowers_for_cuda,
+                            needs_gpu)
 
 from ninfer_jax.kernels import attention_prologue, paged_attention
 from ninfer_jax.kernels.attention_prologue import kernel, reference
@@ -247,11 +248,8 @@ def test_models_with_the_kernel_forced_on_give_the_same_logits_and_caches(monkey
         return np.asarray(logits), np.asarray(step), caches
 
     want = run()
-    calls = []
-    real = kernel.attention_prologue
     monkeypatch.setattr(attention_prologue, "prologue_kernel_on", lambda: True)
-    monkeypatch.setattr(kernel, "attention_prologue",
-                        lambda *a, **k: calls.append(1) or real(*a, **k, interpret=True))
+    calls = interpret_calls(monkeypatch, kernel, "attention_prologue")
     got = run()
     assert len(calls) == len(attention_layers) * (1 if config.is_hybrid else 2)
     np.testing.assert_allclose(got[0], want[0], rtol=2e-4, atol=2e-4)

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from kernel_testkit import cpu_only, lowers_for_cuda, needs_gpu
+from kernel_testkit import cpu_only, interpret_calls, lowers_for_cuda, needs_gpu
 
 from ninfer_jax.kernels.skinny_matmul import kernel, reference
 from ninfer_jax.kernels.skinny_matmul.kernel import SkinnyTiles, skinny_tiles
@@ -109,11 +109,7 @@ def test_linear_takes_the_kernel_for_few_rows_when_switched_on(monkeypatch):
 
     rng = np.random.default_rng(7)
     w = jnp.asarray(rng.standard_normal((256, 128)) * 0.1, jnp.float32)
-    calls = []
-    real = kernel.skinny_matmul
-    monkeypatch.setattr(kernel, "skinny_matmul",
-                        lambda *a, **k: calls.append(a[0].shape) or real(*a, **k,
-                                                                         interpret=True))
+    calls = interpret_calls(monkeypatch, kernel, "skinny_matmul", lambda a, k: a[0].shape)
     x = jnp.asarray(rng.standard_normal((2, 1, 256)), jnp.float32)
     plain = quant_matmul.matmul(x, w)
     assert calls == []
@@ -143,11 +139,8 @@ def test_gated_mlp_takes_the_swiglu_form_when_switched_on(monkeypatch):
              "w_down": jnp.asarray(rng.standard_normal((128, 64)) * 0.2, jnp.float32)}
     x = jnp.asarray(rng.standard_normal((2, 64)), jnp.float32)
     plain = layers.swiglu_mlp(x, layer)
-    calls = []
-    real = kernel.skinny_matmul
-    monkeypatch.setattr(kernel, "skinny_matmul",
-                        lambda *a, **k: calls.append(k.get("swiglu", False)) or real(
-                            *a, **k, interpret=True))
+    calls = interpret_calls(monkeypatch, kernel, "skinny_matmul",
+                            lambda a, k: k.get("swiglu", False))
     monkeypatch.setattr(dispatch, "use_kernels", lambda: True)
     monkeypatch.setenv(skinny_matmul.SKINNY_ENV, "1")
     got = layers.swiglu_mlp(x, layer)
