@@ -1,7 +1,7 @@
 """Kernel microbenchmarks on the GPU: paged decode/prefill attention and quantized matmuls,
 each next to the copy bandwidth and bf16 matmul rate measured in the same run.
 
-    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [kv8] [kv4]
+    PYTHONPATH=. python3 benchmarks/kernel_bench.py [ceilings] [decode] [sweep] [rows] [splits] [kv8] [kv4]
         [kvsweep] [prefill] [quant] [qsweep] [qquick] [gemvsweep] [w8a8] [w8a8-qkv] [w8a8-o]
         [w8a8-gate_up] [w8a8-down] [moe]
 
@@ -215,6 +215,35 @@ def rows_sweep_section():
         for block, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3)):
             _sweep_one(batch, 384, table_context=1024, block_tokens=block, num_warps=warps,
                        num_stages=stages)
+
+
+def splits_sweep_section(shapes=((64, 384), (256, 384), (64, 1024), (256, 1024)),
+                         table_context=4096, targets=(2048, 4096, 8192, 16384),
+                         min_splits=(128, 256), blocks=(32, 64), warps=(2, 4),
+                         interpret=False, iters=20):
+    """The context split at the server's shapes: many rows of short contexts in its 4k page
+    table. The split count follows the table, not the rows (TARGET_PROGRAMS programs over
+    batch x kv heads), so at 64 rows a 4k table makes 4 splits of 1,024 tokens, of which a
+    384-token row fills one: 512 programs of 6 serial blocks each, where run 22 (a 1k table)
+    measured 2.5 TB/s. More splits give more, shorter programs at the price of empty ones
+    and a merge. Each distinct tuning once; `interpret` and `iters` are for the CPU smoke
+    test."""
+    for batch, context in shapes:
+        bench_decode(batch, context, table_context=table_context, tag="splits-default",
+                     interpret=interpret, iters=iters)
+        seen = set()
+        for target, min_split, block, nw in itertools.product(targets, min_splits, blocks,
+                                                               warps):
+            tuning = decode_tuning(batch=batch, num_kv_heads=8, page_size=16,
+                                   table_width=table_context // 16, block_tokens=block,
+                                   target_programs=target, min_split_tokens=min_split,
+                                   num_warps=nw)
+            if tuning in seen:
+                continue
+            seen.add(tuning)
+            _sweep_one(batch, context, table_context=table_context, tag="splits",
+                       interpret=interpret, iters=iters, block_tokens=block,
+                       target_programs=target, min_split_tokens=min_split, num_warps=nw)
 
 
 def _sweep_one(batch, context, table_context=None, kv_dtype=None, tag="sweep", widen=None,
@@ -794,7 +823,7 @@ def ceilings_section():
 
 
 SECTIONS = {"ceilings": ceilings_section, "decode": decode_section, "sweep": sweep_section,
-            "rows": rows_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
+            "rows": rows_sweep_section, "splits": splits_sweep_section, "kv8": kv8_section, "kv4": kv4_section,
             "kvsweep": kv_sweep_section, "gemvsweep": gemv_sweep_section,
             "prefill": prefill_section, "quant": quant_section, "qsweep": quant_sweep_section,
             "qquick": quant_quick_section, "w8a8": w8a8_section, "dotsweep": dot_sweep_section,
