@@ -217,33 +217,33 @@ def rows_sweep_section():
                        num_stages=stages)
 
 
-def splits_sweep_section(shapes=((64, 384), (256, 384), (64, 1024), (256, 1024)),
-                         table_context=4096, targets=(2048, 4096, 8192, 16384),
-                         min_splits=(128, 256), blocks=(32, 64), warps=(2, 4),
+def splits_sweep_section(shapes=((64, 384), (256, 384), (2, 1024), (64, 1024), (256, 1024)),
+                         table_context=4096, targets=(2048, 8192, 16384), min_splits=(128,),
+                         blocks=(32, 64), warps=(2, 4), follow=(False, True),
                          interpret=False, iters=20):
     """The context split at the server's shapes: many rows of short contexts in its 4k page
-    table. The split count follows the table, not the rows (TARGET_PROGRAMS programs over
-    batch x kv heads), so at 64 rows a 4k table makes 4 splits of 1,024 tokens, of which a
-    384-token row fills one: 512 programs of 6 serial blocks each, where run 22 (a 1k table)
-    measured 2.5 TB/s. More splits give more, shorter programs at the price of empty ones
-    and a merge. Each distinct tuning once; `interpret` and `iters` are for the CPU smoke
-    test."""
+    table (and the one real row of 1,024 tokens a GPU pads to two). The split count follows
+    the table, not the rows (TARGET_PROGRAMS programs over batch x kv heads), so at 64 rows
+    a 4k table makes 4 splits of 1,024 tokens, of which a 384-token row fills one: 512
+    programs of 6 serial blocks each, where run 22 (a 1k table) measured 2.5 TB/s. More
+    splits give more, shorter programs at the price of empty ones and a merge; splits that
+    follow each row's length (DecodeTuning.follow_length) leave none empty. Each distinct
+    tuning once; `interpret` and `iters` are for the CPU smoke test."""
     for batch, context in shapes:
         bench_decode(batch, context, table_context=table_context, tag="splits-default",
                      interpret=interpret, iters=iters)
         seen = set()
-        for target, min_split, block, nw in itertools.product(targets, min_splits, blocks,
-                                                               warps):
+        for follow_length, target, min_split, block, nw in itertools.product(
+                follow, targets, min_splits, blocks, warps):
+            knobs = dict(block_tokens=block, target_programs=target,
+                         min_split_tokens=min_split, num_warps=nw, follow_length=follow_length)
             tuning = decode_tuning(batch=batch, num_kv_heads=8, page_size=16,
-                                   table_width=table_context // 16, block_tokens=block,
-                                   target_programs=target, min_split_tokens=min_split,
-                                   num_warps=nw)
+                                   table_width=table_context // 16, **knobs)
             if tuning in seen:
                 continue
             seen.add(tuning)
             _sweep_one(batch, context, table_context=table_context, tag="splits",
-                       interpret=interpret, iters=iters, block_tokens=block,
-                       target_programs=target, min_split_tokens=min_split, num_warps=nw)
+                       interpret=interpret, iters=iters, **knobs)
 
 
 def _sweep_one(batch, context, table_context=None, kv_dtype=None, tag="sweep", widen=None,

@@ -202,6 +202,49 @@ def test_decode_kernel_in_interpret_mode_matches_reference(heads, kv_heads, head
 
 
 @cpu_only
+@pytest.mark.parametrize("merge", ["vector", "loop", "xla"])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID + [
+    (8, 2, 64, 4, [0, 1, 61, 64, 5]),  # a row with no key; rows past and on every split
+])
+def test_decode_kernel_splits_following_the_length_match_reference(heads, kv_heads, head_dim,
+                                                                   page_size, lengths, merge,
+                                                                   monkeypatch):
+    """DecodeTuning.follow_length: each row's blocks shared by the splits (the table far
+    wider than the rows, as a server's max context), with every merge."""
+    monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", 10**6 if merge == "xla" else 1)
+    monkeypatch.setenv(kernel.MERGE_VECTOR_ENV, "1" if merge == "vector" else "0")
+    rng = np.random.default_rng(len(lengths) * head_dim + heads + 1)
+    k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
+                                    num_kv_heads=kv_heads, head_dim=head_dim,
+                                    page_size=page_size)
+    table = jnp.pad(table, ((0, 0), (0, 3 * table.shape[1])))  # the dummy page beyond
+    q = jnp.asarray(rng.standard_normal((len(lengths), heads, head_dim)), jnp.float32)
+    tuning = decode_tuning(batch=len(lengths), num_kv_heads=kv_heads, page_size=page_size,
+                           table_width=table.shape[1], block_tokens=2 * page_size,
+                           target_programs=4 * len(lengths) * kv_heads, min_split_tokens=1,
+                           follow_length=True)
+    assert tuning.num_splits >= 3
+    scale = head_dim ** -0.5
+    run = jax.jit(functools.partial(kernel.paged_decode_attention, scale=scale, tuning=tuning,
+                                    interpret=True))
+    out = run(q, k, v, table, lens)
+    ref = reference_decode(q, k, v, table, lens, scale=scale)
+    keyed = np.asarray(lengths) > 0  # the reference divides by a row's empty sum (NaN)
+    assert relative_error(out[keyed], ref[keyed]) < 1e-5
+    assert np.all(np.asarray(out[~keyed]) == 0)  # a padding row: no key, zeros
+
+
+def test_splits_following_the_length_share_a_rows_blocks_evenly():
+    for length in range(0, 200):
+        per_split, used = (int(x) for x in kernel.split_blocks(jnp.int32(length),
+                                                               block_tokens=16, num_splits=4))
+        blocks = -(-length // 16)
+        assert used <= 4 and per_split >= 1
+        assert used * per_split >= blocks > (used - 1) * per_split or used == blocks == 0
+        assert per_split == max(1, -(-blocks // 4))  # as even as whole blocks allow
+
+
+@cpu_only
 @pytest.mark.parametrize("form,rows", [("loop", 16), ("loop", 6), ("vector", 4),
                                        ("vector", 6), ("vector", 16)])
 def test_merge_reads_only_the_splits_that_hold_a_rows_keys(form, rows):
@@ -282,13 +325,16 @@ def test_dispatch_prefers_kernels_on_gpu_unless_forced(monkeypatch):
 
 @pytest.mark.parametrize("heads,kv_heads,head_dim,page_size", [(32, 8, 128, 16), (16, 2, 256, 8),
                                                                 (9, 3, 64, 64)])
-@pytest.mark.parametrize("merge_min_splits,vector", [(1, "1"), (1, "0"), (10**6, "1")])
+@pytest.mark.parametrize("merge_min_splits,vector,follow", [(1, "1", "0"), (1, "0", "0"),
+                                                             (10**6, "1", "0"), (1, "1", "1"),
+                                                             (1, "0", "1"), (10**6, "1", "1")])
 def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size, merge_min_splits,
-                                       vector, monkeypatch):
-    """The Triton lowering accepts every tile the tuning picks, with every merge (checked
-    without a GPU)."""
+                                       vector, follow, monkeypatch):
+    """The Triton lowering accepts every tile the tuning picks, with every merge and either
+    split (checked without a GPU)."""
     monkeypatch.setattr(kernel, "MERGE_KERNEL_MIN_SPLITS", merge_min_splits)
     monkeypatch.setenv(kernel.MERGE_VECTOR_ENV, vector)
+    monkeypatch.setenv(kernel.FOLLOW_LENGTH_ENV, follow)
     rng = np.random.default_rng(0)
     k, v, table, lens = paged_setup(rng, batch=3, lengths=[300, 5, 77], num_kv_heads=kv_heads,
                                     head_dim=head_dim, page_size=page_size, dtype=jnp.bfloat16)
@@ -307,10 +353,11 @@ def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size, mer
     (32, 8, 128, 16, [1, 1000, 4097, 333, 2048, 17, 64, 999]),
     (32, 8, 128, 16, [4000, 1]), (16, 2, 128, 16, [3000, 300]),  # batch-1 shapes, 21 splits
 ])
-@pytest.mark.parametrize("vector", ["1", "0"])
+@pytest.mark.parametrize("vector,follow", [("1", "0"), ("0", "0"), ("1", "1"), ("0", "1")])
 def test_decode_kernel_on_gpu_matches_reference(heads, kv_heads, head_dim, page_size, lengths,
-                                                vector, monkeypatch):
+                                                vector, follow, monkeypatch):
     monkeypatch.setenv(kernel.MERGE_VECTOR_ENV, vector)
+    monkeypatch.setenv(kernel.FOLLOW_LENGTH_ENV, follow)
     rng = np.random.default_rng(sum(lengths))
     k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
                                     num_kv_heads=kv_heads, head_dim=head_dim,

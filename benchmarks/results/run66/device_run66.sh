@@ -1,21 +1,28 @@
 #!/bin/bash
-# Run 66 (prepared 2026-12-08, sixteenth session; any card, after run 65): where the 8B's
-# 64- and 256-row steps go with the current defaults. Run 21's profile (before the prologue,
-# the add + norm kernel and the vector merge) had paged decode attention at 1.49 ms of a 6.99
-# ms step at 64 rows (2.5 TB/s of KV) and 5.17 of 12.66 ms at 256 (2.8 TB/s): issue 10's
-# concurrency 64 (>= 10,000 tok/s, the step gave 9,398 in run 49) needs it faster. First
-# kernel_bench's `splits` sweep (the context split at the server's 4k table, where the split
-# follows the table: 4 splits of 1,024 tokens at 64 rows, 1 at 256), then the step at 1 / 64 /
-# 256 rows under the profiler at the server's max context.
-# From the repository root, carry [".whl"]; one call, ~540 s (END=S: S seconds):
+# Run 66 (prepared 2026-12-08, sixteenth session; any card, after run 65): the 8B's 64- and
+# 256-row steps. Run 21's profile had paged decode attention at 1.49 ms of a 6.99 ms step at
+# 64 rows (2.5 TB/s of KV) and 5.17 of 12.66 ms at 256 (2.8 TB/s): issue 10's concurrency 64
+# (>= 10,000 tok/s; the step gave 9,398 in run 49) needs it faster. The split count follows
+# the page table (the server's 4k), not the rows: 4 splits of 1,024 tokens at 64 rows, of
+# which a 384-token row fills one. New: splits that follow each row's length
+# (NINFER_DECODE_FOLLOW_LENGTH=1, kernels/paged_attention/kernel.py FOLLOW_LENGTH).
+# Stages: the decode kernel's native tests (both splits); kernel_bench's `splits` sweep; the
+# 8B step at 1 / 64 / 256 rows at the server's max context with the table's splits and with
+# the length's; the default step under the profiler in the time left.
+# From the repository root, carry [".whl"]; one call, ~560 s (END=S: S seconds):
 #   bash benchmarks/results/run66/device_run66.sh
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o66; rm -rf "$OUT"; mkdir -p "$OUT"
 . benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/stages.log"
 save() { tar czf "$FINAL/run66.tgz" -C /tmp o66; }
-left() { echo $(( ${END:-540} - $(date +%s) + t0 )); }
+left() { echo $(( ${END:-560} - $(date +%s) + t0 )); }
+stamp gpu-tests
+timeout 60 python3 -m pytest -rA -m gpu tests/kernels/test_paged_attention.py \
+  -k "decode_kernel_on_gpu" > "$OUT/pytest-gpu.log" 2>&1
+stamp "gpu-tests rc=$?"; tail -1 "$OUT/pytest-gpu.log" | tee -a "$OUT/stages.log"
+grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | cut -c1-200 | tee -a "$OUT/stages.log"; save
 stamp "splits"
-timeout -s ABRT 250 python3 benchmarks/kernel_bench.py splits > "$OUT/kernel-splits.log" 2>&1
+timeout -s ABRT 200 python3 benchmarks/kernel_bench.py splits > "$OUT/kernel-splits.log" 2>&1
 stamp "splits rc=$?"
 python3 - "$OUT/kernel_bench.jsonl" <<'PY' | tee -a "$OUT/stages.log"
 import json, sys
@@ -24,18 +31,29 @@ for line in open(sys.argv[1]):
     r = json.loads(line)
     if "us" not in r:
         continue
-    key = (r["batch"], r["context"])
+    key = (r["batch"], r["context"], "follow_length=True" in r["tuning"])
     if r["tag"] == "splits-default":
-        print("default", key, round(r["us"], 1), round(r["tbps"], 2))
+        print("default", key[:2], round(r["us"], 1), round(r["tbps"], 2))
     elif key not in best or r["us"] < best[key]["us"]:
         best[key] = r
-for key, r in best.items():
+for key, r in sorted(best.items()):
     print("best", key, round(r["us"], 1), round(r["tbps"], 2), r["tuning"])
 PY
 save
 [ -f /tmp/q8.ninfer/metadata.json ] || { stamp artifact; timeout 90 python3 -m ninfer_jax.cli.main \
   init-random --preset qwen3-8b /tmp/q8.ninfer --force > "$OUT/artifact.log" 2>&1; \
   stamp "artifact rc=$?"; }
+step() {  # step NAME [ENV=VALUE ...] -- [runner_bench args]: the 8B step, 384-token contexts
+  local name=$1; shift
+  stamp "$name"
+  env "$@" timeout 100 python3 benchmarks/runner_bench.py /tmp/q8.ninfer --batches 1,64,256 \
+    --context 384 --prompt 256 --steps 32 --json --modes pipelined --max-context 4096 \
+    > "$OUT/$name.jsonl" 2> "$OUT/$name.log"
+  stamp "$name rc=$?"
+  grep -o '"batch": .*"ms_per_step": [0-9.]*' "$OUT/$name.jsonl" | tee -a "$OUT/stages.log"; save
+}
+step step
+step step-follow NINFER_DECODE_FOLLOW_LENGTH=1
 cap=$(( $(left) - 10 ))
 stamp "profile ($cap s)"
 [ $cap -gt 60 ] && timeout $cap python3 benchmarks/runner_bench.py /tmp/q8.ninfer \

@@ -67,6 +67,18 @@ NUM_MERGE_WARPS = 2
 # MERGE_VECTOR ("1" / "0") overrides it while tracing.
 MERGE_VECTOR = True
 MERGE_VECTOR_ENV = "NINFER_DECODE_MERGE_VECTOR"
+# Whether the context splits divide each row's own blocks rather than the page table's
+# (DecodeTuning.follow_length). Why: the split count follows the table's width (the server's
+# max context), so at 64 rows and a 4k table there are 4 splits of 1,024 tokens, of which a
+# 384-token row fills one: 512 programs each walking 6 blocks one after another, and run
+# 21's profile had paged decode at 2.5 TB/s there (1.49 ms of a 6.99 ms step); at one row
+# with a 1k context 8 of 32 splits hold keys, 2 blocks each. Following the length, a row's
+# blocks are shared evenly by the splits (3 of 4 splits of 2 blocks at 64 rows; 16 of 32 of
+# one block at one row), so more programs stream at once and none walks the empty table.
+# Off until a GPU measures it (kernel_bench `splits`); NINFER_DECODE_FOLLOW_LENGTH ("1" /
+# "0") overrides it while tracing.
+FOLLOW_LENGTH = False
+FOLLOW_LENGTH_ENV = "NINFER_DECODE_FOLLOW_LENGTH"
 # Partial values one vector-merge program holds (splits x query rows x head-dim slice): 16
 # float32 registers per thread at 4 warps.
 MERGE_VECTOR_ELEMENTS = 2048
@@ -192,11 +204,30 @@ def _dot_terms(terms, b, *, trans_b: bool = False):
     return out
 
 
+def split_blocks(length, *, block_tokens: int, num_splits: int):
+    """(blocks each split of a row covers, splits that hold keys) when the splits follow the
+    row's length: its ceil(length / block_tokens) blocks shared evenly, the last split
+    shorter. A row with no key has no split with keys."""
+    blocks = (length + block_tokens - 1) // block_tokens
+    per_split = jnp.maximum((blocks + num_splits - 1) // num_splits, 1)
+    return per_split, (blocks + per_split - 1) // per_split
+
+
+def used_splits(length, *, split_tokens: int, num_splits: int, follow_length: bool,
+                block_tokens: int):
+    """How many of a row's splits hold keys (the merges read only those)."""
+    if follow_length:
+        return split_blocks(length, block_tokens=block_tokens, num_splits=num_splits)[1]
+    return jnp.clip((length + split_tokens - 1) // split_tokens, 0, num_splits)
+
+
 def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
                    page_size: int, pages_per_block: int, pages_per_split: int,
                    store_empty: bool, k_kind: str, v_kind: str, k_dot, v_dot,
-                   dot_rows: int | None = None):
-    """One (row, kv head, split) program. table_ref holds this split's pages only. refs: each
+                   dot_rows: int | None = None, num_splits: int | None = None):
+    """One (row, kv head, split) program. table_ref holds this split's pages only, or with
+    `num_splits` (the splits follow the row's length: split_blocks) the whole table [B, W'],
+    of which the program reads its row's blocks. refs: each
     cache's leaves (cache_leaves: codes, then 4-bit pages' block scales), then the key's and
     the value's per-token scale [P, K, S] when they have one, then the outputs. A key's
     per-token scale multiplies its logit column and a value's its probability, so the
@@ -216,9 +247,20 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
     head, split = pl.program_id(1), pl.program_id(2)
     block_tokens = pages_per_block * page_size
     length = length_ref[0]
-    first_token = split * pages_per_split * page_size
-    num_tokens = jnp.clip(length - first_token, 0, pages_per_split * page_size)
-    num_blocks = (num_tokens + block_tokens - 1) // block_tokens
+    if num_splits is None:
+        first_block = 0  # table_ref starts at the split's first page
+        first_token = split * pages_per_split * page_size
+        num_tokens = jnp.clip(length - first_token, 0, pages_per_split * page_size)
+        num_blocks = (num_tokens + block_tokens - 1) // block_tokens
+        read_pages = lambda start: table_ref[pl.ds(start, pages_per_block)]  # noqa: E731
+    else:
+        per_split, _ = split_blocks(length, block_tokens=block_tokens, num_splits=num_splits)
+        first_block = split * per_split
+        first_token = first_block * block_tokens
+        total = (length + block_tokens - 1) // block_tokens
+        num_blocks = jnp.clip(total - first_block, 0, per_split)
+        row = pl.program_id(0)
+        read_pages = lambda start: table_ref[row, pl.ds(start, pages_per_block)]  # noqa: E731
     if dot_rows is None:  # q_ref is the program's [Gp, D] block
         q = q_ref[...]
     else:  # q_ref is q [B, K, G, D] whole: its G rows, zeros up to the dot's Gp
@@ -244,7 +286,7 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
 
     def body(i, carry):
         acc, running_max, running_sum = carry
-        page_ids = table_ref[pl.ds(i * pages_per_block, pages_per_block)]
+        page_ids = read_pages((first_block + i) * pages_per_block)
         # Pages past the row's length may hold anything; read the dummy page instead.
         page_start = first_token + (i * pages_per_block + jnp.arange(pages_per_block)) * page_size
         page_ids = jnp.where(page_start < length, page_ids, DUMMY_PAGE)
@@ -295,13 +337,12 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
         pl.when(num_blocks > 0)(store)
 
 
-def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int,
-                  num_splits: int):
-    """One (row, kv head) program: fold the partials of the splits that hold its keys.
-    out_ref [B, K, G, D] whole: the group's G real rows of the Gp merged are stored (masked),
-    so no slice follows."""
+def _merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, used_of):
+    """One (row, kv head) program: fold the partials of the splits that hold its keys
+    (`used_of(length)`: used_splits). out_ref [B, K, G, D] whole: the group's G real rows of
+    the Gp merged are stored (masked), so no slice follows."""
     row, head = pl.program_id(0), pl.program_id(1)
-    used = jnp.clip((length_ref[0] + split_tokens - 1) // split_tokens, 0, num_splits)
+    used = used_of(length_ref[0])
     num_rows, head_dim = o_ref.shape[3:]
 
     def body(split, carry):
@@ -342,7 +383,8 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     G = H // K
     W = page_table.shape[1]
     if tuning is None:
-        tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W)
+        tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W,
+                               follow_length=dispatch.switch(FOLLOW_LENGTH_ENV, FOLLOW_LENGTH))
     padded_width = tuning.num_splits * tuning.pages_per_split
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
                     constant_values=DUMMY_PAGE)
@@ -353,14 +395,14 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
                            store_empty=not merge_kernel, interpret=interpret,
                            split_slots=next_power_of_2(tuning.num_splits) if vector else None)
-    split_tokens = tuning.pages_per_split * S
+    splits = dict(split_tokens=tuning.pages_per_split * S, follow_length=tuning.follow_length,
+                  block_tokens=tuning.pages_per_block * S)
     if vector:
-        out = _vector_merge_call(o, m, l, lengths, split_tokens=split_tokens,
-                                 num_splits=tuning.num_splits, rows=G, dtype=q.dtype,
-                                 interpret=interpret)
+        out = _vector_merge_call(o, m, l, lengths, num_splits=tuning.num_splits, rows=G,
+                                 dtype=q.dtype, interpret=interpret, **splits)
     elif merge_kernel:
-        out = _merge_call(o, m, l, lengths, split_tokens=split_tokens, rows=G, dtype=q.dtype,
-                          interpret=interpret)
+        out = _merge_call(o, m, l, lengths, rows=G, dtype=q.dtype, interpret=interpret,
+                          **splits)
     else:
         out = merge_splits(o, m, l).astype(q.dtype)
     return out[:, :, :G, :].reshape(B, H, D)  # a merge kernel wrote the G rows: no-op
@@ -434,7 +476,8 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
                                pages_per_block=tuning.pages_per_block,
                                pages_per_split=tuning.pages_per_split,
                                store_empty=store_empty, k_kind=k_kind, v_kind=v_kind,
-                               k_dot=k_dot, v_dot=v_dot, dot_rows=None if G == Gp else Gp)
+                               k_dot=k_dot, v_dot=v_dot, dot_rows=None if G == Gp else Gp,
+                               num_splits=tuning.num_splits if tuning.follow_length else None)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
     caches = cache_leaves(k_cache) + cache_leaves(v_cache) + [
         cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]
@@ -443,7 +486,8 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
         grid=(B, K, tuning.num_splits),
         in_specs=[
             pl.BlockSpec((1,), lambda b, h, s: (b,)),
-            pl.BlockSpec((None, tuning.pages_per_split), lambda b, h, s: (b, s)),
+            whole(table) if tuning.follow_length
+            else pl.BlockSpec((None, tuning.pages_per_split), lambda b, h, s: (b, s)),
             pl.BlockSpec((None, None, Gp, D), lambda b, h, s: (b, h, 0, 0)) if G == Gp
             else whole(qg),
             *[whole(cache) for cache in caches],
@@ -465,10 +509,15 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
     )(lengths, table, qg, *caches)
 
 
-def _merge_call(o, m, l, lengths, *, split_tokens: int, rows: int, dtype, interpret: bool):
-    """Partials [NS, B, K, Gp, D] -> [B, K, rows, D]: the first `rows` (<= Gp) merged rows."""
+def _merge_call(o, m, l, lengths, *, split_tokens: int, rows: int, dtype, interpret: bool,
+                follow_length: bool = False, block_tokens: int = 0):
+    """Partials [NS, B, K, Gp, D] -> [B, K, rows, D]: the first `rows` (<= Gp) merged rows.
+    The splits hold `split_tokens` each, or follow each row's length in blocks of
+    `block_tokens` (used_splits)."""
     NS, B, K, Gp, D = o.shape
-    kernel = functools.partial(_merge_kernel, split_tokens=split_tokens, num_splits=NS)
+    kernel = functools.partial(_merge_kernel, used_of=functools.partial(
+        used_splits, split_tokens=split_tokens, num_splits=NS, follow_length=follow_length,
+        block_tokens=block_tokens))
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h: (0,) * a.ndim)  # noqa: E731
     out_shape = jax.ShapeDtypeStruct((B, K, rows, D), dtype)
     return pl.pallas_call(
@@ -483,13 +532,13 @@ def _merge_call(o, m, l, lengths, *, split_tokens: int, rows: int, dtype, interp
     )(lengths, o, m, l)
 
 
-def _vector_merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_tokens: int,
-                         num_splits: int):
+def _vector_merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, used_of):
     """One (row, kv head, head-dim slice) program: every split that holds the row's keys
     folded at once. o_ref [NS', R, Dc], m_ref / l_ref [NS', R] (R query rows, NS' split slots;
-    the slots from `used` on were never stored and are masked out of every load); out_ref
-    [B, K, G, D] whole, of which the program stores its G real rows' slice (masked)."""
-    used = jnp.clip((length_ref[0] + split_tokens - 1) // split_tokens, 0, num_splits)
+    the slots from `used_of(length)` (used_splits) on were never stored and are masked out of
+    every load); out_ref [B, K, G, D] whole, of which the program stores its G real rows'
+    slice (masked)."""
+    used = used_of(length_ref[0])
     slots, rows = m_ref.shape
     held = lax.broadcasted_iota(jnp.int32, (slots, rows), 0) < used
     part_max = pltriton.load(m_ref, mask=held, other=MASK_VALUE)
@@ -508,15 +557,17 @@ def _vector_merge_kernel(length_ref, o_ref, m_ref, l_ref, out_ref, *, split_toke
 
 
 def _vector_merge_call(o, m, l, lengths, *, split_tokens: int, num_splits: int, rows: int,
-                       dtype, interpret: bool):
+                       dtype, interpret: bool, follow_length: bool = False,
+                       block_tokens: int = 0):
     """Partials in NS' (a power of two) split slots -> [B, K, rows, D] (`rows` <= Gp: the
     real query rows of a kv head). R, the rows each program folds, is `rows` when a power of
-    two (the padding rows' partials are not read), else Gp."""
+    two (the padding rows' partials are not read), else Gp. Splits as _merge_call's."""
     slots, B, K, Gp, D = o.shape
     R = rows if rows == next_power_of_2(rows) else Gp
     Dc = min(D, max(1, MERGE_VECTOR_ELEMENTS // (slots * R)))
-    kernel = functools.partial(_vector_merge_kernel, split_tokens=split_tokens,
-                               num_splits=num_splits)
+    kernel = functools.partial(_vector_merge_kernel, used_of=functools.partial(
+        used_splits, split_tokens=split_tokens, num_splits=num_splits,
+        follow_length=follow_length, block_tokens=block_tokens))
     return pl.pallas_call(
         kernel,
         grid=(B, K, D // Dc),

@@ -30,12 +30,16 @@ class DecodeTuning:
     num_splits: int  # programs along the context axis
     num_warps: int = NUM_WARPS
     num_stages: int = NUM_STAGES
+    # Whether the splits divide each row's own blocks (its length, read by the kernel)
+    # instead of the table's: every split of a row then holds keys, whatever the table's
+    # width (kernel.py FOLLOW_LENGTH says why).
+    follow_length: bool = False
 
 
 def decode_tuning(*, batch: int, num_kv_heads: int, page_size: int, table_width: int,
                   block_tokens: int = BLOCK_TOKENS, target_programs: int = TARGET_PROGRAMS,
                   min_split_tokens: int | None = None, num_warps: int = NUM_WARPS,
-                  num_stages: int = NUM_STAGES) -> DecodeTuning:
+                  num_stages: int = NUM_STAGES, follow_length: bool = False) -> DecodeTuning:
     """Pick the loop block and the context split for one decode call shape."""
     if min_split_tokens is None:  # read at call time, so a benchmark can set the module's value
         min_split_tokens = MIN_SPLIT_TOKENS
@@ -48,4 +52,5 @@ def decode_tuning(*, batch: int, num_kv_heads: int, page_size: int, table_width:
     num_splits = -(-blocks_in_table // blocks_per_split)  # drop splits that would be empty
     return DecodeTuning(pages_per_block=pages_per_block,
                         pages_per_split=blocks_per_split * pages_per_block,
-                        num_splits=num_splits, num_warps=num_warps, num_stages=num_stages)
+                        num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
+                        follow_length=follow_length)
