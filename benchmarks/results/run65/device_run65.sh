@@ -12,7 +12,8 @@
 # (XLA_FLAGS=--xla_gpu_enable_pdl=true, off in jaxlib 0.10-0.11: on Hopper a kernel of the
 # command buffer may start while its producer drains, hiding part of each launch gap; the
 # 35B-A3B's 2-row step is ~700 kernels).
-# On any other card: the 8B step with and without PDL, then the 35B-A3B with the GDN gates
+# On any other card: the 8B step with and without PDL and with the decode splits following
+# the rows' lengths (NINFER_DECODE_FOLLOW_LENGTH=1, new), then the 35B-A3B with the GDN gates
 # back in their XLA fusion (NINFER_GDN_FUSED_GATES=0: the A/B run 64 left out).
 # From the repository root, carry [".whl"]; one call, at most ~560 s (END=S: S seconds):
 #   bash benchmarks/results/run65/device_run65.sh
@@ -62,6 +63,7 @@ else
   stamp "artifact rc=$?"
   dense dense
   dense dense-pdl $PDL
+  dense dense-follow NINFER_DECODE_FOLLOW_LENGTH=1
   left=$(( ${END:-560} - $(date +%s) + t0 ))
   [ $left -gt 100 ] && CAP=$(( left - 5 )) moe35 moe35-gates-xla NINFER_GDN_FUSED_GATES=0
 fi
