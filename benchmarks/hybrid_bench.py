@@ -198,13 +198,13 @@ def device_params(config, storage_dtype, seed: int = 0, mtp: bool = False,
 # ---------------------------------------------------------------------------- timing
 
 def time_decode(runner, batch: int, context: int, steps: int,
-                trace_dir: str | None = None) -> float:
-    """Seconds per pipelined decode step of `batch` rows at positions context, context + 1, ...
-    (runner_bench's loop; each row on its own state slot); with `trace_dir`, the same steps
-    once more under jax.profiler."""
-    rate, _ = runner_bench.time_decode(runner, batch, context, steps, pipelined=True,
-                                       trace_dir=trace_dir)
-    return batch / rate
+                trace_dir: str | None = None) -> tuple[float, str]:
+    """(seconds per pipelined decode step of `batch` rows at positions context, context + 1,
+    ..., a digest of the tokens sampled): runner_bench's loop, each row on its own state
+    slot; with `trace_dir`, the same steps once more under jax.profiler."""
+    rate, _, digest = runner_bench.time_decode(runner, batch, context, steps, pipelined=True,
+                                               trace_dir=trace_dir)
+    return batch / rate, digest
 
 
 def time_prefill(runner, prompt_len: int, chunk: int, repeats: int = 2) -> float:
@@ -370,7 +370,7 @@ def bench_preset(name: str, args, limits: dict, emit) -> None:
 
 def _decode_record(runner, config, batch: int, args, limits: dict,
                    trace_dir: str | None = None) -> dict:
-    step_s = time_decode(runner, batch, args.context, args.steps, trace_dir)
+    step_s, digest = time_decode(runner, batch, args.context, args.steps, trace_dir)
     rows = fit_bucket(runner.row_buckets, batch, "rows")
     sizes = dict(context=args.context + args.steps // 2, kv_itemsize=runner.kv_dtype.itemsize,
                  state_itemsize=jnp.dtype(runner.dtype).itemsize)
@@ -382,7 +382,7 @@ def _decode_record(runner, config, batch: int, args, limits: dict,
             "bytes_with_padding_rows": padded["bytes"],
             "bandwidth_bytes_per_s": need["bytes"] / step_s,
             "fraction_of_gemv_ceiling": need["bytes"] / step_s / gemv, "gemv_bytes_per_s": gemv,
-            "expert_estimate": "uniform routing, expected distinct"}
+            "expert_estimate": "uniform routing, expected distinct", "tokens_digest": digest}
 
 
 def _prefill_record(runner, config, args, limits: dict) -> dict:

@@ -40,6 +40,7 @@ routed experts are split by expert index instead of replicated (the A/B of issue
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -121,29 +122,38 @@ def time_decode(runner, batch: int, context: int, steps: int, *, pipelined: bool
         launch_seconds.append(time.perf_counter() - started)
         return handle
 
+    sampled = []
+
+    def collect(handle):
+        sampled.append(runner.collect(handle).row_tokens)
+
     def run(first, count):
         if not pipelined:
             for step in range(first, first + count):
-                runner.collect(launch(plan(step, False)))
+                collect(launch(plan(step, False)))
             return
         in_flight = launch(plan(first, False))
         for step in range(first + 1, first + count):
             launched = launch(plan(step, True))
-            runner.collect(in_flight)
+            collect(in_flight)
             in_flight = launched
-        runner.collect(in_flight)
+        collect(in_flight)
     run(0, 2)
     launch_seconds.clear()
+    sampled.clear()
     started = time.perf_counter()
     run(0, steps)
     rate = batch * steps / (time.perf_counter() - started)
     launch_ms = 1e3 * float(np.median(launch_seconds))
+    # The timed steps' tokens: two arms that only schedule the same arithmetic differently
+    # (XLA flags such as PDL) must sample the same ones.
+    digest = hashlib.sha256(np.concatenate(sampled).astype(np.int32).tobytes()).hexdigest()[:16]
     if trace_dir is not None:
         import jax
 
         with jax.profiler.trace(trace_dir):
             run(0, steps)
-    return rate, launch_ms
+    return rate, launch_ms, digest
 
 
 def decode_hlo(runner, batch: int) -> str | None:
@@ -291,12 +301,14 @@ def main():
         for mode in args.modes.split(","):
             trace_dir = (f"{args.profile}/batch{batch}"
                          if args.profile and mode == "pipelined" else None)
-            rate, launch_ms = time_decode(runner, batch, args.context, args.steps,
-                                          pipelined=mode == "pipelined", trace_dir=trace_dir)
+            rate, launch_ms, digest = time_decode(runner, batch, args.context, args.steps,
+                                                  pipelined=mode == "pipelined",
+                                                  trace_dir=trace_dir)
             # launch_ms: the host's time inside runner.launch (packing and dispatch)
             records.append({"op": "decode", "mode": mode, "batch": batch,
                             "context": args.context, "tok_per_s": rate,
-                            "ms_per_step": batch / rate * 1e3, "launch_ms": launch_ms})
+                            "ms_per_step": batch / rate * 1e3, "launch_ms": launch_ms,
+                            "tokens_digest": digest})
             if trace_dir is not None:
                 from trace_summary import annotate, sources_or_none, summarize
 

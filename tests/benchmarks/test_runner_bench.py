@@ -39,3 +39,18 @@ def test_weights_refuse_an_artifact_already_quantized(float_artifact, tmp_path):
         tiny_contents(tiny_config(num_layers=2)), "int8"))
     with pytest.raises(SystemExit, match="already int8"):
         runner_bench.load(path, "fp8")
+
+
+def test_decode_digest_repeats_with_the_tokens_and_changes_with_them(float_artifact):
+    """time_decode's digest of the sampled tokens: the same steps again give the same one (so
+    A/B arms that only reschedule the arithmetic, XLA flags such as PDL, can be checked by
+    it); other tokens give another."""
+    from ninfer_jax.engine.runner import JaxRunner
+
+    runner = JaxRunner(runner_bench.load(float_artifact, None), num_pages=16, max_batch=2,
+                       max_context=64, prefill_chunk=16)
+    runs = [runner_bench.time_decode(runner, 2, 20, 6, pipelined=True)[2] for _ in range(2)]
+    assert runs[0] == runs[1] and len(runs[0]) == 16
+    assert runner_bench.time_decode(runner, 2, 20, 7, pipelined=True)[2] != runs[0]
+    # the synchronous loop feeds every step the same token instead of the last sample
+    assert runner_bench.time_decode(runner, 2, 20, 6, pipelined=False)[2] != runs[0]

@@ -20,6 +20,13 @@
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o65; rm -rf "$OUT"; mkdir -p "$OUT"
 . benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/stages.log"
+show() {  # show FILE: each decode record's figures, one line
+  python3 -c 'import json, sys
+for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")):
+    if r.get("op") == "decode":
+        print({k: r[k] for k in ("batch", "padded_rows", "tok_per_s", "ms_per_step",
+                                 "tokens_digest") if k in r})' "$1" | tee -a "$OUT/stages.log"
+}
 save() { tar czf "$FINAL/run65.tgz" -C /tmp o65; }
 stamp gpu-tests
 timeout 45 python3 -m pytest -rA -m gpu tests/kernels/test_attention_prologue.py tests/kernels/test_add_norm.py \
@@ -33,7 +40,7 @@ moe35() {  # moe35 NAME [ENV=VALUE ...]: the 35B-A3B's step at 1 / 8 rows
     benchmarks/hybrid_bench.py --json --presets qwen3.6-35b-a3b --no-gdn --batches 1,8 \
     > "$OUT/$name.jsonl" 2> "$OUT/$name.log"
   stamp "$name rc=$?"
-  grep '"decode"' "$OUT/$name.jsonl" | cut -c1-220 | tee -a "$OUT/stages.log"; save
+  show "$OUT/$name.jsonl"; save
 }
 dense() {  # dense NAME [ENV=VALUE ...]: the 8B step at 1 / 8 rows (run 64's command)
   local name=$1; shift
@@ -42,7 +49,7 @@ dense() {  # dense NAME [ENV=VALUE ...]: the 8B step at 1 / 8 rows (run 64's com
     --context 1024 --prompt 256 --steps 32 --max-context 4096 --modes pipelined --json \
     > "$OUT/$name.jsonl" 2> "$OUT/$name.log"
   stamp "$name rc=$?"
-  grep -o '"batch": .*"ms_per_step": [0-9.]*' "$OUT/$name.jsonl" | tee -a "$OUT/stages.log"; save
+  show "$OUT/$name.jsonl"; save
 }
 PDL=XLA_FLAGS=--xla_gpu_enable_pdl=true
 if grep -q H200 "$OUT/stages.log"; then

@@ -14,6 +14,13 @@
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o66; rm -rf "$OUT"; mkdir -p "$OUT"
 . benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/stages.log"
+show() {  # show FILE: each decode record's figures, one line
+  python3 -c 'import json, sys
+for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")):
+    if r.get("op") == "decode":
+        print({k: r[k] for k in ("batch", "padded_rows", "tok_per_s", "ms_per_step",
+                                 "tokens_digest") if k in r})' "$1" | tee -a "$OUT/stages.log"
+}
 save() { tar czf "$FINAL/run66.tgz" -C /tmp o66; }
 left() { echo $(( ${END:-560} - $(date +%s) + t0 )); }
 stamp gpu-tests
@@ -50,7 +57,7 @@ step() {  # step NAME [ENV=VALUE ...] -- [runner_bench args]: the 8B step, 384-t
     --context 384 --prompt 256 --steps 32 --json --modes pipelined --max-context 4096 \
     > "$OUT/$name.jsonl" 2> "$OUT/$name.log"
   stamp "$name rc=$?"
-  grep -o '"batch": .*"ms_per_step": [0-9.]*' "$OUT/$name.jsonl" | tee -a "$OUT/stages.log"; save
+  show "$OUT/$name.jsonl"; save
 }
 step step
 step step-follow NINFER_DECODE_FOLLOW_LENGTH=1
