@@ -234,6 +234,17 @@ def test_decode_kernel_splits_following_the_length_match_reference(heads, kv_hea
     assert np.all(np.asarray(out[~keyed]) == 0)  # a padding row: no key, zeros
 
 
+def test_splits_follow_the_length_for_a_few_rows_unless_overridden(monkeypatch):
+    monkeypatch.delenv(kernel.FOLLOW_LENGTH_ENV, raising=False)
+    assert kernel.follows_length(2, 8)  # one real row of an 8-kv-head model, padded to two
+    assert kernel.follows_length(8, 2)
+    assert not kernel.follows_length(8, 8) and not kernel.follows_length(64, 8)
+    monkeypatch.setenv(kernel.FOLLOW_LENGTH_ENV, "1")
+    assert kernel.follows_length(256, 8)
+    monkeypatch.setenv(kernel.FOLLOW_LENGTH_ENV, "0")
+    assert not kernel.follows_length(2, 8)
+
+
 def test_splits_following_the_length_share_a_rows_blocks_evenly():
     for length in range(0, 200):
         per_split, used = (int(x) for x in kernel.split_blocks(jnp.int32(length),

@@ -75,9 +75,13 @@ MERGE_VECTOR_ENV = "NINFER_DECODE_MERGE_VECTOR"
 # with a 1k context 8 of 32 splits hold keys, 2 blocks each. Following the length, a row's
 # blocks are shared evenly by the splits (3 of 4 splits of 2 blocks at 64 rows; 16 of 32 of
 # one block at one row), so more programs stream at once and none walks the empty table.
-# Off until a GPU measures it (kernel_bench `splits`); NINFER_DECODE_FOLLOW_LENGTH ("1" /
-# "0") overrides it while tracing.
-FOLLOW_LENGTH = False
+# Measured (runs 65-66, H100, the 8B step at a 4k table and 384 / 1,024-token rows): one
+# row (padded to two) 165.8 -> 168.5 and 166.2 -> 167.9 tok/s (the same arm twice: within
+# 0.3%), 8 rows 1,233 -> 1,217, 64 rows 7,472 -> 7,383, 256 rows 17,642 -> 17,576; the
+# kernel alone (kernel_bench `splits`) within its noise at every shape. So the splits
+# follow the length where the grid has at most FOLLOW_LENGTH_MAX_PAIRS (row, kv head)
+# pairs; NINFER_DECODE_FOLLOW_LENGTH ("1" / "0") overrides it at every shape while tracing.
+FOLLOW_LENGTH_MAX_PAIRS = 16
 FOLLOW_LENGTH_ENV = "NINFER_DECODE_FOLLOW_LENGTH"
 # Partial values one vector-merge program holds (splits x query rows x head-dim slice): 16
 # float32 registers per thread at 4 warps.
@@ -219,6 +223,12 @@ def used_splits(length, *, split_tokens: int, num_splits: int, follow_length: bo
     if follow_length:
         return split_blocks(length, block_tokens=block_tokens, num_splits=num_splits)[1]
     return jnp.clip((length + split_tokens - 1) // split_tokens, 0, num_splits)
+
+
+def follows_length(batch: int, num_kv_heads: int) -> bool:
+    """Whether a decode call of this grid splits each row's own blocks (FOLLOW_LENGTH_MAX_
+    PAIRS; the environment's override first). Read while tracing."""
+    return dispatch.switch(FOLLOW_LENGTH_ENV, batch * num_kv_heads <= FOLLOW_LENGTH_MAX_PAIRS)
 
 
 def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
@@ -384,7 +394,7 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     W = page_table.shape[1]
     if tuning is None:
         tuning = decode_tuning(batch=B, num_kv_heads=K, page_size=S, table_width=W,
-                               follow_length=dispatch.switch(FOLLOW_LENGTH_ENV, FOLLOW_LENGTH))
+                               follow_length=follows_length(B, K))
     padded_width = tuning.num_splits * tuning.pages_per_split
     table = jnp.pad(page_table.astype(jnp.int32), ((0, 0), (0, padded_width - W)),
                     constant_values=DUMMY_PAGE)

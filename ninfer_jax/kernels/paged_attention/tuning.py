@@ -32,7 +32,7 @@ class DecodeTuning:
     num_stages: int = NUM_STAGES
     # Whether the splits divide each row's own blocks (its length, read by the kernel)
     # instead of the table's: every split of a row then holds keys, whatever the table's
-    # width (kernel.py FOLLOW_LENGTH says why).
+    # width (kernel.py FOLLOW_LENGTH_MAX_PAIRS says why).
     follow_length: bool = False
 
 
