@@ -48,6 +48,7 @@ dense() {  # dense NAME [ENV=VALUE ...]: the 8B step at 1 / 8 rows (run 64's com
   stamp "$name rc=$?"; show "$OUT/$name.jsonl"; save
 }
 moe35 moe35
-grep -q H200 "$OUT/stages.log" || moe35 moe35-table NINFER_DECODE_FOLLOW_LENGTH=0
+grep -q H200 "$OUT/stages.log" || [ $(left) -lt 100 ] || moe35 moe35-table \
+  NINFER_DECODE_FOLLOW_LENGTH=0
 [ $(left) -gt 100 ] && dense dense
 save; ls -la "$OUT"
