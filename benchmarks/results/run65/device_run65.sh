@@ -8,7 +8,9 @@
 # (gpu_serve_bench: step, cold and warm start, 1 / 8 / 64 / 256 streams, interference; last
 # measured on an H200 in run 49) with four HTTP workers: at 256 streams one worker's event
 # loop was the limit there (the engine's own rate 16,146 tok/s, the client's 13,762).
-# Both cards also run the 35B-A3B with XLA's programmatic dependent launch on
+# The H100 branch ran as run 65 (results in a-h100/); the H200 branch has not run, and its
+# PDL arm was dropped after that run measured PDL at no gain.
+# The H100 branch also ran the 35B-A3B with XLA's programmatic dependent launch on
 # (XLA_FLAGS=--xla_gpu_enable_pdl=true, off in jaxlib 0.10-0.11: on Hopper a kernel of the
 # command buffer may start while its producer drains, hiding part of each launch gap; the
 # 35B-A3B's 2-row step is ~700 kernels).
@@ -54,7 +56,6 @@ dense() {  # dense NAME [ENV=VALUE ...]: the 8B step at 1 / 8 rows (run 64's com
 PDL=XLA_FLAGS=--xla_gpu_enable_pdl=true
 if grep -q H200 "$OUT/stages.log"; then
   moe35 moe35
-  moe35 moe35-pdl $PDL
   stamp live
   left=$(( ${END:-560} - $(date +%s) + t0 ))
   timeout $left python3 benchmarks/gpu_serve_bench.py --presets qwen3-8b --total $(( left - 5 )) \
