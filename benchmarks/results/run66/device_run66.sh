@@ -14,13 +14,6 @@
 FINAL=${OUT:-/tmp/out}; export OUT=/tmp/o66; rm -rf "$OUT"; mkdir -p "$OUT"
 . benchmarks/device_common.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee -a "$OUT/stages.log"
-show() {  # show FILE: each decode record's figures, one line
-  python3 -c 'import json, sys
-for r in (json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")):
-    if r.get("op") == "decode":
-        print({k: r[k] for k in ("batch", "padded_rows", "tok_per_s", "ms_per_step",
-                                 "tokens_digest") if k in r})' "$1" | tee -a "$OUT/stages.log"
-}
 save() { tar czf "$FINAL/run66.tgz" -C /tmp o66; }
 left() { echo $(( ${END:-560} - $(date +%s) + t0 )); }
 stamp gpu-tests
