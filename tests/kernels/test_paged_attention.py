@@ -234,6 +234,45 @@ def test_decode_kernel_splits_following_the_length_match_reference(heads, kv_hea
     assert np.all(np.asarray(out[~keyed]) == 0)  # a padding row: no key, zeros
 
 
+@cpu_only
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size,lengths", DECODE_GRID + [
+    (8, 2, 64, 4, [0, 1, 61, 64, 5]),
+])
+@pytest.mark.parametrize("follow", [False, True])
+def test_one_split_stores_the_output_directly_and_matches_reference(heads, kv_heads, head_dim,
+                                                                    page_size, lengths, follow,
+                                                                    monkeypatch):
+    """NINFER_DECODE_DIRECT_OUTPUT: a call of one split stores its normalised rows in q's
+    dtype (no partials, no merge); a row with no key gets zeros."""
+    monkeypatch.setenv(kernel.DIRECT_OUTPUT_ENV, "1")
+    rng = np.random.default_rng(len(lengths) * head_dim + heads + 2)
+    k, v, table, lens = paged_setup(rng, batch=len(lengths), lengths=lengths,
+                                    num_kv_heads=kv_heads, head_dim=head_dim,
+                                    page_size=page_size)
+    q = jnp.asarray(rng.standard_normal((len(lengths), heads, head_dim)), jnp.float32)
+    tuning = DecodeTuning(pages_per_block=1, pages_per_split=table.shape[1], num_splits=1,
+                          follow_length=follow)
+    scale = head_dim ** -0.5
+    run = jax.jit(functools.partial(kernel.paged_decode_attention, scale=scale, tuning=tuning,
+                                    interpret=True))
+    merges = []
+    for merge in ("_merge_call", "_vector_merge_call", "merge_splits"):
+        monkeypatch.setattr(kernel, merge, lambda *a, **kw: merges.append(a))
+    out = run(q, k, v, table, lens)
+    assert merges == []  # no merge of any kind after it
+    ref = reference_decode(q, k, v, table, lens, scale=scale)
+    keyed = np.asarray(lengths) > 0
+    assert out.dtype == q.dtype
+    assert relative_error(out[keyed], ref[keyed]) < 1e-5
+    assert np.all(np.asarray(out[~keyed]) == 0)
+    monkeypatch.setenv(kernel.DIRECT_OUTPUT_ENV, "0")
+    wide = DecodeTuning(pages_per_block=1, pages_per_split=1, num_splits=table.shape[1])
+    with pytest.raises(ValueError, match="one split"):
+        kernel._decode_call(q.reshape(len(lengths), kv_heads, -1, head_dim), k, v, table,
+                            lens, scale=scale, tuning=wide, store_empty=False,
+                            interpret=True, direct=jnp.float32)
+
+
 def test_splits_follow_the_length_for_a_few_rows_unless_overridden(monkeypatch):
     monkeypatch.delenv(kernel.FOLLOW_LENGTH_ENV, raising=False)
     assert kernel.follows_length(2, 8)  # one real row of an 8-kv-head model, padded to two
@@ -356,6 +395,24 @@ def test_decode_kernel_lowers_for_cuda(heads, kv_heads, head_dim, page_size, mer
     assert ("ninfer_paged_decode_merge" in text) == (merge_min_splits == 1)
 
 
+@pytest.mark.parametrize("heads,kv_heads,head_dim,page_size", [(32, 8, 128, 16), (16, 2, 256, 8),
+                                                                (9, 3, 64, 64)])
+@pytest.mark.parametrize("follow", [False, True])
+def test_direct_output_lowers_for_cuda(heads, kv_heads, head_dim, page_size, follow,
+                                       monkeypatch):
+    monkeypatch.setenv(kernel.DIRECT_OUTPUT_ENV, "1")
+    rng = np.random.default_rng(0)
+    k, v, table, lens = paged_setup(rng, batch=3, lengths=[300, 5, 77], num_kv_heads=kv_heads,
+                                    head_dim=head_dim, page_size=page_size, dtype=jnp.bfloat16)
+    q = jnp.zeros((3, heads, head_dim), jnp.bfloat16)
+    one = decode_tuning(batch=3, num_kv_heads=kv_heads, page_size=page_size,
+                        table_width=table.shape[1], target_programs=1, follow_length=follow)
+    assert one.num_splits == 1
+    text = lowers_for_cuda(lambda *a: kernel.paged_decode_attention(*a, scale=0.1, tuning=one),
+                           q, k, v, table, lens)
+    assert "ninfer_paged_decode" in text and "ninfer_paged_decode_merge" not in text
+
+
 # ---------------------------------------------------------------------------- native GPU
 
 
@@ -378,6 +435,25 @@ def test_decode_kernel_on_gpu_matches_reference(heads, kv_heads, head_dim, page_
     out = kernel.paged_decode_attention(q, k, v, table, lens, scale=scale)
     ref = reference.paged_decode_attention(q, k, v, table, lens, scale=scale)
     assert relative_error(out, ref) < 2e-2
+
+
+@needs_gpu
+@pytest.mark.parametrize("follow", ["0", "1"])
+def test_direct_output_on_gpu_matches_reference(follow, monkeypatch):
+    """256 rows of the 8B's heads: the default tuning makes one split, which stores its
+    output directly with NINFER_DECODE_DIRECT_OUTPUT=1."""
+    monkeypatch.setenv(kernel.DIRECT_OUTPUT_ENV, "1")
+    monkeypatch.setenv(kernel.FOLLOW_LENGTH_ENV, follow)
+    rng = np.random.default_rng(256)
+    lengths = list(rng.integers(1, 600, 256))
+    k, v, table, lens = paged_setup(rng, batch=256, lengths=lengths, num_kv_heads=8,
+                                    head_dim=128, page_size=16, dtype=jnp.bfloat16)
+    assert decode_tuning(batch=256, num_kv_heads=8, page_size=16,
+                         table_width=table.shape[1]).num_splits == 1
+    q = jnp.asarray(rng.standard_normal((256, 32, 128)), jnp.bfloat16)
+    out = kernel.paged_decode_attention(q, k, v, table, lens, scale=128 ** -0.5)
+    ref = reference.paged_decode_attention(q, k, v, table, lens, scale=128 ** -0.5)
+    assert out.dtype == jnp.bfloat16 and relative_error(out, ref) < 2e-2
 
 
 @needs_gpu

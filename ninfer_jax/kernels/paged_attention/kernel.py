@@ -83,6 +83,15 @@ MERGE_VECTOR_ENV = "NINFER_DECODE_MERGE_VECTOR"
 # pairs; NINFER_DECODE_FOLLOW_LENGTH ("1" / "0") overrides it at every shape while tracing.
 FOLLOW_LENGTH_MAX_PAIRS = 16
 FOLLOW_LENGTH_ENV = "NINFER_DECODE_FOLLOW_LENGTH"
+# Whether a call of one split (many rows: 256 rows of the 8B at a 4k table) stores its
+# output directly, normalised, in q's dtype and only the group's real rows, instead of
+# float32 partials for XLA's merge. Why: run 66's 256-row profile (H100) has per layer the
+# partials o [1, 256, 8, 16, 128] f32 (16.8 MB) written and read back, then two XLA fusions
+# (the merge's max / exp, 1.8 us, and the slice to the real rows, 3.0 us): about 15 us of a
+# 14.5 ms step's 36 layers each. Off until a GPU measures it; NINFER_DECODE_DIRECT_OUTPUT
+# ("1" / "0") overrides it while tracing.
+DIRECT_OUTPUT = False
+DIRECT_OUTPUT_ENV = "NINFER_DECODE_DIRECT_OUTPUT"
 # Partial values one vector-merge program holds (splits x query rows x head-dim slice): 16
 # float32 registers per thread at 4 warps.
 MERGE_VECTOR_ELEMENTS = 2048
@@ -234,10 +243,12 @@ def follows_length(batch: int, num_kv_heads: int) -> bool:
 def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
                    page_size: int, pages_per_block: int, pages_per_split: int,
                    store_empty: bool, k_kind: str, v_kind: str, k_dot, v_dot,
-                   dot_rows: int | None = None, num_splits: int | None = None):
+                   dot_rows: int | None = None, num_splits: int | None = None,
+                   direct: bool = False):
     """One (row, kv head, split) program. table_ref holds this split's pages only, or with
     `num_splits` (the splits follow the row's length: split_blocks) the whole table [B, W'],
-    of which the program reads its row's blocks. refs: each
+    of which the program reads its row's blocks. With `direct` (one split) the program
+    stores its normalised output rows instead of partials. refs: each
     cache's leaves (cache_leaves: codes, then 4-bit pages' block scales), then the key's and
     the value's per-token scale [P, K, S] when they have one, then the outputs. A key's
     per-token scale multiplies its logit column and a value's its probability, so the
@@ -253,7 +264,10 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
     v_leaves = [refs.pop(0) for _ in range(1 + (v_kind in (E2M1, INT4)))]
     ks_ref = refs.pop(0) if k_kind != PLAIN else None
     vs_ref = refs.pop(0) if v_kind != PLAIN else None
-    o_ref, m_ref, l_ref = refs
+    if direct:
+        (out_ref,) = refs
+    else:
+        o_ref, m_ref, l_ref = refs
     head, split = pl.program_id(1), pl.program_id(2)
     block_tokens = pages_per_block * page_size
     length = length_ref[0]
@@ -336,6 +350,13 @@ def _decode_kernel(length_ref, table_ref, q_ref, *refs, scale: float,
             jnp.zeros((num_rows,), jnp.float32))
     acc, running_max, running_sum = lax.fori_loop(0, num_blocks, body, init)
 
+    if direct:  # out_ref [B, K, G, D] whole: the G real rows of the Gp (masked)
+        rows = lax.broadcasted_iota(jnp.int32, acc.shape, 0)
+        pltriton.store(out_ref.at[pl.program_id(0), head, pl.ds(0, num_rows), :],
+                       (acc / jnp.maximum(running_sum, 1e-30)[:, None]).astype(out_ref.dtype),
+                       mask=rows < out_ref.shape[2])
+        return
+
     def store():
         o_ref[...] = acc
         m_ref[...] = running_max
@@ -400,6 +421,10 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
                     constant_values=DUMMY_PAGE)
     qg = q.reshape(B, K, G, D)  # the kernel pads the group to Gp rows as it loads it
     lengths = lengths.astype(jnp.int32)
+    if tuning.num_splits == 1 and dispatch.switch(DIRECT_OUTPUT_ENV, DIRECT_OUTPUT):
+        out = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
+                           store_empty=False, interpret=interpret, direct=q.dtype)
+        return out.reshape(B, H, D)
     merge_kernel = tuning.num_splits >= MERGE_KERNEL_MIN_SPLITS
     vector = merge_kernel and dispatch.switch(MERGE_VECTOR_ENV, MERGE_VECTOR)
     o, m, l = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
@@ -472,9 +497,11 @@ def merge_splits(o, m, l):
 
 
 def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeTuning,
-                 store_empty: bool, interpret: bool, split_slots: int | None = None):
+                 store_empty: bool, interpret: bool, split_slots: int | None = None,
+                 direct=None):
     """Partials o [NS', B, K, Gp, D], m, l [NS', B, K, Gp] with NS' = split_slots (at least
-    the splits; the slots past them are never written) or the splits. qg [B, K, G, D]: G
+    the splits; the slots past them are never written) or the splits; with `direct` (a
+    dtype; one split only) the output [B, K, G, D] in that dtype instead. qg [B, K, G, D]: G
     query rows per kv head, padded to the dot's Gp >= MIN_DOT_ROWS (a power of two) as the
     kernel loads them, where an XLA pad would be a kernel of its own per layer."""
     B, K, G, D = qg.shape
@@ -487,10 +514,27 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
                                pages_per_split=tuning.pages_per_split,
                                store_empty=store_empty, k_kind=k_kind, v_kind=v_kind,
                                k_dot=k_dot, v_dot=v_dot, dot_rows=None if G == Gp else Gp,
-                               num_splits=tuning.num_splits if tuning.follow_length else None)
+                               num_splits=tuning.num_splits if tuning.follow_length else None,
+                               direct=direct is not None)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
     caches = cache_leaves(k_cache) + cache_leaves(v_cache) + [
         cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]
+    if direct is not None:
+        if tuning.num_splits != 1:
+            raise ValueError(f"a direct output needs one split, not {tuning.num_splits}")
+        out = jax.ShapeDtypeStruct((B, K, G, D), direct)
+        out_specs, out_shape = whole(out), out
+    else:
+        out_specs = [
+            pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (s, b, h, 0, 0)),
+            pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (s, b, h, 0)),
+            pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (s, b, h, 0)),
+        ]
+        out_shape = [
+            jax.ShapeDtypeStruct((NS, B, K, Gp, D), jnp.float32),
+            jax.ShapeDtypeStruct((NS, B, K, Gp), jnp.float32),
+            jax.ShapeDtypeStruct((NS, B, K, Gp), jnp.float32),
+        ]
     return pl.pallas_call(
         kernel,
         grid=(B, K, tuning.num_splits),
@@ -502,16 +546,8 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
             else whole(qg),
             *[whole(cache) for cache in caches],
         ],
-        out_specs=[
-            pl.BlockSpec((None, None, None, Gp, D), lambda b, h, s: (s, b, h, 0, 0)),
-            pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (s, b, h, 0)),
-            pl.BlockSpec((None, None, None, Gp), lambda b, h, s: (s, b, h, 0)),
-        ],
-        out_shape=[
-            jax.ShapeDtypeStruct((NS, B, K, Gp, D), jnp.float32),
-            jax.ShapeDtypeStruct((NS, B, K, Gp), jnp.float32),
-            jax.ShapeDtypeStruct((NS, B, K, Gp), jnp.float32),
-        ],
+        out_specs=out_specs,
+        out_shape=out_shape,
         compiler_params=pltriton.CompilerParams(num_warps=tuning.num_warps,
                                                 num_stages=tuning.num_stages),
         interpret=interpret,
