@@ -270,7 +270,7 @@ def test_one_split_stores_the_output_directly_and_matches_reference(heads, kv_he
     with pytest.raises(ValueError, match="one split"):
         kernel._decode_call(q.reshape(len(lengths), kv_heads, -1, head_dim), k, v, table,
                             lens, scale=scale, tuning=wide, store_empty=False,
-                            interpret=True, direct=jnp.float32)
+                            interpret=True, output_dtype=jnp.float32)
 
 
 def test_splits_follow_the_length_for_a_few_rows_unless_overridden(monkeypatch):

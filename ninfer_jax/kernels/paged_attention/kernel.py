@@ -423,7 +423,7 @@ def paged_decode_attention(q, k_cache, v_cache, page_table, lengths, *, scale: f
     lengths = lengths.astype(jnp.int32)
     if tuning.num_splits == 1 and dispatch.switch(DIRECT_OUTPUT_ENV, DIRECT_OUTPUT):
         out = _decode_call(qg, k_cache, v_cache, table, lengths, scale=scale, tuning=tuning,
-                           store_empty=False, interpret=interpret, direct=q.dtype)
+                           store_empty=False, interpret=interpret, output_dtype=q.dtype)
         return out.reshape(B, H, D)
     merge_kernel = tuning.num_splits >= MERGE_KERNEL_MIN_SPLITS
     vector = merge_kernel and dispatch.switch(MERGE_VECTOR_ENV, MERGE_VECTOR)
@@ -498,10 +498,10 @@ def merge_splits(o, m, l):
 
 def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeTuning,
                  store_empty: bool, interpret: bool, split_slots: int | None = None,
-                 direct=None):
+                 output_dtype=None):
     """Partials o [NS', B, K, Gp, D], m, l [NS', B, K, Gp] with NS' = split_slots (at least
-    the splits; the slots past them are never written) or the splits; with `direct` (a
-    dtype; one split only) the output [B, K, G, D] in that dtype instead. qg [B, K, G, D]: G
+    the splits; the slots past them are never written) or the splits; with `output_dtype`
+    (one split only) the output [B, K, G, D] in that dtype instead. qg [B, K, G, D]: G
     query rows per kv head, padded to the dot's Gp >= MIN_DOT_ROWS (a power of two) as the
     kernel loads them, where an XLA pad would be a kernel of its own per layer."""
     B, K, G, D = qg.shape
@@ -515,14 +515,14 @@ def _decode_call(qg, k_cache, v_cache, table, lengths, *, scale, tuning: DecodeT
                                store_empty=store_empty, k_kind=k_kind, v_kind=v_kind,
                                k_dot=k_dot, v_dot=v_dot, dot_rows=None if G == Gp else Gp,
                                num_splits=tuning.num_splits if tuning.follow_length else None,
-                               direct=direct is not None)
+                               direct=output_dtype is not None)
     whole = lambda a: pl.BlockSpec(a.shape, lambda b, h, s: (0,) * a.ndim)  # noqa: E731
     caches = cache_leaves(k_cache) + cache_leaves(v_cache) + [
         cache.scale for cache in (k_cache, v_cache) if cache_kind(cache) != PLAIN]
-    if direct is not None:
+    if output_dtype is not None:
         if tuning.num_splits != 1:
             raise ValueError(f"a direct output needs one split, not {tuning.num_splits}")
-        out = jax.ShapeDtypeStruct((B, K, G, D), direct)
+        out = jax.ShapeDtypeStruct((B, K, G, D), output_dtype)
         out_specs, out_shape = whole(out), out
     else:
         out_specs = [
