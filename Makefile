@@ -51,12 +51,13 @@ serve: setup
 # engine and protocol layers and the benchmark scripts' smoke runs stream here; the live
 # servers, artifacts and kernels run beside them into .test-shard.log, printed once they end
 # (at bb5222a the halves took 18:33 and 23:42 with tests/benchmarks, 2:23 alone, in the
-# second). Both collect `tests` minus the other's folders (listing folders instead would load
+# second; at 22a1936 22:26 and 23:27 with tests/reliability, ~35 s alone, in the second).
+# Both collect `tests` minus the other's folders (listing folders instead would load
 # every folder's conftest up front, and the test modules' `from conftest import` would find
 # the wrong one); a new folder runs in both. With PYTEST_ARGS (a path, -k, ...) one process runs them.
 STREAMED := tests/engine tests/model tests/serve tests/text tests/ui tests/test_layers.py \
-	tests/benchmarks
-SHARD := tests/artifact tests/cli tests/e2e tests/kernels tests/reliability
+	tests/benchmarks tests/reliability
+SHARD := tests/artifact tests/cli tests/e2e tests/kernels
 
 test: setup
 ifeq ($(strip $(PYTEST_ARGS)),)
