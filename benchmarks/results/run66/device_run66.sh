@@ -40,9 +40,7 @@ for key, r in sorted(best.items()):
     print("best", key, round(r["us"], 1), round(r["tbps"], 2), r["tuning"])
 PY
 save
-[ -f /tmp/q8.ninfer/metadata.json ] || { stamp artifact; timeout 90 python3 -m ninfer_jax.cli.main \
-  init-random --preset qwen3-8b /tmp/q8.ninfer --force > "$OUT/artifact.log" 2>&1; \
-  stamp "artifact rc=$?"; }
+artifact_8b
 step() {  # step NAME [ENV=VALUE ...] -- [runner_bench args]: the 8B step, 384-token contexts
   local name=$1; shift
   stamp "$name"

@@ -31,9 +31,7 @@ moe35() {  # moe35 NAME [ENV=VALUE ...]: the 35B-A3B's step at 1 / 8 rows
 }
 dense() {  # dense NAME [ENV=VALUE ...]: the 8B step at 1 / 8 rows (run 64's command)
   local name=$1; shift
-  [ -f /tmp/q8.ninfer/metadata.json ] || { stamp artifact; timeout 90 python3 -m \
-    ninfer_jax.cli.main init-random --preset qwen3-8b /tmp/q8.ninfer --force \
-    > "$OUT/artifact.log" 2>&1; stamp "artifact rc=$?"; }
+  artifact_8b
   stamp "$name"
   env "$@" timeout $(( $(left) - 5 )) python3 benchmarks/runner_bench.py /tmp/q8.ninfer \
     --batches 1,8 --context 1024 --prompt 256 --steps 32 --max-context 4096 \

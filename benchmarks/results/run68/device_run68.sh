@@ -21,9 +21,7 @@ timeout 40 python3 -m pytest -rA -m gpu tests/kernels/test_paged_attention.py \
   -k "direct_output" > "$OUT/pytest-gpu.log" 2>&1
 stamp "gpu-tests rc=$?"; tail -1 "$OUT/pytest-gpu.log" | tee -a "$OUT/stages.log"
 grep -E "^(FAILED|ERROR)" "$OUT/pytest-gpu.log" | cut -c1-200 | tee -a "$OUT/stages.log"; save
-[ -f /tmp/q8.ninfer/metadata.json ] || { stamp artifact; timeout 90 python3 -m ninfer_jax.cli.main \
-  init-random --preset qwen3-8b /tmp/q8.ninfer --force > "$OUT/artifact.log" 2>&1; \
-  stamp "artifact rc=$?"; }
+artifact_8b
 step() {  # step NAME ENV=VALUE... -- [runner_bench args]: the 8B step, 384-token contexts
   local name=$1 envs=() ; shift
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
